@@ -1,0 +1,75 @@
+"""Crash-safe Redis locks for Celery tasks.
+
+The lock core (LockClient, Lease) works without Celery; nothing here does I/O at import.
+"""
+
+from .admin import LockInfo
+from .client import LockClient
+from .exceptions import (
+    ConfigurationError,
+    DuplicateTask,
+    LockBackendError,
+    LockError,
+    LockExpired,
+    LockLost,
+    LockNotHeld,
+    LockTaken,
+    LockTimeout,
+)
+from .lease import Lease
+from .multi import MultiLease
+from .rangelock import RangeLock, RangeLockHandle
+from .rwlock import RWLock, RWLockHandle
+
+__all__ = [
+    # the lock core
+    "LockClient",
+    "Lease",
+    # reader-writer, range and multi-key locks
+    "RWLock",
+    "RWLockHandle",
+    "RangeLock",
+    "RangeLockHandle",
+    "MultiLease",
+    # the admin side (docs/admin.md)
+    "LockInfo",
+    # errors
+    "LockError",
+    "ConfigurationError",
+    "LockBackendError",
+    "LockTimeout",
+    "LockLost",
+    "LockExpired",
+    "LockTaken",
+    "LockNotHeld",
+    "DuplicateTask",
+    # the Celery layer (imported lazily: the lock core never imports celery)
+    "SingletonTask",
+    "is_skipped",
+    "install",
+    "lock_acquired",
+    "lock_skipped",
+    "lock_lost",
+    "lock_released",
+]
+
+_CELERY_LAYER = {
+    "SingletonTask": "task",
+    "is_skipped": "task",
+    "install": "bootsteps",
+    "lock_acquired": "signals",
+    "lock_skipped": "signals",
+    "lock_lost": "signals",
+    "lock_released": "signals",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _CELERY_LAYER.get(name)
+    if module is None:
+        raise AttributeError(f"module 'celery_singleton_lock' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(f"{__name__}.{module}"), name)
+
+__version__ = "0.1.0"

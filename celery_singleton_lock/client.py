@@ -1,0 +1,201 @@
+"""LockClient: the connection to Redis, its server time, and the factory for locks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.exceptions import RedisClusterException
+
+from . import admin, arguments, deployment
+from .admin import LockInfo
+from .exceptions import ConfigurationError, LockBackendError
+from .keys import LockKeys, lock_keys
+from .lease import Lease
+from .multi import MultiLease
+from .rangelock import RangeLock
+from .rwlock import RWLock
+from .scripts import Scripts
+from .waiting import Notifier
+
+T = TypeVar("T")
+
+DEFAULT_PREFIX = "csl:"
+#: Seconds a Redis call made through ``LockClient.from_url`` may take (connect or reply).
+DEFAULT_SOCKET_TIMEOUT = 5.0
+
+
+class LockClient:
+    """Entry point of the lock core: wraps a redis-py client and makes locks.
+
+    ``prefix`` namespaces every key, so several apps can share one Redis.
+
+    >>> client = LockClient.from_url("redis://localhost:6379/0")
+    >>> with client.lease("nightly-report", ttl=30, wait=5) as lease:
+    ...     write_report(fencing_token=lease.token)
+    """
+
+    def __init__(self, redis_client: Any, *, prefix: str = DEFAULT_PREFIX) -> None:
+        if not isinstance(prefix, str):
+            raise ConfigurationError("prefix", f"must be a str, got {type(prefix).__name__}")
+        if "{" in prefix or "}" in prefix:
+            raise ConfigurationError("prefix", "must not contain '{' or '}' (hash-tag braces)")
+        if not hasattr(redis_client, "register_script"):
+            raise ConfigurationError(
+                "redis_client", f"must be a redis-py client, got {type(redis_client).__name__}"
+            )
+        self.redis = redis_client
+        self.prefix = prefix
+        self.url = safe_url(redis_client)
+        self._scripts = Scripts(redis_client)
+        self._notifier = Notifier(redis_client)
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str = DEFAULT_PREFIX, **redis_kwargs: Any) -> LockClient:
+        """A client for the Redis at ``url``: ``redis://``, ``rediss://``, ``unix://``, a
+        Cluster (``redis+cluster://host:port,...``) or Sentinel
+        (``sentinel://host:port,.../master-name``), see docs/deployment.md; extra keyword
+        arguments go to the redis-py client."""
+        if not isinstance(url, str) or not url:
+            raise ConfigurationError("url", f"must be a non-empty str, got {url!r}")
+        # A Redis that stops answering (paused, partitioned) must not block the heartbeat
+        # thread, which renews every lease of the process, for ever: redis-py before 8 has
+        # no socket timeout by default. A timeout in the URL's query string still wins.
+        redis_kwargs.setdefault("socket_timeout", DEFAULT_SOCKET_TIMEOUT)
+        redis_kwargs.setdefault("socket_connect_timeout", DEFAULT_SOCKET_TIMEOUT)
+        try:
+            client = deployment.connect(url, **redis_kwargs)
+        except ValueError as exc:
+            raise ConfigurationError("url", f"{mask_password(url)}: {exc}") from None
+        except (redis.RedisError, RedisClusterException) as exc:
+            # A Cluster client reads the slot map when it is made.
+            raise LockBackendError(f"Redis at {mask_password(url)}: {exc}") from exc
+        return cls(client, prefix=prefix)
+
+    def lease(
+        self,
+        name: str,
+        *,
+        ttl: float = 30.0,
+        heartbeat: bool = True,
+        max_hold: float | None = None,
+        wait: float = 0.0,
+        owner_info: dict[str, Any] | None = None,
+        on_lost: Callable[[Lease], object] | None = None,
+    ) -> Lease:
+        """An exclusive lease on ``name`` (not yet acquired). See :class:`Lease`."""
+        return Lease(
+            self,
+            name,
+            ttl=ttl,
+            heartbeat=heartbeat,
+            max_hold=max_hold,
+            wait=wait,
+            owner_info=owner_info,
+            on_lost=on_lost,
+        )
+
+    def rwlock(self, name: str) -> RWLock:
+        """A reader-writer lock on ``name``: ``.read()``, ``.upgradable()`` and ``.write()``
+        make handles with the options of :meth:`lease`. See :class:`RWLock`."""
+        return RWLock(self, name)
+
+    def range_lock(self, name: str) -> RangeLock:
+        """A range lock on ``name``: ``.read(lo, hi)``, ``.upgradable(lo, hi)`` and
+        ``.write(lo, hi)`` make handles on closed intervals. See :class:`RangeLock`."""
+        return RangeLock(self, name)
+
+    def multi(
+        self,
+        names: Iterable[str],
+        *,
+        ttl: float = 30.0,
+        heartbeat: bool = True,
+        max_hold: float | None = None,
+        wait: float = 0.0,
+        owner_info: dict[str, Any] | None = None,
+        on_lost: Callable[[MultiLease], object] | None = None,
+    ) -> MultiLease:
+        """Exclusive leases on all of ``names``, taken all or nothing (not yet acquired);
+        each conflicts with a plain :meth:`lease` on that name. See :class:`MultiLease`."""
+        return MultiLease(
+            self,
+            names,
+            ttl=ttl,
+            heartbeat=heartbeat,
+            max_hold=max_hold,
+            wait=wait,
+            owner_info=owner_info,
+            on_lost=on_lost,
+        )
+
+    def release_holder(
+        self, name: str, *, task_id: str, pid: int, delay: float = 0.0
+    ) -> bool:
+        """Release ``name`` if task ``task_id`` running in process ``pid`` holds it; for a
+        supervisor (the Celery worker's main process) whose child can no longer release."""
+        keys = self._keys(name)
+        delay_ms = arguments.seconds_to_ms(arguments.check_delay(delay)) if delay > 0 else 0
+        return self._call(
+            self._scripts.release_holder, keys.lock, str(task_id), int(pid), delay_ms, keys.channel
+        )
+
+    def locks(self, pattern: str | None = None) -> list[LockInfo]:
+        """Every lock under this client's prefix whose name matches the glob ``pattern``,
+        with its holder and whether it is live, stale or in delay-after (see docs/admin.md)."""
+        return admin.list_locks(self, pattern)
+
+    def clear(self, name: str, *, token: int | None = None, force: bool = False) -> bool:
+        """Clear lock ``name`` (only its holder with fencing ``token``, if given): atomic and
+        holder-checked, so a lock re-acquired meanwhile is left alone. A live lock is cleared
+        only with ``force``, else :class:`LockError`. True if something was cleared."""
+        return admin.clear(self, name, token=token, force=force)
+
+    def server_time(self) -> float:
+        """The Redis server's clock, in seconds since the epoch."""
+        seconds, micros = self._call(self.redis.time)
+        return int(seconds) + int(micros) / 1_000_000
+
+    def ping(self) -> bool:
+        """True if Redis answers; raises :class:`LockBackendError` if not."""
+        return bool(self._call(self.redis.ping))
+
+    def close(self) -> None:
+        """Stop this client's waiter listener and close its connections."""
+        self._notifier.close()
+        self.redis.close()
+
+    def __repr__(self) -> str:
+        return f"<LockClient {self.url} prefix={self.prefix!r}>"
+
+    # -- internals shared by the primitives --------------------------------------------------
+
+    def _keys(self, name: str) -> LockKeys:
+        return lock_keys(self.prefix, arguments.check_name(name))
+
+    def _call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run one Redis operation; Redis failures become :class:`LockBackendError`."""
+        try:
+            return function(*args, **kwargs)
+        except (redis.RedisError, RedisClusterException) as exc:
+            raise LockBackendError(f"Redis at {self.url}: {exc}") from exc
+
+
+def mask_password(url: str) -> str:
+    """``url`` with its password replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable url>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]  # as written: parts.port raises on a bad port
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def safe_url(redis_client: Any) -> str:
+    """A URL naming the server(s) of ``redis_client``, with no password in it."""
+    return deployment.safe_url(redis_client)

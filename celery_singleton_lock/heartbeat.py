@@ -1,0 +1,234 @@
+"""The per-process renewal thread.
+
+One daemon thread per process renews every lease that process holds with ``heartbeat=True``,
+in one round trip per Redis server per tick (per node of a Redis Cluster), however many
+leases it holds. The tick period is
+a third of the shortest lease held, so every lease gets two more chances before it runs out.
+
+Any lock kind can be renewed here: it provides ``_client``, ``ttl``, ``_owner``, a classmethod
+``_renew_call(client, handles)`` returning one script call whose reply holds one code per
+handle (> 0 ms granted, 0 gone, -1 taken, -2 max-hold reached; see lua/renew.lua), and the
+callbacks ``_renewed`` and ``_renewal_failed``.
+
+The thread holds only weak references: a lease object nobody can reach any more is no longer
+renewed and runs out on its own. In a forked child the registry starts empty (the child holds
+none of its parent's leases) and a new thread starts with the child's first lease.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import deployment
+from .exceptions import LockBackendError
+from .scripts import GONE, MAX_HOLD_REACHED, TAKEN, ScriptCall, run_batch
+
+if TYPE_CHECKING:
+    from .client import LockClient
+    from .handle import LockHandle as Renewable
+    from .handle import RenewEntry
+
+log = logging.getLogger("celery_singleton_lock.heartbeat")
+
+
+class Heartbeat:
+    """The registry of leases to renew, and the thread that renews them."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._leases: dict[int, weakref.ReferenceType[Renewable]] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._period: float | None = None  # what the thread is waiting on; None: idle
+        self._recent_period: float | None = None  # of the last lease added
+        self.ticks = 0
+
+    def add(self, lease: Renewable) -> None:
+        """Renew ``lease`` from now on (again, if its ttl changed)."""
+        key = id(lease)
+
+        def forget(_: object, key: int = key) -> None:
+            with self._lock:
+                self._leases.pop(key, None)
+
+        with self._lock:
+            self._leases[key] = weakref.ref(lease, forget)
+            if self._thread is None or not self._thread.is_alive():
+                self._stop.clear()
+                self._thread = threading.Thread(
+                    target=self._run, name="celery_singleton_lock-heartbeat", daemon=True
+                )
+                self._thread.start()
+            # Waking the thread costs a context switch on every acquire; only do it when the
+            # thread must wait less than it does now.
+            self._recent_period = lease.ttl / 3
+            wake = self._period is None or lease.ttl / 3 < self._period
+        if wake:
+            self._wake.set()
+
+    def remove(self, lease: Renewable) -> None:
+        """Stop renewing ``lease`` (released, lost, or past its max-hold)."""
+        with self._lock:
+            self._leases.pop(id(lease), None)
+
+    def holds(self, lease: Renewable) -> bool:
+        with self._lock:
+            ref = self._leases.get(id(lease))
+        return ref is not None and ref() is lease
+
+    def leases(self) -> list[Renewable]:
+        """The live leases being renewed."""
+        with self._lock:
+            refs = list(self._leases.values())
+        return [lease for lease in (ref() for ref in refs) if lease is not None]
+
+    def _period_locked(self) -> float | None:
+        """Seconds between ticks: a third of the shortest lease held (None: nothing held)."""
+        ttls = [lease.ttl for lease in (ref() for ref in self._leases.values()) if lease]
+        return min(ttls) / 3 if ttls else None
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+    def _run(self) -> None:
+        last_tick = time.monotonic()
+        lingered = False
+        while not self._stop.is_set():
+            with self._lock:
+                period = self._period_locked()
+                if period is None and not lingered:
+                    # Nothing held (the lease that woke us may be gone already): keep a
+                    # cadence for one more period before idling, so a process that takes
+                    # and releases leases in a loop does not wake this thread (a context
+                    # switch) on every acquire.
+                    period, lingered = self._period or self._recent_period, True
+                elif period is not None:
+                    lingered = False
+                self._period = period
+            if period is None:
+                self._wake.wait()
+                self._wake.clear()
+                last_tick = time.monotonic()
+                lingered = False  # a lease came: linger again once it is gone
+                continue
+            timeout = last_tick + period - time.monotonic()
+            if timeout > 0 and self._wake.wait(timeout):
+                self._wake.clear()
+                continue  # a lease came or its ttl changed: recompute the period
+            if self._stop.is_set():
+                break
+            last_tick = time.monotonic()
+            try:
+                self.tick()
+            except Exception:  # never let the renewal thread die silently
+                log.exception("heartbeat tick failed")
+
+    def tick(self) -> None:
+        """Renew every registered lock now: one round trip per Redis client."""
+        by_client: dict[int, list[Renewable]] = {}
+        for handle in self.leases():
+            by_client.setdefault(id(handle._client), []).append(handle)
+        self.ticks += 1
+        for handles in by_client.values():
+            self._renew(handles)
+
+    def _renew(self, handles: list[Renewable]) -> None:
+        """One round trip (per node on a Cluster): script calls batched in a pipeline."""
+        client = handles[0]._client
+        owners = [handle._owner for handle in handles]
+        entries = [(h, owner or "", h._ttl_ms) for h, owner in zip(handles, owners, strict=True)]
+        calls, decode = renew_calls(client, entries)
+        sent_at = time.monotonic()
+        try:
+            codes = decode(client._call(run_batch, client.redis, calls))
+        except LockBackendError as exc:
+            log.warning("heartbeat could not reach Redis: %s", exc)
+            for handle, owner in zip(handles, owners, strict=True):
+                handle._renewal_failed(owner, exc)
+            return
+        for handle, owner, code in zip(handles, owners, codes, strict=True):
+            if self.holds(handle):
+                handle._renewed(owner, code, sent_at)
+
+
+#: Codes of renew.lua, worst first: the worst of a multi-key lock's names decides.
+_RANK = {TAKEN: 3, GONE: 2, MAX_HOLD_REACHED: 1}
+#: On a Cluster: (lock key, owner, ttl ms) triples renewed by renew.lua, whatever the kind.
+_LEASE_KEYS = object()
+
+
+def renew_calls(
+    client: LockClient, entries: list[RenewEntry]
+) -> tuple[list[ScriptCall], Callable[[list[Any]], list[int]]]:
+    """The script calls renewing (handle, owner, ttl ms) ``entries``, and how to read one
+    code per entry from their replies.
+
+    One call per lock kind. On a Redis Cluster a script may only touch keys of one slot, so
+    one call per kind and slot, and a multi-key lock's names are renewed one by one like
+    leases, its code the worst of theirs; the Cluster pipeline that runs the calls groups
+    them by node, one round trip per node.
+    """
+    # (kind, slot) -> [(entry index, what the kind's renew call takes)]
+    groups: dict[tuple[Any, int], list[tuple[int, Any]]] = {}
+    if not deployment.is_cluster(client.redis):
+        for i, entry in enumerate(entries):
+            groups.setdefault((type(entry[0]), 0), []).append((i, entry))
+    else:
+        from .lease import Lease
+        from .multi import MultiLease
+
+        slot = client.redis.keyslot
+        for i, (handle, owner, ttl_ms) in enumerate(entries):
+            if isinstance(handle, (Lease, MultiLease)):
+                keys = handle._keys if isinstance(handle, MultiLease) else [handle._keys]
+                for key in keys:
+                    unit = (key.lock, owner, ttl_ms)
+                    groups.setdefault((_LEASE_KEYS, slot(key.lock)), []).append((i, unit))
+            else:
+                unit = (handle, owner, ttl_ms)
+                groups.setdefault((type(handle), slot(handle._channel)), []).append((i, unit))
+    calls = [
+        client._scripts.renew_call([u for _, u in group])
+        if kind is _LEASE_KEYS
+        else kind._renew_script_call(client, [u for _, u in group])
+        for (kind, _), group in groups.items()
+    ]
+
+    def decode(replies: list[Any]) -> list[int]:
+        codes: list[int | None] = [None] * len(entries)
+        for group, reply in zip(groups.values(), replies, strict=True):
+            for (i, _), raw in zip(group, reply, strict=True):
+                code, was = int(raw), codes[i]
+                worse, rank = _RANK.get(code, 0), _RANK.get(was, 0) if was is not None else -1
+                if was is None or worse > rank or (worse == rank == 0 and code < was):
+                    codes[i] = code
+        return [GONE if code is None else code for code in codes]
+
+    return calls, decode
+
+
+_heartbeat = Heartbeat()
+
+
+def heartbeat() -> Heartbeat:
+    """The process's heartbeat."""
+    return _heartbeat
+
+
+os.register_at_fork(after_in_child=_heartbeat._reset)
+atexit.register(_heartbeat.stop)

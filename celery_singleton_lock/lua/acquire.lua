@@ -1,0 +1,43 @@
+-- Take an exclusive lease on a name if nobody holds it (nor keeps it in delay-after).
+-- KEYS[1]: lock hash          KEYS[2]: fencing counter
+-- ARGV[1]: owner token (unique per acquisition)
+-- ARGV[2]: lease length, ms   ARGV[3]: max-hold, ms (0: no cap)
+-- ARGV[4]: fencing counter ttl, ms
+-- ARGV[5]: owner token of a claim this acquisition may take over ('' for none): a lock held
+--          on behalf of a queued message (enqueue-time lock, retry) passes to the worker
+--          that runs that message, and to no other
+-- ARGV[6..]: field, value pairs describing the holder (host, pid, thread, ...)
+-- returns {1, fencing token}     taken
+--         {0, remaining ms}       held by another; when a waiter should look again at the latest
+--
+-- The fencing token is max(last token + 1, server time in microseconds): it keeps increasing
+-- across expiry, clearing and loss of the counter, using the Redis server clock only.
+local remaining = redis.call('PTTL', KEYS[1])
+if remaining ~= -2 then
+  if ARGV[5] == '' or redis.call('HGET', KEYS[1], 'owner') ~= ARGV[5] then
+    return {0, remaining}
+  end
+  redis.call('DEL', KEYS[1])
+end
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_ms = math.floor(now_us / 1000)
+local token = tonumber(redis.call('GET', KEYS[2]) or '0') + 1
+if token < now_us then
+  token = now_us
+end
+token = string.format('%.0f', token)
+redis.call('SET', KEYS[2], token, 'PX', ARGV[4])
+local lease = tonumber(ARGV[2])
+local max_hold = tonumber(ARGV[3])
+local deadline = 0
+if max_hold > 0 then
+  deadline = now_ms + max_hold
+  if max_hold < lease then
+    lease = max_hold
+  end
+end
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token, 'acquired_ms', now_ms,
+  'renewed_ms', now_ms, 'ttl_ms', ARGV[2], 'deadline_ms', deadline, unpack(ARGV, 6))
+redis.call('PEXPIRE', KEYS[1], lease)
+return {1, token}

@@ -1,0 +1,16 @@
+-- Hand a held lease over to a new owner token without freeing the name in between: a task
+-- that retries hands its lock to the retry message, which takes it over when it runs.
+-- KEYS[1]: lock hash
+-- ARGV[1]: current owner token   ARGV[2]: new owner token   ARGV[3]: new expiry, ms
+-- ARGV[4..]: field, value pairs to set on the holder
+-- returns 1 handed over; 0 not held (expired, nobody holds it); -1 held by another owner
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if not owner then
+  return 0
+end
+if owner ~= ARGV[1] then
+  return -1
+end
+redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'deadline_ms', 0, 'ttl_ms', ARGV[3], unpack(ARGV, 4))
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1

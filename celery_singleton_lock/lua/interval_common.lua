@@ -1,0 +1,150 @@
+-- Shared helpers of the interval scripts (reader-writer and range locks); the Python side
+-- prepends this file to interval_acquire/release/change/renew.lua before registering them.
+--
+-- Key layout of one interval lock (rw: B = P{T}:rw:, range: B = P{T}:range:), as KEYS from
+-- offset o (o = 0 in acquire/release/change; 8 * (i - 1) for handle i in renew):
+--   o+1  B exp    zset  owner -> expiry, ms of server time (every holder, every mode)
+--   o+2  B r:lo   zset  owner -> lo of each READ holder       o+3  B r:hi  owner -> hi
+--   o+4  B u:lo   zset  UPGRADABLE holders, by lo              o+5  B u:hi  by hi
+--   o+6  B w:lo   zset  WRITE holders, by lo                   o+7  B w:hi  by hi
+--   o+8  B h:<owner>  hash  the holder record (same fields as a lease's hash + mode, lo, hi)
+--   9..11 B q:lo, q:hi, q:exp  zsets: reservations of waiting writers (lo, hi, expiry)
+--   12   P{T}:fence  the fencing counter shared with the lease of the same name
+-- A reader-writer lock is an interval lock whose every holder covers [-inf, +inf].
+--
+-- Overlap query in O(log n): a holder [l, h] misses the closed interval [a, b] exactly when
+-- l > b or h < a, and both cannot hold at once, so
+--   overlapping = ZCARD(lo) - ZCOUNT(lo, (b, +inf) - ZCOUNT(hi, -inf, (a)
+-- Three skiplist rank lookups, whatever the number of holders and however readers overlap.
+-- Expired holders are pruned from the indexes at the start of every script (amortised
+-- O(log n) each); their hashes expire on their own. Every key is PEXPIREd to the latest
+-- expiry it indexes, so nothing outlives its last holder.
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local MODES = {r = 2, u = 4, w = 6}
+
+local function zrem_all(key, members)
+  for i = 1, #members, 1000 do
+    redis.call('ZREM', key, unpack(members, i, math.min(i + 999, #members)))
+  end
+end
+
+-- Drop expired holders (from KEYS o+1..o+7) and expired reservations (q keys, o = 0 only).
+local function prune(o, with_queue)
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[o + 1], '-inf', now_ms)
+  if #gone > 0 then
+    for k = o + 2, o + 7 do
+      zrem_all(KEYS[k], gone)
+    end
+    redis.call('ZREMRANGEBYSCORE', KEYS[o + 1], '-inf', now_ms)
+  end
+  if with_queue then
+    gone = redis.call('ZRANGEBYSCORE', KEYS[11], '-inf', now_ms)
+    if #gone > 0 then
+      zrem_all(KEYS[9], gone)
+      zrem_all(KEYS[10], gone)
+      redis.call('ZREMRANGEBYSCORE', KEYS[11], '-inf', now_ms)
+    end
+  end
+end
+
+-- How many entries of the (lo, hi) index pair overlap the closed interval [lo, hi].
+local function overlapping(lo_key, hi_key, lo, hi)
+  local n = redis.call('ZCARD', lo_key)
+  if n == 0 then
+    return 0
+  end
+  return n - redis.call('ZCOUNT', lo_key, '(' .. hi, '+inf')
+    - redis.call('ZCOUNT', hi_key, '-inf', '(' .. lo)
+end
+
+-- PEXPIRE every index key to the latest expiry it holds (keys o+1..o+7, or the q keys).
+local function refresh(o)
+  local last = redis.call('ZRANGE', KEYS[o + 1], -1, -1, 'WITHSCORES')
+  if last[2] then
+    local ms = math.max(1, tonumber(last[2]) - now_ms)
+    for k = o + 1, o + 7 do
+      redis.call('PEXPIRE', KEYS[k], ms)
+    end
+  end
+end
+
+local function refresh_queue()
+  local last = redis.call('ZRANGE', KEYS[11], -1, -1, 'WITHSCORES')
+  if last[2] then
+    local ms = math.max(1, tonumber(last[2]) - now_ms)
+    for k = 9, 11 do
+      redis.call('PEXPIRE', KEYS[k], ms)
+    end
+  end
+end
+
+-- Ms until the earliest entry of an expiry zset could run out (nil: none).
+local function earliest(key)
+  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if first[2] then
+    return math.max(0, tonumber(first[2]) - now_ms)
+  end
+  return nil
+end
+
+local function remove_holder(owner)
+  for k = 2, 7 do
+    redis.call('ZREM', KEYS[k], owner)
+  end
+  redis.call('ZREM', KEYS[1], owner)
+  redis.call('DEL', KEYS[8])
+end
+
+local function unreserve(owner)
+  redis.call('ZREM', KEYS[9], owner)
+  redis.call('ZREM', KEYS[10], owner)
+  return redis.call('ZREM', KEYS[11], owner)
+end
+
+-- Is `mode` on [lo, hi] blocked? `parent`: the upgradable owner a write nests in ('' none).
+-- Writers ignore reservations (two waiting writers must not block each other); readers and
+-- upgradables respect them, which is what keeps a reader stream from starving a writer.
+local function blocked(mode, lo, hi, parent)
+  if mode == 'r' then
+    return overlapping(KEYS[6], KEYS[7], lo, hi) > 0 or overlapping(KEYS[9], KEYS[10], lo, hi) > 0
+  end
+  if overlapping(KEYS[6], KEYS[7], lo, hi) > 0 then
+    return true
+  end
+  local own = 0
+  if parent ~= '' then
+    own = 1
+  end
+  if overlapping(KEYS[4], KEYS[5], lo, hi) > own then
+    return true
+  end
+  if mode == 'u' then
+    return overlapping(KEYS[9], KEYS[10], lo, hi) > 0
+  end
+  return overlapping(KEYS[2], KEYS[3], lo, hi) > 0
+end
+
+-- The wait hint of a blocked request: ms until the earliest holder (or reservation, which a
+-- reader or upgradable respects) could expire; a lower bound, so waking then is always safe.
+local function hint(mode)
+  local ms = earliest(KEYS[1])
+  if mode ~= 'w' then
+    local q = earliest(KEYS[11])
+    if q and (not ms or q < ms) then
+      ms = q
+    end
+  end
+  return ms or 0
+end
+
+local function next_token(fence_key, fence_ttl)
+  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local token = tonumber(redis.call('GET', fence_key) or '0') + 1
+  if token < now_us then
+    token = now_us
+  end
+  token = string.format('%.0f', token)
+  redis.call('SET', fence_key, token, 'PX', fence_ttl)
+  return token
+end

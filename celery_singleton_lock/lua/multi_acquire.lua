@@ -1,0 +1,47 @@
+-- Take several exclusive leases all or nothing (a multi-key lock).
+-- KEYS[1..n]: the lock hashes of the names (the very keys a lease on each name uses)
+-- KEYS[n+1..2n]: their fencing counters
+-- ARGV[1]: owner token   ARGV[2]: lease, ms   ARGV[3]: max-hold, ms (0: no cap)
+-- ARGV[4]: fence ttl, ms   ARGV[5..4+n]: the names (stored as each hash's `name`)
+-- ARGV[5+n..]: field, value pairs describing the holder (kind, host, pid, ...)
+-- returns {1, token 1, ..., token n}   all taken, one fencing token per name
+--         {0, ms}                       some name is held: ms until the first busy one could
+--                                       run out (-1: a busy one has no expiry); nothing taken
+-- One script over every key makes it atomic, so two multi-locks over overlapping names can
+-- never each hold part of what the other needs: no deadlock, no ordering rule.
+local n = #KEYS / 2
+local hint = nil
+for i = 1, n do
+  local remaining = redis.call('PTTL', KEYS[i])
+  if remaining ~= -2 and (hint == nil or hint < 0 or (remaining >= 0 and remaining < hint)) then
+    hint = remaining
+  end
+end
+if hint ~= nil then
+  return {0, hint}
+end
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_ms = math.floor(now_us / 1000)
+local lease = tonumber(ARGV[2])
+local max_hold = tonumber(ARGV[3])
+local deadline = 0
+if max_hold > 0 then
+  deadline = now_ms + max_hold
+  lease = math.min(lease, max_hold)
+end
+local result = {1}
+for i = 1, n do
+  local token = tonumber(redis.call('GET', KEYS[n + i]) or '0') + 1
+  if token < now_us then
+    token = now_us
+  end
+  token = string.format('%.0f', token)
+  redis.call('SET', KEYS[n + i], token, 'PX', ARGV[4])
+  redis.call('HSET', KEYS[i], 'owner', ARGV[1], 'token', token, 'acquired_ms', now_ms,
+    'renewed_ms', now_ms, 'ttl_ms', ARGV[2], 'deadline_ms', deadline, 'name', ARGV[4 + i],
+    'names', n, unpack(ARGV, 5 + n))
+  redis.call('PEXPIRE', KEYS[i], lease)
+  result[i + 1] = token
+end
+return result

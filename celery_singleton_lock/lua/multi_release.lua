@@ -1,0 +1,27 @@
+-- Release the leases of a multi-key lock (now, or after a delay during which each name stays
+-- locked with no owner). Keys another owner holds now are left alone.
+-- KEYS[1..n]: lock hashes   ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)
+-- ARGV[3]: fencing token each key must have ('' any; the admin's clear_holder passes one)
+-- ARGV[4..3+n]: the wake-up channel of each name
+-- returns 1 all released; else -1 if some name is held by another owner, 0 if some expired
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local delay = tonumber(ARGV[2])
+local result = 1
+for i, key in ipairs(KEYS) do
+  local owner = redis.call('HGET', key, 'owner')
+  if owner == ARGV[1] and (ARGV[3] == '' or redis.call('HGET', key, 'token') == ARGV[3]) then
+    if delay > 0 then
+      redis.call('HSET', key, 'owner', '', 'state', 'cooldown', 'released_ms', now_ms)
+      redis.call('PEXPIRE', key, delay)
+    else
+      redis.call('DEL', key)
+      redis.call('PUBLISH', ARGV[3 + i], 'released')
+    end
+  elseif owner then
+    result = -1
+  elseif result == 1 then
+    result = 0
+  end
+end
+return result

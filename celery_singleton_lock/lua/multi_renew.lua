@@ -1,0 +1,48 @@
+-- Renew several multi-key locks in one call (the heartbeat tick, and extend with one).
+-- KEYS: the lock hashes of lock 1, then of lock 2, ... (ARGV says how many each)
+-- ARGV[3i-2]: key count of lock i   ARGV[3i-1]: its owner token   ARGV[3i]: lease, ms
+-- returns one integer per lock: > 0 ms granted (the least over its keys), 0 some key gone,
+-- -1 some key held by another owner, -2 max-hold reached. Keys still owned are renewed
+-- even when another is lost, so what the holder still has stays consistent until released.
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local result = {}
+local RANK = {[-1] = 3, [0] = 2, [-2] = 1}
+local k = 0
+for i = 1, #ARGV / 3 do
+  local code = nil
+  for _ = 1, tonumber(ARGV[3 * i - 2]) do
+    k = k + 1
+    local holder = redis.call('HMGET', KEYS[k], 'owner', 'deadline_ms')
+    local this
+    if not holder[1] then
+      this = 0
+    elseif holder[1] ~= ARGV[3 * i - 1] then
+      this = -1
+    else
+      local lease = tonumber(ARGV[3 * i])
+      local deadline = tonumber(holder[2]) or 0
+      if deadline > 0 and deadline - now_ms < lease then
+        lease = deadline - now_ms
+      end
+      if lease <= 0 then
+        this = -2
+      else
+        redis.call('PEXPIRE', KEYS[k], lease)
+        redis.call('HSET', KEYS[k], 'renewed_ms', now_ms, 'ttl_ms', ARGV[3 * i])
+        this = lease
+      end
+    end
+    -- The worst key decides: taken, then gone, then max-hold; else the shortest grant.
+    if code == nil then
+      code = this
+    else
+      local worse, was = RANK[this] or 0, RANK[code] or 0
+      if worse > was or (worse == 0 and was == 0 and this < code) then
+        code = this
+      end
+    end
+  end
+  result[i] = code
+end
+return result

@@ -1,0 +1,34 @@
+-- Renew several leases in one call: the heartbeat tick, and Lease.extend with one key.
+-- KEYS[i]: lock hash of lease i
+-- ARGV[2i-1]: owner token of lease i   ARGV[2i]: new lease length of lease i, ms
+-- returns one integer per lease:
+--   > 0  renewed: ms the lease now has (less than asked when its max-hold deadline is near)
+--     0  gone: expired (or Redis lost it) and nobody holds the name
+--    -1  another owner holds the name
+--    -2  max-hold reached: not renewed, the lease runs out on its own
+-- The remaining time is *set*, never added to, so a lease cannot grow without bound.
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local result = {}
+for i, key in ipairs(KEYS) do
+  local holder = redis.call('HMGET', key, 'owner', 'deadline_ms')
+  if not holder[1] then
+    result[i] = 0
+  elseif holder[1] ~= ARGV[2 * i - 1] then
+    result[i] = -1
+  else
+    local lease = tonumber(ARGV[2 * i])
+    local deadline = tonumber(holder[2]) or 0
+    if deadline > 0 and deadline - now_ms < lease then
+      lease = deadline - now_ms
+    end
+    if lease <= 0 then
+      result[i] = -2
+    else
+      redis.call('PEXPIRE', key, lease)
+      redis.call('HSET', key, 'renewed_ms', now_ms, 'ttl_ms', ARGV[2 * i])
+      result[i] = lease
+    end
+  end
+end
+return result
