@@ -1,0 +1,203 @@
+"""Multi-key locks: several exclusive leases taken all or nothing.
+
+Each name is held in the very hash a :class:`Lease` on that name uses (``P{T}:lock``, see
+keys.py), with ``kind = multi``, so a multi-lock over {a, b} and a plain lease on ``a``
+exclude each other, and the lease tools (admin listing, clearing) see it. Each name gets its
+own fencing token from its own counter (``P{T}:fence``).
+
+On one Redis server every key is reachable from one script, so ``lua/multi_acquire.lua``
+takes all names atomically: two multi-locks over overlapping names can never each hold part
+of what the other needs, hence no deadlock. On a Redis Cluster client the names live in
+different slots; there they are taken one by one in sorted key order (a global order, so no
+cycle of waiters) and the ones taken are given back when a later one is busy.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from . import arguments
+from .exceptions import ConfigurationError
+from .handle import LockHandle, RenewEntry
+from .keys import FENCE_TTL_MS, LockKeys, encode_name, lock_pattern
+from .scripts import GONE, TAKEN, ScriptCall, bound_to, source
+from .waiting import SUBSCRIBE_TIMEOUT
+
+if TYPE_CHECKING:
+    from redis.commands.core import Script
+
+    from .client import LockClient
+
+
+class MultiScripts:
+    """The multi-key scripts registered on one Redis client (no I/O)."""
+
+    def __init__(self, redis: Any) -> None:
+        self.acquire: Script = redis.register_script(source("multi_acquire"))
+        self.release: Script = redis.register_script(source("multi_release"))
+        self.renew: Script = redis.register_script(source("multi_renew"))
+
+
+def scripts(client: LockClient) -> MultiScripts:
+    """The multi-key scripts of ``client``, registered on first use."""
+    return bound_to(client, MultiScripts)
+
+
+def check_names(names: object) -> list[str]:
+    """A non-empty collection of lock names (not a single str), without duplicates."""
+    if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
+        raise ConfigurationError("names", f"must be a collection of str, got {names!r}")
+    checked = [arguments.check_name(name, "names") for name in names]
+    if not checked:
+        raise ConfigurationError("names", "must not be empty")
+    return sorted(set(checked))
+
+
+def is_cluster(client: LockClient) -> bool:
+    try:
+        from redis.cluster import RedisCluster
+    except ImportError:  # pragma: no cover - redis-py always has it since 4.1
+        return False
+    return isinstance(client.redis, RedisCluster)
+
+
+class MultiLease(LockHandle):
+    """Exclusive leases on several names, held together: taken all or nothing, renewed in
+    the heartbeat's one round trip (one script call; per slot on Cluster), released together.
+    Lease-like; ``token`` is the largest of the per-name fencing tokens and ``tokens`` maps
+    each name to its own."""
+
+    kind = "multi"
+
+    def __init__(self, client: LockClient, names: object, **options: Any) -> None:
+        checked = check_names(names)
+        super().__init__(client, " + ".join(checked), **options)
+        #: The names held, sorted.
+        self.names = tuple(checked)
+        pairs = sorted(((client._keys(name), name) for name in checked), key=lambda p: p[0].lock)
+        self._keys: list[LockKeys] = [keys for keys, _ in pairs]
+        self._ordered = [name for _, name in pairs]  # the names in key order
+        self._channel = self._keys[0].channel
+        self._tokens: dict[str, int] = {}
+        self._scripts = scripts(client)
+
+    @property
+    def tokens(self) -> dict[str, int]:
+        """The fencing token of each name (of the current or last acquisition)."""
+        return dict(self._tokens)
+
+    def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
+        if is_cluster(self._client):
+            return self._try_acquire_in_order(owner)
+        reply = self._client._call(
+            self._scripts.acquire,
+            keys=[k.lock for k in self._keys] + [k.fence for k in self._keys],
+            args=[
+                owner, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS,
+                *(encode_name(name) for name in self._ordered),
+                *self._describe_holder(named=False),
+            ],
+        )  # fmt: skip
+        if int(reply[0]) != 1:
+            return False, int(reply[1])
+        self._tokens = {name: int(t) for name, t in zip(self._ordered, reply[1:], strict=True)}
+        return True, max(self._tokens.values())
+
+    def _try_acquire_in_order(self, owner: str) -> tuple[bool, int]:
+        """Redis Cluster: one lease per name in key order; on a busy name give back the rest."""
+        base = self._client._scripts
+        tokens: dict[str, int] = {}
+        for keys, name in zip(self._keys, self._ordered, strict=True):
+            holder = [b"name", encode_name(name), *self._describe_holder(named=False)]
+            taken, value = self._client._call(
+                base.acquire, keys.lock, keys.fence, owner, self._ttl_ms,
+                self._max_hold_ms, FENCE_TTL_MS, holder,
+            )  # fmt: skip
+            if not taken:
+                for done in self._keys[: len(tokens)]:
+                    self._client._call(base.release, done.lock, owner, 0, done.channel)
+                return False, value
+            tokens[name] = value
+        self._tokens = tokens
+        return True, max(tokens.values())
+
+    def _release(self, owner: str, delay_ms: int, token: str = "") -> int:
+        if is_cluster(self._client):
+            codes = [
+                self._client._call(
+                    self._client._scripts.release, k.lock, owner, delay_ms, k.channel
+                )
+                for k in self._keys
+            ]
+            return TAKEN if TAKEN in codes else GONE if GONE in codes else 1
+        return int(
+            self._client._call(
+                self._scripts.release,
+                keys=[k.lock for k in self._keys],
+                args=[owner, delay_ms, token, *(k.channel for k in self._keys)],
+            )
+        )
+
+    @classmethod
+    def _renew_script_call(cls, client: LockClient, entries: list[RenewEntry]) -> ScriptCall:
+        keys: list[bytes] = []
+        args: list[Any] = []
+        for handle, owner, ttl_ms in entries:
+            keys += (k.lock for k in handle._keys)
+            args += (len(handle._keys), owner, ttl_ms)
+        return scripts(client).renew, keys, args
+
+    @contextmanager
+    def _listening(self) -> Iterator[threading.Event]:
+        """One Event woken by a release of any of the names."""
+        notifier = self._client._notifier
+        event = threading.Event()
+        channels = [k.channel for k in self._keys]
+        try:
+            confirmed = [notifier._add(channel, event) for channel in channels]
+            for done in confirmed:
+                done.wait(SUBSCRIBE_TIMEOUT)
+            yield event
+        finally:
+            for channel in channels:
+                notifier._remove(channel, event)
+
+
+def list_holders(client: LockClient, pattern: str | None = None) -> list[dict[str, Any]]:
+    """One dict per name held by a multi-key lock under the client's prefix whose name
+    matches the glob ``pattern`` (None: all); ``owner`` tells which names are held together."""
+    from .intervals import decode_holder
+
+    redis = client.redis
+    found = client._call(lambda: list(redis.scan_iter(match=lock_pattern(client.prefix))))
+    pipe = redis.pipeline(transaction=False)
+    for key in found:
+        pipe.hgetall(key)
+        pipe.pttl(key)
+    replies = client._call(pipe.execute)
+    holders = []
+    for fields, pttl in zip(replies[::2], replies[1::2], strict=True):
+        if fields.get(b"kind") != b"multi" or not fields.get(b"owner"):
+            continue
+        record = decode_holder(fields, pttl)
+        if pattern is None or fnmatch.fnmatchcase(record["name"], pattern):
+            holders.append(record)
+    return holders
+
+
+def clear_holder(client: LockClient, name: str, owner: str, token: int | None = None) -> bool:
+    """Free ``name`` if the multi-key holder ``owner`` (with fencing ``token``, when given)
+    still holds it, atomically, and wake its waiters. The holder's other names stay held
+    until its next heartbeat finds this one gone and stops renewing them."""
+    keys = client._keys(arguments.check_name(name))
+    owner = arguments.check_name(owner, "owner")
+    code = client._call(
+        scripts(client).release,
+        keys=[keys.lock],
+        args=[owner, 0, "" if token is None else str(int(token)), keys.channel],
+    )
+    return int(code) == 1
