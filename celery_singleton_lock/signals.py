@@ -1,0 +1,41 @@
+"""Our signals, and receivers of Celery's that release locks when worker processes end.
+
+Each of our signals is sent with the task as sender and the keyword arguments ``name``
+(the lock name), ``task_id`` and ``lease`` (None for ``lock_skipped``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.signals import worker_process_shutdown, worker_shutdown
+from celery.utils.dispatch import Signal
+
+from .exceptions import LockError
+from .heartbeat import heartbeat
+
+log = logging.getLogger("celery_singleton_lock.task")
+
+#: A task run took its lock; the body is about to run.
+lock_acquired = Signal(name="lock_acquired")
+#: A task run found its lock taken and did not run its body (``lock_conflict="skip"``).
+lock_skipped = Signal(name="lock_skipped")
+#: A task run's lock was found lost while the body ran (also logged at WARNING).
+lock_lost = Signal(name="lock_lost")
+#: A task run released its lock (or handed it to its retry).
+lock_released = Signal(name="lock_released")
+
+
+def release_all_held(**_: Any) -> None:
+    """Release every lease this process still holds: at worker (process) shutdown, so a
+    stopping worker frees its keys at once rather than after the lease runs out."""
+    for lease in heartbeat().leases():
+        try:
+            lease.release()
+        except LockError as exc:
+            log.warning("could not release %r at shutdown: %s", lease.name, exc)
+
+
+worker_process_shutdown.connect(release_all_held, weak=False)
+worker_shutdown.connect(release_all_held, weak=False)

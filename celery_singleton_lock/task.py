@@ -1,0 +1,419 @@
+"""SingletonTask: a Celery task base class that takes a Redis lease before its body runs.
+
+    @app.task(base=SingletonTask, lock_ttl=3600)
+    def nightly_report(day): ...
+
+The lock is taken in the worker right before the body runs (so ``send_task``, beat,
+redelivered messages and retries all go through it), renewed by the heartbeat every
+``lock_lease / 3`` seconds, and released when the body ends however it ends.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from typing import Any
+
+from celery import Task
+from celery.exceptions import Retry
+from celery.result import AsyncResult
+
+from .claims import claim_owner
+from .client import LockClient
+from .config import AppSettings, TaskLockOptions, check_task_options
+from .exceptions import DuplicateTask, LockBackendError, LockError, LockLost, LockTimeout
+from .handle import LockHandle
+from .lease import Lease
+from .naming import TaskKey
+from .signals import lock_acquired, lock_lost, lock_released, lock_skipped
+
+log = logging.getLogger("celery_singleton_lock.task")
+
+#: The ``status`` of the result a skipped run returns.
+SKIPPED = "skipped"
+_RESULT_MARK = "__singleton_lock__"
+
+
+def skipped_result(name: str, holder_task_id: str | None) -> dict[str, Any]:
+    """What a skipped run returns: a JSON-friendly dict that :func:`is_skipped` recognises."""
+    return {_RESULT_MARK: SKIPPED, "lock": name, "holder_task_id": holder_task_id}
+
+
+def is_skipped(result: Any) -> bool:
+    """True if ``result`` (a task's return value) says the run was skipped for its lock."""
+    return isinstance(result, dict) and result.get(_RESULT_MARK) == SKIPPED
+
+
+def lock_client_for(app: Any) -> LockClient:
+    """The app's :class:`LockClient` (one per app; safe across fork)."""
+    client: LockClient | None = getattr(app, "_singleton_lock_client", None)
+    if client is None:
+        settings = AppSettings.from_conf(app.conf)
+        client = LockClient.from_url(settings.url, prefix=settings.prefix)
+        app._singleton_lock_client = client
+    return client
+
+
+class SingletonTask(Task):  # type: ignore[misc]
+    """A task that never runs twice at once for the same key. Options (task attributes or
+    ``@app.task`` keywords; None means: the app setting, else the default):"""
+
+    #: Hard cap in seconds on how long one run may hold its lock (default 3600).
+    lock_ttl: float | None = None
+    #: Heartbeat-renewed lease in seconds: a dead worker frees the lock within it (default 30).
+    lock_lease: float | None = None
+    #: None (task name + bound arguments), a format string such as ``"report:{day}"``, a list
+    #: of argument names, or a callable ``(args, kwargs) -> str``.
+    lock_key: Any = None
+    #: Seconds a run waits for a busy lock (default 0).
+    lock_wait: float | None = None
+    #: What a run that cannot get its lock does: "skip" (default), "retry" or "raise".
+    lock_conflict: str | None = None
+    #: Countdown in seconds of the retry that ``lock_conflict="retry"`` schedules (default 10).
+    lock_retry_countdown: float | None = None
+    #: Seconds the key stays locked after the run ends (delay-after; default 0).
+    lock_release_delay: float | None = None
+    #: Also refuse duplicates at ``apply_async``/``delay`` (default False).
+    lock_on_enqueue: bool | None = None
+    #: "exclusive" (default), "read", "upgradable" or "write".
+    lock_mode: str | None = None
+    #: Two argument names bounding a range lock on the resource named by ``lock_key``.
+    lock_range: tuple[str, str] | None = None
+    #: Key templates (or a callable) for a multi-key lock.
+    lock_keys: Any = None
+    #: Redis unreachable: "fail" (default: raise LockBackendError) or "run" (run unlocked).
+    lock_backend_down: str | None = None
+
+    Request = "celery_singleton_lock.request:SingletonRequest"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("name") or cls.__name__
+        check_task_options(name, dict(cls.__dict__))
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        super().on_bound(app)
+        from .bootsteps import install
+
+        install(app)
+
+    # -- resolved configuration --------------------------------------------------------------
+
+    @property
+    def lock_options(self) -> TaskLockOptions:
+        """This task's options, resolved against the app's settings (cached)."""
+        options: TaskLockOptions | None = self.__dict__.get("_lock_options")
+        if options is None:
+            options = TaskLockOptions.resolve(self.name, self, self.app.conf)
+            self.__dict__["_lock_options"] = options
+        return options
+
+    @property
+    def lock_naming(self) -> TaskKey:
+        naming: TaskKey | None = self.__dict__.get("_lock_naming")
+        if naming is None:
+            options = self.lock_options
+            naming = TaskKey(self.name, self.run, options.key)
+            if options.range is not None:
+                naming.check_arguments("lock_range", options.range)
+            if isinstance(options.keys, tuple):
+                naming.check_templates("lock_keys", options.keys)
+            self.__dict__["_lock_naming"] = naming
+        return naming
+
+    @property
+    def lock_client(self) -> LockClient:
+        return lock_client_for(self.app)
+
+    def lock_name(self, args: Any = (), kwargs: Any = None) -> str:
+        """The lock name a call with these arguments takes (for a range lock: the resource;
+        for a multi-key lock: its names joined with " + ")."""
+        args, kwargs = tuple(args or ()), dict(kwargs or {})
+        options = self.lock_options
+        if options.keys is not None:
+            return " + ".join(sorted(self.lock_naming.names(options.keys, args, kwargs)))
+        return self.lock_naming.name(args, kwargs, exclude=options.range or ())
+
+    def make_lock(
+        self,
+        args: Any = (),
+        kwargs: Any = None,
+        *,
+        mode: str | None = None,
+        owner_info: dict[str, Any] | None = None,
+        on_lost: Any = None,
+    ) -> LockHandle:
+        """The lock handle (not yet acquired) a call with these arguments takes: a lease,
+        a read/upgradable/write hold, a range hold or a multi-key lease, as the options say.
+        ``mode`` overrides ``lock_mode`` (the ``task_locks`` fixture holds "write")."""
+        args, kwargs = tuple(args or ()), dict(kwargs or {})
+        options = self.lock_options
+        mode = mode or options.mode
+        client = self.lock_client
+        handle_options: dict[str, Any] = {
+            "ttl": options.lease,
+            "max_hold": options.ttl,
+            "owner_info": owner_info,
+            "on_lost": on_lost,
+        }
+        if options.keys is not None:
+            names = self.lock_naming.names(options.keys, args, kwargs)
+            return client.multi(names, **handle_options)
+        name = self.lock_name(args, kwargs)
+        if options.range is not None:
+            lo, hi = self.lock_naming.bounds(options.range, args, kwargs)
+            ranges = client.range_lock(name)
+            method = "write" if mode == "exclusive" else mode
+            return getattr(ranges, method)(lo, hi, **handle_options)  # type: ignore[no-any-return]
+        if mode == "exclusive":
+            return client.lease(name, **handle_options)
+        return getattr(client.rwlock(name), mode)(**handle_options)  # type: ignore[no-any-return]
+
+    @property
+    def lock(self) -> LockHandle | None:
+        """The lease the current run holds (None outside a run, or when running unlocked):
+        use ``self.lock.token`` to fence writes and ``self.lock.check()`` to stop early."""
+        stack = self.__dict__.get("_lock_stack")
+        local_stack = getattr(stack, "leases", None) if stack is not None else None
+        return local_stack[-1] if local_stack else None
+
+    def _push_lock(self, lease: LockHandle | None) -> None:
+        stack = self.__dict__.setdefault("_lock_stack", threading.local())
+        if not hasattr(stack, "leases"):
+            stack.leases = []
+        stack.leases.append(lease)
+
+    def _pop_lock(self) -> None:
+        self.__dict__["_lock_stack"].leases.pop()
+
+    # -- the run -----------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.called_directly:
+            return super().__call__(*args, **kwargs)  # a plain function call: no lock
+        options = self.lock_options
+        task_id = request.id
+        lease = self.make_lock(
+            args,
+            kwargs,
+            owner_info={"task_name": self.name, "task_id": task_id},
+            on_lost=lambda lost: self._lease_lost(lost, task_id),
+        )
+        name = lease.name
+        if isinstance(lease, Lease):
+            lease._takeover = claim_owner(task_id, request.retries or 0)
+        try:
+            acquired = lease.acquire(options.wait)
+        except LockBackendError as exc:
+            if options.backend_down != "run":
+                self._autoretry(exc)
+                raise
+            log.warning("running %s[%s] UNLOCKED: %s", self.name, task_id, exc)
+            return self._run_holding(None, args, kwargs)
+        if not acquired:
+            return self._conflict(name, options)
+        lock_acquired.send(sender=self, name=name, task_id=task_id, lease=lease)
+        return self._run_holding(lease, args, kwargs)
+
+    def _autoretry(self, exc: LockBackendError) -> None:
+        """Retry as ``autoretry_for`` would: Celery's wrapper is around ``run``, which a run
+        whose lock could not be taken never reaches."""
+        autoretry = tuple(getattr(self, "autoretry_for", ()) or ())
+        dont = tuple(getattr(self, "dont_autoretry_for", ()) or ())
+        if not autoretry or not isinstance(exc, autoretry) or (dont and isinstance(exc, dont)):
+            return
+        retry_kwargs = dict(getattr(self, "retry_kwargs", None) or {})
+        backoff = float(getattr(self, "retry_backoff", False))
+        if backoff:
+            from celery.utils.time import get_exponential_backoff_interval
+
+            retry_kwargs["countdown"] = get_exponential_backoff_interval(
+                factor=int(max(1.0, backoff)),
+                retries=self.request.retries,
+                maximum=int(getattr(self, "retry_backoff_max", 600)),
+                full_jitter=getattr(self, "retry_jitter", True),
+            )
+        raise self.retry(exc=exc, **retry_kwargs)
+
+    def _run_holding(self, lease: LockHandle | None, args: Any, kwargs: Any) -> Any:
+        self._push_lock(lease)
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            self._pop_lock()
+            if lease is not None and (lease.held or lease.lost):
+                self._release(lease)
+
+    def _release(self, lease: LockHandle) -> None:
+        try:
+            lease.release(delay=self.lock_options.release_delay)
+        except LockLost as exc:
+            log.error("%s[%s] ran without its lock at the end: %s", self.name, self.request.id, exc)
+        except LockError as exc:
+            log.warning(
+                "%s[%s] could not release %r: %s", self.name, self.request.id, lease.name, exc
+            )
+            return
+        lock_released.send(sender=self, name=lease.name, task_id=self.request.id, lease=lease)
+
+    def _lease_lost(self, lease: LockHandle, task_id: str) -> None:
+        lock_lost.send(sender=self, name=lease.name, task_id=task_id, lease=lease)
+
+    def _conflict(self, name: str, options: TaskLockOptions) -> Any:
+        request = self.request
+        if options.conflict == "raise":
+            raise LockTimeout(f"{self.name}: lock {name!r} is taken", name=name)
+        if options.conflict == "retry":
+            raise self.retry(
+                countdown=options.retry_countdown,
+                exc=LockTimeout(f"{self.name}: lock {name!r} is taken", name=name),
+            )
+        holder = self._holder_task_id(name)
+        log.info("%s[%s] skipped: lock %r held by %s", self.name, request.id, name, holder)
+        lock_skipped.send(sender=self, name=name, task_id=request.id, lease=None)
+        return skipped_result(name, holder)
+
+    def _holder_task_id(self, name: str) -> str | None:
+        client = self.lock_client
+        try:
+            value = client._call(client.redis.hget, client._keys(name).lock, "task_id")
+        except LockBackendError:
+            return None
+        return value.decode() if isinstance(value, bytes) else value
+
+    # -- retry: hand the lock to the retry message -------------------------------------------
+
+    def retry(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        exc: BaseException | None = None,
+        throw: bool = True,
+        eta: datetime.datetime | None = None,
+        countdown: float | None = None,
+        max_retries: int | None = None,
+        **options: Any,
+    ) -> Any:
+        """As :meth:`celery.Task.retry`; the held lock passes to the retried run first, so
+        no duplicate can start in between (and the retry is not skipped as a duplicate)."""
+        lease = self.lock
+        call = (exc, throw, eta, countdown, max_retries)
+        if lease is None or not lease.held:
+            return self._celery_retry(args, kwargs, *call, **options)
+        request = self.request
+        same_key = isinstance(lease, Lease) and lease.name == self.lock_name(
+            request.args if args is None else args, request.kwargs if kwargs is None else kwargs
+        )
+        if not same_key:
+            # Another key, or a kind with no claims (read/write, range, multi): let go now;
+            # the retried run locks for itself.
+            self._release(lease)
+            return self._celery_retry(args, kwargs, *call, **options)
+        assert isinstance(lease, Lease)
+        next_owner = claim_owner(request.id, (request.retries or 0) + 1)
+        delay = self._retry_delay(eta, countdown)
+        try:
+            lease._hand_over(
+                next_owner,
+                delay + self.lock_options.ttl,
+                {"task_id": request.id, "task_name": self.name, "state": "retry"},
+            )
+        except LockError as exc:
+            # Lost already, or Redis unreachable: nothing to hand over; the retried run
+            # takes the lock for itself (the retry itself must still be sent).
+            log.warning("%s[%s] retries without its lock: %s", self.name, request.id, exc)
+            return self._celery_retry(args, kwargs, *call, **options)
+        try:
+            return self._celery_retry(args, kwargs, *call, **options)
+        except Retry:
+            lock_released.send(sender=self, name=lease.name, task_id=request.id, lease=lease)
+            raise
+        except BaseException:
+            # No retry was sent (max_retries reached, broker error): free the claim.
+            client = self.lock_client
+            keys = client._keys(lease.name)
+            client._call(client._scripts.release, keys.lock, next_owner, 0, keys.channel)
+            raise
+
+    def _celery_retry(
+        self,
+        args: Any,
+        kwargs: Any,
+        exc: BaseException | None,
+        throw: bool,
+        eta: datetime.datetime | None,
+        countdown: float | None,
+        max_retries: int | None,
+        **options: Any,
+    ) -> Any:
+        return super().retry(
+            args=args,
+            kwargs=kwargs,
+            exc=exc,
+            throw=throw,
+            eta=eta,
+            countdown=countdown,
+            max_retries=max_retries,
+            **options,
+        )
+
+    def _retry_delay(self, eta: datetime.datetime | None, countdown: float | None) -> float:
+        if countdown is None and eta is None:
+            return float(self.default_retry_delay or 0)
+        return _seconds_until(eta, countdown)
+
+    # -- enqueue-time lock -------------------------------------------------------------------
+
+    def apply_async(
+        self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any
+    ) -> Any:
+        """As :meth:`celery.Task.apply_async`. With ``lock_on_enqueue`` a duplicate of a
+        queued or running call is not sent: its ``AsyncResult`` comes back instead (or
+        :class:`DuplicateTask` is raised with ``lock_conflict="raise"``)."""
+        lock = self.lock_options
+        if not lock.on_enqueue or self.app.conf.task_always_eager:
+            return super().apply_async(args, kwargs, task_id=task_id, **options)
+        from celery.utils import uuid
+
+        task_id = task_id or uuid()
+        name = self.lock_name(args, kwargs)
+        delay = _seconds_until(options.get("eta"), options.get("countdown"))
+        claim = self.lock_client.lease(
+            name,
+            ttl=delay + lock.ttl,
+            heartbeat=False,
+            owner_info={"task_name": self.name, "task_id": task_id, "state": "queued"},
+        )
+        claim._claim_as = claim_owner(task_id, 0)
+        if claim.acquire(0):
+            try:
+                return super().apply_async(args, kwargs, task_id=task_id, **options)
+            except BaseException:
+                claim.release()
+                raise
+        holder = self._holder_task_id(name)
+        if lock.conflict == "raise":
+            raise DuplicateTask(
+                f"{self.name}: a call with lock {name!r} is queued or running ({holder})",
+                name=name,
+                task_id=holder,
+            )
+        log.info("%s not sent: lock %r held by %s", self.name, name, holder)
+        if holder is None:
+            return super().apply_async(args, kwargs, task_id=task_id, **options)
+        return AsyncResult(holder, app=self.app)
+
+
+def _seconds_until(eta: datetime.datetime | str | None, countdown: float | None) -> float:
+    """Seconds until a message with this ``eta`` or ``countdown`` may run (0: at once)."""
+    if countdown is not None:
+        return max(0.0, float(countdown))
+    if isinstance(eta, str):
+        eta = datetime.datetime.fromisoformat(eta)
+    if eta is not None:
+        now = datetime.datetime.now(eta.tzinfo)
+        return max(0.0, (eta - now).total_seconds())
+    return 0.0

@@ -1,0 +1,61 @@
+"""Helpers for testing your own locked tasks (the ``task_locks`` pytest fixture wraps them).
+
+def test_report_is_skipped_while_locked(task_locks):
+    with task_locks.hold(nightly_report, "2026-11-22"):
+        result = nightly_report.apply(args=["2026-11-22"])
+    task_locks.assert_skipped(result)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from .handle import LockHandle
+from .task import is_skipped
+
+
+class TaskLocks:
+    """Hold, inspect and assert on the locks of SingletonTask tasks."""
+
+    @contextmanager
+    def hold(self, task: Any, *args: Any, **kwargs: Any) -> Iterator[LockHandle]:
+        """Hold, for the block, a lock that conflicts with every run of
+        ``task(*args, **kwargs)`` (for read/write and range tasks: a write hold)."""
+        with self._blocker(task, args, kwargs) as handle:
+            yield handle
+
+    def is_held(self, task: Any, *args: Any, **kwargs: Any) -> bool:
+        """True if a run of ``task(*args, **kwargs)`` would find its lock taken (held, or
+        in delay-after). Probes with a write hold taken and given back at once."""
+        probe = self._blocker(task, args, kwargs)
+        if probe.acquire(0):
+            probe.release()
+            return False
+        return True
+
+    @staticmethod
+    def _blocker(task: Any, args: Any, kwargs: Any) -> LockHandle:
+        mode = None if task.lock_options.mode == "exclusive" else "write"
+        handle: LockHandle = task.make_lock(args, kwargs, mode=mode)
+        return handle
+
+    @staticmethod
+    def value(result: Any, timeout: float = 30.0) -> Any:
+        """The return value of a task run: an ``AsyncResult``/``EagerResult`` or a value."""
+        get = getattr(result, "get", None)
+        if callable(get) and hasattr(result, "id"):
+            return get(timeout=timeout)
+        return result
+
+    def assert_skipped(self, result: Any, timeout: float = 30.0) -> None:
+        """Assert that the run was skipped because its lock was taken."""
+        value = self.value(result, timeout)
+        assert is_skipped(value), f"expected a skipped run, got {value!r}"
+
+    def assert_ran(self, result: Any, timeout: float = 30.0) -> Any:
+        """Assert that the run's body ran; returns its value."""
+        value = self.value(result, timeout)
+        assert not is_skipped(value), f"expected the body to run, but it was skipped: {value!r}"
+        return value
