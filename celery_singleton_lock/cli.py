@@ -1,0 +1,359 @@
+"""``celery -A proj locks ...`` and ``python -m celery_singleton_lock ...``: list, show and
+clear locks (see docs/admin.md).
+
+Both front ends run the same three commands; they differ only in where the Redis URL comes
+from and in the evidence available (only ``celery locks`` has an app whose workers and result
+backend can be asked). Celery imports every plugin's CLI module at start, so this one imports
+only click and celery.bin.base at module level; the lock core loads inside the commands.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+import click
+from celery.bin.base import CeleryCommand, CeleryOption, handle_preload_options
+
+if TYPE_CHECKING:
+    from .admin import Check, LockInfo
+    from .client import LockClient
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Celery's decorator (untyped) with a type: passes preload options to the app's receivers
+#: instead of crashing the group on them.
+preload_options: Callable[[F], F] = handle_preload_options
+
+#: Exit codes (docs/admin.md).
+EXIT_OK, EXIT_NOTHING, EXIT_ERROR = 0, 1, 2
+DEFAULT_PREFIX = "csl:"
+#: Seconds ``celery locks`` waits for workers to say which tasks they run.
+DEFAULT_TIMEOUT = 1.0
+_SESSION = "celery_singleton_lock.session"
+
+
+@dataclass(frozen=True)
+class Session:
+    """What a command needs from its front end."""
+
+    url: str | None
+    prefix: str
+    app: Any = None  # the Celery app of ``celery -A``: workers and result backend to ask
+    timeout: float = DEFAULT_TIMEOUT
+    no_color: bool = False
+
+    def __repr__(self) -> str:
+        from .client import mask_password
+
+        url = None if self.url is None else mask_password(self.url)
+        return f"Session(url={url!r}, prefix={self.prefix!r}, app={self.app!r})"
+
+    def connect(self) -> LockClient:
+        from .client import LockClient
+
+        if not self.url:
+            raise click.UsageError(
+                "no Redis URL: set singleton_lock_url (or a redis:// broker_url) in the app's "
+                "configuration, or pass --url / REDIS_URL"
+            )
+        # Short socket timeouts: an admin command should fail fast, naming the server.
+        return LockClient.from_url(
+            self.url, prefix=self.prefix, socket_connect_timeout=5, socket_timeout=10
+        )
+
+    def checks(self) -> list[Check]:
+        if self.app is None:
+            return []
+        from .evidence import backend_check, worker_check
+
+        found = [worker_check(self.app, timeout=self.timeout), backend_check(self.app)]
+        return [check for check in found if check is not None]
+
+
+def app_session(app: Any, *, timeout: float, no_color: bool) -> Session:
+    """Where a Celery app's locks live: ``singleton_lock_url`` (else a Redis broker URL) and
+    ``singleton_lock_prefix``, read exactly as the app's tasks read them (config.py)."""
+    from .config import AppSettings
+    from .exceptions import ConfigurationError
+
+    try:
+        settings = AppSettings.from_conf(app.conf)
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from None
+    return Session(
+        url=settings.url, prefix=settings.prefix, app=app, timeout=timeout, no_color=no_color
+    )
+
+
+def _session(ctx: click.Context) -> Session:
+    session: Session = ctx.meta[_SESSION]()
+    return session
+
+
+@contextmanager
+def _connected(ctx: click.Context) -> Iterator[tuple[Session, LockClient]]:
+    """The session and a client; lock errors end the command with exit 2 and a message
+    naming the server (without its password)."""
+    from .exceptions import LockError
+
+    session = _session(ctx)
+    try:
+        client = session.connect()
+    except LockError as exc:
+        _fail(ctx, str(exc))
+    try:
+        yield session, client
+    except LockError as exc:
+        _fail(ctx, str(exc))
+    finally:
+        client.close()
+
+
+def _fail(ctx: click.Context, message: str) -> NoReturn:
+    click.echo(f"Error: {message}", err=True)
+    ctx.exit(EXIT_ERROR)
+
+
+class LocksGroup(click.Group):
+    """A click group whose options are shown in Celery's help groups."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        CeleryCommand.format_options(self, ctx, formatter)
+        self.format_commands(ctx, formatter)
+
+
+# -- the commands (shared by both front ends) ------------------------------------------------
+
+
+def _json_option(group: str) -> Callable[[F], F]:
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        cls=CeleryOption,
+        help_group=group,
+        help="Print a JSON list of lock objects instead of a table.",
+    )
+
+
+@click.command("list", cls=CeleryCommand)
+@click.option(
+    "--pattern",
+    metavar="GLOB",
+    cls=CeleryOption,
+    help_group="List Options",
+    help="Only locks whose NAME matches this glob (case-sensitive).",
+)
+@click.option(
+    "--stale", is_flag=True, cls=CeleryOption, help_group="List Options", help="Only stale locks."
+)
+@_json_option("List Options")
+@click.pass_context
+def list_locks(ctx: click.Context, pattern: str | None, stale: bool, as_json: bool) -> None:
+    """List the locks, who holds them and whether they are live, stale or cooling down.
+
+    Exit 1 when no lock matched.
+    """
+    from . import admin, output
+
+    with _connected(ctx) as (session, client):
+        infos = admin.list_locks(client, pattern, checks=session.checks())
+    if stale:
+        infos = [info for info in infos if info.state == admin.STALE]
+    output.show_list(infos, as_json=as_json, color=_color(session))
+    ctx.exit(EXIT_OK if infos else EXIT_NOTHING)
+
+
+@click.command("show", cls=CeleryCommand)
+@click.argument("name")
+@_json_option("Show Options")
+@click.pass_context
+def show_lock(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Show every detail of lock NAME (each holder, for shared locks). Exit 1 if no lock
+    has that name."""
+    from . import output
+
+    with _connected(ctx) as (session, client):
+        infos = _named(client, [name], session.checks())
+    output.show_details(infos, as_json=as_json, color=_color(session))
+    if not infos:
+        click.echo(f"no lock named {name!r}", err=True)
+    ctx.exit(EXIT_OK if infos else EXIT_NOTHING)
+
+
+@click.command("clear", cls=CeleryCommand)
+@click.argument("names", metavar="NAME...", nargs=-1)
+@click.option(
+    "--stale", is_flag=True, cls=CeleryOption, help_group="Clear Options", help="Every stale lock."
+)
+@click.option(
+    "--all", "all_", is_flag=True, cls=CeleryOption, help_group="Clear Options", help="Every lock."
+)
+@click.option(
+    "--pattern",
+    metavar="GLOB",
+    cls=CeleryOption,
+    help_group="Clear Options",
+    help="With --stale or --all: only locks whose NAME matches this glob.",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Clear Options",
+    help="Also clear live locks (their holders lose them at their next heartbeat).",
+)
+@click.option(
+    "--yes",
+    "-y",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Clear Options",
+    help="Do not ask for confirmation.",
+)
+@click.pass_context
+def clear_locks(
+    ctx: click.Context,
+    names: tuple[str, ...],
+    stale: bool,
+    all_: bool,
+    pattern: str | None,
+    force: bool,
+    yes: bool,
+) -> None:
+    """Clear locks: the named ones, every stale one, or all. Each is cleared only if it
+    still has the holder that was listed, so a lock taken again meanwhile is left alone.
+
+    Exit 1 when nothing matched (or the prompt was declined), 2 when a live lock would need
+    --force or there is no terminal to confirm on and no --yes.
+    """
+    from . import admin, output
+
+    if (1 if names else 0) + stale + all_ != 1:
+        raise click.UsageError("give lock NAMEs, --stale or --all (exactly one of them)")
+    if pattern is not None and names:
+        raise click.UsageError("--pattern goes with --stale or --all, not with NAMEs")
+    with _connected(ctx) as (session, client):
+        if names:
+            infos = _named(client, names, session.checks())
+        else:
+            infos = admin.list_locks(client, pattern, checks=session.checks())
+            if stale:
+                infos = [info for info in infos if info.state == admin.STALE]
+        if not infos:
+            click.echo("no lock matched; nothing cleared", err=True)
+            ctx.exit(EXIT_NOTHING)
+        live = [info for info in infos if info.state == admin.LIVE]
+        if live and not force:
+            listed = ", ".join(f"{info.name!r} ({info.evidence})" for info in live)
+            _fail(ctx, f"refusing to clear {len(live)} live lock(s) without --force: {listed}")
+        _confirm(ctx, infos, yes=yes, color=_color(session))
+        cleared = 0
+        for info in infos:
+            done = admin.clear_info(client, info)
+            cleared += done
+            click.echo(output.clear_line(info, done))
+    click.echo(f"cleared {cleared} of {len(infos)} lock(s)")
+    ctx.exit(EXIT_OK if cleared else EXIT_NOTHING)
+
+
+COMMANDS = (list_locks, show_lock, clear_locks)
+
+
+def _named(
+    client: LockClient, names: tuple[str, ...] | list[str], checks: list[Check]
+) -> list[LockInfo]:
+    """Holders of exactly these names (read by key, no SCAN for leases), then checked."""
+    from . import admin
+
+    infos = [
+        info
+        for name in dict.fromkeys(names)
+        for info in admin.list_locks(client, admin.escape(name))
+        if info.name == name
+    ]
+    for check in checks:
+        infos = check(infos)
+    return infos
+
+
+def _interactive() -> bool:
+    """Whether a person can answer a prompt (tests replace this)."""
+    return sys.stdin.isatty()
+
+
+def _confirm(ctx: click.Context, infos: list[LockInfo], *, yes: bool, color: bool) -> None:
+    from . import output
+
+    if yes:
+        return
+    if not _interactive():
+        _fail(ctx, "not clearing without confirmation: no terminal to ask on; pass --yes")
+    output.show_list(infos, as_json=False, color=color)
+    answer = click.prompt(f"Type 'yes' to clear these {len(infos)} lock(s)", default="")
+    if answer.strip().lower() != "yes":
+        click.echo("not confirmed; nothing cleared", err=True)
+        ctx.exit(EXIT_NOTHING)
+
+
+def _color(session: Session) -> bool:
+    """Color only for a person: stdout is a terminal and NO_COLOR is unset."""
+    return not session.no_color and "NO_COLOR" not in os.environ and sys.stdout.isatty()
+
+
+# -- front end 1: the `celery locks` sub-command ---------------------------------------------
+
+
+@click.group("locks", cls=LocksGroup)
+@click.option(
+    "--timeout",
+    type=float,
+    default=DEFAULT_TIMEOUT,
+    show_default=True,
+    cls=CeleryOption,
+    help_group="Lock Options",
+    help="Seconds to wait for workers to say which tasks they run (0: do not ask).",
+)
+@click.pass_context
+@preload_options
+def locks(ctx: click.Context, /, timeout: float, **kwargs: Any) -> None:
+    """Inspect and clear the app's singleton locks (who holds what, live or stale)."""
+    obj = ctx.obj
+    ctx.meta[_SESSION] = lambda: app_session(
+        obj.app, timeout=timeout, no_color=bool(getattr(obj, "no_color", False))
+    )
+
+
+# -- front end 2: `python -m celery_singleton_lock`, no Celery app needed --------------------
+
+
+@click.group("celery_singleton_lock", cls=LocksGroup)
+@click.option(
+    "--url",
+    envvar="REDIS_URL",
+    cls=CeleryOption,
+    help_group="Connection Options",
+    help="Redis URL (default: $REDIS_URL).",
+)
+@click.option(
+    "--prefix",
+    default=DEFAULT_PREFIX,
+    show_default=True,
+    cls=CeleryOption,
+    help_group="Connection Options",
+    help="Key prefix the locks were made with.",
+)
+@click.pass_context
+def main(ctx: click.Context, url: str | None, prefix: str) -> None:
+    """Inspect and clear celery_singleton_lock locks in one Redis (no Celery app needed)."""
+    ctx.meta[_SESSION] = lambda: Session(url=url, prefix=prefix)
+
+
+for _command in COMMANDS:
+    locks.add_command(_command)
+    main.add_command(_command)

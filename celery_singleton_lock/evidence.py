@@ -1,0 +1,86 @@
+"""What Celery knows about lock holders: the workers' active tasks and the result backend.
+
+Checks for :func:`celery_singleton_lock.admin.list_locks`, used by ``celery locks``. They only
+restate locks the heartbeat left undecided (live with a fresh heartbeat, or no heartbeat) and
+whose holder recorded a task id; a question Celery cannot answer leaves the lock live.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .admin import LIVE, STALE, Check, LockInfo
+
+log = logging.getLogger("celery_singleton_lock.admin")
+
+NOT_ACTIVE = "not active on any worker"
+#: Result states after which a task holds nothing any more.
+FINISHED_STATES = ("SUCCESS", "FAILURE", "REVOKED")
+
+
+def worker_check(app: Any, *, timeout: float) -> Check:
+    """Ask the workers (``inspect().active()``, waiting ``timeout`` s for replies) which
+    tasks run now. A holder's task that runs is ``live``; one that does not is ``stale``,
+    but only if a worker on the holder's host answered: a worker that was slow to reply
+    must not make its own locks look abandoned."""
+
+    def check(infos: list[LockInfo]) -> list[LockInfo]:
+        asking = [info for info in infos if info.undecided and info.task_id]
+        if not asking or timeout <= 0:
+            return infos
+        try:
+            replies = app.control.inspect(timeout=timeout).active() or {}
+        except Exception as exc:  # broker unreachable: no evidence either way
+            log.warning("could not ask the workers which tasks are active: %s", exc)
+            return infos
+        running: dict[str, str] = {}
+        for node, tasks in replies.items():
+            for task in tasks or ():
+                running[str(task.get("id"))] = node
+        hosts = {_short(node.partition("@")[2] or node) for node in replies}
+        out = []
+        for info in infos:
+            if info.undecided and info.task_id:
+                if info.task_id in running:
+                    info = info.restated(LIVE, f"active on worker {running[info.task_id]}")
+                elif info.host is not None and _short(info.host) in hosts:
+                    info = info.restated(STALE, NOT_ACTIVE)
+            out.append(info)
+        return out
+
+    return check
+
+
+def backend_check(app: Any) -> Check | None:
+    """Ask the result backend for each undecided holder's task state: finished, failed or
+    revoked means ``stale``. None when the app has no result backend."""
+    from celery.backends.base import DisabledBackend
+
+    try:
+        if isinstance(app.backend, DisabledBackend):
+            return None
+    except Exception as exc:  # a misconfigured backend: no evidence from it
+        log.warning("result backend unusable: %s", exc)
+        return None
+
+    def check(infos: list[LockInfo]) -> list[LockInfo]:
+        out = []
+        for info in infos:
+            if info.undecided and info.task_id:
+                try:
+                    state = app.AsyncResult(info.task_id).state
+                except Exception as exc:
+                    log.warning("result backend did not answer for %s: %s", info.task_id, exc)
+                    state = None
+                if state in FINISHED_STATES:
+                    info = info.restated(STALE, f"result backend: {state}")
+            out.append(info)
+        return out
+
+    return check
+
+
+def _short(host: str) -> str:
+    """``worker1.example.com`` -> ``worker1``: a worker's node name may use either form."""
+    return host.split(".", 1)[0].lower()

@@ -1,0 +1,117 @@
+"""How the lock commands print: an aligned table (colored for a person) or JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import click
+
+from .admin import COOLDOWN, LIVE, STALE, LockInfo
+
+#: Color and boldness of each state.
+STATE_STYLES = {LIVE: ("green", False), STALE: ("red", True), COOLDOWN: ("yellow", False)}
+HEADERS = ("NAME", "KIND", "STATE", "AGE", "EXPIRES", "HEARTBEAT", "HOLDER", "TASK", "EVIDENCE")
+
+
+def to_json(infos: Sequence[LockInfo]) -> str:
+    """The ``--json`` document: a list of lock objects (docs/admin.md)."""
+    return json.dumps(
+        [info.to_dict() for info in infos], indent=2, ensure_ascii=False, allow_nan=False
+    )
+
+
+def show_list(infos: Sequence[LockInfo], *, as_json: bool, color: bool) -> None:
+    """Print ``infos`` as JSON, or as a table (nothing but a note on stderr when empty)."""
+    if as_json:
+        click.echo(to_json(infos))
+        return
+    if not infos:
+        click.echo("no locks", err=True)
+        return
+    rows = [HEADERS, *(_row(info) for info in infos)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADERS))]
+    for n, row in enumerate(rows):
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+        if color and n == 0:
+            cells = [click.style(cell, bold=True) for cell in cells]
+        elif color:
+            cells[2] = _styled(cells[2], infos[n - 1].state)
+        click.echo("  ".join(cells).rstrip(), color=color)
+
+
+def show_details(infos: Sequence[LockInfo], *, as_json: bool, color: bool) -> None:
+    """Print every field of each holder, one ``field: value`` line each."""
+    if as_json:
+        click.echo(to_json(infos))
+        return
+    for n, info in enumerate(infos):
+        if n:
+            click.echo("")
+        fields = info.to_dict()
+        width = max(len(key) for key in fields)
+        for key, value in fields.items():
+            text = _seconds(value) if key.endswith("_s") else _plain(value)
+            if key == "state" and color:
+                text = _styled(text, info.state)
+            click.echo(f"{key.ljust(width)}  {text}", color=color)
+
+
+def clear_line(info: LockInfo, cleared: bool) -> str:
+    """One line of ``clear`` output."""
+    what = f"{_name(info)} ({info.kind}, token {info.token})"
+    if cleared:
+        return f"cleared {what}"
+    return f"left {what} alone: released, expired or taken again since it was listed"
+
+
+def _row(info: LockInfo) -> tuple[str, ...]:
+    beat = "off" if info.heartbeat is False else _seconds(info.heartbeat_age_s)
+    holder = "-" if info.host is None else f"{info.host}:{_plain(info.pid)}"
+    return (
+        _name(info),
+        info.kind if info.mode is None else f"{info.kind}/{info.mode}",
+        info.state,
+        _seconds(info.age_s),
+        _seconds(info.lease_remaining_s),
+        beat,
+        holder,
+        _task(info),
+        info.evidence,
+    )
+
+
+def _styled(text: str, state: str) -> str:
+    fg, bold = STATE_STYLES.get(state, (None, False))
+    return click.style(text, fg=fg, bold=bold)
+
+
+def _name(info: LockInfo) -> str:
+    if info.lo is None and info.hi is None:
+        return info.name
+    return f"{info.name} [{_plain(info.lo)}, {_plain(info.hi)}]"
+
+
+def _task(info: LockInfo) -> str:
+    if info.task_name is None and info.task_id is None:
+        return "-"
+    return f"{info.task_name or '?'}[{info.task_id or '?'}]"
+
+
+def _plain(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _seconds(value: object) -> str:
+    """12.3s, 4m05s, 2h07m, 3d04h: short enough for a table column."""
+    if not isinstance(value, int | float):
+        return _plain(value)
+    seconds = float(value)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
