@@ -1,0 +1,213 @@
+"""The Celery app that the outage and chaos tests run in real ``celery worker`` processes.
+
+Two Redis servers: the LOCK server (``CSL_FAULT_LOCK_URL``, ``singleton_lock_url``), which
+the tests stop and restart empty, and the BROKER server (``CSL_FAULT_BROKER_URL``: broker,
+and where every record and the fenced store live), which they never touch, so that what the
+tasks record survives the lock server's restarts. ``CSL_FAULT_PREFIX`` is the lock key prefix
+and the prefix of every record key; ``CSL_FAULT_QUEUE`` the default queue.
+
+Every event is one JSON entry on the list ``<prefix>events`` on the broker server, stamped
+with that server's clock, so the test, the chaos driver and every worker share one clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.signals import task_prerun
+
+from celery_singleton_lock import LockBackendError, LockLost, SingletonTask, lock_lost
+
+#: Every record key expires.
+RECORD_TTL = 3600
+#: The chaos tasks' lease: a holder SIGSTOPped longer than this loses its lock.
+CHAOS_LEASE = 3.0
+
+#: The fencing recipe of docs/fencing.md, with a log: KEYS[1] the store hash of one key,
+#: KEYS[2] the log of accepted writes, KEYS[3] the log of rejected ones.
+#: ARGV: token, execution id, operation. Rejects a token older than the last accepted one
+#: (an equal one is accepted: one holder writes twice). Returns {1|0, server time}.
+FENCED_WRITE = """
+local t = redis.call('TIME')
+local now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+local entry = ARGV[1] .. ' ' .. ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. now
+local last = redis.call('HGET', KEYS[1], 'fence_token')
+if last and tonumber(last) > tonumber(ARGV[1]) then
+  redis.call('RPUSH', KEYS[3], entry)
+  redis.call('EXPIRE', KEYS[3], ARGV[4])
+  return {0, now}
+end
+redis.call('HSET', KEYS[1], 'fence_token', ARGV[1], 'execution', ARGV[2], 'op', ARGV[3])
+redis.call('RPUSH', KEYS[2], entry)
+for i = 1, 2 do
+  redis.call('EXPIRE', KEYS[i], ARGV[4])
+end
+return {1, now}
+"""
+
+
+def events_key(prefix: str) -> str:
+    return f"{prefix}events"
+
+
+def store_keys(prefix: str, key: str) -> list[str]:
+    """The fenced store of ``key``: its hash, accepted log and rejected log."""
+    return [f"{prefix}store:{key}", f"{prefix}accepted:{key}", f"{prefix}rejected:{key}"]
+
+
+def server_time(client: Any) -> float:
+    seconds, micros = client.time()
+    return int(seconds) + int(micros) / 1_000_000
+
+
+def make_app(lock_url: str, broker_url: str, prefix: str, queue: str = "celery") -> Celery:
+    app = Celery("fault_app", set_as_current=False)
+    app.conf.update(
+        broker_url=broker_url,
+        result_backend=broker_url,
+        result_expires=RECORD_TTL,
+        singleton_lock_url=lock_url,
+        singleton_lock_prefix=prefix,
+        task_default_queue=queue,
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        # Killed runs come back (a child killed: at once; a whole worker: once its unacked
+        # messages are visible again), so that every chaos run completes in the end.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        broker_transport_options={
+            "visibility_timeout": 8,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+            # Kombu restores unacked messages under a mutex key that lives 300 s by default;
+            # a worker SIGKILLed while holding it would stop every restore for that long.
+            "unacked_mutex_expire": 2,
+        },
+    )
+    records = redis.Redis.from_url(broker_url)
+    fenced = records.register_script(FENCED_WRITE)
+
+    def record(event: str, **fields: Any) -> None:
+        entry = {"event": event, "pid": os.getpid(), "time": server_time(records), **fields}
+        pipe = records.pipeline()
+        pipe.rpush(events_key(prefix), json.dumps(entry))
+        pipe.expire(events_key(prefix), RECORD_TTL)
+        pipe.execute()
+
+    def task_record(task: Any, event: str, key: str, **fields: Any) -> None:
+        lease = task.lock
+        record(
+            event,
+            key=key,
+            task=task.name,
+            task_id=task.request.id,
+            token=lease.token if lease is not None else None,
+            **fields,
+        )
+
+    def hold_until_lost(task: Any, key: str, seconds: float) -> dict[str, Any]:
+        """Hold the key for ``seconds`` or until the lock is found lost (by the heartbeat:
+        ``self.lock.lost``, then ``check()`` says why)."""
+        task_record(task, "start", key)
+        deadline = time.monotonic() + seconds
+        lease = task.lock
+        outcome: dict[str, Any] = {"locked": lease is not None, "lost": None}
+        while time.monotonic() < deadline:
+            if lease is not None and lease.lost:
+                try:
+                    lease.check()
+                except LockLost as exc:
+                    outcome["lost"] = exc.reason
+                break
+            time.sleep(0.02)
+        task_record(task, "end", key, lost=outcome["lost"])
+        outcome["token"] = lease.token if lease is not None else None
+        return outcome
+
+    # -- outage tasks -----------------------------------------------------------------------
+
+    @app.task(
+        base=SingletonTask, bind=True, shared=False, name="fault.hold",
+        lock_key="job:{key}", lock_lease=3, lock_ttl=600,
+    )  # fmt: skip
+    def hold(self: Any, key: str, seconds: float) -> dict[str, Any]:
+        return hold_until_lost(self, key, seconds)
+
+    @app.task(
+        base=SingletonTask, bind=True, shared=False, name="fault.hold_or_run",
+        lock_key="job:{key}", lock_lease=3, lock_ttl=600, lock_backend_down="run",
+    )  # fmt: skip
+    def hold_or_run(self: Any, key: str, seconds: float) -> dict[str, Any]:
+        return hold_until_lost(self, key, seconds)
+
+    @app.task(
+        base=SingletonTask, bind=True, shared=False, name="fault.wait_hold",
+        lock_key="job:{key}", lock_lease=3, lock_ttl=600, lock_wait=60,
+    )  # fmt: skip
+    def wait_hold(self: Any, key: str, seconds: float) -> dict[str, Any]:
+        return hold_until_lost(self, key, seconds)
+
+    @app.task(
+        base=SingletonTask, bind=True, shared=False, name="fault.retrying",
+        lock_key="job:{key}", lock_lease=3, lock_ttl=600, max_retries=None,
+        autoretry_for=(LockBackendError,), default_retry_delay=0.3,
+    )  # fmt: skip
+    def retrying(self: Any, key: str, seconds: float) -> dict[str, Any]:
+        """Lock Redis down: retried (autoretry_for) until it is back."""
+        return {**hold_until_lost(self, key, seconds), "retries": self.request.retries}
+
+    # -- the chaos task ---------------------------------------------------------------------
+
+    @app.task(
+        base=SingletonTask, bind=True, shared=False, name="fault.chaos",
+        lock_key="chaos:{key}", lock_lease=CHAOS_LEASE, lock_ttl=600, lock_wait=15,
+        lock_conflict="retry", lock_retry_countdown=0.2, max_retries=None,
+        autoretry_for=(LockBackendError,), default_retry_delay=0.5,
+    )  # fmt: skip
+    def chaos(self: Any, key: str, run: str, seconds: float) -> int:
+        """One run: a fenced ``begin`` write, work, a fenced ``commit`` write (made whether
+        or not the lease was lost meanwhile, as a write already under way would be)."""
+        lease = self.lock
+        token = int(lease.token)
+        execution = f"{run}/{os.getpid()}/{token}"
+        task_record(self, "start", key, run=run, execution=execution)
+        keys = store_keys(prefix, key)
+        begun, begin_at = fenced(keys=keys, args=[token, execution, "begin", RECORD_TTL])
+        committed, commit_at = 0, None
+        if begun:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+            committed, commit_at = fenced(keys=keys, args=[token, execution, "commit", RECORD_TTL])
+        task_record(
+            self, "end", key, run=run, execution=execution, begun=bool(begun),
+            committed=bool(committed), lost=lease.lost,
+            begin_at=float(begin_at), commit_at=None if commit_at is None else float(commit_at),
+        )  # fmt: skip
+        return token
+
+    @task_prerun.connect(weak=False)
+    def on_prerun(sender: Any = None, task_id: str = "", args: Any = (), **_: Any) -> None:
+        if getattr(sender, "app", None) is app and sender.name == "fault.chaos":
+            record("received", task_id=task_id, run=args[1] if len(args) > 1 else None)
+
+    @lock_lost.connect(weak=False)
+    def on_lost(sender: Any, name: str, task_id: str, lease: Any, **_: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            reason = lease._lost.reason if lease._lost is not None else "ran out"
+            record("lost", name=name, task_id=task_id, token=lease.token, reason=reason)
+
+    return app
+
+
+app = make_app(
+    os.environ.get("CSL_FAULT_LOCK_URL", "redis://127.0.0.1:1/0"),
+    os.environ.get("CSL_FAULT_BROKER_URL", "redis://127.0.0.1:1/0"),
+    os.environ.get("CSL_FAULT_PREFIX", "csltest:unset:"),
+    os.environ.get("CSL_FAULT_QUEUE", "celery"),
+)

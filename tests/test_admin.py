@@ -1,0 +1,362 @@
+"""The admin core: client.locks() fields and states, token-checked clear, patterns, JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from celery_singleton_lock import LockClient, LockError, LockExpired, admin, output
+from celery_singleton_lock.heartbeat import heartbeat
+from celery_singleton_lock.output import to_json
+
+#: The documented shape of one object of ``--json`` (docs/admin.md).
+NUMBER_OR_NULL = (int, float, type(None))
+LOCK_SCHEMA: dict[str, Any] = {
+    "name": (str,),
+    "kind": (str,),
+    "state": (str,),
+    "evidence": (str,),
+    "task_id": (str, type(None)),
+    "task_name": (str, type(None)),
+    "host": (str, type(None)),
+    "pid": (int, type(None)),
+    "thread": (str, type(None)),
+    "token": (int, type(None)),
+    "owner": (str, type(None)),
+    "heartbeat": (bool, type(None)),
+    "age_s": NUMBER_OR_NULL,
+    "lease_remaining_s": NUMBER_OR_NULL,
+    "max_hold_remaining_s": NUMBER_OR_NULL,
+    "heartbeat_age_s": NUMBER_OR_NULL,
+    "lo": (int, float, str, type(None)),
+    "hi": (int, float, str, type(None)),
+    "mode": (str, type(None)),
+}
+
+
+def validate(document: Any) -> None:
+    """Fail unless ``document`` is a list of lock objects of the documented shape."""
+    assert isinstance(document, list)
+    for item in document:
+        assert set(item) == set(LOCK_SCHEMA), set(item) ^ set(LOCK_SCHEMA)
+        for key, types in LOCK_SCHEMA.items():
+            assert isinstance(item[key], types), (key, item[key])
+            assert not (isinstance(item[key], bool) and bool not in types), key
+        assert item["kind"] in admin.KINDS
+        assert item["state"] in ("live", "stale", "cooldown")
+
+
+def by_name(client: LockClient, pattern: str | None = None) -> dict[str, admin.LockInfo]:
+    return {info.name: info for info in client.locks(pattern)}
+
+
+def test_fields_of_a_live_lease(lock_client: LockClient) -> None:
+    info_in = {"task_id": "t-1", "task_name": "tasks.report"}
+    lease = lock_client.lease("report", ttl=30, max_hold=60, owner_info=info_in)
+    assert lease.acquire()
+    try:
+        (info,) = lock_client.locks()
+        assert (info.name, info.kind, info.state) == ("report", "lease", "live")
+        assert info.evidence == admin.HEARTBEAT_FRESH
+        assert (info.task_id, info.task_name) == ("t-1", "tasks.report")
+        assert (info.host, info.pid, info.thread) == (
+            socket.gethostname(),
+            os.getpid(),
+            "MainThread",
+        )
+        assert info.token == lease.token and info.owner == lease._owner
+        assert info.heartbeat is True
+        assert info.age_s is not None and 0 <= info.age_s < 5
+        assert info.lease_remaining_s is not None and 25 < info.lease_remaining_s <= 30
+        assert info.max_hold_remaining_s is not None and 55 < info.max_hold_remaining_s <= 60
+        assert info.heartbeat_age_s is not None and 0 <= info.heartbeat_age_s < 5
+        assert (info.lo, info.hi) == (None, None)
+        with pytest.raises(AttributeError):
+            info.state = "stale"  # type: ignore[misc]  # frozen
+    finally:
+        lease.release()
+    assert lock_client.locks() == []
+
+
+def test_ages_use_one_server_time_call_not_the_client_clock(
+    lock_client: LockClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lease = lock_client.lease("clocked", ttl=30)
+    assert lease.acquire()
+    real_time = lock_client.redis.time
+    calls = []
+
+    def counted() -> Any:
+        calls.append(1)
+        return real_time()
+
+    monkeypatch.setattr(lock_client.redis, "time", counted)
+    skewed = time.time() + 7200  # this machine's clock two hours fast
+    monkeypatch.setattr(time, "time", lambda: skewed)
+    (info,) = lock_client.locks()
+    assert len(calls) == 1
+    assert info.age_s is not None and info.age_s < 5
+    lease.release()
+
+
+def test_listing_scans_and_pipelines(
+    lock_client: LockClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    leases = [lock_client.lease(f"many-{i}", ttl=30, heartbeat=False) for i in range(30)]
+    for lease in leases:
+        assert lease.acquire()
+
+    def forbidden(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("one round trip per lock, or KEYS")
+
+    for method in ("keys", "hgetall", "pttl", "hget", "hmget"):
+        monkeypatch.setattr(lock_client.redis, method, forbidden)
+    monkeypatch.setattr(admin, "BATCH", 7)  # several SCAN pages and pipelines
+    assert sorted(by_name(lock_client)) == sorted(f"many-{i}" for i in range(30))
+
+
+def test_stale_when_the_holders_heartbeat_stopped(
+    lock_client: LockClient, lock_redis_url: str, lock_prefix: str
+) -> None:
+    # A real holder process with a heartbeat (ttl 3: a tick each second), then killed.
+    code = textwrap.dedent(f"""
+        import sys, time
+        from celery_singleton_lock import LockClient
+        client = LockClient.from_url({lock_redis_url!r}, prefix={lock_prefix!r})
+        lease = client.lease("nightly", ttl=3, owner_info={{"task_id": "t-9"}})
+        assert lease.acquire()
+        print(lease.token, flush=True)
+        time.sleep(60)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        token = int(child.stdout.readline())  # type: ignore[union-attr]
+        keys = lock_client._keys("nightly")
+        deadline = time.monotonic() + 10
+        while lock_client.redis.hget(keys.lock, "renewed_ms") == lock_client.redis.hget(
+            keys.lock, "acquired_ms"
+        ):  # wait for one real renewal: the heartbeat runs
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert by_name(lock_client)["nightly"].state == "live"
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        # The key outlives its holder (as a long ttl would); only the heartbeat tells.
+        lock_client.redis.pexpire(keys.lock, 30_000)
+        renewed_ms = int(lock_client.redis.hget(keys.lock, "renewed_ms"))
+        while admin.server_ms(lock_client) - renewed_ms <= 2000:
+            time.sleep(0.05)
+        info = by_name(lock_client)["nightly"]
+        assert (info.state, info.evidence, info.token) == ("stale", "heartbeat stopped", token)
+        assert info.heartbeat_age_s is not None and info.heartbeat_age_s > 2
+        assert info.lease_remaining_s is not None and info.lease_remaining_s > 20
+
+        # A stale lock is cleared without force, and a waiter gets the name at once.
+        waiter = lock_client.lease("nightly", ttl=30)
+        got: list[bool] = []
+        thread = threading.Thread(target=lambda: got.append(waiter.acquire(wait=20)))
+        thread.start()
+        time.sleep(0.3)  # let the waiter subscribe (it would also wake at the 30 s expiry)
+        started = time.monotonic()
+        assert lock_client.clear("nightly") is True
+        thread.join(10)
+        assert got == [True] and time.monotonic() - started < 5
+        waiter.release()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_lease_without_heartbeat_is_never_stale_by_age(lock_client: LockClient) -> None:
+    lease = lock_client.lease("manual", ttl=30, heartbeat=False)
+    assert lease.acquire()
+    key = lease._keys.lock
+    lock_client.redis.hset(key, "renewed_ms", admin.server_ms(lock_client) - 25_000)
+    info = by_name(lock_client)["manual"]
+    assert (info.state, info.evidence, info.heartbeat) == ("live", "no evidence", False)
+    assert info.heartbeat_age_s is None
+    # The same hash claiming a heartbeat is stale: the flag is what decides.
+    lock_client.redis.hset(key, "heartbeat", 1)
+    assert by_name(lock_client)["manual"].state == "stale"
+    lease.release()
+
+
+def test_cooldown_after_delayed_release(lock_client: LockClient) -> None:
+    lease = lock_client.lease("cooling", ttl=30)
+    assert lease.acquire()
+    lease.release(delay=20)
+    info = by_name(lock_client)["cooling"]
+    assert (info.state, info.evidence, info.owner) == ("cooldown", "delay-after", None)
+    assert info.token == lease.token and info.heartbeat_age_s is None
+    assert info.lease_remaining_s is not None and 15 < info.lease_remaining_s <= 20
+    assert lock_client.clear("cooling") is True  # not live: no force needed
+    assert lock_client.lease("cooling").acquire()
+
+
+def test_claim_is_live_whatever_its_renewal_age(lock_client: LockClient) -> None:
+    lease = lock_client.lease("claimed", ttl=30)
+    assert lease.acquire()
+    key = lease._keys.lock
+    lock_client.redis.hset(key, mapping={"owner": "claim:t-5:0", "renewed_ms": 1})
+    info = by_name(lock_client)["claimed"]
+    assert (info.state, info.evidence) == ("live", admin.CLAIMED)
+    lock_client.redis.delete(key)
+
+
+def test_clear_live_refused_without_force(lock_client: LockClient) -> None:
+    lease = lock_client.lease("busy", ttl=30)
+    assert lease.acquire()
+    with pytest.raises(LockError, match="live"):
+        lock_client.clear("busy")
+    assert lease.held and lock_client.redis.hget(lease._keys.lock, "owner") == lease._owner.encode()
+    assert lock_client.clear("busy", force=True) is True
+    # The holder learns at its next heartbeat that the lock is gone.
+    heartbeat().tick()
+    assert lease.lost
+    with pytest.raises(LockExpired):
+        lease.check()
+    assert lock_client.clear("busy", force=True) is False  # nothing left
+    assert lock_client.clear("never-was") is False
+
+
+def test_clear_is_token_checked(lock_client: LockClient) -> None:
+    old = lock_client.lease("contested", ttl=30, heartbeat=False)
+    assert old.acquire()
+    (listed,) = lock_client.locks()
+    lock_client.redis.delete(old._keys.lock)  # the old holder's lease ran out...
+    new = lock_client.lease("contested", ttl=30)
+    assert new.acquire()  # ...and someone else took the name before the admin cleared
+    assert admin.clear_info(lock_client, listed) is False
+    assert lock_client.clear("contested", token=old.token, force=True) is False
+    assert lock_client.redis.hget(new._keys.lock, "owner") == new._owner.encode()
+    assert new.held
+    assert lock_client.clear("contested", token=new.token, force=True) is True
+    assert lock_client.locks() == []
+
+
+def test_pattern_filters_names_not_keys(lock_client: LockClient, lock_prefix: str) -> None:
+    names = ["report-1", "report-2", "Report-3", "other", "odd*name", "häßlich-é"]
+    leases = [lock_client.lease(name, ttl=30, heartbeat=False) for name in names]
+    for lease in leases:
+        assert lease.acquire()
+    assert sorted(by_name(lock_client)) == sorted(names)
+    assert sorted(by_name(lock_client, "report-*")) == ["report-1", "report-2"]
+    assert sorted(by_name(lock_client, "[Rr]eport-?")) == ["Report-3", "report-1", "report-2"]
+    assert list(by_name(lock_client, "odd[*]name")) == ["odd*name"]
+    assert list(by_name(lock_client, "häßlich-*")) == ["häßlich-é"]
+    assert by_name(lock_client, lock_prefix + "*") == {}  # the key's prefix is not the name
+    assert by_name(lock_client, "*:lock") == {}
+
+
+def test_literal_patterns_are_read_by_key() -> None:
+    assert admin.literal_name("plain-name") == "plain-name"
+    assert admin.literal_name(admin.escape("odd*na?me[1]")) == "odd*na?me[1]"
+    assert admin.literal_name("report-*") is None
+    assert admin.literal_name("[ab]c") is None
+
+
+def test_json_shape(lock_client: LockClient) -> None:
+    a = lock_client.lease("a", ttl=30, owner_info={"task_id": "x", "task_name": "t"})
+    b = lock_client.lease("b", ttl=30, heartbeat=False, max_hold=40)
+    c = lock_client.lease("c", ttl=30)
+    for lease in (a, b, c):
+        assert lease.acquire()
+    c.release(delay=10)
+    document = json.loads(to_json(lock_client.locks()))
+    validate(document)
+    assert [(d["name"], d["state"]) for d in document] == [
+        ("a", "live"),
+        ("b", "live"),
+        ("c", "cooldown"),
+    ]
+    a.release()
+    b.release()
+
+
+def test_clear_script_ships_with_the_package() -> None:
+    from celery_singleton_lock.scripts import source
+
+    assert "KEYS[1]: lock hash" in source("clear")
+
+
+def test_reader_writer_and_multi_locks_are_listed_and_cleared(lock_client: LockClient) -> None:
+    doc = lock_client.rwlock("doc")
+    first, second, upgradable = doc.read(ttl=30), doc.read(ttl=30), doc.upgradable(ttl=30)
+    both = lock_client.multi(["m1", "m2"], ttl=30, owner_info={"task_id": "mt"})
+    for handle in (first, second, upgradable, both):
+        assert handle.acquire()
+    hold = lock_client.lease("plain", ttl=30)
+    assert hold.acquire()
+    infos = lock_client.locks()
+    assert [(i.name, i.kind) for i in infos] == [
+        ("doc", "read"),
+        ("doc", "read"),
+        ("doc", "upgradable"),
+        ("m1", "multi"),
+        ("m2", "multi"),
+        ("plain", "lease"),
+    ]
+    assert all(i.state == "live" and i.evidence == admin.HEARTBEAT_FRESH for i in infos)
+    assert {i.task_id for i in infos if i.kind == "multi"} == {"mt"}
+    validate(json.loads(to_json(infos)))  # [-inf, +inf] of a whole-name hold is not shown
+
+    # One reader cleared by its token; the other reader and the upgradable keep theirs.
+    (listed,) = [i for i in infos if i.token == first.token]
+    assert admin.clear_info(lock_client, listed) is True
+    assert admin.clear_info(lock_client, listed) is False
+    assert sorted(i.token for i in lock_client.locks("doc")) == sorted(
+        [second.token, upgradable.token]
+    )
+    with pytest.raises(LockError, match="live"):
+        lock_client.clear("doc")
+    assert lock_client.clear("doc", force=True) is True
+    assert lock_client.clear("m1", force=True) is True
+    assert [i.name for i in lock_client.locks()] == ["m2", "plain"]
+    hold.release()
+
+    # A multi-key lock released with a delay leaves ownerless hashes: listed, clearable.
+    cooling = lock_client.multi(["c1", "c2"], ttl=30)
+    assert cooling.acquire()
+    cooling.release(delay=20)
+    listed_cooling = lock_client.locks("c?")
+    assert [(i.name, i.kind, i.state) for i in listed_cooling] == [
+        ("c1", "multi", "cooldown"),
+        ("c2", "multi", "cooldown"),
+    ]
+    assert lock_client.clear("c1") is True
+    assert lock_client.lease("c1").acquire() and not lock_client.lease("c2").acquire()
+
+
+def test_range_locks_show_their_interval_and_mode(lock_client: LockClient) -> None:
+    ledger = lock_client.range_lock("ledger")
+    writer = ledger.write(10, 20, ttl=30)
+    reader = ledger.read(30.5, math.inf, ttl=30, owner_info={"task_id": "r1"})
+    for handle in (writer, reader):
+        assert handle.acquire()
+    infos = lock_client.locks("ledger")
+    assert [(i.kind, i.mode, i.lo, i.hi) for i in infos] == [
+        ("range", "write", 10, 20),
+        ("range", "read", 30.5, "inf"),
+    ]
+    document = json.loads(to_json(infos))  # strict JSON: no Infinity
+    validate(document)
+    table = "\n".join(output._row(info)[0] + " " + output._row(info)[1] for info in infos)
+    assert "ledger [10, 20] range/write" in table
+    (listed,) = [i for i in infos if i.token == writer.token]
+    assert admin.clear_info(lock_client, listed) is True
+    assert [i.mode for i in lock_client.locks("ledger")] == ["read"]
+    again = ledger.write(12, 15, ttl=30)
+    assert again.acquire(wait=0)  # the cleared interval is free again
+    again.release()
+    reader.release()

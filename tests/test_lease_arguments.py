@@ -1,0 +1,212 @@
+"""Bad input raises ConfigurationError naming the argument, before any Redis call."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from celery_singleton_lock import (
+    ConfigurationError,
+    Lease,
+    LockBackendError,
+    LockClient,
+)
+from celery_singleton_lock.embedded import free_port
+from celery_singleton_lock.heartbeat import heartbeat
+
+
+@pytest.fixture
+def dead_client() -> Iterator[LockClient]:
+    """A client of a port where nothing listens: any Redis call raises LockBackendError,
+    so a ConfigurationError from it proves the argument was checked first."""
+    client = LockClient.from_url(f"redis://:pw@127.0.0.1:{free_port()}/0", prefix="dead:")
+    yield client
+    client.close()
+
+
+def test_the_dead_client_really_fails_on_any_redis_call(dead_client: LockClient) -> None:
+    with pytest.raises(LockBackendError):
+        dead_client.lease("fine").acquire()
+    with pytest.raises(LockBackendError):
+        dead_client.ping()
+
+
+NAN, INF = math.nan, math.inf
+BAD_SECONDS = [0, -1, -0.5, NAN, INF, -INF, True, False, "1", None, 1e-9, [1], 1e300]
+BAD_SECONDS += [10**400, -(10**400)]  # too big for a float
+
+BAD_LEASE_ARGUMENTS: list[tuple[str, dict[str, Any]]] = [
+    ("name", {"name": ""}),
+    ("name", {"name": None}),
+    ("name", {"name": b"bytes"}),
+    ("name", {"name": 42}),
+    *[("ttl", {"ttl": value}) for value in BAD_SECONDS],
+    ("wait", {"wait": -1}),
+    ("wait", {"wait": -INF}),
+    ("wait", {"wait": NAN}),
+    ("wait", {"wait": True}),
+    ("wait", {"wait": "5"}),
+    ("wait", {"wait": None}),
+    ("max_hold", {"ttl": 10, "max_hold": 5}),
+    ("max_hold", {"max_hold": 0}),
+    ("max_hold", {"max_hold": NAN}),
+    ("max_hold", {"max_hold": INF}),
+    ("max_hold", {"max_hold": "60"}),
+    ("max_hold", {"max_hold": 1e300}),
+    ("heartbeat", {"heartbeat": 1}),
+    ("heartbeat", {"heartbeat": None}),
+    ("heartbeat", {"heartbeat": "yes"}),
+    ("owner_info", {"owner_info": "task"}),
+    ("owner_info", {"owner_info": ["task_name", "x"]}),
+    ("owner_info", {"owner_info": {1: "x"}}),
+    ("owner_info", {"owner_info": {"": "x"}}),
+    ("owner_info", {"owner_info": {"task_name": None}}),
+    ("owner_info", {"owner_info": {"task_name": True}}),
+    ("owner_info", {"owner_info": {"task_name": ["x"]}}),
+    ("owner_info", {"owner_info": {"task_name": "lone \ud800 surrogate"}}),
+    ("owner_info", {"owner_info": {"bad \udfff key": "x"}}),
+    ("on_lost", {"on_lost": "print"}),
+    ("on_lost", {"on_lost": 1}),
+]
+
+
+@pytest.mark.parametrize(
+    ("argument", "kwargs"),
+    BAD_LEASE_ARGUMENTS,
+    ids=[f"{argument}={list(kwargs.values())[-1]!r}" for argument, kwargs in BAD_LEASE_ARGUMENTS],
+)
+def test_bad_lease_argument(dead_client: LockClient, argument: str, kwargs: dict[str, Any]) -> None:
+    kwargs = {"name": "job", **kwargs}
+    name = kwargs.pop("name")
+    with pytest.raises(ConfigurationError) as info:
+        dead_client.lease(name, **kwargs)
+    assert info.value.argument == argument
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("wait", [-1, -0.001, NAN, -INF, "1", True])
+def test_bad_acquire_wait(dead_client: LockClient, wait: Any) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        dead_client.lease("job").acquire(wait=wait)
+    assert info.value.argument == "wait"
+
+
+@pytest.mark.parametrize("ttl", [0, -1, NAN, INF, True, "1", 1e300])
+def test_bad_extend_ttl(dead_client: LockClient, ttl: Any) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        dead_client.lease("job").extend(ttl=ttl)
+    assert info.value.argument == "ttl"
+
+
+@pytest.mark.parametrize("delay", [-1, -0.001, NAN, INF, -INF, "1", True, None, 1e300])
+def test_bad_release_delay(dead_client: LockClient, delay: Any) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        dead_client.lease("job").release(delay=delay)
+    assert info.value.argument == "delay"
+
+
+@pytest.mark.parametrize("prefix", [None, 1, b"csl:", "a{b", "a}b", "{x}"])
+def test_bad_prefix(prefix: Any) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        LockClient.from_url(f"redis://127.0.0.1:{free_port()}/0", prefix=prefix)
+    assert info.value.argument == "prefix"
+    with pytest.raises(ConfigurationError) as info:
+        LockClient(redis.Redis(port=free_port()), prefix=prefix)
+    assert info.value.argument == "prefix"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        None,
+        42,
+        b"redis://localhost",
+        "http://:hunter2@localhost:6379/0",
+        "localhost:6379",
+        "redis://:hunter2@localhost:notaport/0",
+        "redis://:hunter2@[::1/0",
+    ],
+)
+def test_bad_url(url: Any) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        LockClient.from_url(url)
+    assert info.value.argument == "url"
+    assert "hunter2" not in str(info.value)
+
+
+def test_not_a_redis_client() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        LockClient(object())  # type: ignore[arg-type]
+    assert info.value.argument == "redis_client"
+
+
+def test_largest_accepted_ttl_and_delay_work_on_the_real_server(lock_client: LockClient) -> None:
+    """The upper bounds are ones Redis and the heartbeat accept: no half-written lock."""
+    from celery_singleton_lock.arguments import MAX_SECONDS
+
+    lease = lock_client.lease("long", ttl=MAX_SECONDS, max_hold=MAX_SECONDS)
+    assert lease.acquire()
+    assert lock_client.redis.pttl(lease._keys.lock) > (MAX_SECONDS - 60) * 1000
+    assert heartbeat()._thread is not None and heartbeat()._thread.is_alive()
+    lease.release(delay=MAX_SECONDS)
+    assert lock_client.redis.pttl(lease._keys.lock) > (MAX_SECONDS - 60) * 1000
+    assert lock_client.redis.hget(lease._keys.lock, "owner") == b""
+    lock_client.redis.delete(lease._keys.lock)
+    with pytest.raises(ConfigurationError):
+        lock_client.lease("long", ttl=MAX_SECONDS * 1.01)
+
+
+def test_owner_info_is_stored(lock_client: LockClient) -> None:
+    lease = lock_client.lease(
+        "info", owner_info={"task_name": "app.report", "task_id": "abc", "retries": 2, "x": 1.5}
+    )
+    assert lease.acquire()
+    holder = lock_client.redis.hgetall(lease._keys.lock)
+    assert holder[b"task_name"] == b"app.report"
+    assert holder[b"task_id"] == b"abc"
+    lease.release()
+
+
+names = st.one_of(
+    st.text(st.characters(exclude_categories=()), max_size=40),
+    st.text(st.characters(exclude_categories=()), min_size=190, max_size=260),
+    st.sampled_from(["\x00", "#", "{", "}", "{}", "#" + "0" * 40, "\ud800", "x" * 100_000]),
+)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(first=names, second=names)
+def test_any_name_works_or_is_refused_and_names_never_collide(
+    lock_client: LockClient, first: str, second: str
+) -> None:
+    leases: list[Lease] = []
+    try:
+        for name in (first, second) if first != second else (first,):
+            try:
+                lease = lock_client.lease(name, heartbeat=False)
+            except ConfigurationError as exc:
+                assert exc.argument == "name"
+                assert name == ""
+                continue
+            # Another name's lease, held, never blocks this one.
+            assert lease.acquire(), (name, [held.name for held in leases])
+            leases.append(lease)
+            assert not lock_client.lease(name).acquire()
+        for lease in leases:
+            lease.release()
+        for lease in leases:  # released: free again
+            assert lock_client.lease(lease.name, heartbeat=False).acquire()
+            lock_client.redis.delete(lease._keys.lock)
+    finally:
+        lock_client.redis.delete(*(lease._keys.lock for lease in leases), "unused")

@@ -1,0 +1,98 @@
+"""os.fork() while holding a lease: the child holds none of its parent's leases."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from typing import Any
+
+import pytest
+
+from celery_singleton_lock import LockClient, LockNotHeld
+from celery_singleton_lock.heartbeat import heartbeat
+
+
+def _child(client: LockClient, parent_lease: Any, ttl: float) -> dict[str, Any]:
+    """Runs in the forked child; returns what it found."""
+    report: dict[str, Any] = {"held": parent_lease.held, "lost": parent_lease.lost}
+    try:
+        parent_lease.release()
+        report["release"] = "released"
+    except LockNotHeld:
+        report["release"] = "LockNotHeld"
+    report["renewing_parent_lease"] = heartbeat().holds(parent_lease)
+    own = client.lease("child-own", ttl=ttl)
+    report["acquired"] = own.acquire()
+    token = own.token
+    started = time.monotonic()
+    while time.monotonic() - started < 3 * ttl:  # time passing is the thing tested
+        own.check()
+        time.sleep(0.05)
+    report["own_held"] = own.held
+    report["own_token_kept"] = int(client.redis.hget(own._keys.lock, "token")) == token
+    report["own_heartbeat_thread"] = (
+        heartbeat()._thread is not None and heartbeat()._thread.is_alive()
+    )
+    own.release()
+    # The parent's lease is untouched in Redis by anything the child did.
+    report["parent_owner_intact"] = (
+        client.redis.hget(parent_lease._keys.lock, "owner") == parent_lease._owner.encode()
+    )
+    return report
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads running
+def test_forked_child_holds_nothing_and_renews_its_own_leases(lock_client: LockClient) -> None:
+    ttl = 0.6
+    lease = lock_client.lease("parent", ttl=ttl)
+    assert lease.acquire()
+    token = lease.token
+    parent_ticks = heartbeat().ticks
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 0
+        try:
+            os.close(read_end)
+            try:
+                payload = _child(lock_client, lease, ttl)
+            except BaseException:
+                payload = {"error": traceback.format_exc()}
+            os.write(write_end, json.dumps(payload).encode())
+            os.close(write_end)
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    try:
+        chunks = []
+        with os.fdopen(read_end, "rb") as reader:
+            while chunk := reader.read():
+                chunks.append(chunk)
+    finally:
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    report = json.loads(b"".join(chunks))
+    assert "error" not in report, report.get("error")
+    assert report == {
+        "held": False,
+        "lost": False,
+        "release": "LockNotHeld",
+        "renewing_parent_lease": False,
+        "acquired": True,
+        "own_held": True,
+        "own_token_kept": True,
+        "own_heartbeat_thread": True,
+        "parent_owner_intact": True,
+    }
+    # Meanwhile (over three ttls) the parent's heartbeat kept renewing the parent's lease.
+    assert heartbeat().ticks >= parent_ticks + 3
+    lease.check()
+    assert lease.held
+    assert int(lock_client.redis.hget(lease._keys.lock, "token")) == token
+    assert lock_client.redis.pttl(lease._keys.lock) > 0
+    lease.release()

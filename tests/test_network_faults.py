@@ -1,0 +1,132 @@
+"""A connection cut in the middle of a multi-key acquire never leaves a subset of the names
+held. A Redis script is atomic, so a cut either loses the reply (the script ran: every name is
+held, by an owner the client never learnt, and all of them expire within the ttl) or the
+request (nothing is held). A small TCP proxy between client and Redis makes both cuts."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from celery_singleton_lock import LockBackendError, LockClient
+from celery_singleton_lock.embedded import RedisServer
+from celery_singleton_lock.keys import lock_keys
+
+NAMES = ["acct:1", "acct:2", "acct:3"]
+
+
+class CuttingProxy:
+    """Forwards 127.0.0.1:port to Redis. ``arm(mode)``: the next script call is dropped
+    ("request") or forwarded with its reply dropped ("reply"), and the connection cut."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.mode: str | None = None
+        self.cut = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self, mode: str) -> None:
+        self.cut.clear()
+        self.mode = mode
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._up, args=(client, server), daemon=True).start()
+
+    def _up(self, client: socket.socket, server: socket.socket) -> None:
+        waiting_reply = threading.Event()
+        threading.Thread(
+            target=self._down, args=(server, client, waiting_reply), daemon=True
+        ).start()
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                mode = None
+                if b"EVALSHA" in data:  # only the script call is cut
+                    mode, self.mode = self.mode, None
+                if mode == "request":
+                    break
+                if mode == "reply":
+                    waiting_reply.set()  # before sending: the reply may come back at once
+                server.sendall(data)
+        self._close(client, server)
+
+    def _down(self, server: socket.socket, client: socket.socket, drop: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while data := server.recv(65536):
+                if drop.is_set():
+                    break
+                client.sendall(data)
+        self._close(client, server)
+
+    def _close(self, *socks: socket.socket) -> None:
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # a FIN now, even with a thread in recv()
+            with contextlib.suppress(OSError):
+                sock.close()
+        self.cut.set()
+
+
+@pytest.fixture
+def setup(restartable_redis: RedisServer) -> Iterator[tuple[CuttingProxy, LockClient, redis.Redis]]:
+    proxy = CuttingProxy(restartable_redis.port)
+    via = redis.Redis(port=proxy.port, retry=Retry(NoBackoff(), 0), socket_timeout=5)
+    client = LockClient(via, prefix="cut:")
+    direct = redis.Redis(port=restartable_redis.port)
+    yield proxy, client, direct
+    client.close()
+    direct.close()
+    proxy.listener.close()
+
+
+def holders(direct: redis.Redis) -> list[bytes | None]:
+    return [direct.hget(lock_keys("cut:", name).lock, "owner") for name in NAMES]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["reply", "request"])
+def test_a_cut_multi_acquire_holds_all_names_or_none_and_everything_expires(
+    setup: tuple[CuttingProxy, LockClient, redis.Redis], mode: str
+) -> None:
+    proxy, client, direct = setup
+    multi = client.multi(NAMES, ttl=1.5, heartbeat=False)
+    assert multi.acquire()  # connected through the proxy, the script loaded (no NOSCRIPT)
+    multi.release()
+    proxy.arm(mode)
+    with pytest.raises(LockBackendError):
+        multi.acquire()
+    assert proxy.cut.wait(5)
+    owners = holders(direct)
+    if mode == "reply":
+        # The script ran: every name held by the one owner the client never heard of...
+        assert owners[0] is not None and owners == [owners[0]] * len(NAMES), owners
+        assert not multi.held
+        assert not client.multi(NAMES).acquire(0)
+        # ...and all of it expires within the ttl.
+        deadline = time.monotonic() + 1.5 + 2
+        while any(holders(direct)):
+            assert time.monotonic() < deadline, holders(direct)
+            time.sleep(0.02)
+    else:
+        assert owners == [None] * len(NAMES), owners
+    # Never a subset; afterwards the names are free for anyone, through the same client.
+    again = client.multi(NAMES, ttl=5, heartbeat=False)
+    assert again.acquire()
+    assert len(set(holders(direct))) == 1 and holders(direct)[0] is not None
+    again.release()
+    assert holders(direct) == [None] * len(NAMES)

@@ -1,0 +1,503 @@
+"""SingletonTask in real ``celery worker`` processes (prefork pool): killed workers and pool
+children, revokes, time limits and shutdowns free the lock when they should (and only then),
+and duplicates spread over several processes never overlap.
+
+The tasks (``worker_app.py``) record what they do in the test Redis; the tests poll those
+records and the lock hash with deadlines, never with fixed sleeps. Every worker runs in its
+own process group and is SIGKILLed, children and all, when its fixture ends. When a test
+fails, the tail of each worker's log is added to its report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.utils.nodenames import host_format
+from waiting_helpers import start_celery_worker, wait_for
+from worker_app import make_app, records_key, ticks_key
+
+from celery_singleton_lock.keys import lock_keys
+from celery_singleton_lock.testing import TaskLocks
+
+TESTS = Path(__file__).resolve().parent
+TIMEOUT = 30.0
+#: How long a worker may take to answer its first ping.
+START_TIMEOUT = 60.0
+
+
+# -- workers ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Worker:
+    """One ``celery worker`` program: a main process and its prefork children, in a process
+    group of their own."""
+
+    name: str
+    queues: tuple[str, ...]
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: the main process and its pool children."""
+        with contextlib.suppress(ProcessLookupError):  # all of the group exited already
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(TIMEOUT)
+
+
+class WorkerLogs:
+    """A pytest plugin, registered while this module runs: a failed test's report gets the
+    tail of the log of every worker it used."""
+
+    def __init__(self) -> None:
+        self.workers: list[Worker] = []
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Any:
+        report = yield
+        if report.failed:
+            for worker in self.workers:
+                tail = "\n".join(worker.log_text().splitlines()[-150:])
+                report.sections.append((f"log of worker {worker.name} (pid {worker.pid})", tail))
+        return report
+
+
+class Cluster:
+    """Workers of ``worker_app`` on one Redis and lock prefix, and a twin app (same tasks) to
+    send their tasks and read what they recorded."""
+
+    def __init__(self, url: str, prefix: str, log_dir: Path, logs: WorkerLogs) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.tag = uuid.uuid4().hex[:8]
+        self.log_dir = log_dir
+        self.logs = logs
+        self.app: Celery = make_app(url, prefix, self.queue("default"))
+        self.redis = redis.Redis.from_url(url)
+        self.workers: list[Worker] = []
+
+    def queue(self, name: str) -> str:
+        """A queue of this cluster (not under the lock prefix: queues never expire)."""
+        return f"csltest-{self.tag}-{name}"
+
+    def task(self, name: str) -> Any:
+        return self.app.tasks[f"worker_app.{name}"]
+
+    # -- workers --
+
+    def start(self, label: str, *queues: str) -> Worker:
+        """Start ``celery worker`` (prefork, two children) consuming ``queues``."""
+        log = self.log_dir / f"{label}-{self.tag}.log"
+        env = {
+            **os.environ,
+            "CSL_WORKER_REDIS_URL": self.url,
+            "CSL_WORKER_PREFIX": self.prefix,
+            "CSL_WORKER_QUEUE": queues[0],
+        }
+        process = start_celery_worker(
+            "worker_app", queues=queues, name=f"{label}-{self.tag}@%h", env=env, log=log
+        )
+        worker = Worker(host_format(f"{label}-{self.tag}@%h"), queues, process, log)
+        self.workers.append(worker)
+        self.logs.workers.append(worker)
+        return worker
+
+    def wait_ready(self, *workers: Worker, timeout: float = START_TIMEOUT) -> None:
+        """Until every one of ``workers`` answers a ping."""
+        deadline = time.monotonic() + timeout
+        pending = {worker.name: worker for worker in workers}
+        while pending:
+            for worker in pending.values():
+                if worker.process.poll() is not None:
+                    pytest.fail(f"worker {worker.name} exited ({worker.process.returncode})")
+            for reply in self.app.control.ping(destination=list(pending), timeout=0.5):
+                for name in reply:
+                    pending.pop(name, None)
+            if pending and time.monotonic() > deadline:
+                pytest.fail(f"workers {sorted(pending)} did not answer within {timeout} s")
+
+    def stop(self, worker: Worker) -> None:
+        worker.kill()
+        if worker in self.logs.workers:
+            self.logs.workers.remove(worker)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            self.stop(worker)
+        self.workers.clear()
+        # The broker's keys for this cluster's queues (bindings, lists): they never expire.
+        for key in self.redis.scan_iter(match=f"*csltest-{self.tag}-*", count=1000):
+            self.redis.delete(key)
+        client = getattr(self.app, "_singleton_lock_client", None)
+        if client is not None:
+            client.close()
+        self.redis.close()
+
+    # -- what the tasks recorded, and the locks --
+
+    def records(self, **match: Any) -> list[dict[str, Any]]:
+        """The records the tasks made whose fields equal ``match``, in the order made."""
+        entries = [json.loads(raw) for raw in self.redis.lrange(records_key(self.prefix), 0, -1)]
+        return [entry for entry in entries if all(entry.get(k) == v for k, v in match.items())]
+
+    def wait_record(self, timeout: float = TIMEOUT, **match: Any) -> dict[str, Any]:
+        found = wait_for(lambda: self.records(**match), timeout, f"a record with {match}")
+        return found[0]
+
+    def lock_key(self, key: str) -> bytes:
+        return lock_keys(self.prefix, f"job:{key}").lock
+
+    def is_locked(self, key: str) -> bool:
+        return bool(self.redis.exists(self.lock_key(key)))
+
+    def wait_freed(self, key: str, timeout: float = TIMEOUT) -> float:
+        """Until the lock of ``key`` is gone; returns the server time it was seen gone."""
+        return wait_for(
+            lambda: None if self.is_locked(key) else self.server_time(),
+            timeout,
+            f"the lock of {key!r} to be freed",
+        )
+
+    def server_time(self) -> float:
+        seconds, micros = self.redis.time()
+        return int(seconds) + int(micros) / 1_000_000
+
+    def keys(self) -> list[bytes]:
+        """Every key under the lock prefix."""
+        escaped = b"".join(
+            b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in self.prefix.encode()
+        )
+        return list(self.redis.scan_iter(match=escaped + b"*", count=1000))
+
+    def without_expiry(self, keys: list[bytes]) -> list[tuple[bytes, int]]:
+        """Those of ``keys`` that would stay forever (PTTL -1) or are gone already (-2)."""
+        return [(key, ttl) for key in keys if (ttl := self.redis.pttl(key)) <= 0]
+
+
+@dataclass
+class Pair:
+    """Two workers sharing a queue, each also consuming a queue of its own."""
+
+    w0: Worker
+    w1: Worker
+    shared: str
+    q0: str
+    q1: str
+
+
+def process_gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie counts as exited: it runs no code)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+    return stat.rpartition(")")[2].split()[0] in ("Z", "X")
+
+
+# -- fixtures -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def worker_logs(request: pytest.FixtureRequest) -> Iterator[WorkerLogs]:
+    plugin = WorkerLogs()
+    name = f"worker-logs-{uuid.uuid4().hex}"
+    request.config.pluginmanager.register(plugin, name)
+    yield plugin
+    request.config.pluginmanager.unregister(name=name)
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    lock_redis_url: str, worker_logs: WorkerLogs, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """Workers shared by the tests of this module, under one lock prefix."""
+    prefix = f"csltest:{uuid.uuid4().hex[:12]}:"
+    workers = Cluster(lock_redis_url, prefix, tmp_path_factory.mktemp("workers"), worker_logs)
+    yield workers
+    workers.close()
+
+
+@pytest.fixture(scope="module")
+def module_pair(cluster: Cluster) -> Pair:
+    shared, q0, q1 = cluster.queue("shared"), cluster.queue("q0"), cluster.queue("q1")
+    w0 = cluster.start("w0", shared, q0)
+    w1 = cluster.start("w1", shared, q1)
+    cluster.wait_ready(w0, w1)
+    return Pair(w0, w1, shared, q0, q1)
+
+
+@pytest.fixture
+def pair(module_pair: Pair, cluster: Cluster) -> Pair:
+    """The module's two workers, checked alive (a test may kill pool children, not them)."""
+    for worker in (module_pair.w0, module_pair.w1):
+        assert worker.process.poll() is None, f"worker {worker.name} died in an earlier test"
+    return module_pair
+
+
+@pytest.fixture
+def extra_workers(cluster: Cluster) -> Iterator[Cluster]:
+    """The module's cluster; workers a test starts through it are killed when it ends."""
+    before = len(cluster.workers)
+    yield cluster
+    for worker in cluster.workers[before:]:
+        cluster.stop(worker)
+    del cluster.workers[before:]
+
+
+@pytest.fixture
+def own_cluster(
+    lock_redis_url: str, lock_prefix: str, tmp_path: Path, worker_logs: WorkerLogs
+) -> Iterator[Cluster]:
+    """Workers of this test alone, under the test's own lock prefix."""
+    workers = Cluster(lock_redis_url, lock_prefix, tmp_path, worker_logs)
+    yield workers
+    workers.close()
+
+
+# -- crashes ------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_sigkilled_worker_frees_the_lock_within_the_lease_not_the_ttl(
+    extra_workers: Cluster, pair: Pair, task_locks: TaskLocks
+) -> None:
+    cluster = extra_workers
+    victim = cluster.start("victim", cluster.queue("victim"))
+    cluster.wait_ready(victim)
+    key, lease = "worker-killed", 2.0
+    first = cluster.task("short_lease").apply_async((key, 600), queue=victim.queues[0])
+    started = cluster.wait_record(event="start", task_id=first.id)
+    holder = cluster.redis.hgetall(cluster.lock_key(key))
+    assert int(holder[b"pid"]) == started["pid"] != victim.pid  # a pool child holds it
+    # lock_ttl is an hour: a lock without a renewed lease would stay that long.
+    assert int(holder[b"deadline_ms"]) - int(holder[b"acquired_ms"]) == 3600 * 1000
+
+    victim.kill()  # the main process and its children: nobody is left to release anything
+    killed_at = cluster.server_time()
+    remaining = cluster.redis.pttl(cluster.lock_key(key)) / 1000
+    assert victim.process.returncode == -signal.SIGKILL
+    assert 0 < remaining <= lease
+
+    wait_for(lambda: process_gone(started["pid"]), TIMEOUT, "the pool child to die too")
+
+    # The same call again, on another worker (short_lease waits up to 30 s for its lock).
+    second = cluster.task("short_lease").apply_async((key, 0), queue=pair.q1)
+    token = task_locks.assert_ran(second, timeout=TIMEOUT)
+    run = cluster.wait_record(event="start", task_id=second.id)
+    # It ran once the dead holder's lease ran out, not before, and not an hour later.
+    assert remaining - 0.2 <= run["time"] - killed_at < lease + 5
+    assert token > started["token"]
+    assert run["worker"] == pair.w1.name
+    assert not cluster.records(event="released", task_id=first.id)
+
+
+@pytest.mark.timeout(120)
+def test_sigkilled_pool_child_is_freed_at_once_by_the_main_process(
+    cluster: Cluster, pair: Pair, task_locks: TaskLocks
+) -> None:
+    key = "child-killed"
+    first = cluster.task("long_lease").apply_async((key, 600), queue=pair.q0)  # lock_lease=60
+    started = cluster.wait_record(event="start", task_id=first.id)
+    child = started["pid"]
+    assert child != pair.w0.pid
+    os.kill(child, signal.SIGKILL)
+    killed_at = cluster.server_time()
+    # The main process sees WorkerLostError and frees the lock (SingletonRequest.on_failure).
+    freed_at = cluster.wait_freed(key)
+    assert freed_at - killed_at < 10  # the lease would have kept it for up to 60 s
+    wait_for(lambda: first.state == "FAILURE", TIMEOUT, "the killed run to be marked failed")
+    assert "WorkerLostError" in repr(first.result)
+    assert f"freed lock 'job:{key}'" in pair.w0.log_text()
+    assert not cluster.records(event="released", task_id=first.id)  # not by the child
+
+    second = cluster.task("long_lease").apply_async((key, 0), queue=pair.q1)
+    assert task_locks.assert_ran(second, timeout=TIMEOUT) > started["token"]
+    run = cluster.wait_record(event="start", task_id=second.id)
+    assert run["time"] - killed_at < 15
+    cluster.wait_ready(pair.w0)  # the worker itself lives on, with a new child
+
+
+# -- no overlap, retries ------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_duplicates_over_two_workers_run_one_at_a_time(
+    cluster: Cluster, pair: Pair, task_locks: TaskLocks
+) -> None:
+    key, count = "no-overlap", 12
+    waiter = cluster.task("waiter")  # lock_wait=60: every duplicate runs in the end
+    results = [waiter.apply_async((key, 0.15), queue=pair.shared) for _ in range(count)]
+    tokens = [task_locks.assert_ran(result, timeout=TIMEOUT) for result in results]
+
+    starts = cluster.records(event="start", key=key)
+    ends = {entry["task_id"]: entry for entry in cluster.records(event="end", key=key)}
+    assert sorted(entry["task_id"] for entry in starts) == sorted(r.id for r in results)
+    assert len(ends) == count  # each ran exactly once, start to end
+    runs = sorted((e["time"], ends[e["task_id"]]["time"], e["token"]) for e in starts)
+    for start, end, _ in runs:
+        assert start <= end
+    for (_, end, token), (next_start, _, next_token) in zip(runs, runs[1:], strict=False):
+        assert end <= next_start, runs  # no two runs of the key overlapped
+        assert token < next_token, runs  # fencing tokens increase in run order
+    assert sorted(tokens) == [token for _, _, token in runs]
+    assert {entry["worker"] for entry in starts} == {pair.w0.name, pair.w1.name}
+    assert len({entry["pid"] for entry in starts}) >= 3  # pool children of both workers
+    assert not cluster.is_locked(key)
+
+
+@pytest.mark.timeout(120)
+def test_retry_on_another_worker_keeps_the_lock_through_its_countdown(
+    cluster: Cluster, pair: Pair, task_locks: TaskLocks
+) -> None:
+    key = "retry"
+    flaky = cluster.task("flaky")  # retries once, countdown=1, on the queue it is given
+    first = flaky.apply_async((key, pair.q1), queue=pair.q0)
+    retrying = cluster.wait_record(event="retry", task_id=first.id)
+    duplicate = flaky.apply_async((key, pair.q1), queue=pair.q0)
+    task_locks.assert_skipped(duplicate, timeout=TIMEOUT)
+    assert duplicate.get(timeout=TIMEOUT)["holder_task_id"] == first.id
+    assert first.get(timeout=TIMEOUT) == 1  # the retried run was not skipped
+
+    attempts = {e["retries"]: e for e in cluster.records(event="start", task_id=first.id)}
+    assert sorted(attempts) == [0, 1]
+    assert attempts[0]["worker"] == pair.w0.name
+    assert attempts[1]["worker"] == pair.w1.name
+    skipped = cluster.wait_record(event="skipped", task_id=duplicate.id)
+    # The duplicate came during the countdown, when no run of the key was running.
+    assert retrying["time"] < skipped["time"] < attempts[1]["time"]
+    assert attempts[1]["token"] > attempts[0]["token"]
+    assert not cluster.records(event="start", task_id=duplicate.id)
+    assert not cluster.is_locked(key)
+
+
+# -- revoke, time limits ------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signame", ["SIGKILL", "SIGTERM"])
+def test_revoke_with_terminate_frees_the_lock(
+    cluster: Cluster, pair: Pair, task_locks: TaskLocks, signame: str
+) -> None:
+    key = f"revoked-{signame}"
+    first = cluster.task("long_lease").apply_async((key, 600), queue=pair.q0)  # lock_lease=60
+    started = cluster.wait_record(event="start", task_id=first.id)
+    cluster.app.control.revoke(first.id, terminate=True, signal=signame)
+    revoked_at = cluster.server_time()
+    freed_at = cluster.wait_freed(key)
+    assert freed_at - revoked_at < 10
+    wait_for(lambda: process_gone(started["pid"]), TIMEOUT, "the revoked run's process to end")
+    released_by_child = cluster.records(event="released", task_id=first.id)
+    if signame == "SIGKILL":
+        # Nothing ran in the child: the main process freed the lock.
+        assert not released_by_child
+        assert f"freed lock 'job:{key}'" in pair.w0.log_text()
+    else:
+        # SIGTERM exits the child through its finally blocks: the run released it itself.
+        assert [entry["pid"] for entry in released_by_child] == [started["pid"]]
+    assert not cluster.records(event="end", task_id=first.id)
+
+    second = cluster.task("long_lease").apply_async((key, 0), queue=pair.q1)
+    assert task_locks.assert_ran(second, timeout=TIMEOUT) > started["token"]
+
+
+@pytest.mark.timeout(120)
+def test_soft_time_limit_releases_in_the_task(
+    cluster: Cluster, pair: Pair, task_locks: TaskLocks
+) -> None:
+    key = "soft-limit"
+    first = cluster.task("long_lease").apply_async((key, 600), queue=pair.q0, soft_time_limit=1)
+    started = cluster.wait_record(event="start", task_id=first.id)
+    freed_at = cluster.wait_freed(key)
+    assert freed_at - started["time"] < 1 + 10  # the lease is 60 s
+    wait_for(lambda: first.state == "FAILURE", TIMEOUT, "the run to fail")
+    assert "SoftTimeLimitExceeded" in repr(first.result)
+    # The body caught nothing: SingletonTask's own finally released the lock, in the child.
+    released = cluster.records(event="released", task_id=first.id)
+    assert [entry["pid"] for entry in released] == [started["pid"]]
+    assert f"freed lock 'job:{key}'" not in pair.w0.log_text()
+
+    second = cluster.task("long_lease").apply_async((key, 0), queue=pair.q1)
+    assert task_locks.assert_ran(second, timeout=TIMEOUT) > started["token"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("ignore_sigterm", [False, True], ids=["dies-on-sigterm", "needs-sigkill"])
+def test_hard_time_limit_frees_the_lock_only_once_the_child_is_gone(
+    cluster: Cluster, pair: Pair, task_locks: TaskLocks, ignore_sigterm: bool
+) -> None:
+    """The pool ends a run past its hard limit with SIGTERM, then SIGKILL 0.1 s later. The
+    ticker counts in Redis until its process is gone; the waiter notes the count when it gets
+    the lock. Any tick after that would be the two runs overlapping."""
+    key = f"hard-limit-{ignore_sigterm}"
+    ticker = cluster.task("ticker")  # lock_lease=60
+    first = ticker.apply_async((key, 600, ignore_sigterm), queue=pair.q0, time_limit=1)
+    started = cluster.wait_record(event="start", task_id=first.id)
+    waiting = cluster.task("waiter").apply_async((key, 0), queue=pair.q1)  # lock_wait=60
+    token = task_locks.assert_ran(waiting, timeout=TIMEOUT)
+    run = cluster.wait_record(event="start", task_id=waiting.id)
+    assert run["time"] - started["time"] < 1 + 10  # the lease is 60 s
+    assert token > started["token"]
+    wait_for(lambda: process_gone(started["pid"]), TIMEOUT, "the ticker's process to end")
+    ticks = int(cluster.redis.get(ticks_key(cluster.prefix, key)) or 0)
+    assert ticks > 100  # it did tick...
+    assert ticks == run["ticks"], "the ticker ran on after the waiter took the lock"
+    wait_for(lambda: first.state == "FAILURE", TIMEOUT, "the run to fail")
+    assert "TimeLimitExceeded" in repr(first.result)
+    if ignore_sigterm:
+        assert f"freed lock 'job:{key}'" in pair.w0.log_text()  # the main process freed it
+
+
+# -- shutdown -----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_warm_shutdown_finishes_the_run_and_leaves_no_lock(
+    own_cluster: Cluster, cluster: Cluster, task_locks: TaskLocks
+) -> None:
+    worker = own_cluster.start("warm", own_cluster.queue("warm"))
+    own_cluster.wait_ready(worker)
+    key = "warm-shutdown"
+    first = own_cluster.task("long_lease").apply_async((key, 2), queue=worker.queues[0])
+    started = own_cluster.wait_record(event="start", task_id=first.id)
+    os.kill(worker.pid, signal.SIGTERM)  # warm shutdown: the running task may finish
+    assert worker.process.wait(TIMEOUT) == 0
+    assert not own_cluster.is_locked(key)  # released when the run ended, before the exit
+    assert own_cluster.records(event="end", task_id=first.id)
+    released = own_cluster.records(event="released", task_id=first.id)
+    assert [entry["pid"] for entry in released] == [started["pid"]]
+    assert task_locks.assert_ran(first, timeout=TIMEOUT) == started["token"]
+    # Nothing this package (or these tests) wrote stays in Redis forever; the module's
+    # shared cluster is checked too, whatever ran on it before.
+    keys = own_cluster.keys()
+    assert any(key.endswith(b"}:fence") for key in keys), keys
+    assert own_cluster.without_expiry(keys) == []
+    assert cluster.without_expiry(cluster.keys()) == []

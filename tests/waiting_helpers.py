@@ -1,0 +1,66 @@
+"""Small helpers the process and worker tests share: poll a condition with a deadline, wait
+until a blocked acquirer has subscribed, and start a ``celery worker`` subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from celery_singleton_lock import LockClient
+
+T = TypeVar("T")
+
+TESTS = Path(__file__).resolve().parent
+
+
+def wait_for(probe: Callable[[], T | None], timeout: float, what: str) -> T:
+    """Poll ``probe`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def wait_for_subscriber(client: LockClient, channel: bytes, timeout: float = 10.0) -> None:
+    """Until a waiter has subscribed to ``channel`` (it is then blocked inside acquire)."""
+    wait_for(
+        lambda: dict(client.redis.pubsub_numsub(channel)).get(channel, 0) >= 1,
+        timeout,
+        "the waiter to subscribe",
+    )
+
+
+def start_celery_worker(
+    app_module: str,
+    *,
+    queues: Sequence[str],
+    name: str,
+    env: Mapping[str, str],
+    log: Path,
+    concurrency: int = 2,
+) -> subprocess.Popen[bytes]:
+    """A ``celery worker`` (prefork) in its own session, so the test can kill the whole
+    process group; its output goes to ``log``."""
+    command = [sys.executable, "-m", "celery", "-A", app_module, "worker", "-P", "prefork"]
+    command += ["-c", str(concurrency), "-Q", ",".join(queues), "-n", name, "-l", "INFO"]
+    command += ["--without-heartbeat", "--without-mingle", "--without-gossip"]
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            command,
+            cwd=TESTS,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
