@@ -1,0 +1,214 @@
+"""The locks compared, behind one small interface.
+
+Every adapter is built on the same plain ``redis.Redis`` client, so all pay the same
+connection costs; each makes one reusable handle per lock name.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pottery
+import redis
+import redis_lock
+
+from celery_singleton_lock import LockClient
+from celery_singleton_lock.keys import FENCE_TTL_MS
+
+#: The floor's release: compare-and-delete, the least a safe release can do.
+FLOOR_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+#: How long the floor's blocking acquire sleeps between attempts.
+FLOOR_POLL = 0.001
+
+
+class Handle(Protocol):
+    """One lock on one name."""
+
+    def try_acquire(self) -> bool: ...
+
+    def acquire_blocking(self, timeout: float) -> bool: ...
+
+    def release(self) -> None: ...
+
+
+#: (redis client, key prefix, lock name, ttl seconds) -> handle
+Factory = Callable[[redis.Redis, str, str, float], Handle]
+
+
+@dataclass(frozen=True)
+class Anchor:
+    key: str
+    label: str
+    #: How a blocked acquire learns that the lock is free (shown in the hand-off table).
+    waits_by: str
+    make: Factory
+
+
+class FloorLock:
+    """``SET key token NX PX ttl``; release by a registered compare-and-delete script."""
+
+    def __init__(self, client: redis.Redis, prefix: str, name: str, ttl: float) -> None:
+        self._client = client
+        self._key = prefix + name
+        self._ttl_ms = int(ttl * 1000)
+        self._release = client.register_script(FLOOR_RELEASE)
+        self._token = ""
+
+    def try_acquire(self) -> bool:
+        token = uuid.uuid4().hex
+        if self._client.set(self._key, token, nx=True, px=self._ttl_ms):
+            self._token = token
+            return True
+        return False
+
+    def acquire_blocking(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self.try_acquire():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(FLOOR_POLL)  # the floor's wait: a tight polling loop
+        return True
+
+    def release(self) -> None:
+        if not self._release(keys=[self._key], args=[self._token]):
+            raise RuntimeError(f"floor lock {self._key!r} was not held")
+
+
+class _LibraryLock:
+    """A competitor's lock object with ``acquire(blocking=...)`` and ``release()``; the
+    subclasses make the object and name their blocking-timeout keyword."""
+
+    _timeout_keyword = "timeout"
+    _lock: Any
+
+    def try_acquire(self) -> bool:
+        return bool(self._lock.acquire(blocking=False))
+
+    def acquire_blocking(self, timeout: float) -> bool:
+        return bool(self._lock.acquire(blocking=True, **{self._timeout_keyword: timeout}))
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+class RedisPyLock(_LibraryLock):
+    """``redis.lock.Lock`` via ``client.lock``; blocking acquire polls every 0.1 s (default)."""
+
+    _timeout_keyword = "blocking_timeout"
+
+    def __init__(self, client: redis.Redis, prefix: str, name: str, ttl: float) -> None:
+        self._lock = client.lock(prefix + name, timeout=ttl)
+
+
+class PythonRedisLock(_LibraryLock):
+    """python-redis-lock: SET NX; a blocked acquire waits in BLPOP on a signal list."""
+
+    def __init__(self, client: redis.Redis, prefix: str, name: str, ttl: float) -> None:
+        self._lock = redis_lock.Lock(client, prefix + name, expire=max(1, int(ttl)))
+
+
+class PotteryLock(_LibraryLock):
+    """pottery ``Redlock`` with one master; a blocked acquire retries after 0-0.2 s."""
+
+    def __init__(self, client: redis.Redis, prefix: str, name: str, ttl: float) -> None:
+        self._lock = pottery.Redlock(key=prefix + name, masters={client}, auto_release_time=ttl)
+
+
+class OurLease:
+    """``LockClient(...).lease(name, ttl=..., heartbeat=True)``; a blocked acquire is woken
+    by the holder's release over pub/sub."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str,
+        name: str,
+        ttl: float,
+        *,
+        heartbeat: bool = True,
+    ) -> None:
+        self._lease = LockClient(client, prefix=prefix).lease(name, ttl=ttl, heartbeat=heartbeat)
+
+    def try_acquire(self) -> bool:
+        return self._lease.acquire(wait=0)
+
+    def acquire_blocking(self, timeout: float) -> bool:
+        return self._lease.acquire(wait=timeout)
+
+    def release(self) -> None:
+        self._lease.release()
+
+
+class OurScripts:
+    """Ours without the Lease object: its acquire and release scripts called directly with
+    the same arguments. Not a public API: it shows what the Lua scripts alone cost."""
+
+    def __init__(self, client: redis.Redis, prefix: str, name: str, ttl: float) -> None:
+        lease = LockClient(client, prefix=prefix).lease(name, ttl=ttl, heartbeat=False)
+        self._lease = lease
+        self._scripts = lease._client._scripts
+        self._owner = ""
+
+    def try_acquire(self) -> bool:
+        lease = self._lease
+        self._owner = os.urandom(16).hex()
+        taken, _ = self._scripts.acquire(
+            lease._keys.lock, lease._keys.fence, self._owner, lease._ttl_ms, 0, FENCE_TTL_MS,
+            lease._describe_holder(),
+        )  # fmt: skip
+        return taken
+
+    def acquire_blocking(self, timeout: float) -> bool:
+        raise NotImplementedError("throughput only")
+
+    def release(self) -> None:
+        lease = self._lease
+        if self._scripts.release(lease._keys.lock, self._owner, 0, lease._keys.channel) != 1:
+            raise RuntimeError("not held")
+
+
+def our_lease_without_heartbeat(
+    client: redis.Redis, prefix: str, name: str, ttl: float
+) -> OurLease:
+    return OurLease(client, prefix, name, ttl, heartbeat=False)
+
+
+ANCHORS: dict[str, Anchor] = {
+    anchor.key: anchor
+    for anchor in (
+        Anchor(
+            "floor", "floor: SET NX PX + Lua compare-and-delete", "SET NX every 1 ms", FloorLock
+        ),
+        Anchor("redis-py", "redis-py redis.lock.Lock", "polls every 0.1 s (default)", RedisPyLock),
+        Anchor(
+            "python-redis-lock",
+            "python-redis-lock redis_lock.Lock",
+            "BLPOP on a signal list",
+            PythonRedisLock,
+        ),
+        Anchor("pottery", "pottery Redlock, 1 master", "retries after random 0-0.2 s", PotteryLock),
+        Anchor(
+            "ours", "ours: LockClient.lease(heartbeat=True)", "pub/sub wake-up on release", OurLease
+        ),
+    )
+}
+
+#: Extra rows of the throughput table, to tell where ours spends its time (not competitors).
+DIAGNOSTICS: dict[str, Anchor] = {
+    anchor.key: anchor
+    for anchor in (
+        Anchor("ours-no-heartbeat", "  (ours, heartbeat=False)", "", our_lease_without_heartbeat),
+        Anchor("ours-scripts", "  (ours' Lua scripts alone, no Lease)", "", OurScripts),
+    )
+}
