@@ -211,20 +211,23 @@ class SentinelSet:
                 "",
             ]
         )
-        self.sentinel.start()
         master, replica = self.node(self.master.port), self.node(self.replica.port)
         sentinel = self.node(self.sentinel.port)
         try:
             self.master.wait_ready(master.ping)
             self.replica.wait_ready(replica.ping)
-            self.sentinel.wait_ready(sentinel.ping)
             wait_until(
                 lambda: replica.info("replication").get("master_link_status") == "up",
-                20,
+                30,
                 "the replica to sync",
             )
+            # Started only now: the sentinel asks a replica for INFO when it connects and then
+            # every 10 s, so a sentinel that met the replica mid-sync would not see its link up
+            # (and would not promote it) until the next refresh.
+            self.sentinel.start()
+            self.sentinel.wait_ready(sentinel.ping)
             wait_until(
-                lambda: self._replica_seen(sentinel), 20, "the sentinel to reach the replica"
+                lambda: self._replica_seen(sentinel), 30, "the sentinel to reach the replica"
             )
         finally:
             for node in (master, replica, sentinel):
