@@ -55,6 +55,8 @@ def check_positive(value: object, argument: str) -> float:
 
 def check_wait(value: object, argument: str = "wait") -> float:
     """A number of seconds >= 0; ``math.inf`` means forever."""
+    if type(value) is float and value >= 0:  # the common case, on every acquire and release
+        return value
     number = _number(value, argument)
     if number < 0:
         raise ConfigurationError(argument, f"must be >= 0, got {value!r}")
@@ -63,6 +65,8 @@ def check_wait(value: object, argument: str = "wait") -> float:
 
 def check_delay(value: object, argument: str = "delay") -> float:
     """A finite number of seconds >= 0."""
+    if value == 0 and (type(value) is float or type(value) is int):  # release(): no delay
+        return 0.0
     number = check_wait(value, argument)
     if math.isinf(number):
         raise ConfigurationError(argument, "must be finite")

@@ -43,6 +43,20 @@ lost_log = logging.getLogger("celery_singleton_lock.lost")
 
 HOSTNAME = socket.gethostname()
 
+
+class _Process:
+    """This process's id, kept current across fork: ``os.getpid()`` is a system call, and
+    every acquire and release asks whether the handle belongs to this process."""
+
+    pid = os.getpid()
+
+    @classmethod
+    def forked(cls) -> None:
+        cls.pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_Process.forked)
+
 #: A waiter whose holder has no expiry (never made by this package) looks again this often.
 NO_EXPIRY_RECHECK = 1.0
 
@@ -96,7 +110,8 @@ class LockHandle:
         self._token: int | None = None
         self._lost: LockLost | None = None
         self._expires_at = 0.0  # monotonic; a conservative local view of the server's expiry
-        self._holder_cache: dict[bool, tuple[int, str, list[Any]]] = {}
+        # (named, pid, thread ident) -> the holder fields of _describe_holder.
+        self._holder_cache: dict[tuple[bool, int, int], list[Any]] = {}
 
     # -- what a subclass provides ------------------------------------------------------------
 
@@ -227,7 +242,7 @@ class LockHandle:
     def _took(self, owner: str, token: int, sent_at: float) -> None:
         with self._state:
             self._owner = owner
-            self._pid = os.getpid()
+            self._pid = _Process.pid
             self._token = token
             self._lost = None
             self._expires_at = sent_at + min(self._ttl_ms, self._max_hold_ms or math.inf) / 1000
@@ -358,7 +373,7 @@ class LockHandle:
     # -- helpers -----------------------------------------------------------------------------
 
     def _mine(self) -> bool:
-        return self._owner is not None and self._pid == os.getpid()
+        return self._owner is not None and self._pid == _Process.pid
 
     def _lost_error(self, code: int, during: str) -> LockLost:
         if code == TAKEN:
@@ -373,11 +388,13 @@ class LockHandle:
     def _describe_holder(self, *, named: bool = True) -> list[Any]:
         """Field, value pairs the scripts store about the holder (read by the admin tools);
         without ``name`` when ``named`` is false (the script adds it per key). Cached per
-        process and thread: this is on the path of every acquire."""
-        pid, thread = os.getpid(), threading.current_thread().name
-        cached = self._holder_cache.get(named)
-        if cached is not None and cached[0] == pid and cached[1] == thread:
-            return cached[2]
+        process and thread, as they were when the thread first acquired through this handle
+        (a thread renamed later keeps its old name here): this is on every acquire's path."""
+        pid, ident = _Process.pid, threading.get_ident()
+        cached = self._holder_cache.get((named, pid, ident))
+        if cached is not None:
+            return cached
+        thread = threading.current_thread().name
         fields: list[Any] = [b"name", encode_name(self.name)] if named else []
         fields += [
             b"kind", self.kind,
@@ -392,7 +409,9 @@ class LockHandle:
                 fields += (key, self.owner_info[key])
         if self.owner_info:
             fields += (b"info", json.dumps(self.owner_info, sort_keys=True))
-        self._holder_cache[named] = (pid, thread, fields)
+        if len(self._holder_cache) > 64:  # short-lived threads: idents are reused, keep it small
+            self._holder_cache.clear()
+        self._holder_cache[(named, pid, ident)] = fields
         return fields
 
 
