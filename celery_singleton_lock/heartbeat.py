@@ -5,6 +5,17 @@ in one round trip per Redis server per tick (per node of a Redis Cluster), howev
 leases it holds. The tick period is
 a third of the shortest lease held, so every lease gets two more chances before it runs out.
 
+Leases on several Redis clients are renewed concurrently, one batch per client on a small
+pool of daemon threads, because a server that stops answering costs each call a socket
+timeout, which is longer than a short lease: waiting for it before renewing the others would
+lose their leases too. A client whose batch is still in flight when the next tick comes is
+skipped by that tick (its batch reports when the call returns, and ``_renewal_failed`` marks
+the leases lost once their local deadline has passed), so the thread never waits on a slow
+server while others have leases to renew. With one client, the usual case, the batch runs on
+the heartbeat thread and no pool is made: there is nobody else to hold up. ``tick()``, called
+directly, waits for every batch it starts (and for one still in flight from the thread), so
+the renewals have been applied when it returns.
+
 Any lock kind can be renewed here: it provides ``_client``, ``ttl``, ``_owner``, a classmethod
 ``_renew_call(client, handles)`` returning one script call whose reply holds one code per
 handle (> 0 ms granted, 0 gone, -1 taken, -2 max-hold reached; see lua/renew.lua), and the
@@ -12,7 +23,8 @@ callbacks ``_renewed`` and ``_renewal_failed``.
 
 The thread holds only weak references: a lease object nobody can reach any more is no longer
 renewed and runs out on its own. In a forked child the registry starts empty (the child holds
-none of its parent's leases) and a new thread starts with the child's first lease.
+none of its parent's leases) and a new thread starts with the child's first lease; the
+parent's renewal threads do not exist there, so the child makes its own.
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import queue
 import threading
 import time
 import weakref
@@ -53,6 +66,12 @@ class Heartbeat:
         self._period: float | None = None  # what the thread is waiting on; None: idle
         self._recent_period: float | None = None  # of the last lease added
         self.ticks = 0
+        # Made lazily, and afresh in a forked child: the parent's workers do not exist there.
+        self._workers: _Workers | None = None
+        # id(client) -> set when that client's batch returns; its own lock, so allocating
+        # here never runs the registry's weakref callbacks (which take ``_lock``) under it.
+        self._flight_lock = threading.Lock()
+        self._in_flight: dict[int, threading.Event] = {}
 
     def add(self, lease: Renewable) -> None:
         """Renew ``lease`` from now on (again, if its ttl changed)."""
@@ -101,9 +120,14 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        deadline = time.monotonic() + 5
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
+        with self._lock:
+            workers, self._workers = self._workers, None
+        if workers is not None:
+            workers.shutdown(deadline)
 
     def _run(self) -> None:
         last_tick = time.monotonic()
@@ -134,18 +158,86 @@ class Heartbeat:
                 break
             last_tick = time.monotonic()
             try:
-                self.tick()
+                self._tick(wait=False)
             except Exception:  # never let the renewal thread die silently
                 log.exception("heartbeat tick failed")
 
     def tick(self) -> None:
-        """Renew every registered lock now: one round trip per Redis client."""
+        """Renew every registered lock now: one round trip per Redis client, the clients
+        concurrently. Returns once every renewal has been applied."""
+        self._tick(wait=True)
+
+    def _tick(self, *, wait: bool) -> None:
+        """``wait``: also wait for a client's batch still in flight, then renew it again;
+        else skip that client, and return without waiting for the batches started."""
         by_client: dict[int, list[Renewable]] = {}
         for handle in self.leases():
             by_client.setdefault(id(handle._client), []).append(handle)
         self.ticks += 1
-        for handles in by_client.values():
+        if len(by_client) == 1 and not self._in_flight:
+            (handles,) = by_client.values()
             self._renew(handles)
+            return
+        batches = [
+            self._batch(key, handles, claimed=not wait)
+            for key, handles in by_client.items()
+            if wait or self._claim(key, block=False)
+        ]
+        if not batches:
+            return
+        # A caller that waits anyway runs one batch itself, so a tick costs no thread more
+        # than it has clients at once.
+        inline = batches.pop() if wait else None
+        if batches:
+            pool = self._pool()
+            for run, _ in batches:
+                try:
+                    pool.submit(run)
+                except RuntimeError:  # no new thread at interpreter exit: renew here instead
+                    run()
+        if inline is not None:
+            inline[0]()
+            for _, done in batches:
+                done.wait()
+
+    def _pool(self) -> _Workers:
+        with self._lock:
+            if self._workers is None:
+                self._workers = _Workers()
+            return self._workers
+
+    def _claim(self, key: int, *, block: bool) -> bool:
+        """Mark client ``key`` as having a batch in flight; if one already is, wait for it
+        to return first (``block``) or give up."""
+        while True:
+            with self._flight_lock:
+                running = self._in_flight.get(key)
+                if running is None:
+                    self._in_flight[key] = threading.Event()
+                    return True
+            if not block:
+                return False
+            running.wait()
+
+    def _batch(
+        self, key: int, handles: list[Renewable], *, claimed: bool
+    ) -> tuple[Callable[[], None], threading.Event]:
+        """The renewal of one client's ``handles`` as a job, and an Event set when it ran."""
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                if not claimed:
+                    self._claim(key, block=True)
+                try:
+                    self._renew(handles)
+                finally:
+                    with self._flight_lock:
+                        self._in_flight.pop(key).set()
+            finally:
+                done.set()
+
+        return run, done
 
     def _renew(self, handles: list[Renewable]) -> None:
         """One round trip (per node on a Cluster): script calls batched in a pipeline."""
@@ -164,6 +256,74 @@ class Heartbeat:
         for handle, owner, code in zip(handles, owners, codes, strict=True):
             if self.holds(handle):
                 handle._renewed(owner, code, sent_at)
+
+
+class _Workers:
+    """Daemon threads running jobs, started as needed: one per job running at once, which
+    the heartbeat keeps to one per client. Not a ThreadPoolExecutor: its threads are joined
+    at interpreter exit, so a job stuck on a frozen server would hold up the exit."""
+
+    #: Seconds an idle thread waits for a job before it ends.
+    IDLE = 60.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        # Threads waiting for a job, less the jobs already promised to them by ``submit``.
+        self._idle = 0
+        self._threads: set[threading.Thread] = set()
+        self._closed = False
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            else:
+                thread = threading.Thread(
+                    target=self._work, name="celery_singleton_lock-renewer", daemon=True
+                )
+                thread.start()
+                self._threads.add(thread)
+        self._jobs.put(job)
+
+    def _work(self) -> None:
+        me = threading.current_thread()
+        try:
+            while True:
+                try:
+                    job = self._jobs.get(timeout=self.IDLE)
+                except queue.Empty:
+                    with self._lock:
+                        if self._idle:  # no job is promised to this thread: end it
+                            self._idle -= 1
+                            return
+                    continue
+                if job is None:
+                    return
+                try:
+                    job()
+                except Exception:  # never let a renewal thread die silently
+                    log.exception("heartbeat renewal failed")
+                with self._lock:
+                    if self._closed:
+                        return
+                    self._idle += 1
+        finally:
+            with self._lock:
+                self._threads.discard(me)
+
+    def shutdown(self, deadline: float) -> None:
+        """End the threads; join them until ``deadline`` (monotonic). A job submitted
+        afterwards still runs, on a thread of its own."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, 0
+            threads = list(self._threads)
+        for _ in range(idle):
+            self._jobs.put(None)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 #: Codes of renew.lua, worst first: the worst of a multi-key lock's names decides.

@@ -1,0 +1,223 @@
+"""The heartbeat with leases on several Redis servers: one that stops answering must not cost
+the leases held on another."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from celery_singleton_lock import LockClient, LockExpired
+from celery_singleton_lock.embedded import RedisServer
+from celery_singleton_lock.heartbeat import Heartbeat, heartbeat
+
+#: Long enough that the tests' own renewals, not the ttl, decide what the server holds.
+LONG_TTL = 30.0
+
+
+@pytest.fixture
+def other_client(restartable_redis: RedisServer, lock_prefix: str) -> Iterator[LockClient]:
+    """A client on a second, private server (``lock_client`` is on the shared one)."""
+    client = LockClient.from_url(restartable_redis.url, prefix=lock_prefix)
+    yield client
+    client.close()
+
+
+def shorten(client: LockClient, lease: Any) -> None:
+    """Leave the lease 5 s on the server, so a renewal shows as a longer PTTL."""
+    assert client.redis.pexpire(lease._keys.lock, 5000)
+
+
+def renewed(client: LockClient, lease: Any) -> bool:
+    return int(client.redis.pttl(lease._keys.lock)) > 20_000
+
+
+def spy_on_renewals(monkeypatch: pytest.MonkeyPatch, beat: Heartbeat) -> list[threading.Thread]:
+    """The threads each batch of ``beat`` ran on, in the order they started."""
+    threads: list[threading.Thread] = []
+    renew = beat._renew
+
+    def spy(handles: list[Any]) -> None:
+        threads.append(threading.current_thread())
+        renew(handles)
+
+    monkeypatch.setattr(beat, "_renew", spy)
+    return threads
+
+
+@pytest.mark.timeout(60)
+def test_a_frozen_server_does_not_cost_the_leases_on_another(
+    lock_client: LockClient, restartable_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ttl = 0.9
+    # Its calls block for longer than a whole lease on the healthy server lasts.
+    frozen = LockClient.from_url(restartable_redis.url, prefix="frozen:", socket_timeout=1.5)
+    # How many batches for the frozen server are in flight at once: the heartbeat must
+    # skip a client whose batch has not returned rather than pile more on.
+    in_flight, most, counting = 0, 0, threading.Lock()
+    call = frozen._call
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal in_flight, most
+        with counting:
+            in_flight += 1
+            most = max(most, in_flight)
+        try:
+            return call(*args, **kwargs)
+        finally:
+            with counting:
+                in_flight -= 1
+
+    monkeypatch.setattr(frozen, "_call", counted)
+    try:
+        a_lost, b_lost = threading.Event(), threading.Event()
+        lease_a = lock_client.lease("healthy", ttl=ttl, on_lost=lambda _: a_lost.set())
+        lease_b = frozen.lease("frozen", ttl=ttl, on_lost=lambda _: b_lost.set())
+        assert lease_a.acquire() and lease_b.acquire()
+        token = lease_a.token
+        assert restartable_redis.process is not None
+        pid = restartable_redis.process.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            stopped_at = time.monotonic()
+            # Time passing is what is tested: four ttls of the healthy lease, each renewal of
+            # it due while the frozen server's calls hang.
+            while time.monotonic() - stopped_at < 4 * ttl:
+                lease_a.check()
+                time.sleep(0.05)
+            assert lease_a.held and not a_lost.is_set()
+            assert b_lost.wait(20), "the lease on the frozen server was never marked lost"
+            assert lease_b.lost and not lease_b.held
+            with pytest.raises(LockExpired) as info:
+                lease_b.check()
+            assert info.value.reason == "unreachable"
+            # Still renewed after the frozen server's call timed out, and still ours there.
+            lease_a.check()
+            assert lease_a.held and not a_lost.is_set()
+            assert int(lock_client.redis.hget(lease_a._keys.lock, "token")) == token
+            assert lock_client.redis.pttl(lease_a._keys.lock) > 0
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        with counting:
+            assert most == 1, f"{most} renewals of the frozen server were in flight at once"
+        lease_a.release()
+    finally:
+        frozen.close()
+
+
+def test_a_tick_with_one_client_renews_on_the_calling_thread_and_starts_none(
+    lock_client: LockClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    beat = Heartbeat()  # not the process's: only this test's lease is registered
+    lease = lock_client.lease("single", ttl=LONG_TTL, heartbeat=False)
+    assert lease.acquire()
+    try:
+        beat.add(lease)  # starts the heartbeat's own thread, which waits LONG_TTL / 3
+        ran_on = spy_on_renewals(monkeypatch, beat)
+        shorten(lock_client, lease)
+        before = set(threading.enumerate())
+        beat.tick()
+        assert set(threading.enumerate()) == before
+        assert beat._workers is None
+        assert ran_on == [threading.current_thread()]
+        assert renewed(lock_client, lease)
+    finally:
+        beat.stop()
+        lease.release()
+
+
+def test_a_tick_with_two_clients_renews_both_concurrently_and_waits_for_them(
+    lock_client: LockClient, other_client: LockClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    beat = Heartbeat()
+    leases = [
+        lock_client.lease("pair", ttl=LONG_TTL, heartbeat=False),
+        other_client.lease("pair", ttl=LONG_TTL, heartbeat=False),
+    ]
+    try:
+        for lease in leases:
+            assert lease.acquire()
+            beat.add(lease)
+        ran_on = spy_on_renewals(monkeypatch, beat)
+        for lease in leases:
+            shorten(lease._client, lease)
+        beat.tick()
+        # Applied when tick() returns, both of them.
+        assert all(renewed(lease._client, lease) for lease in leases)
+        # One batch on the caller, which waits anyway; the other on a renewal thread.
+        assert len(ran_on) == 2 and threading.current_thread() in ran_on, ran_on
+        (worker,) = (thread for thread in ran_on if thread is not threading.current_thread())
+        assert worker.name == "celery_singleton_lock-renewer" and worker.daemon
+    finally:
+        beat.stop()
+        for lease in leases:
+            lease.release()
+    assert not worker.is_alive()  # stop() ends the renewal threads
+
+
+def _child(clients: list[LockClient]) -> dict[str, Any]:
+    """Runs in the forked child; returns what it found."""
+    report: dict[str, Any] = {"pool_reset": heartbeat()._workers is None}
+    leases = [client.lease("child", ttl=LONG_TTL) for client in clients]
+    for lease in leases:
+        assert lease.acquire()
+        shorten(lease._client, lease)
+    heartbeat().tick()
+    report["renewed"] = [renewed(lease._client, lease) for lease in leases]
+    report["pool_made"] = heartbeat()._workers is not None
+    for lease in leases:
+        lease.release()
+    return report
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads running
+def test_a_forked_child_renews_on_two_clients_with_its_own_threads(
+    lock_client: LockClient, other_client: LockClient
+) -> None:
+    clients = [lock_client, other_client]
+    leases = [client.lease("parent", ttl=LONG_TTL) for client in clients]
+    for lease in leases:
+        assert lease.acquire()
+    heartbeat().tick()  # two clients: the parent now has renewal threads
+    assert heartbeat()._workers is not None
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 0
+        try:
+            # A renewal waiting on a thread the child does not have would hang: end instead.
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.alarm(30)
+            os.close(read_end)
+            try:
+                payload = _child(clients)
+            except BaseException:
+                payload = {"error": traceback.format_exc()}
+            os.write(write_end, json.dumps(payload).encode())
+            os.close(write_end)
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    try:
+        chunks = []
+        with os.fdopen(read_end, "rb") as reader:
+            while chunk := reader.read():
+                chunks.append(chunk)
+    finally:
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    report = json.loads(b"".join(chunks))
+    assert report == {"pool_reset": True, "renewed": [True, True], "pool_made": True}
+    for lease in leases:
+        lease.check()
+        lease.release()
