@@ -65,7 +65,7 @@ def check_wait(value: object, argument: str = "wait") -> float:
 
 def check_delay(value: object, argument: str = "delay") -> float:
     """A finite number of seconds >= 0."""
-    if value == 0 and (type(value) is float or type(value) is int):  # release(): no delay
+    if (type(value) is float or type(value) is int) and value == 0:  # release(): no delay
         return 0.0
     number = check_wait(value, argument)
     if math.isinf(number):
