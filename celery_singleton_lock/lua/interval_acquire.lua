@@ -47,5 +47,5 @@ redis.call('HSET', KEYS[8], 'owner', owner, 'token', token, 'acquired_ms', now_m
   'renewed_ms', now_ms, 'ttl_ms', ARGV[5], 'deadline_ms', deadline, 'mode', mode,
   'lo', lo, 'hi', hi, 'parent', parent, unpack(ARGV, 11))
 redis.call('PEXPIRE', KEYS[8], lease)
-refresh(0)
+refresh(0, {1, m, m + 1})
 return {1, token}

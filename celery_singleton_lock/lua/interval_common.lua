@@ -17,11 +17,14 @@
 --   overlapping = ZCARD(lo) - ZCOUNT(lo, (b, +inf) - ZCOUNT(hi, -inf, (a)
 -- Three skiplist rank lookups, whatever the number of holders and however readers overlap.
 -- Expired holders are pruned from the indexes at the start of every script (amortised
--- O(log n) each); their hashes expire on their own. Every key is PEXPIREd to the latest
--- expiry it indexes, so nothing outlives its last holder.
+-- O(log n) each); their hashes expire on their own. Every index key lives at least until the
+-- latest expiry it indexes: an acquire or renewal PEXPIREs the keys it writes to the latest
+-- expiry of the whole lock; a release only removes entries, so it leaves expiries alone (the
+-- keys outlive the released holder by at most what its lease had left, and vanish once empty).
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local MODES = {r = 2, u = 4, w = 6}
+local INDEXES = {1, 2, 3, 4, 5, 6, 7}
 
 local function zrem_all(key, members)
   for i = 1, #members, 1000 do
@@ -58,13 +61,14 @@ local function overlapping(lo_key, hi_key, lo, hi)
     - redis.call('ZCOUNT', hi_key, '-inf', '(' .. lo)
 end
 
--- PEXPIRE every index key to the latest expiry it holds (keys o+1..o+7, or the q keys).
-local function refresh(o)
+-- PEXPIRE index keys o+k, for k in `which` (default: all of 1..7), to the latest expiry
+-- the lock holds.
+local function refresh(o, which)
   local last = redis.call('ZRANGE', KEYS[o + 1], -1, -1, 'WITHSCORES')
   if last[2] then
     local ms = math.max(1, tonumber(last[2]) - now_ms)
-    for k = o + 1, o + 7 do
-      redis.call('PEXPIRE', KEYS[k], ms)
+    for _, k in ipairs(which or INDEXES) do
+      redis.call('PEXPIRE', KEYS[o + k], ms)
     end
   end
 end
@@ -89,14 +93,24 @@ local function earliest(key)
 end
 
 local function remove_holder(owner)
-  for k = 2, 7 do
-    redis.call('ZREM', KEYS[k], owner)
+  local m = MODES[redis.call('HGET', KEYS[8], 'mode') or '']
+  if m then
+    redis.call('ZREM', KEYS[m], owner)
+    redis.call('ZREM', KEYS[m + 1], owner)
+  else  -- the hash ran out a moment before its index entry: look everywhere
+    for k = 2, 7 do
+      redis.call('ZREM', KEYS[k], owner)
+    end
   end
   redis.call('ZREM', KEYS[1], owner)
   redis.call('DEL', KEYS[8])
 end
 
+-- Withdraw owner's reservation; 1 if it had one. Most callers never reserved: one lookup.
 local function unreserve(owner)
+  if not redis.call('ZSCORE', KEYS[11], owner) then
+    return 0
+  end
   redis.call('ZREM', KEYS[9], owner)
   redis.call('ZREM', KEYS[10], owner)
   return redis.call('ZREM', KEYS[11], owner)

@@ -24,17 +24,16 @@ if expiry then
     redis.call('ZADD', KEYS[1], now_ms + delay, owner)
     redis.call('HSET', KEYS[8], 'state', 'cooldown', 'released_ms', now_ms)
     redis.call('PEXPIRE', KEYS[8], delay)
+    refresh(0)
   else
     remove_holder(owner)
     woke = true
   end
-  refresh(0)
   result = 1
 elseif woke then
   result = 1
 end
 if woke then
-  refresh_queue()
   redis.call('PUBLISH', ARGV[3], 'released')
 end
 return result
