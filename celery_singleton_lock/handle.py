@@ -99,7 +99,8 @@ class LockHandle:
         #: Default seconds ``acquire`` waits for a busy lock (``math.inf``: forever).
         self.wait = arguments.check_wait(wait)
         self.owner_info = arguments.check_owner_info(owner_info)
-        #: Called (from the heartbeat thread) with this handle when it is found lost.
+        #: Called with this handle when it is found lost: from a heartbeat thread, or from the
+        #: thread whose check() or extend() found it.
         self.on_lost = arguments.check_callable(on_lost, "on_lost")
         self._client = client
         self._ttl_ms = arguments.seconds_to_ms(self.ttl)
@@ -254,11 +255,21 @@ class LockHandle:
         no owner, for that long (delay-after: a job that just ran is not started again).
 
         Raises :class:`LockExpired` or :class:`LockTaken` if the lock was lost meanwhile;
-        another owner's lock is never touched.
+        another owner's lock is never touched. If Redis does not answer
+        (:class:`LockBackendError`) the handle still owns the lock, no longer renewed: call
+        ``release`` again once Redis is back, or let the lock run out within its ttl.
         """
         delay = arguments.check_delay(delay)
         owner = self._forget()
-        code = self._release(owner, arguments.seconds_to_ms(delay) if delay > 0 else 0)
+        try:
+            code = self._release(owner, arguments.seconds_to_ms(delay) if delay > 0 else 0)
+        except LockBackendError:
+            # The release may not have reached Redis: keep the owner token so it can be
+            # retried. Not renewed any more, so a caller who gives up frees it within ttl.
+            with self._state:
+                if self._owner is None:
+                    self._owner = owner
+            raise
         if code == 1:
             self._lost = None
             return

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from waiting_helpers import wait_for_subscriber
 
-from celery_singleton_lock import Lease, LockBackendError, LockClient, LockExpired
+from celery_singleton_lock import Lease, LockBackendError, LockClient, LockExpired, LockNotHeld
 from celery_singleton_lock.client import mask_password
 from celery_singleton_lock.embedded import RedisServer
 from celery_singleton_lock.heartbeat import heartbeat
@@ -241,3 +241,34 @@ def test_from_url_sets_a_socket_timeout() -> None:
     assert kwargs["socket_connect_timeout"] == 5.0
     explicit = LockClient.from_url("redis://127.0.0.1:1/0?socket_timeout=2")
     assert explicit.redis.connection_pool.connection_kwargs["socket_timeout"] == 2.0
+
+
+@pytest.mark.timeout(60)
+def test_a_release_that_redis_did_not_answer_can_be_retried(
+    restartable_redis: RedisServer,
+) -> None:
+    """release() during a freeze raises LockBackendError and keeps the owner token (the
+    lock is still there, no longer renewed); once Redis answers, release() again frees it."""
+    client = LockClient.from_url(restartable_redis.url, prefix="retry:", socket_timeout=0.3)
+    try:
+        lease = client.lease("held", ttl=30.0)
+        assert lease.acquire()
+        key = lease._keys.lock
+        assert restartable_redis.process is not None
+        pid = restartable_redis.process.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(LockBackendError):
+                lease.release()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert lease.held
+        assert not heartbeat().holds(lease), "a lease whose release failed is still renewed"
+        assert client.redis.exists(key) == 1
+        lease.release()
+        assert client.redis.exists(key) == 0
+        assert not lease.held
+        with pytest.raises(LockNotHeld):
+            lease.release()
+    finally:
+        client.close()
