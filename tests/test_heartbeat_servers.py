@@ -3,16 +3,15 @@ the leases held on another."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
 import time
-import traceback
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from forked import run_in_child
 
 from celery_singleton_lock import LockClient, LockExpired
 from celery_singleton_lock.embedded import RedisServer
@@ -188,35 +187,8 @@ def test_a_forked_child_renews_on_two_clients_with_its_own_threads(
         assert lease.acquire()
     heartbeat().tick()  # two clients: the parent now has renewal threads
     assert heartbeat()._workers is not None
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never return into pytest
-        code = 0
-        try:
-            # A renewal waiting on a thread the child does not have would hang: end instead.
-            signal.signal(signal.SIGALRM, signal.SIG_DFL)
-            signal.alarm(30)
-            os.close(read_end)
-            try:
-                payload = _child(clients)
-            except BaseException:
-                payload = {"error": traceback.format_exc()}
-            os.write(write_end, json.dumps(payload).encode())
-            os.close(write_end)
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    try:
-        chunks = []
-        with os.fdopen(read_end, "rb") as reader:
-            while chunk := reader.read():
-                chunks.append(chunk)
-    finally:
-        _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    report = json.loads(b"".join(chunks))
+    # A renewal waiting on a thread the child does not have would hang: end instead.
+    report = run_in_child(lambda: _child(clients), alarm=30)
     assert report == {"pool_reset": True, "renewed": [True, True], "pool_made": True}
     for lease in leases:
         lease.check()

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import os
 import time
-import traceback
 from typing import Any
 
 import pytest
+from forked import run_in_child
 
 from celery_singleton_lock import LockClient, LockNotHeld
 from celery_singleton_lock.heartbeat import heartbeat
@@ -51,33 +49,7 @@ def test_forked_child_holds_nothing_and_renews_its_own_leases(lock_client: LockC
     assert lease.acquire()
     token = lease.token
     parent_ticks = heartbeat().ticks
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never return into pytest
-        code = 0
-        try:
-            os.close(read_end)
-            try:
-                payload = _child(lock_client, lease, ttl)
-            except BaseException:
-                payload = {"error": traceback.format_exc()}
-            os.write(write_end, json.dumps(payload).encode())
-            os.close(write_end)
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    try:
-        chunks = []
-        with os.fdopen(read_end, "rb") as reader:
-            while chunk := reader.read():
-                chunks.append(chunk)
-    finally:
-        _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    report = json.loads(b"".join(chunks))
-    assert "error" not in report, report.get("error")
+    report = run_in_child(lambda: _child(lock_client, lease, ttl))
     assert report == {
         "held": False,
         "lost": False,
