@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -86,6 +87,8 @@ class LockInfo:
     hi: int | float | str | None = None
     #: For range locks: read, upgradable or write.
     mode: str | None = None
+    #: The holder's ``owner_info`` other than ``task_name`` and ``task_id`` (None: nothing).
+    info: dict[str, Any] | None = None
 
     @property
     def undecided(self) -> bool:
@@ -281,6 +284,7 @@ def lock_info(holder: Holder, now_ms: int) -> LockInfo:
         lo=_bound(holder.get("lo")) if ranged else None,
         hi=_bound(holder.get("hi")) if ranged else None,
         mode=_opt_text(holder.get("mode")) if ranged else None,
+        info=_owner_info(holder.get("info")),
     )
 
 
@@ -355,6 +359,20 @@ def _text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "surrogatepass")
     return str(value)
+
+
+def _owner_info(value: Any) -> dict[str, Any] | None:
+    """The stored ``owner_info`` JSON, without the keys that have their own fields."""
+    if value is None:
+        return None
+    try:
+        info = json.loads(_text(value))
+    except ValueError:
+        return {"unreadable": _text(value)}
+    if not isinstance(info, dict):
+        return {"unreadable": _text(value)}
+    extra = {k: v for k, v in info.items() if k not in ("task_name", "task_id")}
+    return extra or None
 
 
 def _opt_text(value: Any) -> str | None:

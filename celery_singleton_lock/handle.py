@@ -415,11 +415,12 @@ class LockHandle:
             # Whether a renewal age means anything to the admin listing.
             b"heartbeat", 1 if self.heartbeat else 0,
         ]  # fmt: skip
-        for key in ("task_name", "task_id"):
-            if key in self.owner_info:
-                fields += (key, self.owner_info[key])
-        if self.owner_info:
-            fields += (b"info", json.dumps(self.owner_info, sort_keys=True))
+        extra = dict(self.owner_info)
+        for key in ("task_name", "task_id"):  # fields of their own (admin columns, lookups)
+            if key in extra:
+                fields += (key, extra.pop(key))
+        if extra:
+            fields += (b"info", json.dumps(extra, sort_keys=True))
         if len(self._holder_cache) > 64:  # short-lived threads: idents are reused, keep it small
             self._holder_cache.clear()
         self._holder_cache[(named, pid, ident)] = fields

@@ -51,7 +51,12 @@ def show_details(infos: Sequence[LockInfo], *, as_json: bool, color: bool) -> No
         fields = info.to_dict()
         width = max(len(key) for key in fields)
         for key, value in fields.items():
-            text = _seconds(value) if key.endswith("_s") else _plain(value)
+            if key.endswith("_s"):
+                text = _seconds(value)
+            elif isinstance(value, dict):
+                text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+            else:
+                text = _plain(value)
             if key == "state" and color:
                 text = _styled(text, info.state)
             click.echo(f"{key.ljust(width)}  {text}", color=color)

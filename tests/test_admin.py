@@ -42,6 +42,7 @@ LOCK_SCHEMA: dict[str, Any] = {
     "lo": (int, float, str, type(None)),
     "hi": (int, float, str, type(None)),
     "mode": (str, type(None)),
+    "info": (dict, type(None)),
 }
 
 
@@ -62,7 +63,7 @@ def by_name(client: LockClient, pattern: str | None = None) -> dict[str, admin.L
 
 
 def test_fields_of_a_live_lease(lock_client: LockClient) -> None:
-    info_in = {"task_id": "t-1", "task_name": "tasks.report"}
+    info_in = {"task_id": "t-1", "task_name": "tasks.report", "job": "nightly", "day": 3}
     lease = lock_client.lease("report", ttl=30, max_hold=60, owner_info=info_in)
     assert lease.acquire()
     try:
@@ -70,6 +71,7 @@ def test_fields_of_a_live_lease(lock_client: LockClient) -> None:
         assert (info.name, info.kind, info.state) == ("report", "lease", "live")
         assert info.evidence == admin.HEARTBEAT_FRESH
         assert (info.task_id, info.task_name) == ("t-1", "tasks.report")
+        assert info.info == {"job": "nightly", "day": "3"}  # the rest of owner_info, as text
         assert (info.host, info.pid, info.thread) == (
             socket.gethostname(),
             os.getpid(),
@@ -267,7 +269,7 @@ def test_literal_patterns_are_read_by_key() -> None:
 
 
 def test_json_shape(lock_client: LockClient) -> None:
-    a = lock_client.lease("a", ttl=30, owner_info={"task_id": "x", "task_name": "t"})
+    a = lock_client.lease("a", ttl=30, owner_info={"task_id": "x", "task_name": "t", "n": 1})
     b = lock_client.lease("b", ttl=30, heartbeat=False, max_hold=40)
     c = lock_client.lease("c", ttl=30)
     for lease in (a, b, c):
@@ -280,6 +282,7 @@ def test_json_shape(lock_client: LockClient) -> None:
         ("b", "live"),
         ("c", "cooldown"),
     ]
+    assert [d["info"] for d in document] == [{"n": "1"}, None, None]
     a.release()
     b.release()
 

@@ -110,7 +110,7 @@ def test_list_stale_and_show(
     lock_client: LockClient, lock_redis_url: str, lock_prefix: str
 ) -> None:
     hold(lock_client, "fine")
-    make_stale(lock_client, hold(lock_client, "dead", heartbeat=False))
+    make_stale(lock_client, hold(lock_client, "dead", heartbeat=False, owner_info={"job": "x"}))
     stale = run_plain(lock_redis_url, lock_prefix, "list", "--stale", "--json")
     assert stale.exit_code == 0 and names_in(stale) == ["dead"]
     shown = run_plain(lock_redis_url, lock_prefix, "show", "dead")
@@ -121,6 +121,7 @@ def test_list_stale_and_show(
         "stale",
         "heartbeat stopped",
     )
+    assert lines["info"] == '{"job": "x"}'
     as_json = run_plain(lock_redis_url, lock_prefix, "show", "fine", "--json")
     assert as_json.exit_code == 0 and json.loads(as_json.stdout)[0]["state"] == "live"
     missing = run_plain(lock_redis_url, lock_prefix, "show", "nothing")
