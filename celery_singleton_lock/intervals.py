@@ -272,5 +272,48 @@ def clear_holder(
     return int(code) == 1
 
 
+def release_holder(
+    client: LockClient,
+    family: bytes,
+    name: str,
+    *,
+    task_id: str,
+    pid: int,
+    delay: float = 0.0,
+) -> bool:
+    """Release (after ``delay`` seconds of delay-after) the holds of interval lock ``name``
+    that task ``task_id`` running in process ``pid`` has; for a supervisor (the Celery
+    worker's main process) whose child can no longer release, and which knows no owner token.
+    True if a hold was released.
+
+    It reads the owners, then their holder fields (a round trip each), then runs the release
+    script on each match with the fencing token it read: that very hold goes, or nothing (it
+    expired or was cleared meanwhile). Only after a crash, so a few round trips are fine."""
+    name = arguments.check_name(name)
+    delay_ms = arguments.seconds_to_ms(arguments.check_delay(delay)) if delay > 0 else 0
+    keys = interval_keys(client.prefix, name, family)
+    redis = client.redis
+    owners = [raw.decode() for raw in client._call(redis.zrange, keys.indexes[0], 0, -1)]
+    if not owners:
+        return False
+    pipe = redis.pipeline(transaction=False)
+    for owner in owners:
+        pipe.hmget(keys.holder(owner), "task_id", "pid", "token", "state")
+    replies = client._call(pipe.execute)
+    wanted = (str(task_id).encode(), str(int(pid)).encode())
+    released = False
+    for owner, (held_by, held_in, token, state) in zip(owners, replies, strict=True):
+        # A hold in delay-after was released already: its delay must not start again.
+        if (held_by, held_in) != wanted or token is None or state == b"cooldown":
+            continue
+        code = client._call(
+            scripts(client).release,
+            keys=keys.all(owner)[:11],
+            args=[owner, delay_ms, keys.channel, token.decode()],
+        )
+        released = int(code) == 1 or released
+    return released
+
+
 def _escape(raw: bytes) -> bytes:
     return b"".join(b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in raw)

@@ -57,16 +57,12 @@ class SingletonRequest(Request):  # type: ignore[misc]
 
     def _release_for_child(self) -> None:
         task = self.task
-        options = task.lock_options
-        if not self.worker_pid or options.mode != "exclusive" or options.range or options.keys:
-            return  # other lock kinds have no holder-by-task release: their lease runs out
+        if not self.worker_pid:
+            return  # no child is known to have run it: there is no holder to match
         try:
             name = task.lock_name(self.args, self.kwargs)
-            released = task.lock_client.release_holder(
-                name,
-                task_id=self.id,
-                pid=self.worker_pid,
-                delay=task.lock_options.release_delay,
+            released = task.release_holder(
+                self.args, self.kwargs, task_id=self.id, pid=self.worker_pid
             )
         except LockError as exc:
             log.warning("could not free the lock of %s[%s]: %s", task.name, self.id, exc)

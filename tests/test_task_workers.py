@@ -17,7 +17,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,9 @@ from celery.utils.nodenames import host_format
 from waiting_helpers import start_celery_worker, wait_for
 from worker_app import make_app, records_key, ticks_key
 
+from celery_singleton_lock import LockClient, intervals, rangelock, rwlock
+from celery_singleton_lock.handle import LockHandle
+from celery_singleton_lock.intervals import interval_keys
 from celery_singleton_lock.keys import lock_keys
 from celery_singleton_lock.testing import TaskLocks
 
@@ -180,6 +183,16 @@ class Cluster:
             timeout,
             f"the lock of {key!r} to be freed",
         )
+
+    def holds_of(self, task_id: str) -> list[bytes]:
+        """The keys of every holder hash of run ``task_id`` (a lease, one name of a multi-key
+        lock, a reader-writer or range hold): each records the task id of its holder."""
+        return [
+            key
+            for key in self.keys()
+            if self.redis.type(key) == b"hash"
+            and self.redis.hget(key, "task_id") == task_id.encode()
+        ]
 
     def server_time(self) -> float:
         seconds, micros = self.redis.time()
@@ -344,6 +357,133 @@ def test_sigkilled_pool_child_is_freed_at_once_by_the_main_process(
     run = cluster.wait_record(event="start", task_id=second.id)
     assert run["time"] - killed_at < 15
     cluster.wait_ready(pair.w0)  # the worker itself lives on, with a new child
+
+
+@dataclass(frozen=True)
+class LockKind:
+    """A task of a lock kind other than the exclusive lease (``lock_lease=60``), a call of it
+    that holds its lock for a long while, and a call of a task that this hold excludes."""
+
+    task: str
+    args: tuple[Any, ...]
+    rival: str
+    rival_args: tuple[Any, ...]
+    #: The name the worker's log gives the lock.
+    lock_name: str
+    #: Under a lock prefix: what the keys of the call's holder hashes start with (one per
+    #: hash; an interval hold's key ends with its owner token).
+    hold_keys: Callable[[str], list[bytes]]
+
+
+def interval_hold(family: bytes, name: str) -> Callable[[str], list[bytes]]:
+    return lambda prefix: [interval_keys(prefix, name, family).base + b"h:"]
+
+
+def lease_holds(*names: str) -> Callable[[str], list[bytes]]:
+    return lambda prefix: sorted(lock_keys(prefix, name).lock for name in names)
+
+
+LOCK_KINDS = {
+    "read": LockKind(
+        "long_read", ("killed-read", 600), "long_write", ("killed-read", 0),
+        "job:killed-read", interval_hold(rwlock.FAMILY, "job:killed-read"),
+    ),
+    "range": LockKind(
+        "long_range", ("killed-range", 0, 10, 600), "long_range", ("killed-range", 5, 15, 0),
+        "job:killed-range", interval_hold(rangelock.FAMILY, "job:killed-range"),
+    ),
+    "multi": LockKind(
+        "long_multi", ("killed-a", "killed-b", 600), "long_multi", ("killed-b", "killed-c", 0),
+        "job:killed-a + job:killed-b", lease_holds("job:killed-a", "job:killed-b"),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", list(LOCK_KINDS))
+def test_sigkilled_pool_child_frees_every_lock_kind_at_once(
+    cluster: Cluster, pair: Pair, task_locks: TaskLocks, kind: str
+) -> None:
+    """As for the exclusive lease above: the main process frees a reader-writer, range or
+    multi-key hold of a killed child by task id and pid, long before its 60 s lease ends."""
+    case = LOCK_KINDS[kind]
+    task = cluster.task(case.task)
+    first = task.apply_async(case.args, queue=pair.q0)
+    started = cluster.wait_record(event="start", task_id=first.id)
+    child = started["pid"]
+    assert child != pair.w0.pid
+    holds = cluster.holds_of(first.id)
+    expected = case.hold_keys(cluster.prefix)
+    assert len(holds) == len(expected), holds
+    pairs = zip(sorted(holds), expected, strict=True)
+    assert all(key.startswith(start) for key, start in pairs), (holds, expected)
+    assert {int(cluster.redis.hget(key, "pid") or 0) for key in holds} == {child}
+    assert all(60_000 - 5_000 < cluster.redis.pttl(key) <= 60_000 for key in holds)
+    assert task_locks.is_held(cluster.task(case.rival), *case.rival_args)
+
+    os.kill(child, signal.SIGKILL)
+    killed_at = cluster.server_time()
+    freed_at = wait_for(
+        lambda: None if cluster.holds_of(first.id) else cluster.server_time(),
+        15,  # the lease would keep them for up to 60 s
+        f"the {kind} holds of the killed run to be freed",
+    )
+    assert freed_at - killed_at < 10
+    assert not task_locks.is_held(cluster.task(case.rival), *case.rival_args)
+    wait_for(lambda: first.state == "FAILURE", TIMEOUT, "the killed run to be marked failed")
+    assert "WorkerLostError" in repr(first.result)
+    assert f"freed lock {case.lock_name!r}" in pair.w0.log_text()
+    assert not cluster.records(event="released", task_id=first.id)  # not by the child
+
+    # A run its hold excluded gets in now (lock_wait=0: it would be skipped, not wait).
+    second = cluster.task(case.rival).apply_async(case.rival_args, queue=pair.q1)
+    assert task_locks.assert_ran(second, timeout=TIMEOUT) > started["token"]
+    run = cluster.wait_record(event="start", task_id=second.id)
+    assert run["time"] - killed_at < 15
+    cluster.wait_ready(pair.w0)  # the worker itself lives on, with a new child
+
+
+@pytest.mark.parametrize("family", [rwlock.FAMILY, rangelock.FAMILY], ids=["rw", "range"])
+def test_interval_release_holder_frees_only_the_hold_of_that_task_and_process(
+    lock_client: LockClient, family: bytes
+) -> None:
+    """What the main process calls for a reader-writer or range hold: only the hold whose
+    task id and pid both match goes (after the delay asked for); another task's stays."""
+
+    def reader(task_id: str) -> LockHandle:
+        options = {"ttl": 60.0, "heartbeat": False, "owner_info": {"task_id": task_id}}
+        if family == rwlock.FAMILY:
+            return lock_client.rwlock("doc").read(**options)
+        return lock_client.range_lock("doc").read(0, 10, **options)
+
+    def holders() -> dict[str, dict[str, Any]]:
+        found = intervals.list_holders(lock_client, family, "doc")
+        return {holder["task_id"]: holder for holder in found}
+
+    def release(task_id: str, pid: int, delay: float = 0.0) -> bool:
+        return intervals.release_holder(
+            lock_client, family, "doc", task_id=task_id, pid=pid, delay=delay
+        )
+
+    mine, other = reader("mine"), reader("other")
+    assert mine.acquire(0) and other.acquire(0)
+    pid = os.getpid()
+    assert not release("nobody", pid)
+    assert not release("mine", pid + 1)  # the same task id in another process
+    assert sorted(holders()) == ["mine", "other"]
+    assert all("state" not in holder for holder in holders().values())
+
+    assert release("mine", pid, delay=30)
+    held = holders()
+    # Delay-after: its interval stays locked, unrenewed, for the 30 s asked for.
+    assert held["mine"]["state"] == "cooldown"
+    assert 25_000 < held["mine"]["pttl_ms"] <= 30_000
+    assert held["other"]["token"] == other.token and "state" not in held["other"]
+    assert not release("mine", pid)  # released already: its delay does not start over
+
+    assert release("other", pid)
+    assert sorted(holders()) == ["mine"]
+    assert not release("other", pid)
 
 
 # -- no overlap, retries ------------------------------------------------------------------------

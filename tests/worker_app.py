@@ -96,6 +96,38 @@ def make_app(url: str, prefix: str, queue: str = "celery") -> Celery:
         return hold(self, key, seconds)
 
     @app.task(
+        base=SingletonTask, bind=True, shared=False, name="worker_app.long_read",
+        lock_key="job:{key}", lock_mode="read", lock_lease=60, lock_ttl=3600,
+    )  # fmt: skip
+    def long_read(self: Any, key: str, seconds: float) -> int | None:
+        """A read hold of the reader-writer lock of the key, on a 60 s lease."""
+        return hold(self, key, seconds)
+
+    @app.task(
+        base=SingletonTask, bind=True, shared=False, name="worker_app.long_write",
+        lock_key="job:{key}", lock_mode="write", lock_lease=60, lock_ttl=3600,
+    )  # fmt: skip
+    def long_write(self: Any, key: str, seconds: float) -> int | None:
+        """The writer of the reader-writer lock of the key: excluded by any reader."""
+        return hold(self, key, seconds)
+
+    @app.task(
+        base=SingletonTask, bind=True, shared=False, name="worker_app.long_range",
+        lock_key="job:{key}", lock_range=("lo", "hi"), lock_lease=60, lock_ttl=3600,
+    )  # fmt: skip
+    def long_range(self: Any, key: str, lo: float, hi: float, seconds: float) -> int | None:
+        """A write hold on [lo, hi] of the range lock of the key, on a 60 s lease."""
+        return hold(self, key, seconds)
+
+    @app.task(
+        base=SingletonTask, bind=True, shared=False, name="worker_app.long_multi",
+        lock_keys=["job:{key}", "job:{other}"], lock_lease=60, lock_ttl=3600,
+    )  # fmt: skip
+    def long_multi(self: Any, key: str, other: str, seconds: float) -> int | None:
+        """Leases on both keys at once (a multi-key lock), on a 60 s lease."""
+        return hold(self, key, seconds)
+
+    @app.task(
         base=SingletonTask, bind=True, shared=False, name="worker_app.waiter",
         lock_key="job:{key}", lock_lease=60, lock_ttl=3600, lock_wait=60,
     )  # fmt: skip
