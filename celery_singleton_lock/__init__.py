@@ -72,4 +72,5 @@ def __getattr__(name: str) -> object:
 
     return getattr(import_module(f"{__name__}.{module}"), name)
 
+
 __version__ = "0.1.0"

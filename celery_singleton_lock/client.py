@@ -131,9 +131,7 @@ class LockClient:
             on_lost=on_lost,
         )
 
-    def release_holder(
-        self, name: str, *, task_id: str, pid: int, delay: float = 0.0
-    ) -> bool:
+    def release_holder(self, name: str, *, task_id: str, pid: int, delay: float = 0.0) -> bool:
         """Release ``name`` if task ``task_id`` running in process ``pid`` holds it; for a
         supervisor (the Celery worker's main process) whose child can no longer release."""
         keys = self._keys(name)

@@ -62,17 +62,18 @@ class RedisServer:
         if self.process is not None and self.process.poll() is None:
             return
         log = Path(self._dir, "redis.log").open("ab")  # noqa: SIM115 - handed to the child
+        command = [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", self._dir,
+            "--protected-mode", "no",
+            *(["--requirepass", self.password] if self.password else []),
+        ]  # fmt: skip
         self.process = subprocess.Popen(
-            [
-                self.binary,
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--save", "",
-                "--appendonly", "no",
-                "--dir", self._dir,
-                "--protected-mode", "no",
-                *(["--requirepass", self.password] if self.password else []),
-            ],  # fmt: skip
+            command,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
