@@ -1,10 +1,10 @@
-"""Throwaway Redis topologies for the deployment tests: a 3-master Cluster, a master + replica
-+ sentinel, a TLS server and an ACL server. Real ``redis-server`` processes on loopback and
-free ports, killed when the fixture ends; every wait polls the servers' own state against a
-deadline.
+"""Throwaway Redis topologies for the deployment tests: a 3-master Cluster (optionally with
+replicas), a master + replica + sentinel, a TLS server and an ACL server. Real
+``redis-server`` processes on loopback and free ports, killed when the fixture ends; every
+wait polls the servers' own state against a deadline.
 
-Imported by tests/test_cluster.py, tests/test_sentinel.py and tests/test_acl_tls.py, which
-declare module-scoped fixtures on top of these classes.
+Imported by tests/test_cluster.py, tests/test_cluster_failover.py, tests/test_sentinel.py and
+tests/test_acl_tls.py, which declare fixtures on top of these classes.
 """
 
 from __future__ import annotations
@@ -101,62 +101,146 @@ def data_args() -> list[str]:
 
 
 class Cluster:
-    """Three cluster-mode masters, no replicas, slots split evenly by ``CLUSTER ADDSLOTSRANGE``
-    and joined by ``CLUSTER MEET`` (no redis-cli needed)."""
+    """Three cluster-mode masters, slots split evenly by ``CLUSTER ADDSLOTSRANGE`` and joined
+    by ``CLUSTER MEET`` (no redis-cli needed). With ``replicas=N``, each master also gets N
+    replicas, attached by ``CLUSTER REPLICATE`` and synced before ``start`` returns, so that
+    killing a master fails its slots over to its replica."""
 
-    def __init__(self, masters: int = 3) -> None:
+    def __init__(self, masters: int = 3, *, replicas: int = 0) -> None:
         self.bus_ports = [free_port() for _ in range(masters)]
-        self.servers = [
-            Server(
-                [
-                    *data_args(),
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "2000",
-                    # The bus port defaults to port + 10000, too high for many free ports.
-                    "--cluster-port",
-                    str(bus),
-                ]  # fmt: skip
-            )
-            for bus in self.bus_ports
+        # No 5 s wait for more replicas before a master's first sync.
+        extra = ["--repl-diskless-sync-delay", "0"] if replicas else []
+        self.servers = [self._server(bus, extra) for bus in self.bus_ports]
+        #: ``replicas[i]``: the replicas of ``servers[i]``.
+        self.replicas = [
+            [self._server(free_port(), extra) for _ in range(replicas)] for _ in range(masters)
         ]
+        #: Replica node id -> its master's node id, once started.
+        self.masters_of: dict[str, str] = {}
+
+    @staticmethod
+    def _server(bus_port: int, extra: list[str]) -> Server:
+        return Server(
+            [
+                *data_args(),
+                "--cluster-enabled", "yes",
+                "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", "2000",
+                # The bus port defaults to port + 10000, too high for many free ports.
+                "--cluster-port", str(bus_port),
+                *extra,
+            ]
+        )  # fmt: skip
 
     @property
     def ports(self) -> list[int]:
+        """The masters' ports (as started: a failover does not change this list)."""
         return [server.port for server in self.servers]
+
+    @property
+    def all_servers(self) -> list[Server]:
+        """Masters, then replicas."""
+        return [*self.servers, *(replica for group in self.replicas for replica in group)]
+
+    @property
+    def all_ports(self) -> list[int]:
+        return [server.port for server in self.all_servers]
 
     @property
     def url(self) -> str:
         hosts = ",".join(f"127.0.0.1:{port}" for port in self.ports)
         return f"redis+cluster://{hosts}"
 
+    @property
+    def url_with_all_nodes(self) -> str:
+        """A URL seeding the client with every node, replicas included."""
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.all_ports)
+        return f"redis+cluster://{hosts}"
+
+    def slot_range(self, index: int) -> tuple[int, int]:
+        """First and last slot given to master ``index`` at start."""
+        share = SLOTS // len(self.servers)
+        last = SLOTS - 1 if index == len(self.servers) - 1 else (index + 1) * share - 1
+        return index * share, last
+
     def node(self, port: int) -> redis.Redis:
         return redis.Redis(port=port, socket_timeout=5)
 
     def start(self) -> None:
-        for server in self.servers:
+        servers = self.all_servers
+        for server in servers:
             server.start()
-        nodes = [self.node(port) for port in self.ports]
+        nodes = {server.port: self.node(server.port) for server in servers}
         try:
-            for server, node in zip(self.servers, nodes, strict=True):
-                server.wait_ready(node.ping)
-            share = SLOTS // len(nodes)
-            for i, node in enumerate(nodes):
-                last = SLOTS - 1 if i == len(nodes) - 1 else (i + 1) * share - 1
-                node.execute_command("CLUSTER ADDSLOTSRANGE", i * share, last)
-            for node in nodes[1:]:
-                node.execute_command("CLUSTER MEET", "127.0.0.1", self.ports[0], self.bus_ports[0])
-            for node in nodes:
+            for server in servers:
+                server.wait_ready(nodes[server.port].ping)
+            for i, port in enumerate(self.ports):
+                nodes[port].execute_command("CLUSTER ADDSLOTSRANGE", *self.slot_range(i))
+            for server in servers[1:]:
+                nodes[server.port].execute_command(
+                    "CLUSTER MEET", "127.0.0.1", self.ports[0], self.bus_ports[0]
+                )
+            self._attach_replicas(nodes)
+            for node in nodes.values():
                 wait_until(
-                    lambda node=node: cluster_ok(node, len(nodes)),
+                    lambda node=node: cluster_ok(node, len(servers)) and self._roles_seen(node),
                     30,
-                    "cluster_state:ok on every node",
+                    "cluster_state:ok, every node and every replica's master known on every node",
                 )
         finally:
-            for node in nodes:
+            for node in nodes.values():
+                node.close()
+
+    def _attach_replicas(self, nodes: dict[int, redis.Redis]) -> None:
+        """``CLUSTER REPLICATE`` each replica to its master, then wait for their links."""
+        for master, group in zip(self.servers, self.replicas, strict=True):
+            master_id = node_id(nodes[master.port])
+            for replica in group:
+                node = nodes[replica.port]
+                # A node only replicates a master it has heard of through the cluster bus.
+                wait_until(
+                    lambda node=node, master_id=master_id: master_id in cluster_nodes(node),
+                    30,
+                    f"the replica on {replica.port} to learn of its master",
+                )
+                node.execute_command("CLUSTER REPLICATE", master_id)
+                self.masters_of[node_id(node)] = master_id
+        for group in self.replicas:
+            for replica in group:
+                node = nodes[replica.port]
+                wait_until(
+                    lambda node=node: node.info("replication").get("master_link_status") == "up",
+                    30,
+                    f"the replica on {replica.port} to sync",
+                )
+
+    def _roles_seen(self, node: redis.Redis) -> bool:
+        """``node`` knows every replica as a replica of its master (a master only votes for
+        a replica it knows as one, so a failover needs this)."""
+        known = cluster_nodes(node)
+        return all(
+            replica in known
+            and "slave" in known[replica]["flags"]
+            and known[replica]["master"] == master
+            for replica, master in self.masters_of.items()
+        )
+
+    def wait_replicated(self, index: int, timeout: float = 10.0) -> None:
+        """Until every replica of master ``index`` has applied all the master wrote so far."""
+        master = self.node(self.servers[index].port)
+        replicas = [self.node(replica.port) for replica in self.replicas[index]]
+        try:
+            offset = int(master.info("replication")["master_repl_offset"])
+            for replica in replicas:
+                wait_until(
+                    lambda replica=replica: (
+                        int(replica.info("replication").get("slave_repl_offset", -1)) >= offset
+                    ),
+                    timeout,
+                    f"a replica of master {index} to reach offset {offset}",
+                )
+        finally:
+            for node in (master, *replicas):
                 node.close()
 
     def client(self, **kwargs: Any) -> Any:
@@ -165,7 +249,7 @@ class Cluster:
         return RedisCluster(host="127.0.0.1", port=self.ports[0], **kwargs)
 
     def close(self) -> None:
-        for server in self.servers:
+        for server in self.all_servers:
             server.close()
 
 
@@ -176,6 +260,46 @@ def cluster_ok(node: redis.Redis, size: int) -> bool:
         info = dict(line.split(":", 1) for line in info.decode().split() if ":" in line)
     state = {str(k): str(v) for k, v in info.items()}
     return state.get("cluster_state") == "ok" and state.get("cluster_known_nodes") == str(size)
+
+
+def node_id(node: redis.Redis) -> str:
+    reply = node.execute_command("CLUSTER MYID")
+    return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+
+def cluster_nodes(node: redis.Redis) -> dict[str, dict[str, Any]]:
+    """``CLUSTER NODES`` as ``node`` sees it: node id -> ``port`` (int), ``flags`` (set),
+    ``master`` (the master's node id, or ``-``) and ``slots`` ([(first, last)])."""
+    # "CLUSTER", "NODES" as two words: the raw text, not redis-py's parsed form.
+    reply = node.execute_command("CLUSTER", "NODES")
+    text = reply.decode() if isinstance(reply, bytes) else str(reply)
+    nodes = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 8:
+            continue
+        address = fields[1].split("@", 1)[0]
+        slots = []
+        for item in fields[8:]:
+            if item.startswith("["):
+                continue  # a slot migrating or importing
+            first, _, last = item.partition("-")
+            slots.append((int(first), int(last or first)))
+        nodes[fields[0]] = {
+            "port": int(address.rpartition(":")[2] or 0),
+            "flags": set(fields[2].split(",")),
+            "master": fields[3],
+            "slots": slots,
+        }
+    return nodes
+
+
+def slot_owner(node: redis.Redis, slot: int) -> int | None:
+    """The port of the node that owns ``slot``, as ``node`` sees it (None: nobody)."""
+    for entry in cluster_nodes(node).values():
+        if any(first <= slot <= last for first, last in entry["slots"]):
+            return int(entry["port"])
+    return None
 
 
 SENTINEL_MASTER = "cslmaster"

@@ -1,0 +1,321 @@
+"""Redis Cluster failover: three masters with one replica each, a master SIGKILLed and its
+replica promoted by the cluster itself (node timeout 2 s, so a few seconds). What happens to
+the locks across it:
+
+- a lease the replica had synced is kept: same owner on the promoted node, and the holder's
+  heartbeat renews it there;
+- a lease shorter than the failover is reported lost (``on_lost``), never silently held;
+- a new acquisition follows the new slot map, with a larger fencing token than before;
+- the admin listing scans the surviving masters, the dead one does not break it;
+- a waiter blocked across the failover is woken by a release made after it, whether its
+  pub/sub listener was on a surviving node or on the master that died (its lock then on
+  another master).
+
+Every test starts its own cluster (it kills a node of it).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis_topologies import Cluster, cluster_ok, slot_owner, wait_until
+from test_cluster import node_port
+from test_sentinel import FAILOVER_TIMEOUT, acquire_eventually
+
+from celery_singleton_lock import LockClient, LockExpired, LockLost
+from celery_singleton_lock.heartbeat import heartbeat
+
+#: A lease that must outlive the failover. Renewed just before the kill, it lasts this long;
+#: the heartbeat's first renewal on the promoted node comes within the failover (about 4 s
+#: here) plus one tick (ttl / 3): a failover of up to 8 s keeps it.
+KEPT_TTL = 12.0
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    topology = Cluster(3, replicas=1)
+    try:
+        topology.start()
+        yield topology
+    finally:
+        topology.close()
+
+
+@pytest.fixture
+def client(cluster: Cluster) -> Iterator[LockClient]:
+    made = LockClient.from_url(
+        cluster.url_with_all_nodes, prefix=f"csltest:{uuid.uuid4().hex[:12]}:"
+    )
+    yield made
+    made.close()
+
+
+def names_on(
+    client: LockClient, cluster: Cluster, index: int, stem: str, count: int = 1
+) -> list[str]:
+    """``count`` lock names whose keys live on master ``index``."""
+    first, last = cluster.slot_range(index)
+    names: list[str] = []
+    i = 0
+    while len(names) < count:
+        name = f"{stem}{i}"
+        i += 1
+        key = client._keys(name).lock
+        if node_port(client, key) == cluster.ports[index]:
+            assert first <= client.redis.keyslot(key) <= last
+            names.append(name)
+    return names
+
+
+def direct(port: int) -> redis.Redis:
+    """One connection to one node, allowed to read from a replica (``READONLY``)."""
+    node = redis.Redis(port=port, socket_timeout=5, single_connection_client=True)
+    node.execute_command("READONLY")
+    return node
+
+
+def fail_over(cluster: Cluster, index: int = 0) -> tuple[int, float]:
+    """SIGKILL master ``index``; once every surviving node maps its slots to its replica and
+    the cluster is ok again, return the replica's port and the seconds since the kill."""
+    master = cluster.servers[index]
+    (replica,) = cluster.replicas[index]
+    first, last = cluster.slot_range(index)
+    survivors = [cluster.node(s.port) for s in cluster.all_servers if s is not master]
+    size = len(cluster.all_servers)  # the dead master stays a known (failed) node
+    killed_at = time.monotonic()
+    master.kill()
+    try:
+        for node in survivors:
+            wait_until(
+                lambda node=node: (
+                    slot_owner(node, first) == slot_owner(node, last) == replica.port
+                    and cluster_ok(node, size)
+                ),
+                FAILOVER_TIMEOUT,
+                f"every surviving node to see the replica on {replica.port} promoted",
+            )
+        took = time.monotonic() - killed_at
+        promoted = cluster.node(replica.port)
+        assert promoted.info("replication")["role"] == "master"
+        promoted.close()
+    finally:
+        for node in survivors:
+            node.close()
+    return replica.port, took
+
+
+def server_ms(node: redis.Redis) -> int:
+    seconds, micros = node.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+@pytest.mark.timeout(60)
+def test_synced_lease_is_kept_renewed_and_listed_across_the_failover(
+    cluster: Cluster, client: LockClient
+) -> None:
+    (name,) = names_on(client, cluster, 0, "kept")
+    key = client._keys(name).lock
+    lost = threading.Event()
+    lease = client.lease(name, ttl=KEPT_TTL, on_lost=lambda _: lost.set())
+    assert lease.acquire()
+    owner = lease._owner
+    assert owner is not None and lease.token is not None
+    # Held on the two other masters as well, for the listing.
+    others = [client.lease(names_on(client, cluster, i, f"other{i}-")[0], ttl=30) for i in (1, 2)]
+    for other in others:
+        assert other.acquire()
+    # An admin client whose slot map is read now and not again before the failover.
+    admin = LockClient.from_url(cluster.url, prefix=client.prefix)
+    heartbeat().tick()  # renewed now: the failover starts a full ttl before its expiry
+    cluster.wait_replicated(0)
+    (replica,) = cluster.replicas[0]
+    copy = direct(replica.port)
+    try:
+        synced = copy.hgetall(key)
+        assert synced[b"owner"] == owner.encode() and int(synced[b"token"]) == lease.token
+    finally:
+        copy.close()
+
+    new_port, took = fail_over(cluster, 0)
+    assert new_port == replica.port and took < KEPT_TTL, took
+    promoted = direct(new_port)
+    try:
+        # The admin listing scans the surviving masters, the promoted one included, at its
+        # first call: the dead master in its old slot map does not break it.
+        listed = {info.name: info for info in admin.locks()}
+        assert set(listed) == {name, *(other.name for other in others)}
+        for held in (lease, *others):
+            info = listed[held.name]
+            assert info.kind == "lease" and (info.owner, info.token) == (held._owner, held.token)
+
+        # The holder's own heartbeat (no tick from the test) renews it on the promoted node,
+        # under the same owner and fencing token: still held, not taken over.
+        promoted_ms = server_ms(promoted)
+
+        def renewed_since(ms: int) -> dict[bytes, bytes] | None:
+            fields = promoted.hgetall(key)
+            return fields if int(fields.get(b"renewed_ms", 0)) > ms else None
+
+        for _ in range(2):
+            fields = wait_until(
+                lambda since=promoted_ms: renewed_since(since),
+                KEPT_TTL,
+                "a renewal on the promoted node",
+            )
+            assert fields[b"owner"] == owner.encode() and int(fields[b"token"]) == lease.token
+            assert promoted.pttl(key) > KEPT_TTL * 1000 / 2
+            lease.check()
+            promoted_ms = int(fields[b"renewed_ms"])
+        assert lease.held and not lease.lost and not lost.is_set()
+        assert not client.lease(name).acquire()  # still exclusive on the new master
+        info = next(info for info in admin.locks() if info.name == name)
+        assert (info.state, info.owner) == ("live", owner)
+        for held in (lease, *others):
+            held.release()
+        assert promoted.exists(key) == 0
+        assert admin.locks() == []
+    finally:
+        promoted.close()
+        admin.close()
+
+
+@pytest.mark.timeout(60)
+def test_short_lease_is_reported_lost_and_new_acquires_get_larger_tokens(
+    cluster: Cluster, client: LockClient
+) -> None:
+    name, fresh_name = names_on(client, cluster, 0, "short", count=2)
+    key = client._keys(name).lock
+    earlier = client.lease(fresh_name, ttl=10)
+    assert earlier.acquire() and earlier.token is not None
+    earlier.release()
+    lost = threading.Event()
+    lease = client.lease(name, ttl=1.2, on_lost=lambda _: lost.set())
+    assert lease.acquire() and lease.token is not None
+    cluster.wait_replicated(0)
+    (replica,) = cluster.replicas[0]
+    copy = direct(replica.port)
+    try:  # the replica has it: what loses it is time, not replication
+        assert copy.hget(key, "owner") == lease._owner.encode()  # type: ignore[union-attr]
+    finally:
+        copy.close()
+
+    new_port, took = fail_over(cluster, 0)
+    # A master is only suspected after the 2 s node timeout: no failover beats this lease.
+    assert took > lease.ttl
+    # The heartbeat could not reach the slot's node for longer than the lease: lost, and
+    # said so (on_lost, held, check) before the promotion, that is before anybody else
+    # could take the name.
+    assert lost.is_set()
+    assert lease.lost and not lease.held
+    with pytest.raises(LockExpired) as raised:
+        lease.check()
+    assert raised.value.reason == "unreachable"
+    promoted = direct(new_port)
+    try:
+        assert promoted.exists(key) == 0  # Redis agrees: the copy ran out at the same time
+        # The client follows the new slot map: a name in the dead master's slots is taken on
+        # the promoted node, with a larger fencing token than before the failover.
+        fresh = acquire_eventually(client, fresh_name)
+        assert fresh.token > earlier.token  # type: ignore[attr-defined]
+        fresh_key = client._keys(fresh_name).lock
+        assert node_port(client, fresh_key) == new_port
+        assert promoted.hget(fresh_key, "owner") == fresh._owner.encode()  # type: ignore[attr-defined]
+        # And the lost name goes to a new holder, whose token beats the lost one's.
+        again = acquire_eventually(client, name)
+        assert again.token > lease.token  # type: ignore[attr-defined]
+        with pytest.raises(LockLost):
+            lease.release()  # the new holder is left alone
+        assert promoted.hget(key, "owner") == again._owner.encode()  # type: ignore[attr-defined]
+        fresh.release()  # type: ignore[attr-defined]
+        again.release()  # type: ignore[attr-defined]
+    finally:
+        promoted.close()
+
+
+def listener_ports(cluster: Cluster, channel: bytes) -> list[int]:
+    """The live nodes where someone is subscribed to ``channel`` (PUBSUB NUMSUB is
+    per node on a Cluster)."""
+    found = []
+    for server in cluster.all_servers:
+        if server.process is None or server.process.poll() is not None:
+            continue
+        node = cluster.node(server.port)
+        try:
+            if node.pubsub_numsub(channel)[0][1]:
+                found.append(server.port)
+        finally:
+            node.close()
+    return found
+
+
+def steer_listener(cluster: Cluster, channel: bytes, port: int) -> None:
+    """Until this process's pub/sub listener, subscribed to ``channel``, is connected to the
+    node on ``port``: wherever else it is, its connection is killed there (``CLIENT KILL``),
+    and it reconnects to a node of its choosing."""
+
+    def on_target() -> bool:
+        at = listener_ports(cluster, channel)
+        for other in at:
+            if other != port:
+                node = cluster.node(other)
+                node.client_kill_filter(_type="pubsub")
+                node.close()
+        return at == [port]
+
+    wait_until(on_target, 30, f"the pub/sub listener to land on {port}")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("lock_master", "listener_master"),
+    [(0, 1), (1, 0)],
+    ids=["listener-on-a-survivor", "listener-on-the-dead-master"],
+)
+def test_waiter_is_woken_by_a_release_after_the_failover(
+    cluster: Cluster, client: LockClient, lock_master: int, listener_master: int
+) -> None:
+    # Master 0 fails over. With the lock on master 0, the listener sits on master 1 and
+    # stays there. With the listener on master 0, its connection drops and it must
+    # reconnect elsewhere; the lock is on master 1 then, so that the waiter, woken by the
+    # dropped connection to look again, finds the holder. (Were the lock on master 0 too,
+    # that look would meet the dead node, and acquire would raise LockBackendError at once,
+    # as it does when a single server goes down.)
+    (name,) = names_on(client, cluster, lock_master, "wake")
+    channel = client._keys(name).channel
+    holder = client.lease(name, ttl=30)  # its expiry, the waiter's fallback, is far away
+    assert holder.acquire() and holder.token is not None
+    waiter = client.lease(name, ttl=10)
+    got: list[bool] = []
+    errors: list[BaseException] = []
+
+    def wait_for_it() -> None:
+        try:
+            got.append(waiter.acquire(wait=25))
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=wait_for_it)
+    thread.start()
+    try:
+        steer_listener(cluster, channel, cluster.ports[listener_master])
+        cluster.wait_replicated(0)
+        fail_over(cluster, 0)
+        # Still waiting, and subscribed on a live node (again, if it was on the dead one).
+        assert thread.is_alive() and not errors, errors
+        at = wait_until(lambda: listener_ports(cluster, channel), 10, "the listener to resubscribe")
+        if listener_master != 0:
+            assert at == [cluster.ports[listener_master]]  # never dropped
+        released_at = time.monotonic()
+        holder.release()
+        thread.join(20)
+        assert not errors and got == [True], errors
+        assert time.monotonic() - released_at < 2.0, "woken by the release, not its 30 s hint"
+        assert waiter.token is not None and waiter.token > holder.token
+        waiter.release()
+    finally:
+        thread.join(30)
