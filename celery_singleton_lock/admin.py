@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from .exceptions import LockError
 from .keys import lock_keys, lock_pattern
-from .scripts import source
+from .scripts import register, source
 
 if TYPE_CHECKING:
     from .client import LockClient
@@ -168,7 +168,7 @@ def clear_lease_holder(client: LockClient, holder: Holder) -> bool:
 
 def _clear_script(client: LockClient) -> Any:
     # Registering computes a SHA, no I/O; admin calls are rare enough to do it per call.
-    return client.redis.register_script(source("clear"))
+    return register(client.redis, source("clear"))
 
 
 # -- the registry ----------------------------------------------------------------------------

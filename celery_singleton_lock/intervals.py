@@ -28,7 +28,7 @@ from . import arguments
 from .exceptions import ConfigurationError, LockError, LockNotHeld
 from .handle import LockHandle, RenewEntry
 from .keys import FENCE_TTL_MS, name_tag
-from .scripts import ScriptCall, bound_to, source
+from .scripts import ScriptCall, bound_to, register, source
 
 if TYPE_CHECKING:
     from redis.commands.core import Script
@@ -82,14 +82,13 @@ class IntervalScripts:
     def __init__(self, redis: Any) -> None:
         common = source("interval_common")
 
-        def register(name: str) -> Script:
-            script: Script = redis.register_script(common + "\n" + source(name))
-            return script
+        def load(name: str) -> Script:
+            return register(redis, common + "\n" + source(name))
 
-        self.acquire = register("interval_acquire")
-        self.release = register("interval_release")
-        self.change = register("interval_change")
-        self.renew = register("interval_renew")
+        self.acquire = load("interval_acquire")
+        self.release = load("interval_release")
+        self.change = load("interval_change")
+        self.renew = load("interval_renew")
 
 
 def scripts(client: LockClient) -> IntervalScripts:

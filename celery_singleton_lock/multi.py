@@ -24,7 +24,7 @@ from . import arguments
 from .exceptions import ConfigurationError
 from .handle import LockHandle, RenewEntry
 from .keys import FENCE_TTL_MS, LockKeys, encode_name, lock_pattern
-from .scripts import GONE, TAKEN, ScriptCall, bound_to, source
+from .scripts import GONE, TAKEN, ScriptCall, bound_to, register, source
 from .waiting import SUBSCRIBE_TIMEOUT
 
 if TYPE_CHECKING:
@@ -37,9 +37,9 @@ class MultiScripts:
     """The multi-key scripts registered on one Redis client (no I/O)."""
 
     def __init__(self, redis: Any) -> None:
-        self.acquire: Script = redis.register_script(source("multi_acquire"))
-        self.release: Script = redis.register_script(source("multi_release"))
-        self.renew: Script = redis.register_script(source("multi_renew"))
+        self.acquire: Script = register(redis, source("multi_acquire"))
+        self.release: Script = register(redis, source("multi_release"))
+        self.renew: Script = register(redis, source("multi_renew"))
 
 
 def scripts(client: LockClient) -> MultiScripts:

@@ -1,23 +1,22 @@
 """The Lua scripts, loaded from ``lua/*.lua`` and registered once per Redis client.
 
-Registering does no I/O; redis-py calls each script by SHA and loads it on NOSCRIPT
-(after a restart or ``SCRIPT FLUSH``), also inside pipelines.
+Registering does no I/O; each script is called by SHA and loaded on NOSCRIPT (after a restart
+or ``SCRIPT FLUSH``), also inside pipelines, and on a Cluster only on the node that ran it.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from importlib import resources
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+from redis.commands.core import Script as RedisScript
 from redis.exceptions import NoScriptError
+from redis.typing import EncodableT, KeyT
 
 from .deployment import is_cluster
-
-if TYPE_CHECKING:
-    from redis.commands.core import Script
 
 T = TypeVar("T")
 
@@ -27,6 +26,41 @@ SCRIPT_NAMES = ("acquire", "release", "renew", "handover", "release_holder")
 GONE = 0
 TAKEN = -1
 MAX_HOLD_REACHED = -2
+
+
+class Script(RedisScript):
+    """A registered script that, on a Redis Cluster, loads itself only on the node it runs on.
+
+    redis-py's Script answers NOSCRIPT with SCRIPT LOAD on *every* primary: while one primary
+    is down (a failover in progress) that fails, and with it every lock on the healthy nodes
+    whose script cache was empty (a restarted or newly added node)."""
+
+    def __call__(
+        self,
+        keys: Sequence[KeyT] | None = None,
+        args: Iterable[EncodableT] | None = None,
+        client: Any = None,
+    ) -> Any:
+        client = self.registered_client if client is None else client
+        if not is_cluster(client):
+            return super().__call__(keys, args, client)
+        keys, args = list(keys or ()), list(args or ())
+        try:
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            self.sha = load_on_node(client, self.script, keys[0])
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+
+
+def register(redis: Any, text: str) -> Script:
+    """``text`` as a :class:`Script` bound to ``redis`` (no I/O)."""
+    return Script(redis, text)
+
+
+def load_on_node(redis: Any, text: Any, key: Any) -> str:
+    """SCRIPT LOAD ``text`` on the Cluster node that holds ``key``; its SHA."""
+    node = redis.get_node_from_key(key)
+    return str(redis.execute_command("SCRIPT LOAD", text, target_nodes=node))
 
 
 @cache
@@ -39,11 +73,11 @@ class Scripts:
     """Typed wrappers around the scripts, bound to one Redis client."""
 
     def __init__(self, redis: Any) -> None:
-        self._acquire: Script = redis.register_script(source("acquire"))
-        self._release: Script = redis.register_script(source("release"))
-        self._renew: Script = redis.register_script(source("renew"))
-        self._handover: Script = redis.register_script(source("handover"))
-        self._release_holder: Script = redis.register_script(source("release_holder"))
+        self._acquire: Script = register(redis, source("acquire"))
+        self._release: Script = register(redis, source("release"))
+        self._renew: Script = register(redis, source("renew"))
+        self._handover: Script = register(redis, source("handover"))
+        self._release_holder: Script = register(redis, source("release_holder"))
 
     def acquire(
         self,
@@ -106,7 +140,7 @@ def bound_to(client: Any, scripts_class: Callable[[Any], T]) -> T:
 
 
 #: One script invocation: the registered script, its keys and its arguments.
-ScriptCall = tuple["Script", Sequence[Any], Sequence[Any]]
+ScriptCall = tuple[RedisScript, Sequence[Any], Sequence[Any]]
 
 
 def run_batch(redis: Any, calls: Sequence[ScriptCall]) -> list[Any]:
@@ -131,12 +165,24 @@ def run_batch(redis: Any, calls: Sequence[ScriptCall]) -> list[Any]:
             pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args, **options)
         replies = pipe.execute(raise_on_error=False)
         missing = [
-            s for (s, _, _), r in zip(calls, replies, strict=True) if isinstance(r, NoScriptError)
+            (s, keys[0])
+            for (s, keys, _), r in zip(calls, replies, strict=True)
+            if isinstance(r, NoScriptError)
         ]
         if not missing or attempt == 2:
             break
-        for script in {id(s): s for s in missing}.values():
-            script.sha = redis.script_load(script.script)
+        loaded: set[tuple[int, Any]] = set()
+        for script, key in missing:
+            # On a Cluster only on the node that ran it: SCRIPT LOAD on every primary fails
+            # while one of them is down.
+            where = redis.get_node_from_key(key).name if cluster else None
+            if (id(script), where) in loaded:
+                continue
+            loaded.add((id(script), where))
+            if cluster:
+                script.sha = load_on_node(redis, script.script, key)
+            else:
+                script.sha = redis.script_load(script.script)
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply

@@ -319,3 +319,20 @@ def test_waiter_is_woken_by_a_release_after_the_failover(
         waiter.release()
     finally:
         thread.join(30)
+
+
+@pytest.mark.timeout(60)
+def test_a_lease_on_a_surviving_master_works_while_another_master_is_down(
+    cluster: Cluster, client: LockClient
+) -> None:
+    """A script a healthy node has not cached yet is loaded on that node only: redis-py's own
+    Script loads it on every primary, and the dead one failed the release of a lock that
+    lives on a node that is up."""
+    (name,) = names_on(client, cluster, 1, "beside")
+    lease = client.lease(name, ttl=30, heartbeat=False)
+    assert lease.acquire()
+    assert lease.extend() == pytest.approx(30, abs=0.5)
+    cluster.servers[0].kill()  # master 0 down, its replica not promoted yet
+    assert lease.extend() == pytest.approx(30, abs=0.5)
+    lease.release()  # release.lua was never run on master 1: loaded there, now
+    assert direct(cluster.ports[1]).exists(client._keys(name).lock) == 0
