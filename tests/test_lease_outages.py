@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from waiting_helpers import wait_for_subscriber
+from waiting_helpers import BackgroundAcquire, wait_for_subscriber
 
 from celery_singleton_lock import Lease, LockBackendError, LockClient, LockExpired, LockNotHeld
 from celery_singleton_lock.client import mask_password
@@ -134,26 +134,15 @@ def test_waiter_blocked_during_a_restart_raises_backend_error_and_the_client_rec
     holder = client.lease("busy", ttl=30)
     assert holder.acquire()
     waiter = client.lease("busy")
-    errors: list[BaseException] = []
-    done = threading.Event()
-
-    def wait_for_it() -> None:
-        try:
-            waiter.acquire(wait=30)
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            errors.append(exc)
-        done.set()
-
-    thread = threading.Thread(target=wait_for_it)
-    thread.start()
+    waiting = BackgroundAcquire(waiter, wait=30)
     wait_for_subscriber(client, waiter._keys.channel)
     stopped_at = time.monotonic()
     restartable_redis.stop()
     # The dropped subscription wakes the waiter, which then cannot reach Redis: it says so
     # at once rather than sitting out its 30 s.
-    assert done.wait(10)
-    thread.join(5)
+    waiting.finish(10)
     assert time.monotonic() - stopped_at < 5
+    errors = waiting.errors
     assert len(errors) == 1 and isinstance(errors[0], LockBackendError), errors
     heartbeat().remove(holder)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from locks_workers import holder_process, make_handle, multi_names
-from waiting_helpers import wait_for_subscriber
+from waiting_helpers import BackgroundAcquire, wait_for_subscriber
 
 from celery_singleton_lock import (
     LockBackendError,
@@ -222,25 +222,14 @@ def test_acquire_while_redis_is_down_raises_backend_error(
     holder = make_handle(client, kind, "down", ttl=30, heartbeat=False)
     assert holder.acquire()
     waiter = RIVALS[kind](client, "down")
-    errors: list[BaseException] = []
-    done = threading.Event()
-
-    def wait_for_it() -> None:
-        try:
-            waiter.acquire(wait=30)
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            errors.append(exc)
-        done.set()
-
-    thread = threading.Thread(target=wait_for_it)
-    thread.start()
+    waiting = BackgroundAcquire(waiter, wait=30)
     wait_for_subscriber(client, waiter._channel)
     stopped_at = time.monotonic()
     restartable_redis.stop()
     # A waiter blocked when Redis goes away says so at once, rather than sitting out 30 s.
-    assert done.wait(10)
-    thread.join(5)
+    waiting.finish(10)
     assert time.monotonic() - stopped_at < 5
+    errors = waiting.errors
     assert len(errors) == 1 and isinstance(errors[0], LockBackendError), errors
     assert not waiter.held
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -64,3 +65,27 @@ def start_celery_worker(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+class BackgroundAcquire:
+    """``handle.acquire(wait=wait)`` on a thread of its own, started at once: ``done`` is set
+    when it returns or raises; ``results`` / ``errors`` hold what it did."""
+
+    def __init__(self, handle: Any, wait: float) -> None:
+        self.done = threading.Event()
+        self.results: list[bool] = []
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, args=(handle, wait), daemon=True)
+        self.thread.start()
+
+    def _run(self, handle: Any, wait: float) -> None:
+        try:
+            self.results.append(handle.acquire(wait=wait))
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            self.errors.append(exc)
+        self.done.set()
+
+    def finish(self, timeout: float) -> None:
+        """Wait for the acquire to end (AssertionError after ``timeout`` s)."""
+        assert self.done.wait(timeout), "the background acquire did not return"
+        self.thread.join(5)
