@@ -173,13 +173,12 @@ class IntervalHandle(LockHandle):
         if self.mode == "w":
             self._release(owner, 0)
 
-    def _release(self, owner: str, delay_ms: int, token: str = "") -> int:
-        return int(
-            self._client._call(
-                self._scripts.release,
-                keys=self._keys.all(owner)[:11],
-                args=[owner, delay_ms, self._channel, token],
-            )
+    def _release(self, owner: str, delay_ms: int) -> int:
+        return release_hold(self._client, self._keys, owner, delay_ms)
+
+    def _release_holder(self, task_id: str, pid: int, delay: float) -> bool:
+        return release_holder(
+            self._client, self._family, self.name, task_id=task_id, pid=pid, delay=delay
         )
 
     def _change(
@@ -263,12 +262,21 @@ def clear_holder(
     name = arguments.check_name(name)
     owner = arguments.check_name(owner, "owner")
     keys = interval_keys(client.prefix, name, family)
+    return release_hold(client, keys, owner, 0, "" if token is None else str(int(token))) == 1
+
+
+def release_hold(
+    client: LockClient, keys: IntervalKeys, owner: str, delay_ms: int, token: str = ""
+) -> int:
+    """One run of interval_release.lua: release ``owner``'s hold (after ``delay_ms`` of
+    delay-after), only if its fencing token is ``token`` when one is given; 1 released,
+    0 not held, -1 the token differs."""
     code = client._call(
         scripts(client).release,
         keys=keys.all(owner)[:11],
-        args=[owner, 0, keys.channel, "" if token is None else str(int(token))],
+        args=[owner, delay_ms, keys.channel, token],
     )
-    return int(code) == 1
+    return int(code)
 
 
 def release_holder(
@@ -305,12 +313,7 @@ def release_holder(
         # A hold in delay-after was released already: its delay must not start again.
         if (held_by, held_in) != wanted or token is None or state == b"cooldown":
             continue
-        code = client._call(
-            scripts(client).release,
-            keys=keys.all(owner)[:11],
-            args=[owner, delay_ms, keys.channel, token.decode()],
-        )
-        released = int(code) == 1 or released
+        released = release_hold(client, keys, owner, delay_ms, token.decode()) == 1 or released
     return released
 
 
