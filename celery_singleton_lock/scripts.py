@@ -48,7 +48,7 @@ class Script(RedisScript):
         try:
             return client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
-            self.sha = load_on_node(client, self.script, keys[0])
+            self.sha = load_on_node(client, self.script, client.get_node_from_key(keys[0]))
             return client.evalsha(self.sha, len(keys), *keys, *args)
 
 
@@ -57,9 +57,8 @@ def register(redis: Any, text: str) -> Script:
     return Script(redis, text)
 
 
-def load_on_node(redis: Any, text: Any, key: Any) -> str:
-    """SCRIPT LOAD ``text`` on the Cluster node that holds ``key``; its SHA."""
-    node = redis.get_node_from_key(key)
+def load_on_node(redis: Any, text: Any, node: Any) -> str:
+    """SCRIPT LOAD ``text`` on the Cluster node ``node`` only; its SHA."""
     return str(redis.execute_command("SCRIPT LOAD", text, target_nodes=node))
 
 
@@ -171,16 +170,16 @@ def run_batch(redis: Any, calls: Sequence[ScriptCall]) -> list[Any]:
         ]
         if not missing or attempt == 2:
             break
-        loaded: set[tuple[int, Any]] = set()
+        loaded: set[tuple[int, str | None]] = set()
         for script, key in missing:
             # On a Cluster only on the node that ran it: SCRIPT LOAD on every primary fails
             # while one of them is down.
-            where = redis.get_node_from_key(key).name if cluster else None
-            if (id(script), where) in loaded:
+            node = redis.get_node_from_key(key) if cluster else None
+            if (id(script), node and node.name) in loaded:
                 continue
-            loaded.add((id(script), where))
-            if cluster:
-                script.sha = load_on_node(redis, script.script, key)
+            loaded.add((id(script), node and node.name))
+            if node is not None:
+                script.sha = load_on_node(redis, script.script, node)
             else:
                 script.sha = redis.script_load(script.script)
     for reply in replies:
