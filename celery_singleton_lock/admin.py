@@ -28,6 +28,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import LockError
+from .handle import OWN_INFO_FIELDS
 from .keys import lock_keys, lock_pattern
 from .scripts import register, source
 
@@ -371,7 +372,7 @@ def _owner_info(value: Any) -> dict[str, Any] | None:
         return {"unreadable": _text(value)}
     if not isinstance(info, dict):
         return {"unreadable": _text(value)}
-    extra = {k: v for k, v in info.items() if k not in ("task_name", "task_id")}
+    extra = {k: v for k, v in info.items() if k not in OWN_INFO_FIELDS}
     return extra or None
 
 

@@ -57,6 +57,10 @@ class _Process:
 
 os.register_at_fork(after_in_child=_Process.forked)
 
+#: Keys of ``owner_info`` stored as fields of their own (admin columns, lookups by task);
+#: the rest is stored as one JSON field, ``info``.
+OWN_INFO_FIELDS = ("task_name", "task_id")
+
 #: A waiter whose holder has no expiry (never made by this package) looks again this often.
 NO_EXPIRY_RECHECK = 1.0
 
@@ -138,6 +142,11 @@ class LockHandle:
     @classmethod
     def _renew_script_call(cls, client: LockClient, entries: list[RenewEntry]) -> ScriptCall:
         """One script call renewing ``entries``; its reply has one code per entry."""
+        raise NotImplementedError
+
+    def _release_holder(self, task_id: str, pid: int, delay: float) -> bool:
+        """Release what run ``task_id`` in process ``pid`` holds of this lock (not through
+        this handle: for a supervisor whose child died holding it); True if released."""
         raise NotImplementedError
 
     # -- public state ------------------------------------------------------------------------
@@ -416,7 +425,7 @@ class LockHandle:
             b"heartbeat", 1 if self.heartbeat else 0,
         ]  # fmt: skip
         extra = dict(self.owner_info)
-        for key in ("task_name", "task_id"):  # fields of their own (admin columns, lookups)
+        for key in OWN_INFO_FIELDS:
             if key in extra:
                 fields += (key, extra.pop(key))
         if extra:

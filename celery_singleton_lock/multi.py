@@ -125,6 +125,15 @@ class MultiLease(LockHandle):
         self._tokens = tokens
         return True, max(tokens.values())
 
+    def _release_holder(self, task_id: str, pid: int, delay: float) -> bool:
+        # Every name, also after one found free: each is a hash of its own.
+        client = self._client
+        freed = [
+            client.release_holder(name, task_id=task_id, pid=pid, delay=delay)
+            for name in self.names
+        ]
+        return any(freed)
+
     def _release(self, owner: str, delay_ms: int, token: str = "") -> int:
         if is_cluster(self._client):
             codes = [

@@ -19,7 +19,6 @@ from celery import Task
 from celery.exceptions import Retry
 from celery.result import AsyncResult
 
-from . import intervals, rangelock, rwlock
 from .claims import claim_owner
 from .client import LockClient
 from .config import AppSettings, TaskLockOptions, check_task_options
@@ -176,21 +175,9 @@ class SingletonTask(Task):  # type: ignore[misc]
         """Release the lock a call with these arguments takes (see :meth:`make_lock`), after
         ``lock_release_delay``, if run ``task_id`` in process ``pid`` holds it: for the worker's
         main process once that child is gone. Holders are matched by task id and pid, so no
-        owner token (nor a range lock's bounds) is needed. True if something was released."""
-        args, kwargs = tuple(args or ()), dict(kwargs or {})
-        options = self.lock_options
-        client = self.lock_client
-        delay = options.release_delay
-        if options.keys is not None:
-            names = self.lock_naming.names(options.keys, args, kwargs)
-            # Every name, also after one found free: each is a hash of its own.
-            freed = [client.release_holder(n, task_id=task_id, pid=pid, delay=delay) for n in names]
-            return any(freed)
-        name = self.lock_name(args, kwargs)
-        if options.range is None and options.mode == "exclusive":
-            return client.release_holder(name, task_id=task_id, pid=pid, delay=delay)
-        family = rwlock.FAMILY if options.range is None else rangelock.FAMILY
-        return intervals.release_holder(client, family, name, task_id=task_id, pid=pid, delay=delay)
+        owner token is needed. True if something was released."""
+        handle = self.make_lock(args, kwargs)
+        return handle._release_holder(task_id, pid, self.lock_options.release_delay)
 
     @property
     def lock(self) -> LockHandle | None:
