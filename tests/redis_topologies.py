@@ -15,9 +15,10 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import redis
 
@@ -27,6 +28,25 @@ T = TypeVar("T")
 
 #: Redis Cluster has 16384 hash slots.
 SLOTS = 16384
+
+
+class Topology(Protocol):
+    def start(self) -> None: ...
+    def close(self) -> None: ...
+
+
+Started = TypeVar("Started", bound=Topology)
+
+
+@contextmanager
+def running(topology: Started) -> Iterator[Started]:
+    """``topology`` started, and closed (every process killed) on the way out, also when
+    starting it failed half-way."""
+    try:
+        topology.start()
+        yield topology
+    finally:
+        topology.close()
 
 
 def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:

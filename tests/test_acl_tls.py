@@ -15,7 +15,7 @@ import pytest
 import redis
 from celery import Celery
 from click.testing import CliRunner, Result
-from redis_topologies import ACLServer, TLSServer
+from redis_topologies import ACLServer, TLSServer, running
 
 from celery_singleton_lock import LockClient, cli, deployment
 from celery_singleton_lock.config import AppSettings
@@ -37,12 +37,8 @@ def acl() -> Iterator[ACLServer]:
 
 @pytest.fixture(scope="module")
 def tls() -> Iterator[TLSServer]:
-    server = TLSServer()
-    try:
-        server.start()
+    with running(TLSServer()) as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import redis
 from celery import Celery
 from click.testing import CliRunner
 from redis.cluster import RedisCluster
-from redis_topologies import Cluster, wait_until
+from redis_topologies import Cluster, running, wait_until
 
 from celery_singleton_lock import LockClient, LockTaken, cli
 from celery_singleton_lock.heartbeat import heartbeat
@@ -26,12 +26,8 @@ from celery_singleton_lock.task import lock_client_for
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    topology = Cluster(3)
-    try:
-        topology.start()
+    with running(Cluster(3)) as topology:
         yield topology
-    finally:
-        topology.close()
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import redis
-from redis_topologies import Cluster, Server, cluster_ok, slot_owner, wait_until
+from redis_topologies import Cluster, Server, cluster_ok, running, slot_owner, wait_until
 from test_cluster import node_port
 from test_sentinel import acquire_eventually
 
@@ -44,12 +44,8 @@ PROMOTION_TIMEOUT = 90
 
 @pytest.fixture
 def cluster() -> Iterator[Cluster]:
-    topology = Cluster(3, replicas=1)
-    try:
-        topology.start()
+    with running(Cluster(3, replicas=1)) as topology:
         yield topology
-    finally:
-        topology.close()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from redis_topologies import SENTINEL_MASTER, SentinelSet, wait_until
+from redis_topologies import SENTINEL_MASTER, SentinelSet, running, wait_until
 
 from celery_singleton_lock import LockClient, LockTaken
 from celery_singleton_lock.exceptions import LockBackendError
@@ -23,12 +23,8 @@ FAILOVER_TIMEOUT = 30
 
 @pytest.fixture
 def sentinels() -> Iterator[SentinelSet]:
-    topology = SentinelSet()
-    try:
-        topology.start()
+    with running(SentinelSet()) as topology:
         yield topology
-    finally:
-        topology.close()
 
 
 @pytest.fixture
