@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection
@@ -68,7 +69,13 @@ def shared_holder(
 
     client = LockClient.from_url(url, prefix=prefix)
     lost_calls: list[object] = []
-    handle = make_handle(client, kind, name, ttl=ttl, on_lost=lost_calls.append)
+    called = threading.Event()
+
+    def on_lost(lost: object) -> None:
+        lost_calls.append(lost)
+        called.set()
+
+    handle = make_handle(client, kind, name, ttl=ttl, on_lost=on_lost)
     assert handle.acquire(wait=10)
     tokens = handle.tokens if kind == "multi" else {name: handle.token}
     conn.send({"pid": os.getpid(), "owner": handle._owner, "token": handle.token, "tokens": tokens})
@@ -81,6 +88,8 @@ def shared_holder(
             report = {"held": handle.held, "lost": handle.lost}
             report.update(_outcome(handle.check))
             report["renewed"] = heartbeat().holds(handle)
+            # The heartbeat thread may have marked it lost and not yet called on_lost.
+            called.wait(5)
             report["on_lost"] = len(lost_calls)
             conn.send(report)
         elif command == "release":
