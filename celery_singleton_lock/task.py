@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
+import time
 from typing import Any
 
 from celery import Task
@@ -213,6 +214,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         name = lease.name
         if isinstance(lease, Lease):
             lease._takeover = claim_owner(task_id, request.retries or 0)
+        started = time.monotonic()
         try:
             acquired = lease.acquire(options.wait)
         except LockBackendError as exc:
@@ -221,9 +223,10 @@ class SingletonTask(Task):  # type: ignore[misc]
                 raise
             log.warning("running %s[%s] UNLOCKED: %s", self.name, task_id, exc)
             return self._run_holding(None, args, kwargs)
+        waited = time.monotonic() - started
         if not acquired:
-            return self._conflict(name, options)
-        lock_acquired.send(sender=self, name=name, task_id=task_id, lease=lease)
+            return self._conflict(name, options, waited)
+        lock_acquired.send(sender=self, name=name, task_id=task_id, lease=lease, wait=waited)
         return self._run_holding(lease, args, kwargs)
 
     def _autoretry(self, exc: LockBackendError) -> None:
@@ -270,7 +273,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _lease_lost(self, lease: LockHandle, task_id: str) -> None:
         lock_lost.send(sender=self, name=lease.name, task_id=task_id, lease=lease)
 
-    def _conflict(self, name: str, options: TaskLockOptions) -> Any:
+    def _conflict(self, name: str, options: TaskLockOptions, waited: float) -> Any:
         request = self.request
         if options.conflict == "raise":
             raise LockTimeout(f"{self.name}: lock {name!r} is taken", name=name)
@@ -281,7 +284,9 @@ class SingletonTask(Task):  # type: ignore[misc]
             )
         holder = self._holder_task_id(name)
         log.info("%s[%s] skipped: lock %r held by %s", self.name, request.id, name, holder)
-        lock_skipped.send(sender=self, name=name, task_id=request.id, lease=None)
+        lock_skipped.send(
+            sender=self, name=name, task_id=request.id, lease=None, wait=waited, holder=holder
+        )
         return skipped_result(name, holder)
 
     def _holder_task_id(self, name: str) -> str | None:
