@@ -20,6 +20,9 @@ from celery import Task
 from celery.exceptions import Retry
 from celery.result import AsyncResult
 
+# Connects the receivers that turn our signals into Celery task events (and must be in place
+# before a worker starts, which always imports its tasks first).
+from . import events as _events  # noqa: F401
 from .claims import claim_owner
 from .client import LockClient
 from .config import AppSettings, TaskLockOptions, check_task_options
