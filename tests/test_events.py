@@ -16,7 +16,7 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from waiting_helpers import wait_for_subscriber
 
-from celery_singleton_lock import SingletonTask, lock_lost
+from celery_singleton_lock import SingletonTask, is_skipped, lock_acquired, lock_lost, lock_skipped
 from celery_singleton_lock.embedded import free_port
 from celery_singleton_lock.events import EVENT_TYPES, EventSender, send_lock_event
 from celery_singleton_lock.testing import TaskLocks
@@ -261,3 +261,31 @@ def test_an_unreachable_broker_costs_the_run_nothing(
         assert time.monotonic() - started < 0.5
         assert events.wait_for("task-lock-acquired", "t-live")["lock_name"] == "y"
         assert sender.flush(TIMEOUT)
+
+
+def test_signals_carry_the_wait_and_the_holder(celery_lock_app: Celery) -> None:
+    @celery_lock_app.task(base=SingletonTask, shared=False, lock_wait=0.2)
+    def job() -> str:
+        return "ran"
+
+    seen: dict[str, Any] = {}
+
+    def on_acquired(wait: float, **_: Any) -> None:
+        seen["acquired"] = wait
+
+    def on_skipped(wait: float, holder: str | None, **_: Any) -> None:
+        seen["skipped"] = (wait, holder)
+
+    lock_acquired.connect(on_acquired, sender=job, weak=False)
+    lock_skipped.connect(on_skipped, sender=job, weak=False)
+    try:
+        with job.make_lock(owner_info={"task_name": job.name, "task_id": "holder-1"}):
+            assert is_skipped(job.apply().get(timeout=TIMEOUT))
+        assert job.apply().get(timeout=TIMEOUT) == "ran"
+    finally:
+        lock_acquired.disconnect(on_acquired, sender=job)
+        lock_skipped.disconnect(on_skipped, sender=job)
+    waited, holder = seen["skipped"]
+    assert 0.2 <= waited < TIMEOUT  # it sat out its lock_wait first
+    assert holder == "holder-1"
+    assert 0 <= seen["acquired"] < 0.2
