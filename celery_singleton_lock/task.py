@@ -59,6 +59,14 @@ def lock_client_for(app: Any) -> LockClient:
     return client
 
 
+def close_lock_client(app: Any) -> None:
+    """Close the app's :class:`LockClient`, if it made one; the next lock makes a new one
+    from the app's settings as they are then (test fixtures change them per test)."""
+    client: LockClient | None = vars(app).pop("_singleton_lock_client", None)
+    if client is not None:
+        client.close()
+
+
 class SingletonTask(Task):  # type: ignore[misc]
     """A task that never runs twice at once for the same key. Options (task attributes or
     ``@app.task`` keywords; None means: the app setting, else the default):"""
