@@ -35,7 +35,7 @@ import threading
 import weakref
 from typing import Any
 
-from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
+from celery.signals import task_postrun, worker_init, worker_process_shutdown, worker_shutdown
 
 from .exceptions import LockError, LockLost
 from .signals import lock_acquired, lock_lost, lock_released, lock_skipped
@@ -108,7 +108,7 @@ def lock_fields(task: Any, name: str, holder: str | None, lease: Any) -> dict[st
 
 def send_lock_event(app: Any, hostname: str, type_: str, task_id: str, **fields: Any) -> bool:
     """Send one event of ``type_`` about run ``task_id`` through ``app``'s broker, once, with
-    no retry; True if sent. Never raises: a broker that is down costs the run nothing."""
+    no retry; True if sent. Never raises (a failure is logged)."""
     try:
         with app.events.default_dispatcher(hostname=hostname) as dispatcher:
             dispatcher.send(type_, uuid=task_id, retry=False, **fields)
@@ -220,7 +220,14 @@ def _on_released(sender: Any, name: str, task_id: str, lease: Any, **_: Any) -> 
     )
 
 
+def _forget_run(task_id: str | None = None, **_: Any) -> None:
+    # A run whose release failed (Redis unreachable) sends no lock_released.
+    if task_id is not None:
+        _announced.pop(task_id, None)
+
+
 worker_init.connect(_remember_worker, weak=False)
+task_postrun.connect(_forget_run, weak=False)
 lock_acquired.connect(_on_acquired, weak=False)
 lock_skipped.connect(_on_skipped, weak=False)
 lock_lost.connect(_on_lost, weak=False)

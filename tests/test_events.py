@@ -17,7 +17,8 @@ from celery.contrib.testing.worker import start_worker
 from waiting_helpers import wait_for_subscriber
 
 from celery_singleton_lock import SingletonTask, is_skipped, lock_acquired, lock_lost, lock_skipped
-from celery_singleton_lock.embedded import free_port
+from celery_singleton_lock import events as events_module
+from celery_singleton_lock.embedded import RedisServer, free_port
 from celery_singleton_lock.events import EVENT_TYPES, EventSender, send_lock_event
 from celery_singleton_lock.testing import TaskLocks
 
@@ -289,3 +290,21 @@ def test_signals_carry_the_wait_and_the_holder(celery_lock_app: Celery) -> None:
     assert 0.2 <= waited < TIMEOUT  # it sat out its lock_wait first
     assert holder == "holder-1"
     assert 0 <= seen["acquired"] < 0.2
+
+
+def test_a_run_whose_release_failed_is_forgotten(
+    events_app: Celery, in_process_worker: WorkerFactory, restartable_redis: RedisServer
+) -> None:
+    events_app.conf.singleton_lock_url = restartable_redis.url  # locks apart from the broker
+
+    @events_app.task(base=SingletonTask, shared=False)
+    def job() -> str:
+        restartable_redis.stop()  # the release at the end cannot reach Redis
+        return "ran"
+
+    with receiving(events_app) as events, in_process_worker(events_app):
+        result = job.delay()
+        assert result.get(timeout=TIMEOUT) == "ran"
+        events.wait_for("task-lock-acquired", result.id)
+        assert events.lock_events_so_far() == []  # no release to report
+    assert result.id not in events_module._announced
