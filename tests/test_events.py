@@ -4,17 +4,23 @@ event receiver on the broker, as Flower reads them."""
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
-from waiting_helpers import wait_for_subscriber
+from waiting_helpers import TESTS, wait_for_subscriber
+from worker_app import make_app
 
 from celery_singleton_lock import SingletonTask, is_skipped, lock_acquired, lock_lost, lock_skipped
 from celery_singleton_lock import events as events_module
@@ -308,3 +314,41 @@ def test_a_run_whose_release_failed_is_forgotten(
         events.wait_for("task-lock-acquired", result.id)
         assert events.lock_events_so_far() == []  # no release to report
     assert result.id not in events_module._announced
+
+
+def test_a_prefork_worker_started_with_events_sends_them_from_its_child(
+    lock_redis_url: str, lock_prefix: str, tmp_path: Path
+) -> None:
+    queue = f"{lock_prefix}events"
+    app = make_app(lock_redis_url, lock_prefix, queue)
+    env = {
+        **os.environ,
+        "CSL_WORKER_REDIS_URL": lock_redis_url,
+        "CSL_WORKER_PREFIX": lock_prefix,
+        "CSL_WORKER_QUEUE": queue,
+    }
+    command = [sys.executable, "-m", "celery", "-A", "worker_app", "worker", "-P", "prefork"]
+    command += ["-c", "1", "-E", "-Q", queue, "-n", f"events-{lock_prefix[-13:-1]}@%h"]
+    command += ["--without-mingle", "--without-gossip", "-l", "INFO"]
+    with receiving(app) as events, (tmp_path / "worker.log").open("wb") as log:
+        worker = subprocess.Popen(
+            command,
+            cwd=TESTS,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            result = app.tasks["worker_app.short_lease"].delay("events", 0)
+            token = result.get(timeout=60)
+            acquired = events.wait_for("task-lock-acquired", result.id)
+            released = events.wait_for("task-lock-released", result.id)
+        finally:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(TIMEOUT)
+    assert acquired["lock_name"] == released["lock_name"] == "job:events"
+    assert acquired["lock_token"] == released["lock_token"] == token
+    assert acquired["pid"] != worker.pid  # sent by the pool child that ran the task
+    assert acquired["hostname"].startswith("events-")
