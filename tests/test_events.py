@@ -223,16 +223,17 @@ def test_enable_events_at_run_time_is_followed(celery_lock_app: Celery) -> None:
         loglevel="WARNING",
         without_heartbeat=False,
     )
-    with receiving(celery_lock_app) as events, worker:
+    with receiving(celery_lock_app) as events, worker as running:
+        control = {"destination": [running.hostname], "reply": True, "timeout": TIMEOUT, "limit": 1}
         assert job.delay().get(timeout=TIMEOUT) == "ran"
         assert events.lock_events_so_far() == []
         # What Flower does when it starts: the enable_events remote control command.
-        replies = celery_lock_app.control.enable_events(reply=True, timeout=TIMEOUT)
+        replies = celery_lock_app.control.enable_events(**control)
         assert replies and all("ok" in next(iter(r.values())) for r in replies), replies
         result = job.delay()
         assert result.get(timeout=TIMEOUT) == "ran"
         assert events.wait_for("task-lock-released", result.id)["lock_holder"] == result.id
-        celery_lock_app.control.disable_events(reply=True, timeout=TIMEOUT)
+        assert celery_lock_app.control.disable_events(**control)
         assert job.delay().get(timeout=TIMEOUT) == "ran"
         assert [e["uuid"] for e in events.lock_events_so_far()] == [result.id]
 
