@@ -3,14 +3,22 @@ worker, read back from a prometheus_client registry."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+from waiting_helpers import TESTS
+from worker_app import make_app
 
 from celery_singleton_lock import SingletonTask, lock_lost
 from celery_singleton_lock.prometheus import LockMetrics, register_metrics
@@ -131,3 +139,54 @@ def test_registering_twice_gives_the_same_metrics_and_close_stops_counting(
         assert registry.get_sample_value("celery_singleton_lock_acquired_total", labels) == 1
     finally:
         again.close()
+
+
+def test_a_prefork_worker_counts_in_multiprocess_mode(
+    lock_redis_url: str, lock_prefix: str, tmp_path: Path, task_locks: TaskLocks
+) -> None:
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    queue = f"{lock_prefix}metrics"
+    app = make_app(lock_redis_url, lock_prefix, queue)
+    env = {
+        **os.environ,
+        "CSL_WORKER_REDIS_URL": lock_redis_url,
+        "CSL_WORKER_PREFIX": lock_prefix,
+        "CSL_WORKER_QUEUE": queue,
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+    }
+    command = [sys.executable, "-m", "celery", "-A", "metrics_app", "worker", "-P", "prefork"]
+    command += ["-c", "2", "-Q", queue, "-n", f"metrics-{lock_prefix[-13:-1]}@%h"]
+    command += ["--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "INFO"]
+    short_lease = app.tasks["worker_app.short_lease"]
+    long_lease = app.tasks["worker_app.long_lease"]
+    with (tmp_path / "worker.log").open("wb") as log:
+        worker = subprocess.Popen(
+            command,
+            cwd=TESTS,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            task_locks.assert_ran(short_lease.delay("a", 0), timeout=60)
+            task_locks.assert_ran(short_lease.delay("b", 0), timeout=60)
+            with task_locks.hold(long_lease, "c", 0):
+                task_locks.assert_skipped(long_lease.delay("c", 0), timeout=60)
+        finally:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(TIMEOUT)
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(metrics_dir))
+
+    def total(name: str, task: str) -> float | None:
+        return registry.get_sample_value(name, {"task": task})
+
+    assert total("celery_singleton_lock_acquired_total", short_lease.name) == 2
+    assert total("celery_singleton_lock_released_total", short_lease.name) == 2
+    assert total("celery_singleton_lock_skipped_total", long_lease.name) == 1
+    labels = {"task": short_lease.name, "outcome": "acquired"}
+    assert registry.get_sample_value("celery_singleton_lock_wait_seconds_count", labels) == 2
