@@ -72,6 +72,8 @@ def restartable_redis() -> Iterator[RedisServer]:
 
 @pytest.fixture
 def task_locks(lock_redis_url: str) -> Any:
+    """A :class:`~celery_singleton_lock.testing.TaskLocks` that refuses to lock in a broker
+    Redis other than the test one unless the app names its ``singleton_lock_url``."""
     from .testing import TaskLocks
 
     return TaskLocks(test_redis_url=lock_redis_url)
@@ -79,12 +81,9 @@ def task_locks(lock_redis_url: str) -> Any:
 
 @pytest.fixture(scope="session")
 def singleton_lock_config(lock_redis_url: str) -> dict[str, str]:
-    """Settings to merge into pytest-celery's (Celery's) session-scoped ``celery_config``::
-
-    @pytest.fixture(scope="session")
-    def celery_config(singleton_lock_config):
-        return {"broker_url": "memory://", **singleton_lock_config}
-    """
+    """Settings to merge into Celery's session-scoped ``celery_config`` (pytest-celery loads
+    it): ``return {"broker_url": "memory://", **singleton_lock_config}``. Locks on the test
+    Redis, under a prefix unique to the session."""
     return {
         "singleton_lock_url": lock_redis_url,
         "singleton_lock_prefix": f"{TEST_PREFIX}{uuid.uuid4().hex[:12]}:",
