@@ -10,8 +10,9 @@ Event types (the ``uuid`` of each is the run's task id, ``hostname`` its worker'
   is ``"expired"`` (nobody holds it) or ``"taken"`` (another owner does).
 - ``task-lock-released``: the run released its lock (or handed it to its retry).
 
-Every event also carries ``lock_name``, ``lock_kind`` (``lease``, ``rwlock``, ``range`` or
-``multi``), ``lock_mode`` (``exclusive``, ``read``, ``upgradable`` or ``write``),
+Every event also carries ``lock_name``, ``lock_kind`` (as ``celery locks list`` shows it:
+``lease``, ``read``, ``upgradable``, ``write``, ``range`` or ``multi``), ``lock_mode``
+(``exclusive``, ``read``, ``upgradable`` or ``write``),
 ``lock_holder`` and ``lock_token`` (the fencing token; None when skipped). The field names
 start with ``lock_`` because Flower merges an event's fields into its view of the task: a
 field called ``name`` would replace the task's name there.
@@ -88,15 +89,15 @@ def _event_hostname(task: Any) -> str | None:
 def lock_fields(task: Any, name: str, holder: str | None, lease: Any) -> dict[str, Any]:
     """The ``lock_*`` fields every event of ``task``'s lock carries."""
     options = task.lock_options
+    mode = "write" if options.range is not None and options.mode == "exclusive" else options.mode
     if options.keys is not None:
         kind = "multi"
     elif options.range is not None:
         kind = "range"
-    elif options.mode != "exclusive":
-        kind = "rwlock"
+    elif mode != "exclusive":
+        kind = mode  # a reader-writer hold, named as `celery locks list` names it
     else:
         kind = "lease"
-    mode = "write" if kind == "range" and options.mode == "exclusive" else options.mode
     return {
         "lock_name": name,
         "lock_kind": kind,

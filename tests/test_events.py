@@ -25,7 +25,7 @@ from worker_app import make_app
 from celery_singleton_lock import SingletonTask, is_skipped, lock_acquired, lock_lost, lock_skipped
 from celery_singleton_lock import events as events_module
 from celery_singleton_lock.embedded import RedisServer, free_port
-from celery_singleton_lock.events import EVENT_TYPES, EventSender, send_lock_event
+from celery_singleton_lock.events import EVENT_TYPES, EventSender, lock_fields, send_lock_event
 from celery_singleton_lock.testing import TaskLocks
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
@@ -140,7 +140,7 @@ def test_wait_time_is_the_time_the_run_was_blocked(
         task_locks.assert_ran(result)
         acquired = events.wait_for("task-lock-acquired", result.id)
     assert blocked_for <= acquired["lock_wait"] < TIMEOUT
-    assert (acquired["lock_kind"], acquired["lock_mode"]) == ("rwlock", "read")
+    assert (acquired["lock_kind"], acquired["lock_mode"]) == ("read", "read")
 
 
 def test_a_skipped_run_names_the_holder(
@@ -353,3 +353,25 @@ def test_a_prefork_worker_started_with_events_sends_them_from_its_child(
     assert acquired["lock_token"] == released["lock_token"] == token
     assert acquired["pid"] != worker.pid  # sent by the pool child that ran the task
     assert acquired["hostname"].startswith("events-")
+
+
+@pytest.mark.parametrize(
+    ("options", "kind", "mode"),
+    [
+        ({}, "lease", "exclusive"),
+        ({"lock_mode": "upgradable"}, "upgradable", "upgradable"),
+        ({"lock_range": ("lo", "hi"), "lock_key": "rows"}, "range", "write"),
+        ({"lock_range": ("lo", "hi"), "lock_key": "rows", "lock_mode": "read"}, "range", "read"),
+        ({"lock_keys": ["a:{lo}", "b:{hi}"]}, "multi", "exclusive"),
+    ],
+)
+def test_lock_kind_and_mode_name_what_the_task_takes(
+    celery_lock_app: Celery, options: dict[str, Any], kind: str, mode: str
+) -> None:
+    @celery_lock_app.task(base=SingletonTask, shared=False, **options)
+    def job(lo: int, hi: int) -> None: ...
+
+    fields = lock_fields(job, "name", "holder-1", None)
+    assert (fields["lock_kind"], fields["lock_mode"]) == (kind, mode)
+    assert fields["lock_holder"] == "holder-1"
+    assert fields["lock_token"] is None
