@@ -8,7 +8,16 @@
 - ``restartable_redis``: a private server per test that the test may ``stop()`` and
   ``start()`` again (same port, empty after restart).
 - ``task_locks``: hold the lock a SingletonTask call would take, and assert that a run was
-  skipped or ran (see :class:`celery_singleton_lock.testing.TaskLocks`).
+  skipped or ran (see :class:`celery_singleton_lock.testing.TaskLocks`). It refuses an app
+  whose locks would fall back to a broker Redis other than the test Redis.
+
+With Celery's fixtures (``celery.contrib.pytest``, loaded by pytest-celery):
+
+- ``singleton_lock_config``: settings to merge into ``celery_config``: locks on the test Redis
+  under a prefix unique to the session.
+- ``singleton_lock_app``: ``celery_app`` with a lock prefix unique to the test (and its locks
+  on the test Redis unless ``celery_config`` names a ``singleton_lock_url``); its lock client
+  is closed after the test.
 """
 
 from __future__ import annotations
@@ -23,6 +32,9 @@ import pytest
 
 from .client import LockClient
 from .embedded import RedisServer
+
+#: Every key the fixtures make starts with this, so a shared Redis shows what tests left.
+TEST_PREFIX = "csltest:"
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +54,7 @@ def lock_redis_url() -> Iterator[str]:
 @pytest.fixture
 def lock_prefix() -> str:
     """A key prefix unique to this test."""
-    return f"csltest:{uuid.uuid4().hex[:12]}:"
+    return f"{TEST_PREFIX}{uuid.uuid4().hex[:12]}:"
 
 
 @pytest.fixture
@@ -59,7 +71,36 @@ def restartable_redis() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def task_locks() -> Any:
+def task_locks(lock_redis_url: str) -> Any:
+    """A :class:`~celery_singleton_lock.testing.TaskLocks` that refuses to lock in a broker
+    Redis other than the test one unless the app names its ``singleton_lock_url``."""
     from .testing import TaskLocks
 
-    return TaskLocks()
+    return TaskLocks(test_redis_url=lock_redis_url)
+
+
+@pytest.fixture(scope="session")
+def singleton_lock_config(lock_redis_url: str) -> dict[str, str]:
+    """Settings to merge into Celery's session-scoped ``celery_config`` (pytest-celery loads
+    it): ``return {"broker_url": "memory://", **singleton_lock_config}``. Locks on the test
+    Redis, under a prefix unique to the session."""
+    return {
+        "singleton_lock_url": lock_redis_url,
+        "singleton_lock_prefix": f"{TEST_PREFIX}{uuid.uuid4().hex[:12]}:",
+    }
+
+
+@pytest.fixture
+def singleton_lock_app(celery_app: Any, lock_redis_url: str, lock_prefix: str) -> Iterator[Any]:
+    """Celery's ``celery_app`` fixture with this test's own lock prefix (the same as
+    ``lock_client``'s), and its locks on the test Redis unless ``celery_config`` names a
+    ``singleton_lock_url``. Its lock client is closed after the test."""
+    from .task import close_lock_client
+
+    conf = celery_app.conf
+    if not conf.get("singleton_lock_url"):
+        conf.singleton_lock_url = lock_redis_url
+    conf.singleton_lock_prefix = lock_prefix
+    close_lock_client(celery_app)  # a client made before this fixture has the old prefix
+    yield celery_app
+    close_lock_client(celery_app)

@@ -1,7 +1,9 @@
 """Our signals, and receivers of Celery's that release locks when worker processes end.
 
 Each of our signals is sent with the task as sender and the keyword arguments ``name``
-(the lock name), ``task_id`` and ``lease`` (None for ``lock_skipped``).
+(the lock name), ``task_id`` and ``lease`` (None for ``lock_skipped``). ``lock_acquired`` and
+``lock_skipped`` also carry ``wait`` (seconds the run waited for its lock), and
+``lock_skipped`` carries ``holder`` (the holding run's task id, or None if unknown).
 """
 
 from __future__ import annotations

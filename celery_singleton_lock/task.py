@@ -13,12 +13,16 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
+import time
 from typing import Any
 
 from celery import Task
 from celery.exceptions import Retry
 from celery.result import AsyncResult
 
+# Connects the receivers that turn our signals into Celery task events (and must be in place
+# before a worker starts, which always imports its tasks first).
+from . import events as _events  # noqa: F401
 from .claims import claim_owner
 from .client import LockClient
 from .config import AppSettings, TaskLockOptions, check_task_options
@@ -53,6 +57,14 @@ def lock_client_for(app: Any) -> LockClient:
         client = LockClient.from_url(settings.url, prefix=settings.prefix)
         app._singleton_lock_client = client
     return client
+
+
+def close_lock_client(app: Any) -> None:
+    """Close the app's :class:`LockClient`, if it made one; the next lock makes a new one
+    from the app's settings as they are then (test fixtures change them per test)."""
+    client: LockClient | None = vars(app).pop("_singleton_lock_client", None)
+    if client is not None:
+        client.close()
 
 
 class SingletonTask(Task):  # type: ignore[misc]
@@ -213,6 +225,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         name = lease.name
         if isinstance(lease, Lease):
             lease._takeover = claim_owner(task_id, request.retries or 0)
+        started = time.monotonic()
         try:
             acquired = lease.acquire(options.wait)
         except LockBackendError as exc:
@@ -221,9 +234,10 @@ class SingletonTask(Task):  # type: ignore[misc]
                 raise
             log.warning("running %s[%s] UNLOCKED: %s", self.name, task_id, exc)
             return self._run_holding(None, args, kwargs)
+        waited = time.monotonic() - started
         if not acquired:
-            return self._conflict(name, options)
-        lock_acquired.send(sender=self, name=name, task_id=task_id, lease=lease)
+            return self._conflict(name, options, waited)
+        lock_acquired.send(sender=self, name=name, task_id=task_id, lease=lease, wait=waited)
         return self._run_holding(lease, args, kwargs)
 
     def _autoretry(self, exc: LockBackendError) -> None:
@@ -270,7 +284,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _lease_lost(self, lease: LockHandle, task_id: str) -> None:
         lock_lost.send(sender=self, name=lease.name, task_id=task_id, lease=lease)
 
-    def _conflict(self, name: str, options: TaskLockOptions) -> Any:
+    def _conflict(self, name: str, options: TaskLockOptions, waited: float) -> Any:
         request = self.request
         if options.conflict == "raise":
             raise LockTimeout(f"{self.name}: lock {name!r} is taken", name=name)
@@ -281,7 +295,9 @@ class SingletonTask(Task):  # type: ignore[misc]
             )
         holder = self._holder_task_id(name)
         log.info("%s[%s] skipped: lock %r held by %s", self.name, request.id, name, holder)
-        lock_skipped.send(sender=self, name=name, task_id=request.id, lease=None)
+        lock_skipped.send(
+            sender=self, name=name, task_id=request.id, lease=None, wait=waited, holder=holder
+        )
         return skipped_result(name, holder)
 
     def _holder_task_id(self, name: str) -> str | None:

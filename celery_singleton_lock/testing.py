@@ -12,12 +12,23 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from .client import mask_password
+from .config import AppSettings
+from .exceptions import ConfigurationError
 from .handle import LockHandle
 from .task import is_skipped
 
 
 class TaskLocks:
-    """Hold, inspect and assert on the locks of SingletonTask tasks."""
+    """Hold, inspect and assert on the locks of SingletonTask tasks.
+
+    With ``test_redis_url`` (the ``task_locks`` fixture passes the test Redis), a task whose
+    app sets no ``singleton_lock_url`` and whose broker is another Redis is refused with a
+    :class:`ConfigurationError` before any Redis call: its locks would live in that broker,
+    most likely a real one, and the test would write into it."""
+
+    def __init__(self, *, test_redis_url: str | None = None) -> None:
+        self.test_redis_url = test_redis_url
 
     @contextmanager
     def hold(self, task: Any, *args: Any, **kwargs: Any) -> Iterator[LockHandle]:
@@ -35,11 +46,25 @@ class TaskLocks:
             return False
         return True
 
-    @staticmethod
-    def _blocker(task: Any, args: Any, kwargs: Any) -> LockHandle:
+    def _blocker(self, task: Any, args: Any, kwargs: Any) -> LockHandle:
+        self._check_app(task.app)
         mode = None if task.lock_options.mode == "exclusive" else "write"
         handle: LockHandle = task.make_lock(args, kwargs, mode=mode)
         return handle
+
+    def _check_app(self, app: Any) -> None:
+        conf = app.conf
+        if self.test_redis_url is None or conf.get("singleton_lock_url", None):
+            return
+        url = AppSettings.from_conf(conf).url  # the broker's, as no lock URL is set
+        if url != self.test_redis_url:
+            raise ConfigurationError(
+                "singleton_lock_url",
+                f"app {app.main!r} sets none, so its locks would go to its broker"
+                f" {mask_password(url)}, not the test Redis: merge the singleton_lock_config"
+                " fixture into celery_config, use the singleton_lock_app fixture, or set"
+                " singleton_lock_url (to lock_redis_url, or to this broker on purpose)",
+            )
 
     @staticmethod
     def value(result: Any, timeout: float = 30.0) -> Any:

@@ -1,0 +1,121 @@
+"""Prometheus metrics from this package's signals (install the ``prometheus`` extra).
+
+    from celery_singleton_lock.prometheus import register_metrics
+
+    register_metrics()              # into prometheus_client's default registry
+
+Every metric has the label ``task`` (the task name). Lock names are not labels: with the
+default key there is one per argument set, and a label per lock would grow without bound.
+
+- ``celery_singleton_lock_acquired_total``: runs that took their lock;
+- ``celery_singleton_lock_skipped_total``: runs skipped because their lock was taken;
+- ``celery_singleton_lock_lost_total``: runs whose lock was found lost while they ran;
+- ``celery_singleton_lock_released_total``: runs that released their lock (or handed it to
+  their retry);
+- ``celery_singleton_lock_wait_seconds``: a histogram of how long runs waited for their
+  lock, with the label ``outcome`` (``acquired`` or ``skipped``).
+
+The signals are sent in the process that runs the task: under the prefork pool, a child.
+Use prometheus_client's multiprocess mode there (docs/monitoring.md).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+
+from .signals import lock_acquired, lock_lost, lock_released, lock_skipped
+
+#: Buckets of the wait histogram, in seconds: most runs do not wait; ``lock_wait`` is
+#: usually seconds to minutes.
+WAIT_BUCKETS = (0.005, 0.05, 0.25, 1.0, 5.0, 15.0, 60.0, 300.0, 1800.0, float("inf"))
+
+_registered: weakref.WeakKeyDictionary[CollectorRegistry, LockMetrics] = weakref.WeakKeyDictionary()
+_registering = threading.Lock()
+
+
+class LockMetrics:
+    """The lock metrics in one registry, and the signal receivers that update them."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        name = "celery_singleton_lock_"
+        self.acquired = Counter(
+            name + "acquired", "Task runs that took their lock.", ["task"], registry=registry
+        )
+        self.skipped = Counter(
+            name + "skipped",
+            "Task runs skipped because their lock was taken.",
+            ["task"],
+            registry=registry,
+        )
+        self.lost = Counter(
+            name + "lost",
+            "Task runs whose lock was found lost while they ran.",
+            ["task"],
+            registry=registry,
+        )
+        self.released = Counter(
+            name + "released",
+            "Task runs that released their lock (or handed it to their retry).",
+            ["task"],
+            registry=registry,
+        )
+        self.wait = Histogram(
+            name + "wait_seconds",
+            "Seconds task runs waited for their lock.",
+            ["task", "outcome"],
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
+        self._receivers = (
+            (lock_acquired, self._on_acquired),
+            (lock_skipped, self._on_skipped),
+            (lock_lost, self._on_lost),
+            (lock_released, self._on_released),
+        )
+        for signal, receiver in self._receivers:
+            signal.connect(receiver, weak=False)
+
+    def close(self) -> None:
+        """Stop counting and take the metrics out of the registry."""
+        for signal, receiver in self._receivers:
+            signal.disconnect(receiver)
+        for collector in (self.acquired, self.skipped, self.lost, self.released, self.wait):
+            self.registry.unregister(collector)
+        with _registering:
+            if _registered.get(self.registry) is self:
+                del _registered[self.registry]
+
+    def _on_acquired(self, sender: Any, **kwargs: Any) -> None:
+        self.acquired.labels(task=sender.name).inc()
+        self._observe_wait(sender, "acquired", kwargs.get("wait"))
+
+    def _on_skipped(self, sender: Any, **kwargs: Any) -> None:
+        self.skipped.labels(task=sender.name).inc()
+        self._observe_wait(sender, "skipped", kwargs.get("wait"))
+
+    def _on_lost(self, sender: Any, **_: Any) -> None:
+        self.lost.labels(task=sender.name).inc()
+
+    def _on_released(self, sender: Any, **_: Any) -> None:
+        self.released.labels(task=sender.name).inc()
+
+    def _observe_wait(self, sender: Any, outcome: str, wait: float | None) -> None:
+        if wait is not None:
+            self.wait.labels(task=sender.name, outcome=outcome).observe(wait)
+
+
+def register_metrics(registry: CollectorRegistry | None = None) -> LockMetrics:
+    """Create the lock metrics in ``registry`` (default: prometheus_client's ``REGISTRY``)
+    and start updating them from this package's signals. Calling it again for the same
+    registry returns the same metrics."""
+    registry = REGISTRY if registry is None else registry
+    with _registering:
+        metrics = _registered.get(registry)
+        if metrics is None:
+            metrics = _registered[registry] = LockMetrics(registry)
+        return metrics
