@@ -250,7 +250,9 @@ def lock_info(holder: Holder, now_ms: int) -> LockInfo:
     kind = _text(holder.get("kind", "lease"))
     ranged = kind == "range"  # other kinds store lo/hi too, as [-inf, +inf]: not worth showing
     uses_heartbeat = None if beat is None else bool(beat)
-    cooling = _opt_text(holder.get("state")) == COOLDOWN and not owner
+    # A lease's delay-after has no owner; an interval hold's keeps its owner (the admin clears
+    # it by owner), so the state field alone says it was released.
+    cooling = _opt_text(holder.get("state")) == COOLDOWN
     claimed = owner is not None and owner.startswith(CLAIM_OWNER_PREFIX)
     heartbeat_age = None
     if renewed is not None and uses_heartbeat is not False and not (cooling or claimed):

@@ -2,6 +2,8 @@
 
 - A renewal already decided on (the heartbeat read its owner tokens, or its batch was on the
   wire) when ``release(delay=...)`` runs must not cut the delay-after short, whatever kind.
+- A reader-writer or range hold in delay-after is listed as a cooldown, never stale, and
+  ``clear --stale`` leaves it alone.
 """
 
 from __future__ import annotations
@@ -9,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 
-from celery_singleton_lock import LockClient
+from celery_singleton_lock import LockClient, admin, cli
 from celery_singleton_lock.heartbeat import heartbeat, renew_calls
 from celery_singleton_lock.scripts import run_batch
 
@@ -104,3 +107,40 @@ def test_lease_renewal_never_matches_an_ownerless_delay_after(lock_client: LockC
     (code,) = renew_as_sent(lock_client, both, "")
     assert code == -1
     assert_delay_intact(lock_client, both, "")
+
+
+# -- a reader-writer or range hold in delay-after is a cooldown, and --stale leaves it -------
+
+
+def run_plain(client: LockClient, lock_redis_url: str, *args: str) -> Result:
+    """``python -m celery_singleton_lock --url URL --prefix PREFIX ARGS``, in process."""
+    options = ["--url", lock_redis_url, "--prefix", client.prefix]
+    return CliRunner().invoke(cli.main, [*options, *args], catch_exceptions=False)
+
+
+def age_renewal(client: LockClient, key: bytes) -> None:
+    """Make the hold's last renewal look a minute old (as after a minute of delay-after)."""
+    client.redis.hset(key, "renewed_ms", admin.server_ms(client) - 60_000)
+
+
+@pytest.mark.parametrize("kind", ["read", "write", "range"])
+def test_interval_hold_in_delay_after_is_listed_cooldown(
+    lock_client: LockClient, lock_redis_url: str, kind: str
+) -> None:
+    handle = make_handle(lock_client, kind)
+    assert handle.acquire()
+    owner = handle._owner
+    handle.release(delay=DELAY)
+    age_renewal(lock_client, handle._keys.holder(owner))
+    (info,) = lock_client.locks("cool")
+    assert (info.state, info.evidence, info.heartbeat_age_s) == ("cooldown", "delay-after", None)
+    assert info.token == handle.token
+
+    result = run_plain(lock_client, lock_redis_url, "clear", "--stale", "--yes")
+    assert result.exit_code == 1, result.output  # nothing stale: nothing cleared
+    assert_delay_intact(lock_client, handle, owner)
+    assert [i.state for i in lock_client.locks("cool")] == ["cooldown"]
+
+    # Cleared by name, as a lease's delay-after is: explicit, and not live.
+    assert lock_client.clear("cool") is True
+    assert lock_client.locks("cool") == []
