@@ -4,6 +4,8 @@
   wire) when ``release(delay=...)`` runs must not cut the delay-after short, whatever kind.
 - A reader-writer or range hold in delay-after is listed as a cooldown, never stale, and
   ``clear --stale`` leaves it alone.
+- A clear of a lock listed stale re-checks, in the clearing script, that it was not renewed
+  since: a holder whose heartbeat resumed (a pause, a prompt left open) keeps its lock.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from celery_singleton_lock import LockClient, admin, cli
+from celery_singleton_lock import LockClient, LockError, admin, cli
 from celery_singleton_lock.heartbeat import heartbeat, renew_calls
 from celery_singleton_lock.scripts import run_batch
 
@@ -144,3 +146,101 @@ def test_interval_hold_in_delay_after_is_listed_cooldown(
     # Cleared by name, as a lease's delay-after is: explicit, and not live.
     assert lock_client.clear("cool") is True
     assert lock_client.locks("cool") == []
+
+
+# -- clear --stale re-checks staleness in the clear itself -----------------------------------
+
+
+def pause_heartbeat(client: LockClient, handle: Any) -> None:
+    """What a holder paused for a minute (GC, VM stop) looks like: its last renewal is old."""
+    from celery_singleton_lock.intervals import IntervalHandle
+    from celery_singleton_lock.multi import MultiLease
+
+    assert handle._owner is not None
+    if isinstance(handle, IntervalHandle):
+        keys = [handle._keys.holder(handle._owner)]
+    elif isinstance(handle, MultiLease):
+        keys = [k.lock for k in handle._keys]
+    else:
+        keys = [handle._keys.lock]
+    for key in keys:
+        age_renewal(client, key)
+
+
+def assert_still_held(client: LockClient, handle: Any) -> None:
+    heartbeat().tick()  # a cleared holder would find out here
+    assert handle.held and not handle.lost
+    assert {i.state for i in client.locks("cool*")} == {"live"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_stale_clear_leaves_a_lock_whose_heartbeat_resumed(
+    lock_client: LockClient, kind: str
+) -> None:
+    handle = make_handle(lock_client, kind)
+    assert handle.acquire()
+    pause_heartbeat(lock_client, handle)
+    listed = lock_client.locks("cool*")
+    assert listed and {i.state for i in listed} == {"stale"}
+    heartbeat().tick()  # the holder wakes up before the admin clears
+    assert [admin.clear_listed(lock_client, info) for info in listed] == [admin.RESUMED] * len(
+        listed
+    )
+    assert [admin.clear_info(lock_client, info) for info in listed] == [False] * len(listed)
+    assert_still_held(lock_client, handle)
+    # Explicit force clears what was listed, live or not.
+    assert {admin.clear_listed(lock_client, info, force=True) for info in listed} == {admin.CLEARED}
+    heartbeat().tick()
+    assert handle.lost
+
+
+def test_stale_clear_still_clears_a_lock_that_stayed_stale(lock_client: LockClient) -> None:
+    lease = make_handle(lock_client, "lease")
+    assert lease.acquire()
+    pause_heartbeat(lock_client, lease)
+    (listed,) = lock_client.locks("cool")
+    assert listed.state == "stale"
+    assert admin.clear_listed(lock_client, listed) == admin.CLEARED
+    assert lock_client.locks() == []
+
+
+def test_cli_clear_stale_after_the_heartbeat_resumed(
+    lock_client: LockClient, lock_redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lease = make_handle(lock_client, "lease")
+    assert lease.acquire()
+    pause_heartbeat(lock_client, lease)
+    confirm = cli._confirm
+
+    def confirm_slowly(ctx: Any, infos: Any, *, yes: bool, color: bool) -> None:
+        confirm(ctx, infos, yes=yes, color=color)
+        heartbeat().tick()  # while the operator read the list, the holder woke up
+
+    monkeypatch.setattr(cli, "_confirm", confirm_slowly)
+    result = run_plain(lock_client, lock_redis_url, "clear", "--stale", "--yes")
+    assert result.exit_code == 1, result.output
+    assert "left cool (lease, token" in result.stdout
+    assert "alone: heartbeat resumed since it was listed stale" in result.stdout
+    assert "cleared 0 of 1 lock(s)" in result.stdout
+    assert_still_held(lock_client, lease)
+    lease.release()
+
+
+def test_client_clear_says_when_the_heartbeat_resumed(
+    lock_client: LockClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lease = make_handle(lock_client, "lease")
+    assert lease.acquire()
+    pause_heartbeat(lock_client, lease)
+    list_locks = admin.list_locks
+
+    def list_then_resume(*args: Any, **kwargs: Any) -> list[admin.LockInfo]:
+        infos = list_locks(*args, **kwargs)
+        heartbeat().tick()  # the holder wakes up between the read and the clear
+        return infos
+
+    monkeypatch.setattr(admin, "list_locks", list_then_resume)
+    with pytest.raises(LockError, match="heartbeat resumed"):
+        lock_client.clear("cool")
+    assert_still_held(lock_client, lease)
+    lease.release()
