@@ -42,17 +42,17 @@ def renew_as_sent(client: LockClient, handle: Any, owner: str) -> list[int]:
     return decode(client._call(run_batch, client.redis, calls))
 
 
-def make_handle(client: LockClient, kind: str) -> Any:
+def make_handle(client: LockClient, kind: str, **options: Any) -> Any:
     if kind == "lease":
-        return client.lease("cool", ttl=3)
+        return client.lease("cool", ttl=3, **options)
     if kind == "multi":
-        return client.multi(["cool-a", "cool-b"], ttl=3)
+        return client.multi(["cool-a", "cool-b"], ttl=3, **options)
     if kind == "read":
-        return client.rwlock("cool").read(ttl=3)
+        return client.rwlock("cool").read(ttl=3, **options)
     if kind == "write":
-        return client.rwlock("cool").write(ttl=3)
+        return client.rwlock("cool").write(ttl=3, **options)
     assert kind == "range"
-    return client.range_lock("cool").write(0, 10, ttl=3)
+    return client.range_lock("cool").write(0, 10, ttl=3, **options)
 
 
 def hold_keys(handle: Any, owner: str) -> list[bytes]:
@@ -99,12 +99,14 @@ def test_renewal_with_the_old_owner_after_a_delayed_release(
 def test_tick_of_a_handle_released_after_it_was_listed(lock_client: LockClient, kind: str) -> None:
     # The tick listed the handle, then the holder released (dropping its owner token), then
     # the tick read the owner tokens and renewed.
-    handle = make_handle(lock_client, kind)
+    lost: list[Any] = []
+    handle = make_handle(lock_client, kind, on_lost=lost.append)
     assert handle.acquire()
     owner = handle._owner
     handle.release(delay=DELAY)
     heartbeat()._renew([handle])
     assert_delay_intact(lock_client, handle, owner)
+    assert not handle.lost and lost == []  # released, not lost
 
 
 def test_lease_renewal_never_matches_an_ownerless_delay_after(lock_client: LockClient) -> None:
