@@ -345,3 +345,35 @@ def test_worker_check_trusts_only_the_holders_own_worker(
     )
     quiet.release()
     gone.release()
+
+
+def test_singleton_task_records_its_worker_node_under_the_threads_pool(
+    lock_client: LockClient, celery_lock_app: Celery
+) -> None:
+    # The threads pool puts the machine's name in request.hostname; the node name is needed.
+    app = celery_lock_app
+    node = f"csltest-threads-{uuid.uuid4().hex[:8]}@{socket.gethostname()}"
+    started, finish = threading.Event(), threading.Event()
+
+    @app.task(base=SingletonTask, bind=True, name="csltest.recorded", lock_ttl=30)
+    def recorded(self: Any) -> None:
+        started.set()
+        finish.wait(30)
+
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=1,
+        hostname=node,
+        perform_ping_check=False,
+        shutdown_timeout=20,
+        loglevel="WARNING",
+    ):
+        try:
+            result = recorded.delay()
+            assert started.wait(30)
+            (info,) = lock_client.locks()
+        finally:
+            finish.set()
+        result.get(timeout=30)
+    assert (info.task_id, info.worker, info.info) == (result.id, node, None)
