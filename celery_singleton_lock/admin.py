@@ -1,14 +1,14 @@
 """The admin side of the lock core: who holds what, live or stale, and clearing safely.
 
 Every lock kind has a *lister*: one function that reads its holders (one dict per holder) and
-one that clears a listed holder if it is still the same one. Leases are listed here; the other
-kinds (``rwlock``, ``rangelock``, ``multi``) plug in through their modules' ``list_holders``
-and ``clear_holder``.
+one that clears a listed holder if it is still the same one (and, if it was listed stale, not
+renewed since). Leases are listed here; the other kinds (``rwlock``, ``rangelock``,
+``multi``) plug in through their modules' ``list_holders``.
 
 A holder dict has the fields ``name kind owner token acquired_ms renewed_ms ttl_ms
 deadline_ms host pid thread task_name task_id worker lo hi pttl_ms`` (bytes, str or int;
-missing means unknown) and optionally ``heartbeat`` (1/0) and ``state``. Ages are computed against
-the Redis server's clock (one TIME call per listing), never this machine's.
+missing means unknown) and optionally ``heartbeat`` (1/0) and ``state``. Ages are computed
+against the Redis server's clock (one TIME call per listing), never this machine's.
 
 The lock core decides staleness from the heartbeat alone; the Celery layer adds *checks*
 (workers' active tasks, the result backend) that may restate a lock still marked live.
