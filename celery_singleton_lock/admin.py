@@ -1,14 +1,14 @@
 """The admin side of the lock core: who holds what, live or stale, and clearing safely.
 
 Every lock kind has a *lister*: one function that reads its holders (one dict per holder) and
-one that clears a listed holder if it is still the same one. Leases are listed here; the other
-kinds (``rwlock``, ``rangelock``, ``multi``) plug in through their modules' ``list_holders``
-and ``clear_holder``.
+one that clears a listed holder if it is still the same one (and, if it was listed stale, not
+renewed since). Leases are listed here; the other kinds (``rwlock``, ``rangelock``,
+``multi``) plug in through their modules' ``list_holders``.
 
 A holder dict has the fields ``name kind owner token acquired_ms renewed_ms ttl_ms
-deadline_ms host pid thread task_name task_id lo hi pttl_ms`` (bytes, str or int; missing
-means unknown) and optionally ``heartbeat`` (1/0) and ``state``. Ages are computed against
-the Redis server's clock (one TIME call per listing), never this machine's.
+deadline_ms host pid thread task_name task_id worker lo hi pttl_ms`` (bytes, str or int;
+missing means unknown) and optionally ``heartbeat`` (1/0) and ``state``. Ages are computed
+against the Redis server's clock (one TIME call per listing), never this machine's.
 
 The lock core decides staleness from the heartbeat alone; the Celery layer adds *checks*
 (workers' active tasks, the result backend) that may restate a lock still marked live.
@@ -17,7 +17,6 @@ The lock core decides staleness from the heartbeat alone; the Celery layer adds 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import math
 import re
@@ -55,6 +54,15 @@ MISSED_TICKS = 2
 #: Keys read per pipeline round trip.
 BATCH = 500
 
+#: What clearing a listed holder did (the clear scripts' codes).
+CLEARED = 1
+#: Released, expired or taken again since it was listed: nothing to clear.
+GONE = 0
+#: Another holder has it now.
+TAKEN = -1
+#: Listed stale, renewed since: its heartbeat resumed (a paused process, a prompt left open).
+RESUMED = -2
+
 Holder = dict[str, Any]
 
 
@@ -88,8 +96,13 @@ class LockInfo:
     hi: int | float | str | None = None
     #: For range locks: read, upgradable or write.
     mode: str | None = None
-    #: The holder's ``owner_info`` other than ``task_name`` and ``task_id`` (None: nothing).
+    #: The holder's ``owner_info`` other than ``task_name``, ``task_id`` and ``worker``.
     info: dict[str, Any] | None = None
+    #: The Celery worker node that ran the holder's task (``celery@host``), if recorded.
+    worker: str | None = None
+    #: The server time (ms) of the holder's last renewal as listed: a clear of a stale lock
+    #: checks that it is unchanged. Not part of ``to_dict``.
+    renewed_ms: int | None = dataclasses.field(default=None, repr=False)
 
     @property
     def undecided(self) -> bool:
@@ -102,7 +115,9 @@ class LockInfo:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``--json`` (documented in docs/admin.md)."""
-        return dataclasses.asdict(self)
+        document = dataclasses.asdict(self)
+        del document["renewed_ms"]
+        return document
 
 
 #: A check looks at the listed locks and returns them, some perhaps restated.
@@ -115,8 +130,9 @@ class Lister:
 
     kinds: tuple[str, ...]
     list_holders: Callable[[LockClient, str | None], list[Holder]]
-    #: Clear the listed holder if it still holds; True if cleared.
-    clear_holder: Callable[[LockClient, Holder], bool]
+    #: Clear the listed holder if it still holds (and, when the holder dict has a
+    #: ``renewed_ms``, was not renewed since); CLEARED, GONE, TAKEN or RESUMED.
+    clear_holder: Callable[[LockClient, Holder], int]
 
 
 # -- leases ----------------------------------------------------------------------------------
@@ -158,13 +174,15 @@ def list_lease_holders(client: LockClient, pattern: str | None) -> list[Holder]:
     return holders
 
 
-def clear_lease_holder(client: LockClient, holder: Holder) -> bool:
-    """Delete the lease (or the delay-after any holder left on a lease key) if it still
-    carries the listed fencing token (clear.lua)."""
+def clear_lease_holder(client: LockClient, holder: Holder) -> int:
+    """Delete the lease (or one name of a multi-key lock, or the delay-after any holder left
+    on a lease key) if it still carries the listed fencing token and, when the holder dict
+    has a ``renewed_ms``, was not renewed since (clear.lua); a code of clear.lua."""
     keys = lock_keys(client.prefix, _text(holder["name"]))
     script = _clear_script(client)
-    code = client._call(script, keys=(keys.lock,), args=(str(holder["token"]), keys.channel))
-    return int(code) == 1
+    renewed = holder.get("renewed_ms")
+    args = (str(holder["token"]), keys.channel, "" if renewed is None else str(renewed))
+    return int(client._call(script, keys=(keys.lock,), args=args))
 
 
 def _clear_script(client: LockClient) -> Any:
@@ -179,31 +197,35 @@ LEASES = Lister(("lease",), list_lease_holders, clear_lease_holder)
 
 @cache
 def listers() -> tuple[Lister, ...]:
-    """Leases, reader-writer, range and multi-key locks: each module lists and clears its own
-    holders with ``list_holders(client, pattern)`` and ``clear_holder(client, name, owner)``."""
+    """Leases, reader-writer, range and multi-key locks: each module lists its own holders
+    with ``list_holders(client, pattern)``. A multi-key lock holds each name in a lease's
+    hash, so its names are cleared as leases are: by fencing token, one name at a time."""
     # Imported here: those modules build on the client, which imports this module.
     from . import multi, rangelock, rwlock
 
     return (
         LEASES,
-        Lister(
-            ("read", "write", "upgradable"), rwlock.list_holders, _by_owner(rwlock.clear_holder)
-        ),
-        Lister(("range",), rangelock.list_holders, _by_owner(rangelock.clear_holder)),
-        Lister(("multi",), multi.list_holders, _by_owner(multi.clear_holder)),
+        Lister(("read", "write", "upgradable"), rwlock.list_holders, _interval_clear(b"rw")),
+        Lister(("range",), rangelock.list_holders, _interval_clear(b"range")),
+        Lister(("multi",), multi.list_holders, clear_lease_holder),
     )
 
 
-def _by_owner(clear_holder: Callable[..., bool]) -> Callable[[LockClient, Holder], bool]:
-    # The contract is clear_holder(client, name, owner); a module that also takes the fencing
-    # token gets it, so a holder that left and came back under the same owner is left alone.
-    takes_token = "token" in inspect.signature(clear_holder).parameters
+def _interval_clear(family: bytes) -> Callable[[LockClient, Holder], int]:
+    """Clear one hold of an interval lock by its owner and fencing token (so a holder that
+    left and came back under the same owner is left alone)."""
+    from .intervals import clear_hold
 
-    def clear(client: LockClient, holder: Holder) -> bool:
-        name, owner = _text(holder["name"]), _text(holder.get("owner") or "")
-        if takes_token and holder.get("token") is not None:
-            return bool(clear_holder(client, name, owner, token=int(holder["token"])))
-        return bool(clear_holder(client, name, owner))
+    def clear(client: LockClient, holder: Holder) -> int:
+        token = holder.get("token")
+        return clear_hold(
+            client,
+            family,
+            _text(holder["name"]),
+            _text(holder.get("owner") or ""),
+            token=None if token is None else int(token),
+            renewed_ms=holder.get("renewed_ms"),
+        )
 
     return clear
 
@@ -250,7 +272,9 @@ def lock_info(holder: Holder, now_ms: int) -> LockInfo:
     kind = _text(holder.get("kind", "lease"))
     ranged = kind == "range"  # other kinds store lo/hi too, as [-inf, +inf]: not worth showing
     uses_heartbeat = None if beat is None else bool(beat)
-    cooling = _opt_text(holder.get("state")) == COOLDOWN and not owner
+    # A lease's delay-after has no owner; an interval hold's keeps its owner (the admin clears
+    # it by owner), so the state field alone says it was released.
+    cooling = _opt_text(holder.get("state")) == COOLDOWN
     claimed = owner is not None and owner.startswith(CLAIM_OWNER_PREFIX)
     heartbeat_age = None
     if renewed is not None and uses_heartbeat is not False and not (cooling or claimed):
@@ -286,6 +310,8 @@ def lock_info(holder: Holder, now_ms: int) -> LockInfo:
         hi=_bound(holder.get("hi")) if ranged else None,
         mode=_opt_text(holder.get("mode")) if ranged else None,
         info=_owner_info(holder.get("info")),
+        worker=_opt_text(holder.get("worker")),
+        renewed_ms=renewed,
     )
 
 
@@ -293,16 +319,26 @@ def lock_info(holder: Holder, now_ms: int) -> LockInfo:
 
 
 def clear_info(client: LockClient, info: LockInfo) -> bool:
-    """Clear the listed holder ``info`` if it still holds (token/owner-checked, atomic):
-    True if cleared, False if it was gone or the name has another holder now."""
+    """Clear the listed holder ``info`` if it still holds (token/owner-checked, atomic), and,
+    if it was listed stale, only if it was not renewed since: True if cleared, False if it
+    was gone, the name has another holder now, or its heartbeat resumed."""
+    return clear_listed(client, info) == CLEARED
+
+
+def clear_listed(client: LockClient, info: LockInfo, *, force: bool = False) -> int:
+    """Clear the listed holder ``info`` in one atomic step that checks it is still that
+    holder (its fencing token) and, unless ``force``, that a holder listed stale is still
+    stale: not renewed since it was listed. CLEARED, GONE, TAKEN or RESUMED."""
     holder: Holder = {"name": info.name, "kind": info.kind, "owner": info.owner or ""}
     holder.update(token=info.token, lo=info.lo, hi=info.hi)
+    if info.state == STALE and not force and info.renewed_ms is not None:
+        holder["renewed_ms"] = info.renewed_ms
     if info.state == COOLDOWN and info.kind in ("lease", "multi"):
         return LEASES.clear_holder(client, holder)  # an ownerless hash on a lease key
     for lister in listers():
         if info.kind in lister.kinds:
             return lister.clear_holder(client, holder)
-    return False
+    return GONE
 
 
 def clear(client: LockClient, name: str, *, token: int | None = None, force: bool = False) -> bool:
@@ -310,7 +346,9 @@ def clear(client: LockClient, name: str, *, token: int | None = None, force: boo
 
     Refuses, clearing nothing, with :class:`LockError` if one of them is live (its
     heartbeat is fresh, or it has no heartbeat) and ``force`` is false. Returns True if
-    something was cleared; a lock re-acquired since it was read is left alone.
+    something was cleared; a lock re-acquired since it was read is left alone. Without
+    ``force``, a holder read as stale whose heartbeat resumed before the clear is left alone
+    too, and :class:`LockError` says so (after the other holders were cleared).
     """
     infos = [
         info
@@ -322,8 +360,12 @@ def clear(client: LockClient, name: str, *, token: int | None = None, force: boo
         raise LockError(
             f"lock {name!r} is live ({live[0].evidence}); clear it with force=True", name=name
         )
-    cleared = [clear_info(client, info) for info in infos]
-    return any(cleared)
+    codes = [clear_listed(client, info, force=force) for info in infos]
+    if RESUMED in codes:
+        raise LockError(
+            f"lock {name!r} left alone: heartbeat resumed since it was listed stale", name=name
+        )
+    return CLEARED in codes
 
 
 # -- names and patterns ----------------------------------------------------------------------

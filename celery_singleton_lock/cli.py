@@ -227,7 +227,9 @@ def clear_locks(
     yes: bool,
 ) -> None:
     """Clear locks: the named ones, every stale one, or all. Each is cleared only if it
-    still has the holder that was listed, so a lock taken again meanwhile is left alone.
+    still has the holder that was listed, so a lock taken again meanwhile is left alone,
+    and (without --force, always with --stale) a lock listed stale only if its heartbeat
+    has not resumed since.
 
     Exit 1 when nothing matched (or the prompt was declined), 2 when a live lock would need
     --force or there is no terminal to confirm on and no --yes.
@@ -255,9 +257,12 @@ def clear_locks(
         _confirm(ctx, infos, yes=yes, color=_color(session))
         cleared = 0
         for info in infos:
-            done = admin.clear_info(client, info)
-            cleared += done
-            click.echo(output.clear_line(info, done))
+            # Re-checked at the clear: a lock listed stale whose heartbeat resumed since (a
+            # paused holder, this prompt left open) is left alone; --force on named locks
+            # clears whatever they are.
+            outcome = admin.clear_listed(client, info, force=force and not stale)
+            cleared += outcome == admin.CLEARED
+            click.echo(output.clear_line(info, outcome))
     click.echo(f"cleared {cleared} of {len(infos)} lock(s)")
     ctx.exit(EXIT_OK if cleared else EXIT_NOTHING)
 

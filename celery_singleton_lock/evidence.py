@@ -10,20 +10,25 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .admin import LIVE, STALE, Check, LockInfo
+from .admin import LIVE, NO_EVIDENCE, STALE, Check, LockInfo
 
 log = logging.getLogger("celery_singleton_lock.admin")
 
-NOT_ACTIVE = "not active on any worker"
+#: Evidence of a lock whose holder's own worker answered without the holder's task.
+NOT_ACTIVE = "not active on its worker"
 #: Result states after which a task holds nothing any more.
 FINISHED_STATES = ("SUCCESS", "FAILURE", "REVOKED")
 
 
 def worker_check(app: Any, *, timeout: float) -> Check:
     """Ask the workers (``inspect().active()``, waiting ``timeout`` s for replies) which
-    tasks run now. A holder's task that runs is ``live``; one that does not is ``stale``,
-    but only if a worker on the holder's host answered: a worker that was slow to reply
-    must not make its own locks look abandoned."""
+    tasks run now. A holder's task that runs on some worker is ``live``.
+
+    Only the holder's own worker node (recorded by SingletonTask as ``worker``) can say its
+    task is not running: a lock without a heartbeat whose node answered without the task is
+    ``stale``. A node that did not answer (busy, like a solo worker running that very task,
+    or slow) is no evidence, nor is any other worker's answer, even on the same host; and a
+    fresh heartbeat always wins, so a lock that has one is never made stale here."""
 
     def check(infos: list[LockInfo]) -> list[LockInfo]:
         asking = [info for info in infos if info.undecided and info.task_id]
@@ -38,14 +43,13 @@ def worker_check(app: Any, *, timeout: float) -> Check:
         for node, tasks in replies.items():
             for task in tasks or ():
                 running[str(task.get("id"))] = node
-        hosts = {_short(node.partition("@")[2] or node) for node in replies}
         out = []
         for info in infos:
             if info.undecided and info.task_id:
                 if info.task_id in running:
                     info = info.restated(LIVE, f"active on worker {running[info.task_id]}")
-                elif info.host is not None and _short(info.host) in hosts:
-                    info = info.restated(STALE, NOT_ACTIVE)
+                elif info.evidence == NO_EVIDENCE and info.worker in replies:
+                    info = info.restated(STALE, f"{NOT_ACTIVE} {info.worker}")
             out.append(info)
         return out
 
@@ -79,8 +83,3 @@ def backend_check(app: Any) -> Check | None:
         return out
 
     return check
-
-
-def _short(host: str) -> str:
-    """``worker1.example.com`` -> ``worker1``: a worker's node name may use either form."""
-    return host.split(".", 1)[0].lower()

@@ -59,7 +59,7 @@ os.register_at_fork(after_in_child=_Process.forked)
 
 #: Keys of ``owner_info`` stored as fields of their own (admin columns, lookups by task);
 #: the rest is stored as one JSON field, ``info``.
-OWN_INFO_FIELDS = ("task_name", "task_id")
+OWN_INFO_FIELDS = ("task_name", "task_id", "worker")
 
 #: A waiter whose holder has no expiry (never made by this package) looks again this often.
 NO_EXPIRY_RECHECK = 1.0

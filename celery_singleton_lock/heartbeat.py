@@ -242,8 +242,14 @@ class Heartbeat:
     def _renew(self, handles: list[Renewable]) -> None:
         """One round trip (per node on a Cluster): script calls batched in a pipeline."""
         client = handles[0]._client
-        owners = [handle._owner for handle in handles]
-        entries = [(h, owner or "", h._ttl_ms) for h, owner in zip(handles, owners, strict=True)]
+        # A handle released since the tick listed it has no owner token any more: renewing
+        # it with none would renew its delay-after instead (the scripts refuse that too).
+        held = [(handle, owner) for handle in handles if (owner := handle._owner) is not None]
+        if not held:
+            return
+        handles = [handle for handle, _ in held]
+        owners = [owner for _, owner in held]
+        entries = [(h, owner, h._ttl_ms) for h, owner in held]
         calls, decode = renew_calls(client, entries)
         sent_at = time.monotonic()
         try:

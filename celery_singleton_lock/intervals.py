@@ -259,22 +259,49 @@ def clear_holder(
 ) -> bool:
     """Remove the holder ``owner`` of interval lock ``name`` (if ``token`` is given, only if
     that is still its fencing token) and wake waiters. True if something was removed."""
+    return clear_hold(client, family, name, owner, token=token) == 1
+
+
+def clear_hold(
+    client: LockClient,
+    family: bytes,
+    name: str,
+    owner: str,
+    *,
+    token: int | None = None,
+    renewed_ms: int | None = None,
+) -> int:
+    """:func:`clear_holder` for the admin tools, with the script's code: 1 removed, 0 not
+    held, -1 the fencing token differs, -2 renewed since ``renewed_ms`` (when given: the
+    renewal time it had when listed stale, so a holder whose heartbeat resumed stays)."""
     name = arguments.check_name(name)
     owner = arguments.check_name(owner, "owner")
     keys = interval_keys(client.prefix, name, family)
-    return release_hold(client, keys, owner, 0, "" if token is None else str(int(token))) == 1
+    return release_hold(
+        client,
+        keys,
+        owner,
+        0,
+        "" if token is None else str(int(token)),
+        "" if renewed_ms is None else str(int(renewed_ms)),
+    )
 
 
 def release_hold(
-    client: LockClient, keys: IntervalKeys, owner: str, delay_ms: int, token: str = ""
+    client: LockClient,
+    keys: IntervalKeys,
+    owner: str,
+    delay_ms: int,
+    token: str = "",
+    renewed_ms: str = "",
 ) -> int:
     """One run of interval_release.lua: release ``owner``'s hold (after ``delay_ms`` of
-    delay-after), only if its fencing token is ``token`` when one is given; 1 released,
-    0 not held, -1 the token differs."""
+    delay-after), only if its fencing token is ``token`` and its last renewal ``renewed_ms``
+    when they are given; 1 released, 0 not held, -1 the token differs, -2 renewed since."""
     code = client._call(
         scripts(client).release,
         keys=keys.all(owner)[:11],
-        args=[owner, delay_ms, keys.channel, token],
+        args=[owner, delay_ms, keys.channel, token, renewed_ms],
     )
     return int(code)
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import click
 
-from .admin import COOLDOWN, LIVE, STALE, LockInfo
+from .admin import CLEARED, COOLDOWN, LIVE, RESUMED, STALE, LockInfo
 
 #: Color and boldness of each state.
 STATE_STYLES = {LIVE: ("green", False), STALE: ("red", True), COOLDOWN: ("yellow", False)}
@@ -62,11 +62,13 @@ def show_details(infos: Sequence[LockInfo], *, as_json: bool, color: bool) -> No
             click.echo(f"{key.ljust(width)}  {text}", color=color)
 
 
-def clear_line(info: LockInfo, cleared: bool) -> str:
-    """One line of ``clear`` output."""
+def clear_line(info: LockInfo, outcome: int) -> str:
+    """One line of ``clear`` output for ``outcome`` (admin.CLEARED, GONE, TAKEN, RESUMED)."""
     what = f"{_name(info)} ({info.kind}, token {info.token})"
-    if cleared:
+    if outcome == CLEARED:
         return f"cleared {what}"
+    if outcome == RESUMED:
+        return f"left {what} alone: heartbeat resumed since it was listed stale"
     return f"left {what} alone: released, expired or taken again since it was listed"
 
 

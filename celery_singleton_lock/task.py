@@ -49,6 +49,23 @@ def is_skipped(result: Any) -> bool:
     return isinstance(result, dict) and result.get(_RESULT_MARK) == SKIPPED
 
 
+def worker_node(request: Any) -> str | None:
+    """The node name (``celery@host``) of the worker running ``request``, None if unknown.
+
+    Celery's threads and solo pools put the machine's host name in ``request.hostname``
+    (only the prefork children get the node name there); the worker's own request object,
+    among the active ones of this process, has the node name."""
+    hostname = request.hostname
+    if hostname and "@" in hostname:
+        return str(hostname)
+    from celery.worker import state
+
+    for active in tuple(state.active_requests):
+        if active.id == request.id:
+            return str(active.hostname)
+    return None
+
+
 def lock_client_for(app: Any) -> LockClient:
     """The app's :class:`LockClient` (one per app; safe across fork)."""
     client: LockClient | None = getattr(app, "_singleton_lock_client", None)
@@ -216,10 +233,15 @@ class SingletonTask(Task):  # type: ignore[misc]
             return super().__call__(*args, **kwargs)  # a plain function call: no lock
         options = self.lock_options
         task_id = request.id
+        owner_info = {"task_name": self.name, "task_id": task_id}
+        node = worker_node(request)
+        if node is not None:
+            # Only that node's answer can say the task is not active (evidence.py).
+            owner_info["worker"] = node
         lease = self.make_lock(
             args,
             kwargs,
-            owner_info={"task_name": self.name, "task_id": task_id},
+            owner_info=owner_info,
             on_lost=lambda lost: self._lease_lost(lost, task_id),
         )
         name = lease.name

@@ -43,6 +43,7 @@ LOCK_SCHEMA: dict[str, Any] = {
     "hi": (int, float, str, type(None)),
     "mode": (str, type(None)),
     "info": (dict, type(None)),
+    "worker": (str, type(None)),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -321,15 +322,33 @@ def test_evidence_from_live_workers(app: Celery, lock_client: LockClient) -> Non
             started.set()
             finish.wait(20)
 
+    node = f"csltest-{uuid.uuid4().hex[:8]}@{socket.gethostname()}"
     with start_worker(
-        app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=20
+        app,
+        pool="threads",
+        concurrency=2,
+        hostname=node,
+        perform_ping_check=False,
+        shutdown_timeout=20,
     ):
         try:
             hold_lock.delay()
             assert started.wait(15)
-            hold(lock_client, "orphan", owner_info={"task_id": "gone", "task_name": "x"})
-            elsewhere = hold(lock_client, "elsewhere", owner_info={"task_id": "gone-2"})
-            lock_client.redis.hset(elsewhere._keys.lock, "host", "another-machine")
+            # Its own worker answers without its task, and it has no heartbeat to say more.
+            hold(
+                lock_client,
+                "orphan",
+                heartbeat=False,
+                owner_info={"task_id": "gone", "task_name": "x", "worker": node},
+            )
+            # A fresh heartbeat wins over "not active": something still renews it.
+            hold(lock_client, "renewed", owner_info={"task_id": "gone-3", "worker": node})
+            hold(
+                lock_client,
+                "elsewhere",
+                heartbeat=False,
+                owner_info={"task_id": "gone-2", "worker": "celery@another-machine"},
+            )
             deadline = time.monotonic() + 10
             while not app.control.inspect(timeout=0.5).ping():
                 assert time.monotonic() < deadline, "the worker never answered"
@@ -338,9 +357,10 @@ def test_evidence_from_live_workers(app: Celery, lock_client: LockClient) -> Non
             states = {d["name"]: (d["state"], d["evidence"]) for d in json.loads(result.stdout)}
             assert states["held-by-task"][0] == "live"
             assert states["held-by-task"][1].startswith("active on worker ")
-            assert states["orphan"] == ("stale", "not active on any worker")
-            # No worker on the holder's host answered: no evidence either way.
-            assert states["elsewhere"] == ("live", "heartbeat fresh")
+            assert states["orphan"] == ("stale", f"not active on its worker {node}")
+            assert states["renewed"] == ("live", "heartbeat fresh")
+            # The holder's worker did not answer: no evidence either way.
+            assert states["elsewhere"] == ("live", "no evidence")
             asked_nobody = run_celery(app, "--timeout", "0", "list", "--stale")
             assert asked_nobody.exit_code == 1
         finally:

@@ -2,16 +2,22 @@
 -- KEYS[1]: lock hash
 -- ARGV[1]: expected fencing token (of the holder, or of the delay-after it left behind)
 -- ARGV[2]: wake-up channel
+-- ARGV[3]: the holder's renewed_ms when it was listed stale ('': do not check; a forced
+--          clear, or a delay-after)
 -- returns 1   cleared; waiters were woken
 --         0   gone: released or expired since it was listed
 --        -1   another holder has the name now: left alone
+--        -2   renewed since it was listed stale (its heartbeat resumed): left alone
 -- The holder whose lease was cleared finds out at its next heartbeat (renew.lua returns 0).
-local token = redis.call('HGET', KEYS[1], 'token')
-if not token then
+local holder = redis.call('HMGET', KEYS[1], 'token', 'renewed_ms')
+if not holder[1] then
   return 0
 end
-if token ~= ARGV[1] then
+if holder[1] ~= ARGV[1] then
   return -1
+end
+if ARGV[3] ~= '' and tonumber(holder[2]) ~= tonumber(ARGV[3]) then
+  return -2
 end
 redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[2], 'cleared')

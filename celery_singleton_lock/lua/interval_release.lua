@@ -3,9 +3,12 @@
 -- KEYS: see interval_common.lua (1..11; KEYS[8] is the holder's hash)
 -- ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)   ARGV[3]: wake-up channel
 -- ARGV[4]: fencing token the holder must have ('' : any)
+-- ARGV[5]: renewed_ms the holder must still have ('' : any): the admin's clear of a hold it
+--          listed stale leaves it alone once its heartbeat resumed
 -- returns 1   released (or, for a waiter, its reservation withdrawn)
 --         0   not held: the hold expired (or was cleared)
 --        -1   the holder's fencing token is not ARGV[4]
+--        -2   the holder was renewed since it was listed (renewed_ms is not ARGV[5])
 local owner = ARGV[1]
 prune(0, true)
 local woke = false
@@ -17,6 +20,10 @@ local result = 0
 if expiry then
   if ARGV[4] ~= '' and redis.call('HGET', KEYS[8], 'token') ~= ARGV[4] then
     return -1
+  end
+  local renewed = redis.call('HGET', KEYS[8], 'renewed_ms')
+  if ARGV[5] and ARGV[5] ~= '' and tonumber(renewed) ~= tonumber(ARGV[5]) then
+    return -2
   end
   local delay = tonumber(ARGV[2])
   if delay > 0 then

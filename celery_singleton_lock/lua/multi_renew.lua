@@ -2,7 +2,7 @@
 -- KEYS: the lock hashes of lock 1, then of lock 2, ... (ARGV says how many each)
 -- ARGV[3i-2]: key count of lock i   ARGV[3i-1]: its owner token   ARGV[3i]: lease, ms
 -- returns one integer per lock: > 0 ms granted (the least over its keys), 0 some key gone,
--- -1 some key held by another owner, -2 max-hold reached. Keys still owned are renewed
+-- -1 some key held by another owner or in a delay-after (never renewed), -2 max-hold reached. Keys still owned are renewed
 -- even when another is lost, so what the holder still has stays consistent until released.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -13,11 +13,11 @@ for i = 1, #ARGV / 3 do
   local code = nil
   for _ = 1, tonumber(ARGV[3 * i - 2]) do
     k = k + 1
-    local holder = redis.call('HMGET', KEYS[k], 'owner', 'deadline_ms')
+    local holder = redis.call('HMGET', KEYS[k], 'owner', 'deadline_ms', 'state')
     local this
     if not holder[1] then
       this = 0
-    elseif holder[1] ~= ARGV[3 * i - 1] then
+    elseif holder[1] == '' or holder[3] == 'cooldown' or holder[1] ~= ARGV[3 * i - 1] then
       this = -1
     else
       local lease = tonumber(ARGV[3 * i])

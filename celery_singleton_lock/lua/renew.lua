@@ -4,17 +4,18 @@
 -- returns one integer per lease:
 --   > 0  renewed: ms the lease now has (less than asked when its max-hold deadline is near)
 --     0  gone: expired (or Redis lost it) and nobody holds the name
---    -1  another owner holds the name
+--    -1  another owner holds the name, or it is in a delay-after (which has no owner: an
+--        empty owner token matches nothing, so a late renewal never cuts a delay short)
 --    -2  max-hold reached: not renewed, the lease runs out on its own
 -- The remaining time is *set*, never added to, so a lease cannot grow without bound.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local result = {}
 for i, key in ipairs(KEYS) do
-  local holder = redis.call('HMGET', key, 'owner', 'deadline_ms')
+  local holder = redis.call('HMGET', key, 'owner', 'deadline_ms', 'state')
   if not holder[1] then
     result[i] = 0
-  elseif holder[1] ~= ARGV[2 * i - 1] then
+  elseif holder[1] == '' or holder[3] == 'cooldown' or holder[1] ~= ARGV[2 * i - 1] then
     result[i] = -1
   else
     local lease = tonumber(ARGV[2 * i])
