@@ -1,9 +1,11 @@
 """Crash-safe Redis locks for Celery tasks.
 
-The lock core (LockClient, Lease) works without Celery; nothing here does I/O at import.
+The lock core (LockClient, Lease; AsyncLockClient on redis.asyncio) works without Celery;
+nothing here does I/O at import.
 """
 
 from .admin import LockInfo
+from .aio import AsyncLockClient
 from .client import LockClient
 from .exceptions import (
     ConfigurationError,
@@ -25,6 +27,8 @@ __all__ = [
     # the lock core
     "LockClient",
     "Lease",
+    # the same on redis.asyncio (docs/asyncio.md)
+    "AsyncLockClient",
     # reader-writer, range and multi-key locks
     "RWLock",
     "RWLockHandle",
