@@ -20,6 +20,8 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from ..exceptions import LockBackendError
 from ..heartbeat import renew_calls
 from .scripts import run_batch
@@ -134,7 +136,18 @@ class AsyncHeartbeat:
         calls, decode = renew_calls(client, entries)  # type: ignore[arg-type]
         sent_at = time.monotonic()
         try:
-            codes = decode(await client._call(run_batch, client.redis, calls))
+            try:
+                replies = await client._call(run_batch, client.redis, calls)
+            except LockBackendError as exc:
+                # redis.asyncio hands out a pooled connection the server has closed (after a
+                # restart) and fails on it once, where the sync client reconnects. A renewal
+                # only sets the remaining time, so sending it again on a new connection is
+                # safe: otherwise a restarted Redis would be noticed a tick late.
+                if not isinstance(exc.__cause__, redis.ConnectionError):
+                    raise
+                sent_at = time.monotonic()
+                replies = await client._call(run_batch, client.redis, calls)
+            codes = decode(replies)
         except LockBackendError as exc:
             log.warning("heartbeat could not reach Redis: %s", exc)
             for handle, owner in zip(handles, owners, strict=True):
