@@ -71,6 +71,10 @@ class SyncHandle:
     async def shrink(self, lo: float, hi: float) -> None:
         await asyncio.to_thread(self.handle.shrink, lo, hi)
 
+    def write(self, lo: float, hi: float, **options: Any) -> SyncHandle:
+        """A write nested in this upgradable range hold."""
+        return SyncHandle(self.handle.write(lo, hi, **options))
+
     async def __aenter__(self) -> SyncHandle:
         await asyncio.to_thread(self.handle.__enter__)
         return self

@@ -69,7 +69,7 @@ def test_bad_lease_argument(argument: str, kwargs: dict[str, Any]) -> None:
     assert error.argument == argument
     assert isinstance(error, ValueError)
     # The other kinds take the same options.
-    options = {k: v for k, v in kwargs.items()}
+    options = dict(kwargs)
     if argument != "name":
         assert refused(lambda c: c.rwlock("x").write(**options)).argument == argument
         assert refused(lambda c: c.range_lock("x").read(0, 1, **options)).argument == argument
