@@ -185,6 +185,7 @@ def test_a_holder_whose_loop_stopped_frees_the_lock_within_its_ttl(
         assert await lease.acquire()
         await heartbeat().tick()
         kept.append(lease)  # still referenced, never released: only its loop stops
+        await client.close()
 
     run(hold())
     stopped = time.monotonic()

@@ -102,6 +102,12 @@ class AsyncNotifier:
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name="celery_singleton_lock-waiting"
         )
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        # A finished task still names its loop: drop it, so a stopped loop can be collected.
+        if self._task is task:
+            self._task = None
 
     async def _connect(self) -> Any:
         pool = self._redis.connection_pool
