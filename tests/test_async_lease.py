@@ -244,3 +244,19 @@ def test_async_and_sync_leases_exclude_each_other(lock_redis_url: str, lock_pref
             await aio.close()
 
     run(body())
+
+
+def test_a_web_handler_and_a_task_exclude_each_other(lock_redis_url: str, lock_prefix: str) -> None:
+    """The example of docs/asyncio.md, as written there."""
+
+    async def main() -> None:
+        web = AsyncLockClient.from_url(lock_redis_url, prefix=lock_prefix)
+        worker = LockClient.from_url(lock_redis_url, prefix=lock_prefix)
+        async with web.lease("report") as lease:
+            assert not worker.lease("report").acquire()
+            assert lease.token is not None
+        assert worker.lease("report").acquire()
+        worker.close()
+        await web.close()
+
+    asyncio.run(main())
