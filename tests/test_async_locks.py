@@ -255,3 +255,31 @@ def test_an_async_hold_makes_a_singleton_task_skip(
             await aio.close()
 
     run(body())
+
+
+def test_a_cancelled_waiting_writer_withdraws_its_reservation(
+    lock_redis_url: str, lock_prefix: str, lock_client: LockClient
+) -> None:
+    """Async only: a thread blocked in a sync acquire cannot be cancelled."""
+
+    async def body() -> None:
+        aio = AsyncLockClient.from_url(lock_redis_url, prefix=lock_prefix)
+        lock = aio.rwlock("queue")
+        reader = lock.read()
+        assert await reader.acquire()
+        writer = lock.write()
+        waiting = asyncio.ensure_future(writer.acquire(wait=30))
+        channel = writer._keys.channel
+        await eventually(lambda: subscribers(lock_client, channel), 10, "the writer to wait")
+        assert not await lock.read().acquire()  # held back by the writer's reservation
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        assert waiting.cancelled()
+        late = lock.read()
+        assert await late.acquire()  # at once: not after the reservation ran out
+        assert await subscribers(lock_client, channel) == 0
+        await late.release()
+        await reader.release()
+        await aio.close()
+
+    run(body())
