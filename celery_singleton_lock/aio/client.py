@@ -177,7 +177,9 @@ class AsyncLockClient:
         for notifier in list(self._notifiers.values()):
             await notifier.close()
         self._notifiers.clear()
-        await self.redis.aclose() if hasattr(self.redis, "aclose") else await self.redis.close()
+        # aclose() since redis-py 5.0.1; close() before it (deprecated after).
+        close = getattr(self.redis, "aclose", None) or self.redis.close
+        await close()
 
     def __repr__(self) -> str:
         return f"<AsyncLockClient {self.url} prefix={self.prefix!r}>"
