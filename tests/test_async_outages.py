@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 import uuid
+from typing import Any
 
 import pytest
 import redis
 from async_sides import eventually, run
 
-from celery_singleton_lock import AsyncLockClient, LockBackendError
+from celery_singleton_lock import AsyncLockClient, LockBackendError, LockExpired
 from celery_singleton_lock.embedded import RedisServer
 
 PASSWORD = "s3cret-" + uuid.uuid4().hex[:8]
@@ -72,3 +75,59 @@ def test_a_blocked_waiter_fails_when_redis_goes_away_and_the_client_recovers(
         run(body())
     finally:
         probe.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_frozen_server_does_not_cost_the_leases_on_another(
+    lock_redis_url: str, lock_prefix: str, restartable_redis: RedisServer
+) -> None:
+    ttl = 0.9
+    assert restartable_redis.process is not None
+    pid = restartable_redis.process.pid
+
+    async def body() -> None:
+        healthy = AsyncLockClient.from_url(lock_redis_url, prefix=lock_prefix)
+        # Its calls hang for longer than a whole lease on the healthy server lasts.
+        frozen = AsyncLockClient.from_url(
+            restartable_redis.url, prefix="frozen:", socket_timeout=1.5
+        )
+        in_flight, most = 0, 0
+        call = frozen._call
+
+        async def counted(*args: Any) -> Any:
+            nonlocal in_flight, most
+            in_flight += 1
+            most = max(most, in_flight)
+            try:
+                return await call(*args)
+            finally:
+                in_flight -= 1
+
+        frozen._call = counted  # type: ignore[method-assign]
+        b_lost = asyncio.Event()
+        lease_a = healthy.lease("healthy", ttl=ttl)
+        lease_b = frozen.lease("frozen", ttl=ttl, on_lost=lambda _: b_lost.set())
+        assert await lease_a.acquire() and await lease_b.acquire()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            stopped_at = time.monotonic()
+            # Time passing is what is tested: four ttls of the healthy lease, each renewal
+            # of it due while the frozen server's calls hang.
+            while time.monotonic() - stopped_at < 4 * ttl:
+                lease_a.check()
+                await asyncio.sleep(0.05)
+            await asyncio.wait_for(b_lost.wait(), 20)
+            with pytest.raises(LockExpired) as info:
+                lease_b.check()
+            assert info.value.reason == "unreachable"
+            lease_a.check()
+            assert lease_a.held
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        # The heartbeat skipped the frozen client while its batch hung, not piled more on.
+        assert most == 1, f"{most} renewals of the frozen server were in flight at once"
+        await lease_a.release()
+        await healthy.close()
+        await frozen.close()
+
+    run(body())
