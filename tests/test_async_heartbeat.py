@@ -235,3 +235,27 @@ def test_the_heartbeat_task_ticks_on_its_own_and_ends_when_nothing_is_held(
         await client.close()
 
     run(body())
+
+
+def test_a_batch_listed_before_a_delayed_release_leaves_the_delay_alone(
+    lock_redis_url: str, lock_prefix: str, lock_client: LockClient
+) -> None:
+    """The interleaving driven step by step: a tick lists the lease, the lease is released
+    with a delay, then the tick's batch runs."""
+
+    async def body() -> None:
+        client = AsyncLockClient.from_url(lock_redis_url, prefix=lock_prefix)
+        lost: list[Any] = []
+        lease = client.lease("cooling", ttl=30, on_lost=lost.append)
+        assert await lease.acquire()
+        listed = heartbeat().leases()
+        assert listed == [lease]
+        await lease.release(delay=2)
+        await heartbeat()._renew(listed)
+        key = lease._keys.lock
+        assert lock_client.redis.hget(key, "state") == b"cooldown"
+        assert 0 < lock_client.redis.pttl(key) <= 2000  # not renewed to the 30 s lease
+        assert lost == [] and not lease.lost
+        await client.close()
+
+    run(body())

@@ -130,9 +130,15 @@ class AsyncHeartbeat:
 
     async def _renew(self, handles: list[AsyncLockHandle]) -> None:
         """One round trip: the script calls of every kind batched in a pipeline."""
+        # A handle released since the tick listed it has no owner token any more: renewing
+        # it with an empty one would renew its ownerless delay-after instead.
+        held = [(handle, owner) for handle in handles if (owner := handle._owner) is not None]
+        if not held:
+            return
+        handles = [handle for handle, _ in held]
+        owners: list[str | None] = [owner for _, owner in held]
         client = handles[0]._client
-        owners = [handle._owner for handle in handles]
-        entries = [(h, owner or "", h._ttl_ms) for h, owner in zip(handles, owners, strict=True)]
+        entries = [(h, owner, h._ttl_ms) for h, owner in held]
         calls, decode = renew_calls(client, entries)  # type: ignore[arg-type]
         sent_at = time.monotonic()
         try:
