@@ -17,7 +17,6 @@ from ..keys import lock_keys, lock_pattern
 from ..rangelock import FAMILY as RANGE_FAMILY
 from ..rwlock import FAMILY as RW_FAMILY
 from .intervals import release_hold
-from .multi import multi_scripts
 
 if TYPE_CHECKING:
     from .client import AsyncLockClient
@@ -95,15 +94,13 @@ async def list_locks(client: AsyncLockClient, pattern: str | None = None) -> lis
 async def clear_info(client: AsyncLockClient, info: LockInfo) -> bool:
     """Clear the listed holder ``info`` if it still holds (token-checked, atomic)."""
     token = "" if info.token is None else str(info.token)
-    if info.kind == "lease" or (info.state == COOLDOWN and info.kind == "multi"):
+    if info.kind in ("lease", "multi"):
+        # A multi-key lock holds each name in a lease's hash: cleared by its fencing token,
+        # one name at a time. The trailing '': no optional check after the channel (an
+        # argument clear.lua does not take is ignored).
         keys = lock_keys(client.prefix, info.name)
         code = await client._script(
-            client._lease_scripts.clear, (keys.lock,), (token, keys.channel)
-        )
-    elif info.kind == "multi":
-        keys = lock_keys(client.prefix, info.name)
-        code = await client._script(
-            multi_scripts(client).release, (keys.lock,), (info.owner or "", 0, token, keys.channel)
+            client._lease_scripts.clear, (keys.lock,), (token, keys.channel, "")
         )
     elif info.kind in ("read", "write", "upgradable", "range"):
         family = RANGE_FAMILY if info.kind == "range" else RW_FAMILY
