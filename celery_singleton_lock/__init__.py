@@ -1,7 +1,10 @@
 """Crash-safe Redis locks for Celery tasks.
 
-The lock core (LockClient, Lease) works without Celery; nothing here does I/O at import.
+The lock core (LockClient, Lease; AsyncLockClient on redis.asyncio) works without Celery;
+nothing here does I/O at import.
 """
+
+from typing import TYPE_CHECKING
 
 from .admin import LockInfo
 from .client import LockClient
@@ -21,10 +24,15 @@ from .multi import MultiLease
 from .rangelock import RangeLock, RangeLockHandle
 from .rwlock import RWLock, RWLockHandle
 
+if TYPE_CHECKING:
+    from .aio import AsyncLockClient
+
 __all__ = [
     # the lock core
     "LockClient",
     "Lease",
+    # the same on redis.asyncio (docs/asyncio.md)
+    "AsyncLockClient",
     # reader-writer, range and multi-key locks
     "RWLock",
     "RWLockHandle",
@@ -64,8 +72,13 @@ _CELERY_LAYER = {
 }
 
 
+#: Imported lazily too (about 10 ms): Celery imports this package (the CLI plugin) in every
+#: worker, which has no use for the asyncio client.
+_ASYNCIO = {"AsyncLockClient": "aio"}
+
+
 def __getattr__(name: str) -> object:
-    module = _CELERY_LAYER.get(name)
+    module = _CELERY_LAYER.get(name) or _ASYNCIO.get(name)
     if module is None:
         raise AttributeError(f"module 'celery_singleton_lock' has no attribute {name!r}")
     from importlib import import_module

@@ -23,6 +23,15 @@ def check_name(name: object, argument: str = "name") -> str:
     return name
 
 
+def check_prefix(prefix: object) -> str:
+    """A key prefix: a str without hash-tag braces (they would move keys across slots)."""
+    if not isinstance(prefix, str):
+        raise ConfigurationError("prefix", f"must be a str, got {type(prefix).__name__}")
+    if "{" in prefix or "}" in prefix:
+        raise ConfigurationError("prefix", "must not contain '{' or '}' (hash-tag braces)")
+    return prefix
+
+
 def check_real(value: object, argument: str, what: str = "a real number") -> float:
     """A real number as a float: ``±math.inf`` allowed, never NaN, a bool, or an int too
     large for a double."""

@@ -38,10 +38,7 @@ class LockClient:
     """
 
     def __init__(self, redis_client: Any, *, prefix: str = DEFAULT_PREFIX) -> None:
-        if not isinstance(prefix, str):
-            raise ConfigurationError("prefix", f"must be a str, got {type(prefix).__name__}")
-        if "{" in prefix or "}" in prefix:
-            raise ConfigurationError("prefix", "must not contain '{' or '}' (hash-tag braces)")
+        arguments.check_prefix(prefix)
         if not hasattr(redis_client, "register_script"):
             raise ConfigurationError(
                 "redis_client", f"must be a redis-py client, got {type(redis_client).__name__}"

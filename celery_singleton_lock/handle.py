@@ -396,14 +396,7 @@ class LockHandle:
         return self._owner is not None and self._pid == _Process.pid
 
     def _lost_error(self, code: int, during: str) -> LockLost:
-        if code == TAKEN:
-            return LockTaken(
-                f"{during}: lock {self.name!r} is held by another owner", name=self.name
-            )
-        assert code == GONE, code
-        return LockExpired(
-            f"{during}: lease on {self.name!r} expired and nobody holds it", name=self.name
-        )
+        return lost_error(self.name, code, during)
 
     def _describe_holder(self, *, named: bool = True) -> list[Any]:
         """Field, value pairs the scripts store about the holder (read by the admin tools);
@@ -415,25 +408,41 @@ class LockHandle:
         if cached is not None:
             return cached
         thread = threading.current_thread().name
-        fields: list[Any] = [b"name", encode_name(self.name)] if named else []
-        fields += [
-            b"kind", self.kind,
-            b"host", HOSTNAME,
-            b"pid", pid,
-            b"thread", thread,
-            # Whether a renewal age means anything to the admin listing.
-            b"heartbeat", 1 if self.heartbeat else 0,
-        ]  # fmt: skip
-        extra = dict(self.owner_info)
-        for key in OWN_INFO_FIELDS:
-            if key in extra:
-                fields += (key, extra.pop(key))
-        if extra:
-            fields += (b"info", json.dumps(extra, sort_keys=True))
+        fields = holder_fields(self, pid=pid, thread=thread, named=named)
         if len(self._holder_cache) > 64:  # short-lived threads: idents are reused, keep it small
             self._holder_cache.clear()
         self._holder_cache[(named, pid, ident)] = fields
         return fields
+
+
+def holder_fields(handle: Any, *, pid: int, thread: str, named: bool = True) -> list[Any]:
+    """Field, value pairs the scripts store about the holder of ``handle`` (its ``name``,
+    ``kind``, ``heartbeat`` and ``owner_info``), running in ``pid`` on ``thread``; without
+    ``name`` when ``named`` is false. Shared by the sync and the asyncio handles."""
+    fields: list[Any] = [b"name", encode_name(handle.name)] if named else []
+    fields += [
+        b"kind", handle.kind,
+        b"host", HOSTNAME,
+        b"pid", pid,
+        b"thread", thread,
+        # Whether a renewal age means anything to the admin listing.
+        b"heartbeat", 1 if handle.heartbeat else 0,
+    ]  # fmt: skip
+    extra = dict(handle.owner_info)
+    for key in OWN_INFO_FIELDS:
+        if key in extra:
+            fields += (key, extra.pop(key))
+    if extra:
+        fields += (b"info", json.dumps(extra, sort_keys=True))
+    return fields
+
+
+def lost_error(name: str, code: int, during: str) -> LockLost:
+    """The :class:`LockLost` for a release/renew reply ``code`` (GONE or TAKEN)."""
+    if code == TAKEN:
+        return LockTaken(f"{during}: lock {name!r} is held by another owner", name=name)
+    assert code == GONE, code
+    return LockExpired(f"{during}: lease on {name!r} expired and nobody holds it", name=name)
 
 
 def hint_seconds(hint_ms: int) -> float:

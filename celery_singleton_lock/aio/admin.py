@@ -1,0 +1,130 @@
+"""The admin view for the async client: who holds what, and clearing safely.
+
+The reading is done here with ``redis.asyncio``; what the records mean (states, evidence,
+the :class:`..admin.LockInfo` fields) is decided by :func:`..admin.lock_info`, and clearing
+runs the same holder-checked scripts as :mod:`..admin`, so both clients list and clear alike.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING, Any
+
+from ..admin import BATCH, COOLDOWN, LIVE, LockInfo, escape, literal_name, lock_info
+from ..exceptions import LockError
+from ..intervals import MODE_NAMES, decode_holder, interval_keys
+from ..keys import lock_keys, lock_pattern
+from ..rangelock import FAMILY as RANGE_FAMILY
+from ..rwlock import FAMILY as RW_FAMILY
+from .intervals import release_hold
+
+if TYPE_CHECKING:
+    from .client import AsyncLockClient
+
+Holder = dict[str, Any]
+
+
+async def _read(client: AsyncLockClient, keys: list[bytes]) -> list[tuple[dict[Any, Any], int]]:
+    """HGETALL and PTTL of each key, ``BATCH`` keys per pipeline round trip."""
+    found = []
+    for start in range(0, len(keys), BATCH):
+        pipe = client.redis.pipeline(transaction=False)
+        for key in keys[start : start + BATCH]:
+            pipe.hgetall(key)
+            pipe.pttl(key)
+        replies = await client._call(pipe.execute)
+        found += [
+            (fields, int(pttl)) for fields, pttl in zip(replies[::2], replies[1::2], strict=True)
+        ]
+    return [(fields, pttl) for fields, pttl in found if fields]
+
+
+async def _scan(client: AsyncLockClient, match: bytes) -> list[bytes]:
+    async def scan() -> list[bytes]:
+        return [key async for key in client.redis.scan_iter(match=match, count=BATCH)]
+
+    return list(dict.fromkeys(await client._call(scan)))  # SCAN may return a key twice
+
+
+async def _lock_hash_holders(client: AsyncLockClient, pattern: str | None) -> list[Holder]:
+    """Leases, delay-afters and multi-key names: every ``P{T}:lock`` hash."""
+    name = None if pattern is None else literal_name(pattern)
+    if name is not None:
+        keys = [lock_keys(client.prefix, name).lock]
+    else:
+        keys = await _scan(client, lock_pattern(client.prefix))
+    holders: list[Holder] = []
+    for fields, pttl in await _read(client, keys):
+        kind = fields.get(b"kind", b"lease").decode()
+        cooling = not fields.get(b"owner") and fields.get(b"state") == COOLDOWN.encode()
+        if kind == "multi" and fields.get(b"owner"):
+            holders.append(decode_holder(fields, pttl))
+        elif kind == "lease" or cooling:
+            holder = {k.decode(): v for k, v in fields.items()}
+            holder.update(kind=kind, pttl_ms=pttl)
+            holders.append(holder)
+    return holders
+
+
+async def _interval_holders(client: AsyncLockClient, family: bytes) -> list[Holder]:
+    # lock_pattern is "<escaped prefix>{*}:lock": the holder hashes are "...{*}:<family>:h:*".
+    match = lock_pattern(client.prefix).removesuffix(b"lock") + family + b":h:*"
+    holders = []
+    for fields, pttl in await _read(client, await _scan(client, match)):
+        record = decode_holder(fields, pttl)
+        if family == RW_FAMILY:
+            record["kind"] = MODE_NAMES.get(record.get("mode", ""), record.get("kind"))
+        holders.append(record)
+    return holders
+
+
+async def list_locks(client: AsyncLockClient, pattern: str | None = None) -> list[LockInfo]:
+    """Every holder of every lock under ``client.prefix`` whose name matches the glob
+    ``pattern``, as :func:`..admin.list_locks` lists them (without Celery's checks)."""
+    seconds, micros = await client._call(client.redis.time)
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    holders = await _lock_hash_holders(client, pattern)
+    for family in (RW_FAMILY, RANGE_FAMILY):
+        holders += await _interval_holders(client, family)
+    infos = [lock_info(holder, now_ms) for holder in holders]
+    infos = [info for info in infos if pattern is None or fnmatchcase(info.name, pattern)]
+    return sorted(infos, key=lambda i: (i.name, i.kind, str(i.lo), i.token or 0))
+
+
+async def clear_info(client: AsyncLockClient, info: LockInfo) -> bool:
+    """Clear the listed holder ``info`` if it still holds (token-checked, atomic)."""
+    token = "" if info.token is None else str(info.token)
+    if info.kind in ("lease", "multi"):
+        # A multi-key lock holds each name in a lease's hash: cleared by its fencing token,
+        # one name at a time. The trailing '': no optional check after the channel (an
+        # argument clear.lua does not take is ignored).
+        keys = lock_keys(client.prefix, info.name)
+        code = await client._script(
+            client._lease_scripts.clear, (keys.lock,), (token, keys.channel, "")
+        )
+    elif info.kind in ("read", "write", "upgradable", "range"):
+        family = RANGE_FAMILY if info.kind == "range" else RW_FAMILY
+        ikeys = interval_keys(client.prefix, info.name, family)
+        code = await release_hold(client, ikeys, info.owner or "", 0, token)
+    else:
+        return False
+    return int(code) == 1
+
+
+async def clear(
+    client: AsyncLockClient, name: str, *, token: int | None = None, force: bool = False
+) -> bool:
+    """Clear every holder of lock ``name`` (only the one with fencing ``token``, if given);
+    refuses a live one without ``force`` (see :func:`..admin.clear`)."""
+    infos = [
+        info
+        for info in await list_locks(client, escape(name))
+        if info.name == name and (token is None or info.token == token)
+    ]
+    live = [info for info in infos if info.state == LIVE]
+    if live and not force:
+        raise LockError(
+            f"lock {name!r} is live ({live[0].evidence}); clear it with force=True", name=name
+        )
+    cleared = [await clear_info(client, info) for info in infos]
+    return any(cleared)

@@ -1,0 +1,178 @@
+"""The per-event-loop renewal task: the asyncio counterpart of :mod:`..heartbeat`.
+
+One task per event loop renews every async handle of that loop, in one round trip per Redis
+client per tick however many handles it holds (the same batched script calls as the thread:
+:func:`..heartbeat.renew_calls`). The tick period is a third of the shortest lease held. A
+client whose batch is still in flight when the next tick comes is skipped by that tick, so a
+Redis that stops answering costs only its own leases. The task holds weak references only: a
+handle nobody can reach any more is no longer renewed and runs out on its own. It ends when
+nothing is held, and when its loop stops (then every lease of that loop runs out within its
+ttl, as for a killed process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from ..exceptions import LockBackendError
+from ..heartbeat import renew_calls
+from .scripts import run_batch
+
+if TYPE_CHECKING:
+    from .handle import AsyncLockHandle
+
+log = logging.getLogger("celery_singleton_lock.heartbeat")
+
+
+class AsyncHeartbeat:
+    """The registry of one event loop's async handles to renew, and the task renewing them."""
+
+    def __init__(self) -> None:
+        self._leases: dict[int, weakref.ReferenceType[AsyncLockHandle]] = {}
+        self._task: asyncio.Task[None] | None = None
+        # Made per run of the task: an Event remembers its loop, and this object must not
+        # keep a closed loop alive.
+        self._wake: asyncio.Event | None = None
+        self._period: float | None = None  # what the task is waiting on
+        self._in_flight: dict[int, asyncio.Task[None]] = {}
+        self.ticks = 0
+
+    def add(self, handle: AsyncLockHandle) -> None:
+        """Renew ``handle`` from now on (again, if its ttl changed)."""
+        key = id(handle)
+
+        def forget(_: object, key: int = key) -> None:
+            self._leases.pop(key, None)
+
+        self._leases[key] = weakref.ref(handle, forget)
+        if self._task is None or self._task.done():
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(self._wake), name="celery_singleton_lock-heartbeat"
+            )
+            self._task.add_done_callback(self._ended)
+        elif self._wake is not None and (self._period is None or handle.ttl / 3 < self._period):
+            self._wake.set()
+
+    def remove(self, handle: AsyncLockHandle) -> None:
+        """Stop renewing ``handle`` (released, lost, or past its max-hold)."""
+        self._leases.pop(id(handle), None)
+
+    def holds(self, handle: AsyncLockHandle) -> bool:
+        ref = self._leases.get(id(handle))
+        return ref is not None and ref() is handle
+
+    def leases(self) -> list[AsyncLockHandle]:
+        """The live handles being renewed."""
+        return [h for h in (ref() for ref in list(self._leases.values())) if h is not None]
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if self._task is task:
+            self._task, self._wake, self._period = None, None, None
+        if not task.cancelled() and task.exception() is not None:  # pragma: no cover
+            log.error("heartbeat task failed", exc_info=task.exception())
+
+    async def _run(self, wake: asyncio.Event) -> None:
+        last_tick = time.monotonic()
+        while True:
+            ttls = [handle.ttl for handle in self.leases()]
+            if not ttls:
+                return  # add() starts a new task with the next lease
+            self._period = period = min(ttls) / 3
+            timeout = last_tick + period - time.monotonic()
+            if timeout > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(wake.wait(), timeout)
+                if wake.is_set():
+                    wake.clear()
+                    continue  # a lease came or its ttl changed: recompute the period
+            last_tick = time.monotonic()
+            try:
+                await self._tick(wait=False)
+            except Exception:  # never let the renewal task die silently
+                log.exception("heartbeat tick failed")
+
+    async def tick(self) -> None:
+        """Renew every registered handle of this loop now: one round trip per Redis client,
+        the clients concurrently. Returns once every renewal has been applied."""
+        await self._tick(wait=True)
+
+    async def _tick(self, *, wait: bool) -> None:
+        by_client: dict[int, list[AsyncLockHandle]] = {}
+        for handle in self.leases():
+            by_client.setdefault(id(handle._client), []).append(handle)
+        self.ticks += 1
+        started = []
+        for key, handles in by_client.items():
+            running = self._in_flight.get(key)
+            if running is not None:
+                if not wait:
+                    continue
+                await asyncio.wait([running])
+            batch = asyncio.get_running_loop().create_task(self._renew(handles))
+            self._in_flight[key] = batch
+            batch.add_done_callback(functools.partial(self._landed, key))
+            started.append(batch)
+        if wait and started:
+            await asyncio.gather(*started)
+
+    def _landed(self, key: int, batch: asyncio.Task[None]) -> None:
+        if self._in_flight.get(key) is batch:
+            del self._in_flight[key]
+
+    async def _renew(self, handles: list[AsyncLockHandle]) -> None:
+        """One round trip: the script calls of every kind batched in a pipeline."""
+        # A handle released since the tick listed it has no owner token any more: renewing
+        # it with an empty one would renew its ownerless delay-after instead.
+        held = [(handle, owner) for handle in handles if (owner := handle._owner) is not None]
+        if not held:
+            return
+        handles = [handle for handle, _ in held]
+        owners: list[str | None] = [owner for _, owner in held]
+        client = handles[0]._client
+        entries = [(h, owner, h._ttl_ms) for h, owner in held]
+        calls, decode = renew_calls(client, entries)  # type: ignore[arg-type]
+        sent_at = time.monotonic()
+        try:
+            try:
+                replies = await client._call(run_batch, client.redis, calls)
+            except LockBackendError as exc:
+                # redis.asyncio hands out a pooled connection the server has closed (after a
+                # restart) and fails on it once, where the sync client reconnects. A renewal
+                # only sets the remaining time, so sending it again on a new connection is
+                # safe: otherwise a restarted Redis would be noticed a tick late.
+                if not isinstance(exc.__cause__, redis.ConnectionError):
+                    raise
+                sent_at = time.monotonic()
+                replies = await client._call(run_batch, client.redis, calls)
+            codes = decode(replies)
+        except LockBackendError as exc:
+            log.warning("heartbeat could not reach Redis: %s", exc)
+            for handle, owner in zip(handles, owners, strict=True):
+                handle._renewal_failed(owner, exc)
+            return
+        for handle, owner, code in zip(handles, owners, codes, strict=True):
+            if self.holds(handle):
+                handle._renewed(owner, code, sent_at)
+
+
+_heartbeats: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncHeartbeat] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def heartbeat(loop: Any = None) -> AsyncHeartbeat:
+    """The heartbeat of ``loop`` (default: the running event loop)."""
+    loop = asyncio.get_running_loop() if loop is None else loop
+    found = _heartbeats.get(loop)
+    if found is None:
+        found = _heartbeats[loop] = AsyncHeartbeat()
+    return found

@@ -1,0 +1,52 @@
+"""The async exclusive lease: :class:`..lease.Lease` on ``redis.asyncio``, same keys and
+scripts, so it excludes the sync lease and SingletonTask runs of the same name."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..keys import FENCE_TTL_MS
+from ..scripts import ScriptCall
+from .handle import AsyncLockHandle, RenewEntry
+
+if TYPE_CHECKING:
+    from .client import AsyncLockClient
+
+
+class AsyncLease(AsyncLockHandle):
+    """An exclusive, expiring lock on one name; made by :meth:`AsyncLockClient.lease`."""
+
+    kind = "lease"
+
+    def __init__(self, client: AsyncLockClient, name: str, **options: Any) -> None:
+        """Options as for :meth:`AsyncLockClient.lease`."""
+        super().__init__(client, name, **options)
+        self._keys = client._keys(self.name)
+        self._channels = (self._keys.channel,)
+
+    async def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
+        client = self._client
+        keys = self._keys
+        # acquire.lua: ARGV owner, ttl, max-hold, fence ttl, takeover ('' none), holder...
+        taken, value = await client._script(
+            client._lease_scripts.acquire,
+            (keys.lock, keys.fence),
+            (owner, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS, "", *self._describe_holder()),
+        )
+        return bool(taken), int(value)
+
+    async def _release(self, owner: str, delay_ms: int) -> int:
+        client = self._client
+        return int(
+            await client._script(
+                client._lease_scripts.release,
+                (self._keys.lock,),
+                (owner, delay_ms, self._keys.channel),
+            )
+        )
+
+    @classmethod
+    def _renew_script_call(cls, client: AsyncLockClient, entries: list[RenewEntry]) -> ScriptCall:
+        return client._scripts.renew_call(
+            [(lease._keys.lock, owner, ttl_ms) for lease, owner, ttl_ms in entries]
+        )

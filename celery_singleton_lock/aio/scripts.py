@@ -1,0 +1,60 @@
+"""Running the package's Lua scripts on a ``redis.asyncio`` client.
+
+The scripts are the sync side's (registered with :func:`..scripts.register`, which only
+computes their SHA); here they are sent by SHA and loaded on NOSCRIPT (a restarted or
+flushed Redis), one call at a time or several in one pipeline round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+from ..scripts import ScriptCall, register, source
+
+
+async def run_script(redis: Any, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    """One EVALSHA of ``script``; on NOSCRIPT load it and run it again."""
+    try:
+        return await redis.evalsha(script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        script.sha = await redis.script_load(script.script)
+        return await redis.evalsha(script.sha, len(keys), *keys, *args)
+
+
+async def run_batch(redis: Any, calls: Sequence[ScriptCall]) -> list[Any]:
+    """Run script calls in one round trip (a non-transactional pipeline) and return their
+    replies in order; the scripts missing on the server are loaded and the batch sent again."""
+    if len(calls) == 1:
+        script, keys, args = calls[0]
+        return [await run_script(redis, script, keys, args)]
+    for attempt in (1, 2):
+        pipe = redis.pipeline(transaction=False)
+        for script, keys, args in calls:
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        replies = await pipe.execute(raise_on_error=False)
+        missing = {
+            id(script): script
+            for (script, _, _), reply in zip(calls, replies, strict=True)
+            if isinstance(reply, NoScriptError)
+        }
+        if not missing or attempt == 2:
+            break
+        for script in missing.values():
+            script.sha = await redis.script_load(script.script)
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return list(replies)
+
+
+class LeaseScripts:
+    """The lease scripts an async client calls directly, registered once (no I/O). Interval
+    and multi-key scripts come from their sync modules' registries (``bound_to``)."""
+
+    def __init__(self, redis: Any) -> None:
+        self.acquire = register(redis, source("acquire"))
+        self.release = register(redis, source("release"))
+        self.clear = register(redis, source("clear"))
