@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import threading
@@ -377,3 +378,54 @@ def test_singleton_task_records_its_worker_node_under_the_threads_pool(
             finish.set()
         result.get(timeout=30)
     assert (info.task_id, info.worker, info.info) == (result.id, node, None)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_async_stale_clear_leaves_a_lock_whose_heartbeat_resumed(
+    lock_client: LockClient,
+    lock_redis_url: str,
+    lock_prefix: str,
+    kind: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The asyncio client's admin view re-checks staleness in the clearing script too."""
+    from celery_singleton_lock import AsyncLockClient
+    from celery_singleton_lock.aio import admin as aio_admin
+
+    handle = make_handle(lock_client, kind)
+    assert handle.acquire()
+    # The holder renews only when the test says so: no background tick can land in between.
+    heartbeat().remove(handle)
+    pause_heartbeat(lock_client, handle)
+
+    def resume() -> None:
+        handle.extend()
+        heartbeat().remove(handle)
+
+    list_locks = aio_admin.list_locks
+
+    async def list_then_resume(*args: Any, **kwargs: Any) -> list[admin.LockInfo]:
+        infos = await list_locks(*args, **kwargs)
+        resume()  # the holder wakes up between the read and the clear
+        return infos
+
+    async def admin_session() -> tuple[list[str], list[int], list[int]]:
+        client = AsyncLockClient.from_url(lock_redis_url, prefix=lock_prefix)
+        try:
+            listed = await client.locks("cool*")
+            states = [info.state for info in listed]
+            resume()
+            resumed = [await aio_admin.clear_listed(client, info) for info in listed]
+            pause_heartbeat(lock_client, handle)
+            monkeypatch.setattr(aio_admin, "list_locks", list_then_resume)
+            with pytest.raises(LockError, match="heartbeat resumed"):
+                await client.clear(listed[0].name)
+            forced = [await aio_admin.clear_listed(client, i, force=True) for i in listed]
+            return states, resumed, forced
+        finally:
+            await client.close()
+
+    states, resumed, forced = asyncio.run(admin_session())
+    assert states and set(states) == {"stale"}
+    assert resumed == [admin.RESUMED] * len(states)
+    assert forced == [admin.CLEARED] * len(states)

@@ -10,7 +10,19 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
-from ..admin import BATCH, COOLDOWN, LIVE, LockInfo, escape, literal_name, lock_info
+from ..admin import (
+    BATCH,
+    CLEARED,
+    COOLDOWN,
+    GONE,
+    LIVE,
+    RESUMED,
+    STALE,
+    LockInfo,
+    escape,
+    literal_name,
+    lock_info,
+)
 from ..exceptions import LockError
 from ..intervals import MODE_NAMES, decode_holder, interval_keys
 from ..keys import lock_keys, lock_pattern
@@ -91,31 +103,41 @@ async def list_locks(client: AsyncLockClient, pattern: str | None = None) -> lis
     return sorted(infos, key=lambda i: (i.name, i.kind, str(i.lo), i.token or 0))
 
 
-async def clear_info(client: AsyncLockClient, info: LockInfo) -> bool:
-    """Clear the listed holder ``info`` if it still holds (token-checked, atomic)."""
+async def clear_listed(client: AsyncLockClient, info: LockInfo, *, force: bool = False) -> int:
+    """Clear the listed holder ``info`` in one atomic step that checks it is still that holder
+    (its fencing token) and, unless ``force``, that a holder listed stale was not renewed since
+    (see :func:`..admin.clear_listed`): CLEARED, GONE, TAKEN or RESUMED."""
     token = "" if info.token is None else str(info.token)
+    renewed = ""
+    if info.state == STALE and not force and info.renewed_ms is not None:
+        renewed = str(info.renewed_ms)
     if info.kind in ("lease", "multi"):
         # A multi-key lock holds each name in a lease's hash: cleared by its fencing token,
-        # one name at a time. The trailing '': no optional check after the channel (an
-        # argument clear.lua does not take is ignored).
+        # one name at a time.
         keys = lock_keys(client.prefix, info.name)
         code = await client._script(
-            client._lease_scripts.clear, (keys.lock,), (token, keys.channel, "")
+            client._lease_scripts.clear, (keys.lock,), (token, keys.channel, renewed)
         )
     elif info.kind in ("read", "write", "upgradable", "range"):
         family = RANGE_FAMILY if info.kind == "range" else RW_FAMILY
         ikeys = interval_keys(client.prefix, info.name, family)
-        code = await release_hold(client, ikeys, info.owner or "", 0, token)
+        code = await release_hold(client, ikeys, info.owner or "", 0, token, renewed)
     else:
-        return False
-    return int(code) == 1
+        return GONE
+    return int(code)
+
+
+async def clear_info(client: AsyncLockClient, info: LockInfo) -> bool:
+    """Clear the listed holder ``info`` if it still holds (token-checked, atomic)."""
+    return await clear_listed(client, info) == CLEARED
 
 
 async def clear(
     client: AsyncLockClient, name: str, *, token: int | None = None, force: bool = False
 ) -> bool:
     """Clear every holder of lock ``name`` (only the one with fencing ``token``, if given);
-    refuses a live one without ``force`` (see :func:`..admin.clear`)."""
+    refuses a live one without ``force``, and leaves alone a holder listed stale whose
+    heartbeat resumed before the clear, saying so (see :func:`..admin.clear`)."""
     infos = [
         info
         for info in await list_locks(client, escape(name))
@@ -126,5 +148,9 @@ async def clear(
         raise LockError(
             f"lock {name!r} is live ({live[0].evidence}); clear it with force=True", name=name
         )
-    cleared = [await clear_info(client, info) for info in infos]
-    return any(cleared)
+    codes = [await clear_listed(client, info, force=force) for info in infos]
+    if RESUMED in codes:
+        raise LockError(
+            f"lock {name!r} left alone: heartbeat resumed since it was listed stale", name=name
+        )
+    return CLEARED in codes

@@ -39,13 +39,18 @@ def interval_scripts(client: AsyncLockClient) -> IntervalScripts:
 
 
 async def release_hold(
-    client: AsyncLockClient, keys: IntervalKeys, owner: str, delay_ms: int, token: str = ""
+    client: AsyncLockClient,
+    keys: IntervalKeys,
+    owner: str,
+    delay_ms: int,
+    token: str = "",
+    renewed_ms: str = "",
 ) -> int:
     """One run of interval_release.lua (see :func:`..intervals.release_hold`)."""
     code = await client._script(
         interval_scripts(client).release,
         keys.all(owner)[:11],
-        (owner, delay_ms, keys.channel, token),
+        (owner, delay_ms, keys.channel, token, renewed_ms),
     )
     return int(code)
 
