@@ -159,7 +159,9 @@ class Heartbeat:
             last_tick = time.monotonic()
             try:
                 self._tick(wait=False)
-            except Exception:  # never let the renewal thread die silently
+            except BaseException:
+                # Never let the renewal thread die: it renews every lock of the process, and
+                # a SystemExit from a callback would end it silently.
                 log.exception("heartbeat tick failed")
 
     def tick(self) -> None:
@@ -302,7 +304,7 @@ class _Workers:
                     return
                 try:
                     job()
-                except Exception:  # never let a renewal thread die silently
+                except BaseException:  # as in Heartbeat._run: never die silently
                     log.exception("heartbeat renewal failed")
                 with self._lock:
                     if self._closed:

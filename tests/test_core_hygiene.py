@@ -1,0 +1,95 @@
+"""Robustness of the lock core: a failing on_lost callback, extend on a lost handle, the
+supervisor's release_holder, argument checks on the admin and cleanup entry points, the key
+prefix, what the lock kinds share (and do not), and a quiet close."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from waiting_helpers import wait_for
+
+from celery_singleton_lock import LockClient
+from celery_singleton_lock.embedded import RedisServer
+from celery_singleton_lock.exceptions import LockExpired
+from celery_singleton_lock.heartbeat import heartbeat
+from celery_singleton_lock.lease import Lease
+
+
+def script_calls(client: LockClient) -> int:
+    """How many scripts the server has run (INFO commandstats): a round-trip counter for a
+    server that nothing else talks to."""
+    stats = client.redis.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
+
+
+@pytest.fixture
+def private_client() -> Iterator[LockClient]:
+    """A client on a server of its own, so its command statistics are this test's alone."""
+    with RedisServer() as server:
+        client = LockClient.from_url(server.url, prefix="hyg:")
+        yield client
+        client.close()
+
+
+# -- item 5: a failing on_lost, extend on a lost handle ---------------------------------------
+
+
+@pytest.mark.parametrize("escape", [SystemExit, KeyboardInterrupt, GeneratorExit])
+def test_on_lost_raising_a_base_exception_does_not_stop_the_other_renewals(
+    lock_client: LockClient, escape: type[BaseException], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The callback runs on the heartbeat thread: what it raises, even SystemExit, is logged
+    and the thread goes on renewing every other lease of the process."""
+    calls: list[Lease] = []
+
+    def on_lost(lease: Lease) -> None:
+        calls.append(lease)
+        raise escape("from on_lost")
+
+    doomed = lock_client.lease("doomed", ttl=0.6, on_lost=on_lost)
+    other = lock_client.lease("other", ttl=0.6)
+    assert doomed.acquire() and other.acquire()
+    lock_client.redis.delete(doomed._keys.lock)  # cleared behind its back
+    wait_for(lambda: calls, 10, "the heartbeat to find the lease gone and call on_lost")
+    assert doomed.lost and calls == [doomed]
+
+    # Every renewal sets renewed_ms on the server's clock; watch it move again and again,
+    # over several lease lengths: only the heartbeat thread can do that.
+    seen: list[int] = []
+
+    def renewed_three_more_times() -> bool:
+        renewed = int(lock_client.redis.hget(other._keys.lock, "renewed_ms") or 0)
+        if not seen or renewed != seen[-1]:
+            seen.append(renewed)
+        return len(seen) >= 5
+
+    wait_for(renewed_three_more_times, 15, "the other lease to be renewed again")
+    assert other.held and not other.lost
+    assert any("on_lost callback" in r.getMessage() for r in caplog.records)
+    other.release()
+
+
+def test_extend_on_a_lost_handle_raises_with_no_round_trip_and_no_renewal(
+    private_client: LockClient,
+) -> None:
+    """A handle found lost stays lost: extend raises the stored LockLost at once, sends
+    nothing, and does not put the handle back on the heartbeat, even when the key it held
+    happens to be still there with its owner (a renewal that reached Redis too late)."""
+    lease = private_client.lease("report", ttl=0.3)
+    assert lease.acquire()
+    heartbeat().remove(lease)  # as if the process was paused: no renewal from now on
+    private_client.redis.pexpire(lease._keys.lock, 60_000)  # the key outlives the lease
+    wait_for(lambda: lease.lost, 10, "the lease to run out locally")
+    with pytest.raises(LockExpired) as found:
+        lease.check()
+    before = script_calls(private_client)
+
+    with pytest.raises(LockExpired) as extended:
+        lease.extend(5.0)
+    assert extended.value is found.value
+    assert not heartbeat().holds(lease)
+    assert script_calls(private_client) == before
+    with pytest.raises(LockExpired):
+        lease.extend()
+    assert not heartbeat().holds(lease) and lease.lost
