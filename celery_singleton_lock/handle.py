@@ -144,9 +144,10 @@ class LockHandle:
         """One script call renewing ``entries``; its reply has one code per entry."""
         raise NotImplementedError
 
-    def _release_holder(self, task_id: str, pid: int, delay: float) -> bool:
-        """Release what run ``task_id`` in process ``pid`` holds of this lock (not through
-        this handle: for a supervisor whose child died holding it); True if released."""
+    def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
+        """Release what run ``task_id`` in process ``pid`` on ``host`` (None: this machine)
+        holds of this lock (not through this handle: for a supervisor whose child died
+        holding it); True if released."""
         raise NotImplementedError
 
     # -- public state ------------------------------------------------------------------------

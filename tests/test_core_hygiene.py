@@ -4,16 +4,22 @@ prefix, what the lock kinds share (and do not), and a quiet close."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from waiting_helpers import wait_for
 
-from celery_singleton_lock import LockClient
+from celery_singleton_lock import LockClient, multi, rangelock, rwlock
+from celery_singleton_lock.claims import claim_owner
 from celery_singleton_lock.embedded import RedisServer
 from celery_singleton_lock.exceptions import LockExpired
+from celery_singleton_lock.handle import HOSTNAME, LockHandle
 from celery_singleton_lock.heartbeat import heartbeat
+from celery_singleton_lock.intervals import IntervalHandle
 from celery_singleton_lock.lease import Lease
+from celery_singleton_lock.multi import MultiLease
 
 
 def script_calls(client: LockClient) -> int:
@@ -93,3 +99,92 @@ def test_extend_on_a_lost_handle_raises_with_no_round_trip_and_no_renewal(
     with pytest.raises(LockExpired):
         lease.extend()
     assert not heartbeat().holds(lease) and lease.lost
+
+
+# -- item 5: the supervisor's release_holder matches the host, never frees a claim ------------
+
+KINDS = ["lease", "read", "write", "range", "multi"]
+
+
+def held_by_task(client: LockClient, kind: str, task_id: str) -> LockHandle:
+    """A held lock of ``kind`` whose holder record names run ``task_id`` of this process."""
+    options: dict[str, Any] = {"ttl": 60.0, "owner_info": {"task_id": task_id}}
+    handle: LockHandle
+    if kind == "lease":
+        handle = client.lease("job", **options)
+    elif kind in ("read", "write"):
+        handle = getattr(client.rwlock("job"), kind)(**options)
+    elif kind == "range":
+        handle = client.range_lock("job").write(0, 10, **options)
+    else:
+        handle = client.multi(["job", "job-2"], **options)
+    assert handle.acquire()
+    return handle
+
+
+def release_holder(client: LockClient, kind: str, **match: Any) -> bool:
+    """The supervisor's call for ``kind``: the public function of its module."""
+    if kind == "lease":
+        return client.release_holder("job", **match)
+    if kind in ("read", "write"):
+        return rwlock.release_holder(client, "job", **match)
+    if kind == "range":
+        return rangelock.release_holder(client, "job", **match)
+    return multi.release_holder(client, ["job", "job-2"], **match)
+
+
+def holder_hashes(handle: LockHandle) -> list[bytes]:
+    """The Redis hashes holding ``handle``'s holder record (host, pid, task_id...)."""
+    if isinstance(handle, MultiLease):
+        return [keys.lock for keys in handle._keys]
+    if isinstance(handle, IntervalHandle):
+        assert handle._owner is not None
+        return [handle._keys.holder(handle._owner)]
+    assert isinstance(handle, Lease)
+    return [handle._keys.lock]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_release_holder_matches_the_host_too(lock_client: LockClient, kind: str) -> None:
+    """A hold recorded on another machine by a process with the same pid (pids are reused
+    across hosts and containers) is not freed by this machine's supervisor."""
+    handle = held_by_task(lock_client, kind, "t-1")
+    pid = os.getpid()
+    for key in holder_hashes(handle):
+        lock_client.redis.hset(key, "host", "another-machine")
+
+    assert not release_holder(lock_client, kind, task_id="t-1", pid=pid)
+    assert not release_holder(lock_client, kind, task_id="t-1", pid=pid, host=HOSTNAME)
+    handle.check()  # still held, and renewed
+    heartbeat().tick()
+    assert handle.held
+
+    assert release_holder(lock_client, kind, task_id="t-1", pid=pid, host="another-machine")
+    heartbeat().tick()
+    assert handle.lost
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_release_holder_defaults_to_this_machine(lock_client: LockClient, kind: str) -> None:
+    handle = held_by_task(lock_client, kind, "t-2")
+    assert not release_holder(lock_client, kind, task_id="t-2", pid=os.getpid(), host="elsewhere")
+    assert not release_holder(lock_client, kind, task_id="t-3", pid=os.getpid())
+    assert release_holder(lock_client, kind, task_id="t-2", pid=os.getpid())
+    heartbeat().tick()
+    assert handle.lost
+
+
+def test_release_holder_leaves_the_claim_of_the_next_attempt(lock_client: LockClient) -> None:
+    """A retry hands the lock to ``claim:<id>:<n+1>``; the hash still carries the task id,
+    pid and host of the run that retried. When that run's process ends, the supervisor's
+    cleanup must not free the claim: the retried run would lose its turn to a duplicate."""
+    lease = held_by_task(lock_client, "lease", "t-retry")
+    assert isinstance(lease, Lease)
+    claim = claim_owner("t-retry", 1)
+    lease._hand_over(claim, 60.0, {"task_id": "t-retry", "state": "retry"})
+    key = lease._keys.lock
+    assert lock_client.redis.hget(key, "owner") == claim.encode()
+
+    assert not lock_client.release_holder("job", task_id="t-retry", pid=os.getpid())
+    assert lock_client.redis.hget(key, "owner") == claim.encode()
+    assert not lock_client.lease("job").acquire()  # a duplicate still finds it taken
