@@ -27,6 +27,7 @@ from fnmatch import fnmatchcase
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from . import arguments
 from .exceptions import LockError
 from .handle import OWN_INFO_FIELDS
 from .keys import lock_keys, lock_pattern
@@ -220,6 +221,7 @@ def list_locks(
     ``state`` comes from the heartbeat, then from each of ``checks`` in turn for the locks
     still undecided.
     """
+    pattern = arguments.check_pattern(pattern)
     now_ms = server_ms(client)
     infos = [
         info
@@ -312,6 +314,9 @@ def clear(client: LockClient, name: str, *, token: int | None = None, force: boo
     heartbeat is fresh, or it has no heartbeat) and ``force`` is false. Returns True if
     something was cleared; a lock re-acquired since it was read is left alone.
     """
+    name = arguments.check_name(name)
+    token = arguments.check_optional_token(token)
+    force = arguments.check_bool(force, "force")
     infos = [
         info
         for info in list_locks(client, escape(name))

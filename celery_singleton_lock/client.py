@@ -159,12 +159,13 @@ class LockClient:
     def locks(self, pattern: str | None = None) -> list[LockInfo]:
         """Every lock under this client's prefix whose name matches the glob ``pattern``,
         with its holder and whether it is live, stale or in delay-after (see docs/admin.md)."""
-        return admin.list_locks(self, arguments.check_pattern(pattern))
+        return admin.list_locks(self, pattern)
 
     def clear(self, name: str, *, token: int | None = None, force: bool = False) -> bool:
         """Clear lock ``name`` (only its holder with fencing ``token``, if given): atomic and
         holder-checked, so a lock re-acquired meanwhile is left alone. A live lock is cleared
-        only with ``force``, else :class:`LockError`. True if something was cleared."""
+        only with ``force``, else :class:`LockError`. True if something was cleared.
+        ``token`` is an int >= 1 and ``force`` a bool, else :class:`ConfigurationError`."""
         return admin.clear(self, name, token=token, force=force)
 
     def server_time(self) -> float:
