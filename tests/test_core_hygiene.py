@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import math
 import os
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from celery import Celery
 from waiting_helpers import wait_for
 
 from celery_singleton_lock import (
     ConfigurationError,
     LockBackendError,
     LockClient,
+    SingletonTask,
     admin,
     multi,
     rangelock,
@@ -27,8 +30,10 @@ from celery_singleton_lock.exceptions import LockExpired
 from celery_singleton_lock.handle import HOSTNAME, LockHandle
 from celery_singleton_lock.heartbeat import heartbeat
 from celery_singleton_lock.intervals import IntervalHandle
+from celery_singleton_lock.keys import lock_keys
 from celery_singleton_lock.lease import Lease
 from celery_singleton_lock.multi import MultiLease
+from celery_singleton_lock.task import lock_client_for
 
 
 def script_calls(client: LockClient) -> int:
@@ -321,3 +326,34 @@ def test_a_fractional_token_no_longer_clears_by_truncation(lock_client: LockClie
     heartbeat().tick()
     assert hold.held and not hold.lost
     assert rwlock.clear_holder(lock_client, "job", hold._owner, token=hold.token)
+
+
+# -- item 6: the empty key prefix is honoured -------------------------------------------------
+
+
+def test_an_app_with_the_empty_prefix_gets_no_prefix(lock_redis_url: str) -> None:
+    """``singleton_lock_prefix=""`` used to become ``csl:``, sharing keys with every app left
+    at the default. It now means what it says, like ``LockClient(prefix="")``."""
+    app = Celery("hyg-empty-prefix", set_as_current=False)
+    app.conf.update(singleton_lock_url=lock_redis_url, singleton_lock_prefix="")
+    default_app = Celery("hyg-default-prefix", set_as_current=False)
+    default_app.conf.update(singleton_lock_url=lock_redis_url)
+
+    @app.task(base=SingletonTask, name="hyg.empty_prefix", lock_key="hyg-{n}", shared=False)
+    def job(n: str) -> str:
+        return n
+
+    client, default = job.lock_client, lock_client_for(default_app)
+    try:
+        assert client.prefix == "" and default.prefix == "csl:"
+        lock = job.make_lock((uuid.uuid4().hex,))
+        assert lock.acquire()
+        assert client.redis.exists(lock_keys("", lock.name).lock)
+        assert not client.redis.exists(lock_keys("csl:", lock.name).lock)
+        other = default.lease(lock.name)
+        assert other.acquire(0)  # the default app's namespace is another one
+        other.release()
+        lock.release()
+    finally:
+        client.close()
+        default.close()
