@@ -30,7 +30,7 @@ from celery_singleton_lock.claims import claim_owner
 from celery_singleton_lock.embedded import RedisServer, free_port
 from celery_singleton_lock.exceptions import LockExpired
 from celery_singleton_lock.handle import HOSTNAME, LockHandle
-from celery_singleton_lock.heartbeat import heartbeat
+from celery_singleton_lock.heartbeat import Heartbeat, heartbeat
 from celery_singleton_lock.intervals import IntervalHandle
 from celery_singleton_lock.keys import lock_keys
 from celery_singleton_lock.lease import Lease
@@ -90,6 +90,31 @@ def test_on_lost_raising_a_base_exception_does_not_stop_the_other_renewals(
     assert other.held and not other.lost
     assert any("on_lost callback" in r.getMessage() for r in caplog.records)
     other.release()
+
+
+class EscapingLease(Lease):
+    """A lease whose renewal result handler lets a BaseException out of the tick."""
+
+    def _renewed(self, owner: str | None, code: int, sent_at: float) -> None:
+        raise SystemExit("escaped a tick")
+
+
+def test_a_base_exception_escaping_a_tick_does_not_end_the_renewal_thread(
+    lock_client: LockClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The renewal loop itself catches BaseException too: the thread renews every lock of
+    the process, so nothing may end it but stop()."""
+    beat = Heartbeat()  # a private one: the process's own is left alone
+    lease = EscapingLease(lock_client, "escape", ttl=0.3, heartbeat=False)
+    assert lease.acquire()
+    try:
+        beat.add(lease)
+        wait_for(lambda: beat.ticks >= 3, 10, "three ticks of the private heartbeat")
+        assert beat._thread is not None and beat._thread.is_alive()
+        assert any("heartbeat tick failed" in r.getMessage() for r in caplog.records)
+    finally:
+        beat.stop()
+        lease.release()
 
 
 def test_extend_on_a_lost_handle_raises_with_no_round_trip_and_no_renewal(
