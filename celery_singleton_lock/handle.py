@@ -31,7 +31,7 @@ from .exceptions import (
     LockTaken,
     LockTimeout,
 )
-from .heartbeat import heartbeat, renew_calls
+from .heartbeat import heartbeat, renew_calls, renewing
 from .keys import encode_name
 from .scripts import GONE, MAX_HOLD_REACHED, TAKEN, ScriptCall, run_batch
 
@@ -395,9 +395,13 @@ class LockHandle:
         if self.on_lost is not None:
             try:
                 self.on_lost(self)
+            except Exception:
+                log.exception("on_lost callback of %r failed", self.name)
             except BaseException:
-                # Even SystemExit: on the heartbeat thread it would end the renewal of every
-                # other lock of the process, silently.
+                if not renewing():
+                    raise  # the caller's own thread (check, extend): SystemExit is its to act on
+                # On a renewal thread, SystemExit or KeyboardInterrupt would end the renewal of
+                # every other lock of the process, silently.
                 log.exception("on_lost callback of %r failed", self.name)
 
     # -- helpers -----------------------------------------------------------------------------

@@ -92,6 +92,24 @@ def test_on_lost_raising_a_base_exception_does_not_stop_the_other_renewals(
     other.release()
 
 
+def test_on_lost_raising_a_base_exception_in_the_callers_thread_reaches_the_caller(
+    lock_client: LockClient,
+) -> None:
+    """Only the renewal threads swallow it: when the caller's own check() finds the lock
+    lost, a KeyboardInterrupt (Ctrl-C during the callback) or SystemExit is the caller's."""
+
+    def on_lost(_: Lease) -> None:
+        raise KeyboardInterrupt
+
+    lease = lock_client.lease("interrupted", ttl=0.2, heartbeat=False, on_lost=on_lost)
+    assert lease.acquire()
+    wait_for(lambda: lease.lost, 10, "the lease to run out")
+    with pytest.raises(KeyboardInterrupt):
+        lease.check()
+    with pytest.raises(LockExpired):  # found lost all the same, and once only
+        lease.check()
+
+
 class EscapingLease(Lease):
     """A lease whose renewal result handler lets a BaseException out of the tick."""
 
@@ -449,8 +467,15 @@ def test_close_after_a_waiting_acquire_is_quiet_and_stops_the_listener(
         holder = holder_client.lease(name, ttl=60.0)
         assert holder.acquire()
         waiter = client.lease(name, ttl=60.0)
-        got: list[bool] = []
-        thread = threading.Thread(target=lambda w=waiter, g=got: g.append(w.acquire(30)))
+        got: list[object] = []
+
+        def wait(waiter: Lease = waiter, got: list[object] = got) -> None:
+            try:
+                got.append(waiter.acquire(3))
+            except Exception as exc:
+                got.append(exc)
+
+        thread = threading.Thread(target=wait)
         thread.start()
         wait_for_subscriber(client, waiter._channel)
         listener = client._notifier._thread
@@ -461,12 +486,14 @@ def test_close_after_a_waiting_acquire_is_quiet_and_stops_the_listener(
             assert got == [True]
             client.close()
         else:
-            client.close()
-            holder.release()  # the waiter, unsubscribed now, looks again at its hint
-            thread.join(10)
+            client.close()  # the waiter falls back to its hint, capped by its wait
+            holder.release()
+            thread.join(20)
+            assert not thread.is_alive() and len(got) == 1, got
         listener.join(5)
         assert not listener.is_alive()
-        waiter.release()
+        if got == [True]:
+            waiter.release()
         holder_client.close()
     noisy = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
     assert noisy == [], [r.getMessage() for r in noisy]
