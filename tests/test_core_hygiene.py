@@ -233,6 +233,33 @@ def test_release_holder_defaults_to_this_machine(lock_client: LockClient, kind: 
     assert handle.lost
 
 
+@pytest.mark.parametrize("mode", ["exclusive", "read", "range", "keys"])
+def test_a_tasks_release_holder_passes_the_host_through(celery_lock_app: Celery, mode: str) -> None:
+    """``SingletonTask.release_holder`` (what the worker's main process calls) takes the
+    host as a keyword and hands it to the lock kind the task uses."""
+    options: dict[str, Any] = {"lock_key": "doc-{n}"}
+    if mode == "read":
+        options["lock_mode"] = "read"
+    elif mode == "range":
+        options.update(lock_key="doc", lock_range=("n", "n"))
+    elif mode == "keys":
+        options = {"lock_keys": ["doc-{n}", "other-{n}"]}
+
+    @celery_lock_app.task(base=SingletonTask, name=f"hyg.host_{mode}", shared=False, **options)
+    def job(n: int) -> int:
+        return n
+
+    lock = job.make_lock((7,), owner_info={"task_id": "t-7"})
+    assert lock.acquire()
+    pid = os.getpid()
+    assert not job.release_holder((7,), task_id="t-7", pid=pid, host="another-machine")
+    heartbeat().tick()
+    assert lock.held
+    assert job.release_holder((7,), task_id="t-7", pid=pid)  # default: this machine
+    heartbeat().tick()
+    assert lock.lost
+
+
 def test_release_holder_leaves_the_claim_of_the_next_attempt(lock_client: LockClient) -> None:
     """A retry hands the lock to ``claim:<id>:<n+1>``; the hash still carries the task id,
     pid and host of the run that retried. When that run's process ends, the supervisor's
