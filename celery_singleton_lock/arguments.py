@@ -133,3 +133,46 @@ def check_callable(value: Any, argument: str) -> Any:
     if value is not None and not callable(value):
         raise ConfigurationError(argument, f"must be callable or None, got {value!r}")
     return value
+
+
+def check_token(value: object, argument: str = "token") -> int:
+    """A fencing token: an int >= 1 (tokens start at 1), never a bool, a float or NaN, which
+    ``int()`` would truncate or refuse with a TypeError/ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(argument, f"must be an int >= 1, got {value!r}")
+    if value < 1:
+        raise ConfigurationError(argument, f"must be an int >= 1, got {value!r}")
+    return value
+
+
+def check_optional_token(value: object, argument: str = "token") -> int | None:
+    return None if value is None else check_token(value, argument)
+
+
+def check_pid(value: object, argument: str = "pid") -> int:
+    """A process id: an int >= 1, never a bool or a float."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(argument, f"must be an int >= 1, got {value!r}")
+    return value
+
+
+def check_text(value: object, argument: str) -> str:
+    """A non-empty str that Redis can store (no lone surrogate): a task id, a host."""
+    text = check_name(value, argument)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigurationError(argument, f"{text!r} is not valid unicode") from None
+    return text
+
+
+def check_pattern(value: object, argument: str = "pattern") -> str | None:
+    """A glob pattern over lock names, or None for every lock."""
+    if value is not None and not isinstance(value, str):
+        raise ConfigurationError(argument, f"must be a str or None, got {type(value).__name__}")
+    return value
+
+
+def check_host(value: object, default: str) -> str:
+    """A host name as the holder records store it; None means ``default`` (this machine)."""
+    return default if value is None else check_text(value, "host")

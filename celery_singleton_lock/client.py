@@ -12,6 +12,7 @@ from redis.exceptions import RedisClusterException
 from . import admin, arguments, deployment
 from .admin import LockInfo
 from .exceptions import ConfigurationError, LockBackendError
+from .handle import HOSTNAME
 from .keys import LockKeys, lock_keys
 from .lease import Lease
 from .multi import MultiLease
@@ -128,13 +129,28 @@ class LockClient:
             on_lost=on_lost,
         )
 
-    def release_holder(self, name: str, *, task_id: str, pid: int, delay: float = 0.0) -> bool:
-        """Release ``name`` if task ``task_id`` running in process ``pid`` holds it; for a
-        supervisor (the Celery worker's main process) whose child can no longer release."""
+    def release_holder(
+        self,
+        name: str,
+        *,
+        task_id: str,
+        pid: int,
+        host: str | None = None,
+        delay: float = 0.0,
+    ) -> bool:
+        """Release lease ``name`` (after ``delay`` seconds of delay-after) if task
+        ``task_id`` running in process ``pid`` on ``host`` (default: this machine) holds it;
+        for a supervisor (the Celery worker's main process) whose child can no longer
+        release. A claim handed over for the task's next attempt is never released here.
+        True if released."""
         keys = self._keys(name)
-        delay_ms = arguments.seconds_to_ms(arguments.check_delay(delay)) if delay > 0 else 0
+        task_id = arguments.check_text(task_id, "task_id")
+        pid = arguments.check_pid(pid)
+        host = arguments.check_host(host, HOSTNAME)
+        delay = arguments.check_delay(delay)
+        delay_ms = arguments.seconds_to_ms(delay) if delay > 0 else 0
         return self._call(
-            self._scripts.release_holder, keys.lock, str(task_id), int(pid), delay_ms, keys.channel
+            self._scripts.release_holder, keys.lock, task_id, pid, host, delay_ms, keys.channel
         )
 
     def locks(self, pattern: str | None = None) -> list[LockInfo]:
@@ -145,7 +161,8 @@ class LockClient:
     def clear(self, name: str, *, token: int | None = None, force: bool = False) -> bool:
         """Clear lock ``name`` (only its holder with fencing ``token``, if given): atomic and
         holder-checked, so a lock re-acquired meanwhile is left alone. A live lock is cleared
-        only with ``force``, else :class:`LockError`. True if something was cleared."""
+        only with ``force``, else :class:`LockError`. True if something was cleared.
+        ``token`` is an int >= 1 and ``force`` a bool, else :class:`ConfigurationError`."""
         return admin.clear(self, name, token=token, force=force)
 
     def server_time(self) -> float:

@@ -202,7 +202,9 @@ class AppSettings:
                 "singleton_lock_url",
                 "must be set (a redis:// URL) when the broker is not Redis",
             )
-        prefix = conf.get("singleton_lock_prefix", None) or "csl:"
+        prefix = conf.get("singleton_lock_prefix", None)
+        if prefix is None:  # "" is a prefix too: no prefix, not the default one
+            prefix = "csl:"
         if not isinstance(prefix, str):
             raise ConfigurationError("singleton_lock_prefix", f"must be a str, got {prefix!r}")
         return cls(url=url, prefix=prefix)

@@ -31,7 +31,7 @@ from .exceptions import (
     LockTaken,
     LockTimeout,
 )
-from .heartbeat import heartbeat, renew_calls
+from .heartbeat import heartbeat, renew_calls, renewing
 from .keys import encode_name
 from .scripts import GONE, MAX_HOLD_REACHED, TAKEN, ScriptCall, run_batch
 
@@ -144,9 +144,10 @@ class LockHandle:
         """One script call renewing ``entries``; its reply has one code per entry."""
         raise NotImplementedError
 
-    def _release_holder(self, task_id: str, pid: int, delay: float) -> bool:
-        """Release what run ``task_id`` in process ``pid`` holds of this lock (not through
-        this handle: for a supervisor whose child died holding it); True if released."""
+    def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
+        """Release what run ``task_id`` in process ``pid`` on ``host`` (None: this machine)
+        holds of this lock (not through this handle: for a supervisor whose child died
+        holding it); True if released."""
         raise NotImplementedError
 
     # -- public state ------------------------------------------------------------------------
@@ -297,12 +298,17 @@ class LockHandle:
     def extend(self, ttl: float | None = None) -> float:
         """Set the lock's remaining time to ``ttl`` seconds (default: its ttl) and renew it
         to that length from now on. Sets, never adds. Returns the seconds granted: less than
-        asked when ``max_hold`` is near, 0.0 once it has passed."""
+        asked when ``max_hold`` is near, 0.0 once it has passed.
+
+        On a handle already found lost it raises that :class:`LockLost` again, with no
+        round trip: a lost lock is never renewed again, even if its key is still there."""
         ttl = self.ttl if ttl is None else arguments.check_positive(ttl, "ttl")
         if self.max_hold is not None and ttl > self.max_hold:
             ttl = self.max_hold
         if not self._mine():
             raise LockNotHeld(f"lock {self.name!r} is not held", name=self.name)
+        if self._lost is not None:
+            raise self._lost.with_traceback(None)
         owner = self._owner
         assert owner is not None
         ttl_ms = arguments.seconds_to_ms(ttl)
@@ -315,9 +321,11 @@ class LockHandle:
             error = self._lost_error(code, "extend")
             self._mark_lost(owner, error)
             raise error
-        self.ttl, self._ttl_ms = ttl, ttl_ms
         with self._state:
+            if self._lost is not None:  # found lost by the heartbeat meanwhile: stays lost
+                raise self._lost.with_traceback(None)
             self._expires_at = sent_at + code / 1000
+        self.ttl, self._ttl_ms = ttl, ttl_ms
         if self.heartbeat:
             heartbeat().add(self)  # the tick period may have changed
         return code / 1000
@@ -388,6 +396,12 @@ class LockHandle:
             try:
                 self.on_lost(self)
             except Exception:
+                log.exception("on_lost callback of %r failed", self.name)
+            except BaseException:
+                if not renewing():
+                    raise  # the caller's own thread (check, extend): SystemExit is its to act on
+                # On a renewal thread, SystemExit or KeyboardInterrupt would end the renewal of
+                # every other lock of the process, silently.
                 log.exception("on_lost callback of %r failed", self.name)
 
     # -- helpers -----------------------------------------------------------------------------

@@ -36,7 +36,8 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from . import deployment
@@ -49,6 +50,16 @@ if TYPE_CHECKING:
     from .handle import RenewEntry
 
 log = logging.getLogger("celery_singleton_lock.heartbeat")
+
+
+#: Set while this thread applies renewal results (the heartbeat's threads, or ``tick()``).
+_renewing = threading.local()
+
+
+def renewing() -> bool:
+    """True while this thread is applying renewal results: a callback run from there (such
+    as ``on_lost``) must not end the thread, which renews every lock of the process."""
+    return bool(getattr(_renewing, "active", False))
 
 
 class Heartbeat:
@@ -159,7 +170,9 @@ class Heartbeat:
             last_tick = time.monotonic()
             try:
                 self._tick(wait=False)
-            except Exception:  # never let the renewal thread die silently
+            except BaseException:
+                # Never let the renewal thread die: it renews every lock of the process, and
+                # a SystemExit from a callback would end it silently.
                 log.exception("heartbeat tick failed")
 
     def tick(self) -> None:
@@ -256,12 +269,25 @@ class Heartbeat:
             codes = decode(client._call(run_batch, client.redis, calls))
         except LockBackendError as exc:
             log.warning("heartbeat could not reach Redis: %s", exc)
-            for handle, owner in zip(handles, owners, strict=True):
-                handle._renewal_failed(owner, exc)
+            with _applying():
+                for handle, owner in zip(handles, owners, strict=True):
+                    handle._renewal_failed(owner, exc)
             return
-        for handle, owner, code in zip(handles, owners, codes, strict=True):
-            if self.holds(handle):
-                handle._renewed(owner, code, sent_at)
+        with _applying():
+            for handle, owner, code in zip(handles, owners, codes, strict=True):
+                if self.holds(handle):
+                    handle._renewed(owner, code, sent_at)
+
+
+@contextmanager
+def _applying() -> Iterator[None]:
+    """Mark this thread as applying renewal results (see :func:`renewing`)."""
+    was = renewing()
+    _renewing.active = True
+    try:
+        yield
+    finally:
+        _renewing.active = was
 
 
 class _Workers:
@@ -308,7 +334,7 @@ class _Workers:
                     return
                 try:
                     job()
-                except Exception:  # never let a renewal thread die silently
+                except BaseException:  # as in Heartbeat._run: never die silently
                     log.exception("heartbeat renewal failed")
                 with self._lock:
                     if self._closed:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import arguments
 from .exceptions import ConfigurationError, LockError, LockNotHeld
-from .handle import LockHandle, RenewEntry
+from .handle import HOSTNAME, LockHandle, RenewEntry
 from .keys import FENCE_TTL_MS, name_tag
 from .scripts import ScriptCall, bound_to, register, source
 
@@ -176,9 +176,15 @@ class IntervalHandle(LockHandle):
     def _release(self, owner: str, delay_ms: int) -> int:
         return release_hold(self._client, self._keys, owner, delay_ms)
 
-    def _release_holder(self, task_id: str, pid: int, delay: float) -> bool:
+    def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
         return release_holder(
-            self._client, self._family, self.name, task_id=task_id, pid=pid, delay=delay
+            self._client,
+            self._family,
+            self.name,
+            task_id=task_id,
+            pid=pid,
+            host=host,
+            delay=delay,
         )
 
     def _change(
@@ -275,14 +281,15 @@ def clear_hold(
     held, -1 the fencing token differs, -2 renewed since ``renewed_ms`` (when given: the
     renewal time it had when listed stale, so a holder whose heartbeat resumed stays)."""
     name = arguments.check_name(name)
-    owner = arguments.check_name(owner, "owner")
+    owner = arguments.check_text(owner, "owner")
+    token = arguments.check_optional_token(token)
     keys = interval_keys(client.prefix, name, family)
     return release_hold(
         client,
         keys,
         owner,
         0,
-        "" if token is None else str(int(token)),
+        "" if token is None else str(token),
         "" if renewed_ms is None else str(int(renewed_ms)),
     )
 
@@ -313,18 +320,23 @@ def release_holder(
     *,
     task_id: str,
     pid: int,
+    host: str | None = None,
     delay: float = 0.0,
 ) -> bool:
     """Release (after ``delay`` seconds of delay-after) the holds of interval lock ``name``
-    that task ``task_id`` running in process ``pid`` has; for a supervisor (the Celery
-    worker's main process) whose child can no longer release, and which knows no owner token.
-    True if a hold was released.
+    that task ``task_id`` running in process ``pid`` on ``host`` (default: this machine)
+    has; for a supervisor (the Celery worker's main process) whose child can no longer
+    release, and which knows no owner token. True if a hold was released.
 
     It reads the owners, then their holder fields (a round trip each), then runs the release
     script on each match with the fencing token it read: that very hold goes, or nothing (it
     expired or was cleared meanwhile). Only after a crash, so a few round trips are fine."""
     name = arguments.check_name(name)
-    delay_ms = arguments.seconds_to_ms(arguments.check_delay(delay)) if delay > 0 else 0
+    task_id = arguments.check_text(task_id, "task_id")
+    pid = arguments.check_pid(pid)
+    host = arguments.check_host(host, HOSTNAME)
+    delay = arguments.check_delay(delay)
+    delay_ms = arguments.seconds_to_ms(delay) if delay > 0 else 0
     keys = interval_keys(client.prefix, name, family)
     redis = client.redis
     owners = [raw.decode() for raw in client._call(redis.zrange, keys.indexes[0], 0, -1)]
@@ -332,13 +344,14 @@ def release_holder(
         return False
     pipe = redis.pipeline(transaction=False)
     for owner in owners:
-        pipe.hmget(keys.holder(owner), "task_id", "pid", "token", "state")
+        pipe.hmget(keys.holder(owner), "task_id", "pid", "host", "token", "state")
     replies = client._call(pipe.execute)
-    wanted = (str(task_id).encode(), str(int(pid)).encode())
+    # The host too: pids are reused across machines (and containers).
+    wanted = (task_id.encode(), str(pid).encode(), host.encode())
     released = False
-    for owner, (held_by, held_in, token, state) in zip(owners, replies, strict=True):
+    for owner, (held_by, held_in, held_on, token, state) in zip(owners, replies, strict=True):
         # A hold in delay-after was released already: its delay must not start again.
-        if (held_by, held_in) != wanted or token is None or state == b"cooldown":
+        if (held_by, held_in, held_on) != wanted or token is None or state == b"cooldown":
             continue
         released = release_hold(client, keys, owner, delay_ms, token.decode()) == 1 or released
     return released

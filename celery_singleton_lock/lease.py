@@ -63,8 +63,10 @@ class Lease(LockHandle):
             [(lease._keys.lock, owner, ttl_ms) for lease, owner, ttl_ms in entries]
         )
 
-    def _release_holder(self, task_id: str, pid: int, delay: float) -> bool:
-        return self._client.release_holder(self.name, task_id=task_id, pid=pid, delay=delay)
+    def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
+        return self._client.release_holder(
+            self.name, task_id=task_id, pid=pid, host=host, delay=delay
+        )
 
     def _hand_over(self, new_owner: str, ttl: float, fields: dict[str, str]) -> None:
         """Pass the held name to ``new_owner`` (a claim) without freeing it in between; this

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import arguments
 from .exceptions import ConfigurationError
-from .handle import LockHandle, RenewEntry
+from .handle import HOSTNAME, LockHandle, RenewEntry
 from .keys import FENCE_TTL_MS, LockKeys, encode_name, lock_pattern
 from .scripts import GONE, TAKEN, ScriptCall, bound_to, register, source
 from .waiting import SUBSCRIBE_TIMEOUT
@@ -125,14 +125,10 @@ class MultiLease(LockHandle):
         self._tokens = tokens
         return True, max(tokens.values())
 
-    def _release_holder(self, task_id: str, pid: int, delay: float) -> bool:
-        # Every name, also after one found free: each is a hash of its own.
-        client = self._client
-        freed = [
-            client.release_holder(name, task_id=task_id, pid=pid, delay=delay)
-            for name in self.names
-        ]
-        return any(freed)
+    def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
+        return release_holder(
+            self._client, self.names, task_id=task_id, pid=pid, host=host, delay=delay
+        )
 
     def _release(self, owner: str, delay_ms: int, token: str = "") -> int:
         if is_cluster(self._client):
@@ -203,10 +199,36 @@ def clear_holder(client: LockClient, name: str, owner: str, token: int | None = 
     still holds it, atomically, and wake its waiters. The holder's other names stay held
     until its next heartbeat finds this one gone and stops renewing them."""
     keys = client._keys(arguments.check_name(name))
-    owner = arguments.check_name(owner, "owner")
+    owner = arguments.check_text(owner, "owner")
+    token = arguments.check_optional_token(token)
     code = client._call(
         scripts(client).release,
         keys=[keys.lock],
-        args=[owner, 0, "" if token is None else str(int(token)), keys.channel],
+        args=[owner, 0, "" if token is None else str(token), keys.channel],
     )
     return int(code) == 1
+
+
+def release_holder(
+    client: LockClient,
+    names: Iterable[str],
+    *,
+    task_id: str,
+    pid: int,
+    host: str | None = None,
+    delay: float = 0.0,
+) -> bool:
+    """Release (after ``delay`` seconds of delay-after) every one of ``names`` that task
+    ``task_id`` in process ``pid`` on ``host`` (default: this machine) holds: for a
+    supervisor whose child can no longer release. True if a name was released."""
+    checked = check_names(names)
+    task_id = arguments.check_text(task_id, "task_id")
+    pid = arguments.check_pid(pid)
+    host = arguments.check_host(host, HOSTNAME)
+    delay = arguments.check_delay(delay)
+    # Every name, also after one found free: each is a hash of its own.
+    freed = [
+        client.release_holder(name, task_id=task_id, pid=pid, host=host, delay=delay)
+        for name in checked
+    ]
+    return any(freed)

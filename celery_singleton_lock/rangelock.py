@@ -111,4 +111,21 @@ def clear_holder(client: LockClient, name: str, owner: str, token: int | None = 
     return intervals.clear_holder(client, FAMILY, name, owner, token)
 
 
-__all__ = ["RangeLock", "RangeLockHandle", "clear_holder", "list_holders"]
+def release_holder(
+    client: LockClient,
+    name: str,
+    *,
+    task_id: str,
+    pid: int,
+    host: str | None = None,
+    delay: float = 0.0,
+) -> bool:
+    """Release (after ``delay`` seconds of delay-after) the holds of range lock ``name``
+    that task ``task_id`` in process ``pid`` on ``host`` (default: this machine) has: for a
+    supervisor whose child can no longer release. True if a hold was released."""
+    return intervals.release_holder(
+        client, FAMILY, name, task_id=task_id, pid=pid, host=host, delay=delay
+    )
+
+
+__all__ = ["RangeLock", "RangeLockHandle", "clear_holder", "list_holders", "release_holder"]

@@ -13,6 +13,7 @@ from celery.worker.request import Request
 from kombu.asynchronous import get_event_loop
 
 from .exceptions import LockError
+from .handle import HOSTNAME
 
 log = logging.getLogger("celery_singleton_lock.task")
 
@@ -61,8 +62,9 @@ class SingletonRequest(Request):  # type: ignore[misc]
             return  # no child is known to have run it: there is no holder to match
         try:
             name = task.lock_name(self.args, self.kwargs)
+            # The child ran on this machine: its holder record carries this host name.
             released = task.release_holder(
-                self.args, self.kwargs, task_id=self.id, pid=self.worker_pid
+                self.args, self.kwargs, task_id=self.id, pid=self.worker_pid, host=HOSTNAME
             )
         except LockError as exc:
             log.warning("could not free the lock of %s[%s]: %s", task.name, self.id, exc)

@@ -108,10 +108,10 @@ class Scripts:
         return int(self._handover(keys=(lock_key,), args=(owner, new_owner, ttl_ms, *fields)))
 
     def release_holder(
-        self, lock_key: bytes, task_id: str, pid: int, delay_ms: int, channel: bytes
+        self, lock_key: bytes, task_id: str, pid: int, host: str, delay_ms: int, channel: bytes
     ) -> bool:
-        """Release the lock if task ``task_id`` in process ``pid`` holds it."""
-        reply = self._release_holder(keys=(lock_key,), args=(task_id, pid, delay_ms, channel))
+        """Release the lock if task ``task_id`` in process ``pid`` on ``host`` holds it."""
+        reply = self._release_holder(keys=(lock_key,), args=(task_id, pid, host, delay_ms, channel))
         return bool(reply)
 
     def renew_call(self, leases: Sequence[tuple[bytes, str, int]]) -> ScriptCall:

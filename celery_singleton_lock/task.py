@@ -200,13 +200,22 @@ class SingletonTask(Task):  # type: ignore[misc]
             return client.lease(name, **handle_options)
         return getattr(client.rwlock(name), mode)(**handle_options)  # type: ignore[no-any-return]
 
-    def release_holder(self, args: Any = (), kwargs: Any = None, *, task_id: str, pid: int) -> bool:
+    def release_holder(
+        self,
+        args: Any = (),
+        kwargs: Any = None,
+        *,
+        task_id: str,
+        pid: int,
+        host: str | None = None,
+    ) -> bool:
         """Release the lock a call with these arguments takes (see :meth:`make_lock`), after
-        ``lock_release_delay``, if run ``task_id`` in process ``pid`` holds it: for the worker's
-        main process once that child is gone. Holders are matched by task id and pid, so no
-        owner token is needed. True if something was released."""
+        ``lock_release_delay``, if run ``task_id`` in process ``pid`` on ``host`` (default:
+        this machine) holds it: for the worker's main process once that child is gone.
+        Holders are matched by task id, pid and host, so no owner token is needed; a claim
+        handed over to the task's next attempt is left alone. True if something was released."""
         handle = self.make_lock(args, kwargs)
-        return handle._release_holder(task_id, pid, self.lock_options.release_delay)
+        return handle._release_holder(task_id, pid, host, self.lock_options.release_delay)
 
     @property
     def lock(self) -> LockHandle | None:

@@ -162,8 +162,13 @@ class Notifier:
                     self._dispatch(conn.read_response())
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                 log.debug("pub/sub connection lost: %s", exc)
-            except Exception:  # pragma: no cover - keep the listener alive whatever happens
-                log.exception("pub/sub listener error")
+            except Exception as exc:
+                if self._closed.is_set():
+                    # close() disconnected the socket under the blocked read: redis-py then
+                    # fails in ways of its own (its reader is gone). Closing is no error.
+                    log.debug("pub/sub listener closed: %r", exc)
+                else:  # keep the listener alive whatever happens
+                    log.exception("pub/sub listener error")
             with self._lock:
                 conn, self._conn = self._conn, None
                 # Waiters look again now rather than at their hint: a release may be unseen.
