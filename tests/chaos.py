@@ -51,6 +51,9 @@ from waiting_helpers import start_celery_worker  # noqa: E402
 from celery_singleton_lock.embedded import RedisServer  # noqa: E402
 
 START_TIMEOUT = 90.0
+#: The faults the driver injects: kill a pool child, pause a holder past its lease, restart
+#: the lock Redis empty, kill a whole worker.
+FAULTS = ["kill_child", "pause", "restart", "kill_worker"]
 
 
 # -- workers ------------------------------------------------------------------------------------
@@ -225,6 +228,8 @@ def run_chaos(
             offset = 0
             paused: list[tuple[int, float, float]] = []  # pid, stopped at (server), cont at
             next_fault = time.monotonic() + rng.uniform(1.0, 2.5)
+            unseen = list(FAULTS)
+            rng.shuffle(unseen)
             end = time.monotonic() + seconds
 
             def poll() -> None:
@@ -260,10 +265,17 @@ def run_chaos(
                     chaos.apply_async((key, run, rng.uniform(0.05, 0.4)))
                 if time.monotonic() >= next_fault:
                     next_fault = time.monotonic() + rng.uniform(1.5, 3.0)
-                    fault = rng.choices(
-                        ["kill_child", "pause", "restart", "kill_worker"], [3, 3, 2, 1]
-                    )[0]
                     holders = [pid for pid in running if pid not in {p for p, _, _ in paused}]
+                    # Every kind of fault at least once (the test asserts each happened),
+                    # then at random: a short run must not depend on the seed's luck.
+                    fault = (
+                        next(
+                            (f for f in unseen if holders or f in ("restart", "kill_worker")), None
+                        )
+                        or rng.choices(FAULTS, [3, 3, 2, 1])[0]
+                    )
+                    if fault in unseen:
+                        unseen.remove(fault)
                     if fault == "kill_child" and holders:
                         pid = rng.choice(holders)
                         with contextlib.suppress(ProcessLookupError):
