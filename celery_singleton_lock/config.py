@@ -326,7 +326,11 @@ def check_setting_values(conf: Any) -> None:
         name = setting_name(option)
         value = conf.get(name, None)
         if value is not None:
-            values[option] = check(value, name)
+            try:
+                values[option] = check(value, name)
+            except ConfigurationError as exc:
+                problem = str(exc).partition(": ")[2]
+                raise ConfigurationError(name, f"bad configuration: {problem}") from None
     if "lock_lease" in values:
         ttl = values.get("lock_ttl", TASK_OPTIONS["lock_ttl"][0])
         ttl_from = "singleton_lock_ttl" if "lock_ttl" in values else "the default"

@@ -93,6 +93,11 @@ BAD_SETTINGS = [
         id="lease-above-ttl",
     ),
     pytest.param(
+        {"singleton_lock_url": "{url}", "singleton_lock_conflict": "never"},
+        "singleton_lock_conflict",
+        id="bad-setting-value",
+    ),
+    pytest.param(
         {"singleton_lock_url": "{url}", "singleton_lock_client_kwargs": {"bogus": 1}},
         "singleton_lock_client_kwargs",
         id="unknown-client-keyword",
