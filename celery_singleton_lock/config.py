@@ -355,7 +355,7 @@ def _broker_connection(url: str, conf: Any) -> tuple[str, dict[str, Any]]:
     scheme, _, rest = url.partition("://")
     scheme = scheme.lower()
     use_ssl = conf.get("broker_use_ssl", None)
-    if use_ssl:
+    if use_ssl and scheme != "unix":  # no TLS on a Unix socket
         if isinstance(use_ssl, dict):
             kwargs.update(use_ssl)
         # Kombu turns TLS on for a redis:// or sentinel:// broker with broker_use_ssl.

@@ -18,12 +18,12 @@ import redis
 from celery import Celery
 from celery.contrib.testing.worker import TestWorkController
 from celery.worker import state
-from redis_topologies import TLSServer, running
+from redis_topologies import SENTINEL_MASTER, SentinelSet, TLSServer, running
 
 from celery_singleton_lock import ConfigurationError, LockClient, SingletonTask, install
 from celery_singleton_lock.config import AppSettings
 from celery_singleton_lock.embedded import free_port
-from celery_singleton_lock.task import lock_client_for
+from celery_singleton_lock.task import lock_client_for, skipped_result
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
 
@@ -332,18 +332,43 @@ def test_client_kwargs_setting_reaches_the_redis_client(tls: TLSServer, lock_pre
     assert info.value.argument == "singleton_lock_client_kwargs"
 
 
-def test_a_sentinel_broker_lends_master_name_and_sentinel_kwargs() -> None:
+@pytest.fixture
+def sentinels() -> Iterator[SentinelSet]:
+    with running(SentinelSet()) as topology:
+        yield topology
+
+
+def test_a_sentinel_broker_lends_master_name_and_sentinel_kwargs(
+    sentinels: SentinelSet, lock_prefix: str
+) -> None:
     # Kombu's spelling: sentinels in the URL, the master in the transport options.
     app = make_app(
-        broker_url="sentinel://127.0.0.1:26379;sentinel://127.0.0.1:26380",
-        broker_transport_options={"master_name": "mymaster", "sentinel_kwargs": {"password": "s"}},
+        broker_url=f"sentinel://127.0.0.1:{sentinels.sentinel.port};sentinel://127.0.0.1:1",
+        broker_transport_options={
+            "master_name": SENTINEL_MASTER,
+            "sentinel_kwargs": {"socket_timeout": 4.5},
+        },
+        singleton_lock_prefix=lock_prefix,
     )
-    client = lock_client_for(app)  # a Sentinel client does no I/O until first used
+
+    @app.task(base=SingletonTask, shared=False, bind=True, lock_key="sentinel-job")
+    def job(self: Any) -> bool:
+        return bool(self.lock is not None and self.lock.held)
+
+    client = lock_client_for(app)
+    master = redis.Redis(port=sentinels.master.port)
     try:
         pool: Any = client.redis.connection_pool
-        assert pool.service_name == "mymaster"
+        assert pool.service_name == SENTINEL_MASTER
         for sentinel in pool.sentinel_manager.sentinels:
-            assert sentinel.connection_pool.connection_kwargs["password"] == "s"
-        assert client.url == "sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster/0"
+            assert sentinel.connection_pool.connection_kwargs["socket_timeout"] == 4.5
+        held = client.lease("sentinel-job", ttl=5, heartbeat=False)
+        assert held.acquire()
+        # The lock is on the master the sentinel names, and the task's runs meet it there.
+        assert master.exists(client._keys("sentinel-job").lock)
+        assert job.apply().get() == skipped_result("sentinel-job", None)
+        held.release()
+        assert job.apply().get() is True
     finally:
+        master.close()
         client.close()
