@@ -100,6 +100,9 @@ PER_TASK_ONLY = ("lock_key", "lock_range", "lock_keys")
 #: shorter than three of them: then a third of ``lock_ttl``.
 DEFAULT_LEASE: float = TASK_OPTIONS["lock_lease"][0]
 
+#: Where an option's value came from when neither the task nor the app set it.
+_BUILT_IN = "the default"
+
 
 def setting_name(option: str) -> str:
     """``lock_ttl`` -> ``singleton_lock_ttl``."""
@@ -177,12 +180,12 @@ class TaskLockOptions:
                 where = setting_name(option)
                 value = conf.get(where, None)
             if value is None:
-                value, where = default, "the default"
+                value, where = default, _BUILT_IN
             sources[option] = where
             values[option.removeprefix("lock_")] = (
                 check(value, where) if value is not None else None
             )
-        if sources["lock_lease"] == "the default":
+        if sources["lock_lease"] == _BUILT_IN:
             values["lease"] = default_lease(values["ttl"])
         else:
             check_lease_within_ttl(
@@ -333,7 +336,7 @@ def check_setting_values(conf: Any) -> None:
                 raise ConfigurationError(name, f"bad configuration: {problem}") from None
     if "lock_lease" in values:
         ttl = values.get("lock_ttl", TASK_OPTIONS["lock_ttl"][0])
-        ttl_from = "singleton_lock_ttl" if "lock_ttl" in values else "the default"
+        ttl_from = "singleton_lock_ttl" if "lock_ttl" in values else _BUILT_IN
         check_lease_within_ttl("singleton_lock_lease", values["lock_lease"], ttl_from, ttl)
 
 
