@@ -127,7 +127,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         """Raise :class:`ConfigurationError` if the app's lock settings or this task's
         options can never work; checked once per app and task, no Redis call."""
         AppSettings.for_app(self.app)
-        self.lock_options  # noqa: B018 (resolving is the check)
+        self.lock_naming  # noqa: B018 (resolving the options and key templates is the check)
 
     def apply(self, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any) -> Any:
         """As :meth:`celery.Task.apply`, but a configuration that can never work raises

@@ -147,6 +147,24 @@ def test_task_options_that_contradict_the_settings_stop_the_worker(
     assert "cfg.long_lease.lock_lease" in caplog.text and "singleton_lock_ttl" in caplog.text
 
 
+def test_a_range_over_missing_arguments_stops_the_worker(
+    lock_redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = make_app(singleton_lock_url=lock_redis_url)
+
+    @app.task(
+        base=SingletonTask, shared=False, name="cfg.range", lock_key="res", lock_range=("lo", "x")
+    )
+    def job(lo: int, hi: int) -> None: ...
+
+    with pytest.raises(ConfigurationError) as info:
+        job.delay(1, 2)
+    assert info.value.argument == "cfg.range.lock_range"
+    with caplog.at_level(logging.WARNING):
+        worker = start_and_wait_for_end(app)
+    assert worker.exitcode == 1 and "cfg.range.lock_range" in caplog.text
+
+
 def test_worker_starts_when_redis_is_merely_down(
     in_process_worker: WorkerFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -306,6 +324,17 @@ def test_a_tls_broker_lends_its_ssl_options_to_the_locks(tls: TLSServer, lock_pr
     try:
         assert job.apply().get() is True
         assert lock_client_for(app).url == f"rediss://127.0.0.1:{tls.port}/0"
+    finally:
+        lock_client_for(app).close()
+    # broker_use_ssl=True turns TLS on; the certificate comes from the lock client's kwargs.
+    app = make_app(
+        broker_url=f"redis://127.0.0.1:{tls.port}/0",
+        broker_use_ssl=True,
+        singleton_lock_prefix=lock_prefix,
+        singleton_lock_client_kwargs={"ssl_ca_certs": str(tls.cert)},
+    )
+    try:
+        assert lock_client_for(app).ping()
     finally:
         lock_client_for(app).close()
 
