@@ -22,7 +22,7 @@ from redis_topologies import SENTINEL_MASTER, SentinelSet, TLSServer, running
 
 from celery_singleton_lock import ConfigurationError, LockClient, SingletonTask, install
 from celery_singleton_lock.config import AppSettings
-from celery_singleton_lock.embedded import free_port
+from celery_singleton_lock.embedded import RedisServer, free_port
 from celery_singleton_lock.task import lock_client_for, skipped_result
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
@@ -203,6 +203,27 @@ def test_delay_and_apply_raise_before_sending(lock_redis_url: str, lock_prefix: 
         assert broker.llen(queue) == 0  # nothing was queued that could never run
     finally:
         broker.close()
+
+
+def test_the_check_at_delay_makes_no_redis_call(restartable_redis: RedisServer) -> None:
+    app = make_app(singleton_lock_url=restartable_redis.url)
+
+    @app.task(base=SingletonTask, shared=False)
+    def job(n: int) -> None: ...
+
+    locks = redis.Redis.from_url(restartable_redis.url)
+    try:
+
+        def commands() -> int:
+            return int(locks.info("stats")["total_commands_processed"])
+
+        before = commands()
+        for n in range(3):
+            job.delay(n)
+        # Only our own INFO calls reached the lock Redis.
+        assert commands() - before == 1
+    finally:
+        locks.close()
 
 
 def test_a_database_the_server_lacks_fails_runs_as_configuration(lock_redis_url: str) -> None:
