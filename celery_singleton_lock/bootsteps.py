@@ -18,12 +18,25 @@ class SingletonLockStep(bootsteps.StartStopStep):  # type: ignore[misc]
     label = "singleton-lock"
 
     def start(self, worker: Any) -> None:
-        from .exceptions import LockError
-        from .task import lock_client_for
+        """Stop the worker (by raising :class:`ConfigurationError`) on settings or task
+        options that can never work; only warn when Redis is merely down right now."""
+        from .config import AppSettings
+        from .exceptions import ConfigurationError, LockError
+        from .task import SingletonTask, lock_client_for
 
+        app = worker.app
+        settings = AppSettings.for_app(app)
+        for task in list(app.tasks.values()):
+            if isinstance(task, SingletonTask):
+                task.check_lock_configuration()
         try:
-            client = lock_client_for(worker.app)
+            client = lock_client_for(app)
             client.ping()
+        except ConfigurationError as exc:
+            if exc.argument != "url":
+                raise
+            # The server refused the URL itself (a database it does not have).
+            raise ConfigurationError(settings.url_setting, str(exc).partition(": ")[2]) from exc
         except LockError as exc:
             log.warning("singleton locks: Redis not reachable at start: %s", exc)
             return

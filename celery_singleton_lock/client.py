@@ -191,6 +191,15 @@ class LockClient:
         """Run one Redis operation; Redis failures become :class:`LockBackendError`."""
         try:
             return function(*args, **kwargs)
+        except redis.ResponseError as exc:
+            if "DB index is out of range" in str(exc):
+                # Retrying cannot help: the URL names a database this server does not have.
+                raise ConfigurationError(
+                    "url",
+                    f"bad configuration: {self.url}: the server has no such database "
+                    "(its 'databases' setting is lower); use a database number it has",
+                ) from exc
+            raise LockBackendError(f"Redis at {self.url}: {exc}") from exc
         except (redis.RedisError, RedisClusterException) as exc:
             raise LockBackendError(f"Redis at {self.url}: {exc}") from exc
 

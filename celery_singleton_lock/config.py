@@ -2,7 +2,8 @@
 
 Precedence, per option: the task's attribute (``@app.task(lock_ttl=...)``), then the app
 setting ``singleton_lock_<option without lock_>`` (``CELERY_SINGLETON_LOCK_TTL`` in Django),
-then the built-in default below.
+then the built-in default below. The default ``lock_lease`` adapts to a short ``lock_ttl``
+(a third of it); a lease set explicitly above the ttl is an error.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from . import arguments
+from . import arguments, deployment
 from .exceptions import ConfigurationError
 
 CONFLICT_POLICIES = ("skip", "retry", "raise")
@@ -95,10 +96,43 @@ TASK_OPTIONS: dict[str, tuple[Any, Callable[[Any, str], Any]]] = {
 #: Options with no app-wide setting: they only make sense per task.
 PER_TASK_ONLY = ("lock_key", "lock_range", "lock_keys")
 
+#: The lease a task gets when neither it nor the app sets one, unless ``lock_ttl`` is
+#: shorter than three of them: then a third of ``lock_ttl``.
+DEFAULT_LEASE: float = TASK_OPTIONS["lock_lease"][0]
+
+#: Where an option's value came from when neither the task nor the app set it.
+_BUILT_IN = "the default"
+
 
 def setting_name(option: str) -> str:
     """``lock_ttl`` -> ``singleton_lock_ttl``."""
     return "singleton_lock_" + option.removeprefix("lock_")
+
+
+#: Every app setting this package reads; any other ``singleton_lock_*`` key is a typo.
+APP_SETTINGS = (
+    "singleton_lock_url",
+    "singleton_lock_prefix",
+    "singleton_lock_client_kwargs",
+    *(setting_name(option) for option in TASK_OPTIONS if option not in PER_TASK_ONLY),
+)
+
+
+def default_lease(ttl: float) -> float:
+    """The lease of a task that sets none: 30 s, or a third of a shorter ``lock_ttl``."""
+    return min(DEFAULT_LEASE, ttl / 3)
+
+
+def check_lease_within_ttl(lease_from: str, lease: float, ttl_from: str, ttl: float) -> None:
+    """An explicit lease longer than the ttl can never be renewed to its end: refuse it,
+    naming where each value came from."""
+    if lease > ttl:
+        raise ConfigurationError(
+            lease_from,
+            f"bad configuration: lock_lease ({lease} s) must not exceed lock_ttl ({ttl} s, "
+            f"from {ttl_from}); lower the lease or leave it unset (the default lease is "
+            f"{DEFAULT_LEASE:g} s, or a third of a shorter lock_ttl)",
+        )
 
 
 def check_task_options(task_name: str, attrs: dict[str, Any]) -> None:
@@ -135,6 +169,7 @@ class TaskLockOptions:
     @classmethod
     def resolve(cls, task_name: str, task: Any, conf: Any) -> TaskLockOptions:
         values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
         for option, (default, check) in TASK_OPTIONS.items():
             # Static lookup: a callable lock_key stored on the class must not become a method.
             value = inspect.getattr_static(task, option, None)
@@ -145,16 +180,18 @@ class TaskLockOptions:
                 where = setting_name(option)
                 value = conf.get(where, None)
             if value is None:
-                value = default
+                value, where = default, _BUILT_IN
+            sources[option] = where
             values[option.removeprefix("lock_")] = (
                 check(value, where) if value is not None else None
             )
-        options = cls(**values)
-        if options.lease > options.ttl:
-            raise ConfigurationError(
-                f"{task_name}.lock_lease",
-                f"({options.lease} s) must not exceed lock_ttl ({options.ttl} s)",
+        if sources["lock_lease"] == _BUILT_IN:
+            values["lease"] = default_lease(values["ttl"])
+        else:
+            check_lease_within_ttl(
+                sources["lock_lease"], values["lease"], sources["lock_ttl"], values["ttl"]
             )
+        options = cls(**values)
         if options.on_enqueue and (
             options.mode != "exclusive" or options.range is not None or options.keys is not None
         ):
@@ -176,35 +213,167 @@ class TaskLockOptions:
 
 @dataclass(frozen=True)
 class AppSettings:
-    """App-wide settings: where the locks live."""
+    """App-wide settings: where the locks live, and how to connect there.
+
+    ``url_setting`` names the setting the URL came from (``singleton_lock_url``, or
+    ``broker_url`` when the locks share a Redis broker), for error messages;
+    ``client_kwargs`` go to the redis-py client."""
 
     url: str
     prefix: str
+    url_setting: str = "singleton_lock_url"
+    client_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         from .client import mask_password
 
-        return f"AppSettings(url={mask_password(self.url)!r}, prefix={self.prefix!r})"
+        return (
+            f"AppSettings(url={mask_password(self.url)!r}, prefix={self.prefix!r}, "
+            f"client_kwargs={sorted(self.client_kwargs)})"  # keys only: values hold secrets
+        )
+
+    @classmethod
+    def for_app(cls, app: Any) -> AppSettings:
+        """``from_conf(app.conf)``, checked once per app: later calls cost nothing."""
+        settings: AppSettings | None = getattr(app, "_singleton_lock_settings", None)
+        if settings is None:
+            settings = cls.from_conf(app.conf)
+            app._singleton_lock_settings = settings
+        return settings
 
     @classmethod
     def from_conf(cls, conf: Any) -> AppSettings:
+        """Read and check the ``singleton_lock_*`` settings of ``conf`` (no Redis call):
+        a :class:`ConfigurationError` names the setting, says what is wrong and how to fix
+        it."""
+        check_setting_names(conf)
+        check_setting_values(conf)
         url = conf.get("singleton_lock_url", None)
+        url_setting = "singleton_lock_url"
+        broker = conf.get("broker_url", None)
         if url is None:
-            broker = conf.get("broker_url", None) or ""
-            if isinstance(broker, str) and broker.split("://", 1)[0] in (
-                "redis",
-                "rediss",
-                "unix",
-            ):
-                url = broker
+            if not _is_broker_redis(broker):
+                raise ConfigurationError(
+                    "singleton_lock_url",
+                    f"bad configuration: not set, and the broker ({_safe(broker)}) is not "
+                    "Redis, so the locks need a Redis of their own: set singleton_lock_url "
+                    "= 'redis://host:6379/0' (CELERY_SINGLETON_LOCK_URL in Django settings)",
+                )
+            url, url_setting = broker, "broker_url"
         if not isinstance(url, str) or not url:
             raise ConfigurationError(
                 "singleton_lock_url",
-                "must be set (a redis:// URL) when the broker is not Redis",
+                f"bad configuration: must be a Redis URL such as 'redis://host:6379/0', "
+                f"got {url!r}",
             )
+        client_kwargs: dict[str, Any] = {}
+        if url == broker:
+            # The lock Redis is the broker: connect to it the way Kombu does.
+            url, client_kwargs = _broker_connection(url, conf)
+        try:
+            deployment.check_url(url)
+        except ValueError as exc:
+            raise ConfigurationError(
+                url_setting, f"bad configuration: {_safe(url)}: {exc}"
+            ) from None
+        own = conf.get("singleton_lock_client_kwargs", None)
+        if own is not None:
+            if not isinstance(own, dict) or not all(isinstance(key, str) for key in own):
+                raise ConfigurationError(
+                    "singleton_lock_client_kwargs",
+                    "bad configuration: must be a dict of redis-py client keyword "
+                    f"arguments, such as {{'ssl_ca_certs': '/etc/ssl/ca.pem'}}, got {own!r}",
+                )
+            client_kwargs.update(own)
         prefix = conf.get("singleton_lock_prefix", None)
         if prefix is None:  # "" is a prefix too: no prefix, not the default one
             prefix = "csl:"
         if not isinstance(prefix, str):
             raise ConfigurationError("singleton_lock_prefix", f"must be a str, got {prefix!r}")
-        return cls(url=url, prefix=prefix)
+        return cls(url=url, prefix=prefix, url_setting=url_setting, client_kwargs=client_kwargs)
+
+
+def _safe(url: Any) -> str:
+    from .client import mask_password
+
+    return mask_password(url) if isinstance(url, str) else repr(url)
+
+
+def check_setting_names(conf: Any) -> None:
+    """Refuse a ``singleton_lock_*`` key this package does not read (a typo such as
+    ``singleton_lock_tll`` would silently change nothing), however it is spelled: with
+    Django's ``CELERY_`` namespace the keys keep their upper-case prefixed names."""
+    namespace = (getattr(conf, "prefix", None) or "").upper()
+    unknown = []
+    for key in list(conf.keys()):
+        if not isinstance(key, str):
+            continue
+        name = key.upper()
+        if namespace and name.startswith(namespace):
+            name = name[len(namespace) :]
+        name = name.lower()
+        if name.startswith("singleton_lock_") and name not in APP_SETTINGS:
+            unknown.append(key)
+    if unknown:
+        raise ConfigurationError(
+            sorted(unknown)[0],
+            f"bad configuration: unknown setting (known settings: {', '.join(APP_SETTINGS)})",
+        )
+
+
+def check_setting_values(conf: Any) -> None:
+    """Check every task-option setting the app sets, and that an app-wide lease fits in
+    the app-wide ttl, so a bad value stops the worker at start rather than failing runs."""
+    values: dict[str, Any] = {}
+    for option, (_, check) in TASK_OPTIONS.items():
+        if option in PER_TASK_ONLY:
+            continue
+        name = setting_name(option)
+        value = conf.get(name, None)
+        if value is not None:
+            try:
+                values[option] = check(value, name)
+            except ConfigurationError as exc:
+                problem = str(exc).partition(": ")[2]
+                raise ConfigurationError(name, f"bad configuration: {problem}") from None
+    if "lock_lease" in values:
+        ttl = values.get("lock_ttl", TASK_OPTIONS["lock_ttl"][0])
+        ttl_from = "singleton_lock_ttl" if "lock_ttl" in values else _BUILT_IN
+        check_lease_within_ttl("singleton_lock_lease", values["lock_lease"], ttl_from, ttl)
+
+
+def _is_broker_redis(broker: Any) -> bool:
+    if not isinstance(broker, str):
+        return False
+    scheme = broker.split("://", 1)[0].lower() if "://" in broker else ""
+    if scheme in ("redis", "rediss", "unix"):
+        return True
+    # A Sentinel broker names its master in transport options (Kombu) or in the URL.
+    return scheme in deployment.SENTINEL_SCHEMES
+
+
+def _broker_connection(url: str, conf: Any) -> tuple[str, dict[str, Any]]:
+    """The lock URL and client keywords for the broker's Redis: TLS from
+    ``broker_use_ssl``, the Sentinel master and ``sentinel_kwargs`` from
+    ``broker_transport_options``."""
+    kwargs: dict[str, Any] = {}
+    scheme, _, rest = url.partition("://")
+    scheme = scheme.lower()
+    use_ssl = conf.get("broker_use_ssl", None)
+    if use_ssl and scheme != "unix":  # no TLS on a Unix socket
+        if isinstance(use_ssl, dict):
+            kwargs.update(use_ssl)
+        # Kombu turns TLS on for a redis:// or sentinel:// broker with broker_use_ssl.
+        tls_scheme = {"redis": "rediss", "sentinel": "rediss+sentinel"}
+        tls_scheme["redis+sentinel"] = "rediss+sentinel"
+        if scheme in tls_scheme:
+            scheme = tls_scheme[scheme]
+    if scheme in deployment.SENTINEL_SCHEMES:
+        options = conf.get("broker_transport_options", None) or {}
+        master = options.get("master_name") if isinstance(options, dict) else None
+        if master and "master_name=" not in rest:
+            rest += ("&" if "?" in rest else "?") + f"master_name={master}"
+        sentinel_kwargs = options.get("sentinel_kwargs") if isinstance(options, dict) else None
+        if sentinel_kwargs is not None:
+            kwargs["sentinel_kwargs"] = sentinel_kwargs
+    return f"{scheme}://{rest}", kwargs

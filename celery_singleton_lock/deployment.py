@@ -30,15 +30,62 @@ SENTINEL_SCHEMES = {"sentinel": False, "redis+sentinel": False, "rediss+sentinel
 DEFAULT_SENTINEL_PORT = 26379
 
 
+SINGLE_SCHEMES = ("redis", "rediss", "unix")
+
+
+def _scheme(url: str) -> str:
+    return url.split("://", 1)[0].lower() if "://" in url else ""
+
+
 def connect(url: str, **redis_kwargs: Any) -> Any:
     """The redis-py client for ``url``: ``redis.Redis``, ``redis.cluster.RedisCluster``, or
     a Sentinel-managed master client. ``redis_kwargs`` go to the connections."""
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    check_url(url)
+    scheme = _scheme(url)
     if scheme in CLUSTER_SCHEMES:
         return _cluster(url, CLUSTER_SCHEMES[scheme], redis_kwargs)
     if scheme in SENTINEL_SCHEMES:
         return _sentinel(url, SENTINEL_SCHEMES[scheme], redis_kwargs)
-    return redis.Redis.from_url(url, **redis_kwargs)
+    client = redis.Redis.from_url(url, **redis_kwargs)
+    pool: Any = client.connection_pool
+    try:
+        # Making a connection object does no I/O, but refuses keywords it does not know:
+        # now, rather than at the first command of every run.
+        pool.connection_class(**pool.connection_kwargs)
+    except TypeError as exc:
+        raise ValueError(f"bad client keyword argument: {exc}") from None
+    return client
+
+
+def check_url(url: str) -> None:
+    """Raise ``ValueError`` (saying how to fix it) if ``url`` can never reach a Redis: no
+    or an unknown scheme, a bad host list or port, a database that is not a number >= 0.
+    No I/O: whether the server has that many databases is only known when it answers."""
+    scheme = _scheme(url)
+    if scheme in CLUSTER_SCHEMES:
+        _cluster_parts(url, CLUSTER_SCHEMES[scheme])
+        return
+    if scheme in SENTINEL_SCHEMES:
+        _sentinel_parts(url, SENTINEL_SCHEMES[scheme])
+        return
+    if scheme not in SINGLE_SCHEMES:
+        given = f"scheme {scheme + '://'!r}" if scheme else "no scheme"
+        raise ValueError(
+            f"{given}: not a Redis URL; use redis://host:6379/0 (or rediss://, unix://, "
+            "redis+cluster://, sentinel://)"
+        )
+    parse_url: Any = connection.parse_url  # untyped in redis-py
+    options = parse_url(url)
+    if scheme != "unix":
+        _check_db_path(url.split("://", 1)[1].partition("?")[0].partition("/")[2])
+    if options.get("db", 0) < 0:
+        raise ValueError(f"database must be a number >= 0, got {options['db']}")
+
+
+def _check_db_path(path: str) -> None:
+    """redis-py reads ``/abc`` as database 0: refuse it rather than lock in the wrong one."""
+    if path and not path.isdigit():
+        raise ValueError(f"the path must be /<database number>, such as /0, got /{path}")
 
 
 def _split(url: str) -> tuple[str, list[tuple[str, int]], str, dict[str, str]]:
@@ -84,33 +131,48 @@ def _options(tls: bool, login: str, path: str, query: dict[str, str]) -> dict[st
     return options
 
 
+def _cluster_parts(url: str, tls: bool) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    login, nodes, path, query = _split(url)
+    _check_db_path(path.strip("/"))
+    options = _options(tls, login, path.rstrip("/") if path != "/" else "", query)
+    if options.pop("db", 0) not in (0, None):
+        raise ValueError("Redis Cluster has database 0 only")
+    return nodes, options
+
+
 def _cluster(url: str, tls: bool, redis_kwargs: dict[str, Any]) -> Any:
     from redis import cluster
 
     node_class: Any = cluster.ClusterNode  # untyped in redis-py
-    login, nodes, path, query = _split(url)
-    options = _options(tls, login, path.rstrip("/") if path != "/" else "", query)
-    if options.pop("db", 0) not in (0, None):
-        raise ValueError("Redis Cluster has database 0 only")
+    nodes, options = _cluster_parts(url, tls)
     options.update(redis_kwargs)
     startup = [node_class(host, port or 6379) for host, port in nodes]
     return cluster.RedisCluster(startup_nodes=startup, **options)
 
 
-def _sentinel(url: str, tls: bool, redis_kwargs: dict[str, Any]) -> Any:
-    from redis import sentinel
-
-    sentinel_class: Any = sentinel.Sentinel  # untyped in redis-py
+def _sentinel_parts(url: str, tls: bool) -> tuple[list[tuple[str, int]], str, dict[str, Any]]:
+    """(sentinels, master name, master connection options) of a Sentinel URL."""
     login, nodes, path, query = _split(url)
     parts = [part for part in path.split("/") if part]
     master = query.pop("master_name", None) or query.pop("service_name", None)
     if master is None and parts:
         master = parts.pop(0)
     if not master:
-        raise ValueError("no master name: sentinel://host:port/master-name[/db]")
+        raise ValueError(
+            "no master name: sentinel://host:port/master-name[/db] (or, for a Celery "
+            "broker, master_name in broker_transport_options)"
+        )
     if len(parts) > 1:
         raise ValueError(f"path must be /master-name[/db], got {path!r}")
-    options = _options(tls, login, "/" + parts[0] if parts else "", query)
+    _check_db_path(parts[0] if parts else "")
+    return nodes, master, _options(tls, login, "/" + parts[0] if parts else "", query)
+
+
+def _sentinel(url: str, tls: bool, redis_kwargs: dict[str, Any]) -> Any:
+    from redis import sentinel
+
+    sentinel_class: Any = sentinel.Sentinel  # untyped in redis-py
+    nodes, master, options = _sentinel_parts(url, tls)
     options.update(redis_kwargs)
     sentinel_kwargs = options.pop("sentinel_kwargs", None)
     if sentinel_kwargs is None:

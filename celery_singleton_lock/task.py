@@ -25,8 +25,15 @@ from celery.result import AsyncResult
 from . import events as _events  # noqa: F401
 from .claims import claim_owner
 from .client import LockClient
-from .config import AppSettings, TaskLockOptions, check_task_options
-from .exceptions import DuplicateTask, LockBackendError, LockError, LockLost, LockTimeout
+from .config import AppSettings, TaskLockOptions, check_lease_within_ttl, check_task_options
+from .exceptions import (
+    ConfigurationError,
+    DuplicateTask,
+    LockBackendError,
+    LockError,
+    LockLost,
+    LockTimeout,
+)
 from .handle import LockHandle
 from .lease import Lease
 from .naming import TaskKey
@@ -70,8 +77,18 @@ def lock_client_for(app: Any) -> LockClient:
     """The app's :class:`LockClient` (one per app; safe across fork)."""
     client: LockClient | None = getattr(app, "_singleton_lock_client", None)
     if client is None:
-        settings = AppSettings.from_conf(app.conf)
-        client = LockClient.from_url(settings.url, prefix=settings.prefix)
+        settings = AppSettings.for_app(app)
+        try:
+            client = LockClient.from_url(
+                settings.url, prefix=settings.prefix, **settings.client_kwargs
+            )
+        except ConfigurationError as exc:
+            # The URL passed its checks: the client keywords are what it refused.
+            raise ConfigurationError(
+                "singleton_lock_client_kwargs",
+                f"bad configuration: {str(exc).partition(': ')[2]}; it takes redis-py "
+                "client keyword arguments only",
+            ) from None
         app._singleton_lock_client = client
     return client
 
@@ -120,6 +137,11 @@ class SingletonTask(Task):  # type: ignore[misc]
         super().__init_subclass__(**kwargs)
         name = cls.__dict__.get("name") or cls.__name__
         check_task_options(name, dict(cls.__dict__))
+        # An explicit lease and ttl may come from different classes of the hierarchy.
+        if cls.lock_ttl is not None and cls.lock_lease is not None:
+            check_lease_within_ttl(
+                f"{name}.lock_lease", float(cls.lock_lease), f"{name}.lock_ttl", cls.lock_ttl
+            )
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -129,6 +151,18 @@ class SingletonTask(Task):  # type: ignore[misc]
         install(app)
 
     # -- resolved configuration --------------------------------------------------------------
+
+    def check_lock_configuration(self) -> None:
+        """Raise :class:`ConfigurationError` if the app's lock settings or this task's
+        options can never work; checked once per app and task, no Redis call."""
+        AppSettings.for_app(self.app)
+        self.lock_naming  # noqa: B018 (resolving the options and key templates is the check)
+
+    def apply(self, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any) -> Any:
+        """As :meth:`celery.Task.apply`, but a configuration that can never work raises
+        here rather than in the returned result."""
+        self.check_lock_configuration()
+        return super().apply(args, kwargs, *rest, **options)
 
     @property
     def lock_options(self) -> TaskLockOptions:
@@ -428,6 +462,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         """As :meth:`celery.Task.apply_async`. With ``lock_on_enqueue`` a duplicate of a
         queued or running call is not sent: its ``AsyncResult`` comes back instead (or
         :class:`DuplicateTask` is raised with ``lock_conflict="raise"``)."""
+        self.check_lock_configuration()  # no message that can never run is sent
         lock = self.lock_options
         if not lock.on_enqueue or self.app.conf.task_always_eager:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
