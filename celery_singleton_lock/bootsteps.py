@@ -56,6 +56,13 @@ class SingletonLockStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
     shutdown = stop
 
+    def terminate(self, worker: Any) -> None:
+        """Cold shutdown: release nothing. A run the pool cut off (a child terminated, a
+        greenlet killed, the solo pool's body interrupted) released its own lock on its way
+        out; a thread cannot be cut off, so its run goes on to its end holding its lock, and
+        releasing that here would let another run in beside it. A lock whose holder dies
+        without a word runs out within its lease."""
+
 
 def install(app: Any) -> None:
     """Add the worker step to ``app`` (idempotent)."""
