@@ -54,8 +54,8 @@ def test_the_step_starts_before_the_pool_so_it_stops_after_it(celery_lock_app: C
         without_gossip=True,
     )  # fmt: skip
     assert step_index(worker, SingletonLockStep) < step_index(worker, Pool)
-    # Steps that do not depend on each other come in an order that changes with the string
-    # hash seed: the step also finds its place when it is included after the pool.
+    # Steps that do not depend on each other come in set order, which changes from one
+    # process to the next: the step also finds its place when it is included after the pool.
     step = worker.steps.pop(step_index(worker, SingletonLockStep))
     assert step.include(worker)
     assert step_index(worker, SingletonLockStep) == step_index(worker, Pool) - 1
