@@ -100,20 +100,26 @@ def holder_task_id(client: LockClient, name: str) -> str | None:
     return value.decode() if value is not None else None
 
 
-@pytest.mark.timeout(90)
-def test_worker_stop_releases_only_after_the_threads_pool_drained(
-    celery_lock_app: Celery, gate: Gate, lock_client: LockClient
-) -> None:
-    """``WorkController.stop()`` (warm): the running task keeps its lock until it ends."""
-    setup_app_for_worker(celery_lock_app, "WARNING", None)
+def threads_worker(app: Celery) -> tuple[Any, threading.Thread]:
+    """A started threads-pool worker of ``app`` in this process, and the thread running it."""
+    setup_app_for_worker(app, "WARNING", None)
     worker = TestWorkController(
-        app=celery_lock_app, pool="threads", concurrency=2, without_heartbeat=True,
-        without_mingle=True, without_gossip=True, loglevel="WARNING", ready_callback=None,
+        app=app, pool="threads", concurrency=2, without_heartbeat=True, without_mingle=True,
+        without_gossip=True, loglevel="WARNING", ready_callback=None,
     )  # fmt: skip
     runner = threading.Thread(target=worker.start, daemon=True)
     runner.start()
     worker.ensure_started()
     _set_task_join_will_block(False)  # as start_worker does: this process is not a worker
+    return worker, runner
+
+
+@pytest.mark.timeout(90)
+def test_worker_stop_releases_only_after_the_threads_pool_drained(
+    celery_lock_app: Celery, gate: Gate, lock_client: LockClient
+) -> None:
+    """``WorkController.stop()`` (warm): the running task keeps its lock until it ends."""
+    worker, runner = threads_worker(celery_lock_app)
     result = gate.task.delay()
     assert gate.started.wait(TIMEOUT)
     stopper = threading.Thread(target=worker.stop, daemon=True)
@@ -128,6 +134,25 @@ def test_worker_stop_releases_only_after_the_threads_pool_drained(
     runner.join(TIMEOUT)
     assert not stopper.is_alive() and not runner.is_alive()
     assert gate.released == [result.id]  # released by the run itself, when it ended
+    assert holder_task_id(lock_client, "gate") is None
+
+
+@pytest.mark.timeout(90)
+def test_worker_shutdown_signal_before_the_pool_stopped_releases_nothing(
+    celery_lock_app: Celery, gate: Gate, lock_client: LockClient
+) -> None:
+    """``stop(in_sighandler=True)`` on a pool that is not signal-safe (threads, gevent,
+    eventlet) sends ``worker_shutdown`` without stopping anything: the task still runs."""
+    worker, runner = threads_worker(celery_lock_app)
+    result = gate.task.delay()
+    assert gate.started.wait(TIMEOUT)
+    worker.stop(in_sighandler=True)
+    assert holder_task_id(lock_client, "gate") == result.id
+    gate.open.set()
+    worker.stop()
+    runner.join(TIMEOUT)
+    assert not runner.is_alive()
+    assert gate.released == [result.id]
     assert holder_task_id(lock_client, "gate") is None
 
 
