@@ -451,5 +451,5 @@ def test_sigkilled_worker_frees_the_lock_within_the_lease(
         successor.release()
     finally:
         client.close()
-    assert waited < LEASE + 3
+    assert waited < LEASE + 5  # the lease, plus room for a slow machine
     assert not pool_workers.records(event="released", task_id=result.id)
