@@ -167,7 +167,9 @@ class Heartbeat:
                 continue  # a lease came or its ttl changed: recompute the period
             if self._stop.is_set():
                 break
-            last_tick = time.monotonic()
+            now = time.monotonic()
+            _warn_if_starved(now - (last_tick + period), period)
+            last_tick = now
             try:
                 self._tick(wait=False)
             except BaseException:
@@ -288,6 +290,23 @@ def _applying() -> Iterator[None]:
         yield
     finally:
         _renewing.active = was
+
+
+def _warn_if_starved(late: float, period: float) -> None:
+    """Say so when a tick comes more than a whole period late: the process did not let the
+    heartbeat run (a task body computing without ever yielding under the gevent or eventlet
+    pool, where this thread is a greenlet; a C call holding the GIL), so leases held meanwhile
+    may have run out while their holders still ran."""
+    if late > period:
+        log.warning(
+            "heartbeat ran %.1f s late (it renews every %.1f s): nothing let it run; leases "
+            "shorter than the wait may have run out. Under the gevent or eventlet pool a task "
+            "body must pause (gevent.sleep(0.001) / eventlet.sleep(0.001), or any I/O) more "
+            "often than lock_lease / 3, or lock_lease must be longer than its longest stretch "
+            "without pausing",
+            late + period,
+            period,
+        )
 
 
 class _Workers:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from celery.bootsteps import RUN
 from celery.signals import worker_process_shutdown, worker_shutdown
 from celery.utils.dispatch import Signal
 
@@ -39,5 +40,17 @@ def release_all_held(**_: Any) -> None:
             log.warning("could not release %r at shutdown: %s", lease.name, exc)
 
 
+def _release_at_worker_shutdown(sender: Any = None, **_: Any) -> None:
+    """``worker_shutdown``: release what this process still holds, unless the worker's steps
+    (its pool among them) are still running. Celery sends the signal after stopping them,
+    except from ``stop(in_sighandler=True)`` on a pool that is not signal-safe (threads,
+    gevent, eventlet), where the pool's tasks run on and still need their locks."""
+    blueprint = getattr(sender, "blueprint", None)
+    if getattr(blueprint, "state", None) == RUN:
+        log.debug("worker_shutdown while the pool still runs: nothing released")
+        return
+    release_all_held()
+
+
 worker_process_shutdown.connect(release_all_held, weak=False)
-worker_shutdown.connect(release_all_held, weak=False)
+worker_shutdown.connect(_release_at_worker_shutdown, weak=False)

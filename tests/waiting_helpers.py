@@ -49,10 +49,11 @@ def start_celery_worker(
     env: Mapping[str, str],
     log: Path,
     concurrency: int = 2,
+    pool: str = "prefork",
 ) -> subprocess.Popen[bytes]:
-    """A ``celery worker`` (prefork) in its own session, so the test can kill the whole
-    process group; its output goes to ``log``."""
-    command = [sys.executable, "-m", "celery", "-A", app_module, "worker", "-P", "prefork"]
+    """A ``celery worker`` (``pool``: prefork unless told) in its own session, so the test
+    can kill the whole process group; its output goes to ``log``."""
+    command = [sys.executable, "-m", "celery", "-A", app_module, "worker", "-P", pool]
     command += ["-c", str(concurrency), "-Q", ",".join(queues), "-n", name, "-l", "INFO"]
     command += ["--without-heartbeat", "--without-mingle", "--without-gossip"]
     with log.open("wb") as out:

@@ -1,0 +1,140 @@
+"""The Celery app that ``tests/test_pools.py`` runs in ``celery worker -P <pool>`` processes.
+
+Configured from the environment like ``worker_app.py`` (``CSL_WORKER_REDIS_URL``,
+``CSL_WORKER_PREFIX``, ``CSL_WORKER_QUEUE``). Every lock name is ``pool:<key>``, on a 2 s
+lease under a one-hour cap, so a lock that is not renewed is gone within seconds.
+
+Each task records ``start`` and ``end`` (and ``released``/``lost`` from our signals) on the
+list ``<prefix>runs``, with the server time, the fencing token, the pid and the thread or
+greenlet it ran on. Nothing here sleeps to synchronise with the test: ``gated`` holds its lock
+until the test sets the key ``<prefix>gate:<key>``, and the test polls the records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any
+
+from celery import Celery
+
+from celery_singleton_lock import SingletonTask, lock_lost, lock_released
+
+#: How long the records and gates stay in Redis (every key the tests make expires).
+RECORD_TTL = 600
+#: The lease of every task here, seconds.
+LEASE = 2.0
+
+
+def records_key(prefix: str) -> str:
+    return f"{prefix}runs"
+
+
+def gate_key(prefix: str, key: str) -> str:
+    return f"{prefix}gate:{key}"
+
+
+def make_app(url: str, prefix: str, queue: str = "celery") -> Celery:
+    """The app, with its tasks."""
+    app = Celery("pool_app", set_as_current=False)
+    app.conf.update(
+        broker_url=url,
+        result_backend=url,
+        result_expires=RECORD_TTL,
+        singleton_lock_url=url,
+        singleton_lock_prefix=prefix,
+        task_default_queue=queue,
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+    )
+
+    def record(task: Any, event: str, key: str, **fields: Any) -> None:
+        redis = task.lock_client.redis
+        seconds, micros = redis.time()
+        lease = task.lock
+        entry = {
+            "event": event,
+            "key": key,
+            "task_id": task.request.id,  # a field of ``fields`` may override it
+            "token": lease.token if lease is not None else None,
+            "pid": os.getpid(),
+            "thread": threading.get_ident(),
+            "time": int(seconds) + int(micros) / 1_000_000,
+            **fields,
+        }
+        pipe = redis.pipeline()
+        pipe.rpush(records_key(prefix), json.dumps(entry))
+        pipe.expire(records_key(prefix), RECORD_TTL)
+        pipe.execute()
+
+    @app.task(
+        base=SingletonTask, bind=True, shared=False, name="pool_app.hold",
+        lock_key="pool:{key}", lock_lease=LEASE, lock_ttl=3600, lock_wait=60,
+    )  # fmt: skip
+    def hold(self: Any, key: str, seconds: float) -> int:
+        """Waits up to a minute for the lock, then holds it ``seconds`` (yielding)."""
+        record(self, "start", key)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+        record(self, "end", key)
+        return int(self.lock.token)
+
+    @app.task(
+        base=SingletonTask, bind=True, shared=False, name="pool_app.gated",
+        lock_key="pool:{key}", lock_lease=LEASE, lock_ttl=3600,
+    )  # fmt: skip
+    def gated(self: Any, key: str) -> int:
+        """Holds the lock until the test sets the gate of ``key`` (polls, yielding)."""
+        redis = self.lock_client.redis
+        record(self, "start", key)
+        try:
+            while not redis.exists(gate_key(prefix, key)):
+                time.sleep(0.02)
+        finally:
+            record(self, "end", key)
+        return int(self.lock.token)
+
+    @app.task(
+        base=SingletonTask, bind=True, shared=False, name="pool_app.spin",
+        lock_key="pool:{key}", lock_lease=LEASE, lock_ttl=3600,
+    )  # fmt: skip
+    def spin(self: Any, key: str, seconds: float, yield_every: float = 0.0) -> int:
+        """CPU-bound: computes for ``seconds`` without a blocking call, so under gevent or
+        eventlet nothing else in the process runs meanwhile; with ``yield_every`` it pauses
+        for a millisecond that often (``time.sleep`` is ``gevent.sleep`` / ``eventlet.sleep``
+        once the worker has patched the standard library). Not ``sleep(0)``: under gevent
+        that runs no timer, so the heartbeat, waiting on one, would still not run."""
+        record(self, "start", key)
+        deadline = time.monotonic() + seconds
+        next_yield = time.monotonic() + yield_every
+        count = 0
+        while (now := time.monotonic()) < deadline:
+            count += 1
+            if yield_every and now >= next_yield:
+                time.sleep(0.001)
+                next_yield = now + yield_every
+        record(self, "end", key, lost=self.lock.lost)
+        return count
+
+    def on_released(sender: Any, name: str, lease: Any, task_id: str, **_: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            record(sender, "released", name.removeprefix("pool:"), released_token=lease.token)
+
+    def on_lost(sender: Any, name: str, lease: Any, task_id: str, **_: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            # Sent from the heartbeat, not from the run: the run's id comes with the signal.
+            record(sender, "lost", name.removeprefix("pool:"), task_id=task_id)
+
+    lock_released.connect(on_released, weak=False)
+    lock_lost.connect(on_lost, weak=False)
+    return app
+
+
+app = make_app(
+    os.environ.get("CSL_WORKER_REDIS_URL", "redis://127.0.0.1:1/0"),
+    os.environ.get("CSL_WORKER_PREFIX", "csltest:unset:"),
+    os.environ.get("CSL_WORKER_QUEUE", "celery"),
+)
