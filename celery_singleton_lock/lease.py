@@ -49,6 +49,7 @@ class Lease(LockHandle):
             FENCE_TTL_MS,
             self._describe_holder(),
             self._takeover,
+            waiting=reserve,
         )
 
     def _release(self, owner: str, delay_ms: int) -> int:

@@ -88,12 +88,16 @@ class Scripts:
         fence_ttl_ms: int,
         holder_fields: Sequence[Any],
         takeover: str = "",
+        *,
+        waiting: bool = False,
     ) -> tuple[bool, int]:
         """(True, fencing token) when taken, else (False, ms until the holder's expiry).
-        ``takeover``: the owner token of a claim this acquisition may replace."""
+        ``takeover``: the owner token of a claim this acquisition may replace. ``waiting``:
+        the caller will wait for a release, so a busy holder's release must publish."""
+        flag = "1" if waiting else ""
         taken, value = self._acquire(
             keys=(lock_key, fence_key),
-            args=(owner, ttl_ms, max_hold_ms, fence_ttl_ms, takeover, *holder_fields),
+            args=(owner, ttl_ms, max_hold_ms, fence_ttl_ms, takeover, flag, *holder_fields),
         )
         return bool(taken), int(value)
 

@@ -6,17 +6,28 @@
 -- ARGV[5]: owner token of a claim this acquisition may take over ('' for none): a lock held
 --          on behalf of a queued message (enqueue-time lock, retry) passes to the worker
 --          that runs that message, and to no other
--- ARGV[6..]: field, value pairs describing the holder (host, pid, thread, ...)
+-- ARGV[6]: '1' if the caller will wait for a release, else ''
+-- ARGV[7..]: field, value pairs describing the holder (host, pid, thread, ...)
 -- returns {1, fencing token}     taken
 --         {0, remaining ms}       held by another; when a waiter should look again at the latest
+--
+-- A caller that will wait marks the holder's hash (`waiting`), so that only a release of a
+-- marked hash pays for a PUBLISH. Every waiter makes a failed attempt after its subscription
+-- is live, so the holder it then waits for is marked; a new holder starts unmarked and is
+-- marked by the next failed attempt. A claim taken over keeps the mark of the claim.
 --
 -- The fencing token is max(last token + 1, server time in microseconds): it keeps increasing
 -- across expiry, clearing and loss of the counter, using the Redis server clock only.
 local remaining = redis.call('PTTL', KEYS[1])
+local waiting = nil
 if remaining ~= -2 then
   if ARGV[5] == '' or redis.call('HGET', KEYS[1], 'owner') ~= ARGV[5] then
+    if ARGV[6] == '1' then
+      redis.call('HSET', KEYS[1], 'waiting', 1)
+    end
     return {0, remaining}
   end
+  waiting = redis.call('HGET', KEYS[1], 'waiting')
   redis.call('DEL', KEYS[1])
 end
 local t = redis.call('TIME')
@@ -38,6 +49,9 @@ if max_hold > 0 then
   end
 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token, 'acquired_ms', now_ms,
-  'renewed_ms', now_ms, 'ttl_ms', ARGV[2], 'deadline_ms', deadline, unpack(ARGV, 6))
+  'renewed_ms', now_ms, 'ttl_ms', ARGV[2], 'deadline_ms', deadline, unpack(ARGV, 7))
+if waiting then
+  redis.call('HSET', KEYS[1], 'waiting', waiting)
+end
 redis.call('PEXPIRE', KEYS[1], lease)
 return {1, token}
