@@ -33,12 +33,14 @@ end
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
-local token = tonumber(redis.call('GET', KEYS[2]) or '0') + 1
-if token < now_us then
-  token = now_us
+-- One SET ... GET both records the token and reads the last one: a second write is needed
+-- only when the counter is not behind the clock (a clock stepped back, or the same µs).
+local token = string.format('%.0f', now_us)
+local last = tonumber(redis.call('SET', KEYS[2], token, 'PX', ARGV[4], 'GET') or '0')
+if last >= now_us then
+  token = string.format('%.0f', last + 1)
+  redis.call('SET', KEYS[2], token, 'PX', ARGV[4])
 end
-token = string.format('%.0f', token)
-redis.call('SET', KEYS[2], token, 'PX', ARGV[4])
 local lease = tonumber(ARGV[2])
 local max_hold = tonumber(ARGV[3])
 local deadline = 0
