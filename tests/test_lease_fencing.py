@@ -87,3 +87,17 @@ def test_tokens_increase_after_the_counter_is_deleted_and_after_a_restart(
         assert first < second < third
     finally:
         client.close()
+
+
+def test_interval_locks_follow_a_counter_ahead_of_the_clock(lock_client: LockClient) -> None:
+    # Reader-writer holds share the counter of the lease of the same name.
+    lease = lock_client.lease("shared", heartbeat=False)
+    ahead = server_us(lock_client) + 10**12
+    lock_client.redis.set(lease._keys.fence, ahead, px=60_000)
+    rw = lock_client.rwlock("shared")
+    tokens = []
+    for hold in (rw.read(heartbeat=False), rw.write(heartbeat=False), lease):
+        with hold:
+            tokens.append(hold.token)
+        assert_counter_expires(lock_client, lease._keys.fence)
+    assert tokens == [ahead + 1, ahead + 2, ahead + 3]
