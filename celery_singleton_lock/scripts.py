@@ -17,10 +17,11 @@ from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, KeyT
 
 from .deployment import is_cluster
+from .keys import FENCE_TTL_MS, key_base
 
 T = TypeVar("T")
 
-SCRIPT_NAMES = ("acquire", "release", "renew", "handover", "release_holder")
+SCRIPT_NAMES = ("acquire", "release", "renew", "handover", "release_holder", "fair_abandon")
 
 #: Codes shared by release.lua and renew.lua.
 GONE = 0
@@ -93,6 +94,7 @@ class Scripts:
         self._renew: Script = register(redis, source("renew"))
         self._handover: Script = register(redis, source("handover"))
         self._release_holder: Script = register(redis, source("release_holder"))
+        self._fair_abandon: Script = register(redis, source("fair_abandon"))
 
     def acquire(
         self,
@@ -106,20 +108,36 @@ class Scripts:
         takeover: str = "",
         *,
         waiting: bool = False,
+        fair_ms: int = 0,
     ) -> tuple[bool, int]:
         """(True, fencing token) when taken, else (False, ms until the holder's expiry).
         ``takeover``: the owner token of a claim this acquisition may replace. ``waiting``:
-        the caller will wait for a release, so a busy holder's release must publish."""
-        flag = "1" if waiting else ""
+        the caller will wait for a release, so a busy holder's release must publish.
+        ``fair_ms`` > 0: it waits in the queue instead, registered for that long."""
+        base = key_base(lock_key)
+        mode = "fair" if fair_ms > 0 else "1" if waiting else ""
         taken, value = self._acquire(
-            keys=(lock_key, fence_key),
-            args=(owner, ttl_ms, max_hold_ms, fence_ttl_ms, takeover, flag, *holder_fields),
-        )
+            keys=(lock_key, fence_key, *fair_keys(base, owner)),
+            args=(owner, ttl_ms, max_hold_ms, fence_ttl_ms, takeover, mode, fair_ms,
+                  *holder_fields),
+        )  # fmt: skip
         return bool(taken), int(value)
 
     def release(self, lock_key: bytes, owner: str, delay_ms: int, channel: bytes) -> int:
-        """1 released, GONE or TAKEN."""
-        return int(self._release(keys=(lock_key,), args=(owner, delay_ms, channel)))
+        """1 released (or handed to the oldest fair waiter), GONE or TAKEN."""
+        base = key_base(lock_key)
+        return int(
+            self._release(
+                keys=(lock_key, base + b"fence", base + b"queue"),
+                args=(owner, delay_ms, channel, base, FENCE_TTL_MS),
+            )
+        )
+
+    def fair_abandon(self, lock_key: bytes, owner: str) -> int:
+        """A fair waiter gives up: its fencing token if it was handed the lease meanwhile
+        (it then holds it), else 0."""
+        base = key_base(lock_key)
+        return int(self._fair_abandon(keys=(lock_key, *fair_keys(base, owner)), args=(owner,)))
 
     def handover(
         self, lock_key: bytes, owner: str, new_owner: str, ttl_ms: int, fields: Sequence[Any]
@@ -141,6 +159,12 @@ class Scripts:
         for _, owner, ttl_ms in leases:
             args += (owner, ttl_ms)
         return self._renew, keys, args
+
+
+def fair_keys(base: bytes, owner: str) -> tuple[bytes, bytes, bytes]:
+    """The fair-waiting keys of ``owner``: the queue, its registration, its hand-off list."""
+    raw = owner.encode()
+    return base + b"queue", base + b"w:" + raw, base + b"m:" + raw
 
 
 _bound: weakref.WeakKeyDictionary[Any, dict[Callable[[Any], Any], Any]] = (

@@ -6,6 +6,7 @@ from __future__ import annotations
 from celery_singleton_lock import LockClient
 from celery_singleton_lock.embedded import RedisServer
 from celery_singleton_lock.keys import FENCE_TTL_MS
+from celery_singleton_lock.scripts import fair_keys
 
 
 def server_us(client: LockClient) -> int:
@@ -50,14 +51,18 @@ def test_many_acquisitions_within_one_millisecond_get_increasing_tokens(
     with lease:  # loads the scripts
         first = lease.token
     scripts = lock_client._scripts
+    keys = lease._keys
     pipe = lock_client.redis.pipeline(transaction=False)
     for i in range(300):
         owner = f"owner-{i}"
         pipe.evalsha(
-            scripts._acquire.sha, 2, lease._keys.lock, lease._keys.fence,
-            owner, 30_000, 0, FENCE_TTL_MS, "", "", *lease._describe_holder(),
+            scripts._acquire.sha, 5, keys.lock, keys.fence, *fair_keys(keys.base, owner),
+            owner, 30_000, 0, FENCE_TTL_MS, "", "", 0, *lease._describe_holder(),
         )  # fmt: skip
-        pipe.evalsha(scripts._release.sha, 1, lease._keys.lock, owner, 0, lease._keys.channel)
+        pipe.evalsha(
+            scripts._release.sha, 3, keys.lock, keys.fence, keys.base + b"queue",
+            owner, 0, keys.channel, keys.base, FENCE_TTL_MS,
+        )  # fmt: skip
     replies = pipe.execute()
     tokens = [int(reply[1]) for reply in replies[::2]]
     assert all(int(reply[0]) == 1 for reply in replies[::2])

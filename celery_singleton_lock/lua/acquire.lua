@@ -1,28 +1,49 @@
 -- Take an exclusive lease on a name if nobody holds it (nor keeps it in delay-after).
 -- KEYS[1]: lock hash          KEYS[2]: fencing counter
+-- KEYS[3]: queue of fair waiters (list)   KEYS[4], KEYS[5]: this caller's registration hash
+--          and hand-off list (used with ARGV[6] = 'fair' only)
 -- ARGV[1]: owner token (unique per acquisition)
 -- ARGV[2]: lease length, ms   ARGV[3]: max-hold, ms (0: no cap)
 -- ARGV[4]: fencing counter ttl, ms
 -- ARGV[5]: owner token of a claim this acquisition may take over ('' for none): a lock held
 --          on behalf of a queued message (enqueue-time lock, retry) passes to the worker
 --          that runs that message, and to no other
--- ARGV[6]: '1' if the caller will wait for a release, else ''
--- ARGV[7..]: field, value pairs describing the holder (host, pid, thread, ...)
--- returns {1, fencing token}     taken
+-- ARGV[6]: '' a single try; '1' the caller will wait for a release; 'fair' it will wait in
+--          the queue, to be handed the lease by a release (release.lua)
+-- ARGV[7]: registration lifetime of a fair waiter, ms (it refreshes it while it waits)
+-- ARGV[8..]: field, value pairs describing the holder (host, pid, thread, ...)
+-- returns {1, fencing token}     taken (or, for a fair waiter, handed to it meanwhile)
 --         {0, remaining ms}       held by another; when a waiter should look again at the latest
 --
 -- A caller that will wait marks the holder's hash (`waiting`), so that only a release of a
--- marked hash pays for a PUBLISH. Every waiter makes a failed attempt after its subscription
--- is live, so the holder it then waits for is marked; a new holder starts unmarked and is
--- marked by the next failed attempt. A claim taken over keeps the mark of the claim.
+-- marked hash pays for a PUBLISH (or a hand-off). Every waiter makes a failed attempt after
+-- its subscription is live, so the holder it then waits for is marked; a new holder starts
+-- unmarked and is marked by the next failed attempt. A claim taken over keeps the mark.
+--
+-- A fair waiter also queues its owner token once and keeps a registration (its ttl, max-hold
+-- and holder fields) that expires unless refreshed by its next attempt: a waiter that died
+-- is skipped by the release instead of being handed the lease.
 --
 -- The fencing token is max(last token + 1, server time in microseconds): it keeps increasing
 -- across expiry, clearing and loss of the counter, using the Redis server clock only.
 local remaining = redis.call('PTTL', KEYS[1])
 local waiting = nil
 if remaining ~= -2 then
-  if ARGV[5] == '' or redis.call('HGET', KEYS[1], 'owner') ~= ARGV[5] then
-    if ARGV[6] == '1' then
+  local owner = redis.call('HGET', KEYS[1], 'owner')
+  if ARGV[5] == '' or owner ~= ARGV[5] then
+    if ARGV[6] == 'fair' then
+      if owner == ARGV[1] then  -- handed over while it was not listening
+        redis.call('DEL', KEYS[4], KEYS[5])
+        return {1, redis.call('HGET', KEYS[1], 'token')}
+      end
+      if redis.call('EXISTS', KEYS[4]) == 0 then
+        redis.call('RPUSH', KEYS[3], ARGV[1])
+        redis.call('HSET', KEYS[4], 'ttl_ms', ARGV[2], 'max_hold_ms', ARGV[3], unpack(ARGV, 8))
+      end
+      redis.call('PEXPIRE', KEYS[4], ARGV[7])
+      redis.call('PEXPIRE', KEYS[3], ARGV[7])
+    end
+    if ARGV[6] ~= '' then
       redis.call('HSET', KEYS[1], 'waiting', 1)
     end
     return {0, remaining}
@@ -51,9 +72,13 @@ if max_hold > 0 then
   end
 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token, 'acquired_ms', now_ms,
-  'renewed_ms', now_ms, 'ttl_ms', ARGV[2], 'deadline_ms', deadline, unpack(ARGV, 7))
+  'renewed_ms', now_ms, 'ttl_ms', ARGV[2], 'deadline_ms', deadline, unpack(ARGV, 8))
 if waiting then
   redis.call('HSET', KEYS[1], 'waiting', waiting)
 end
 redis.call('PEXPIRE', KEYS[1], lease)
+if ARGV[6] == 'fair' and redis.call('EXISTS', KEYS[4]) == 1 then
+  redis.call('LREM', KEYS[3], 0, ARGV[1])
+  redis.call('DEL', KEYS[4])
+end
 return {1, token}

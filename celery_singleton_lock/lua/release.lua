@@ -1,11 +1,17 @@
 -- Release a lease, now or after a delay during which the name stays locked with no owner.
--- KEYS[1]: lock hash
+-- KEYS[1]: lock hash   KEYS[2]: fencing counter   KEYS[3]: queue of fair waiters
 -- ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)   ARGV[3]: wake-up channel
--- Publishes only if a waiter marked the hash (see acquire.lua): an uncontended release does
--- not pay for it. A delay-after release publishes nothing: waiters look again when it ends.
--- returns 1   released
+-- ARGV[4]: key base of the name (a fair waiter W registers at base..'w:'..W and is handed
+--          the lease on the list base..'m:'..W; same hash tag as KEYS)
+-- ARGV[5]: fencing counter ttl, ms
+-- returns 1   released (or handed to the oldest live fair waiter)
 --         0   not held: the lease expired and nobody holds the name
 --        -1   another owner holds the name (or it is in another holder's delay-after)
+--
+-- Only a hash a waiter marked (see acquire.lua) is handed over or published: an uncontended
+-- release pays for neither. A delay-after release does neither: waiters look again when it
+-- ends. A hand-off makes the waiter the holder at once, with its own ttl, max-hold and holder
+-- fields, and a fresh fencing token; the waiter's blocked BLPOP returns that token.
 local holder = redis.call('HMGET', KEYS[1], 'owner', 'waiting')
 local owner = holder[1]
 if not owner then
@@ -20,10 +26,52 @@ if delay > 0 then
   local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call('HSET', KEYS[1], 'owner', '', 'state', 'cooldown', 'released_ms', now_ms)
   redis.call('PEXPIRE', KEYS[1], delay)
-else
-  redis.call('DEL', KEYS[1])
-  if holder[2] then
-    redis.call('PUBLISH', ARGV[3], 'released')
+  return 1
+end
+redis.call('DEL', KEYS[1])
+if not holder[2] then
+  return 1
+end
+while true do
+  local next_owner = redis.call('LPOP', KEYS[3])
+  if not next_owner then
+    break
+  end
+  local registration = ARGV[4] .. 'w:' .. next_owner
+  local fields = redis.call('HGETALL', registration)
+  if #fields > 0 then
+    redis.call('DEL', registration)
+    local wanted = {}
+    for i = 1, #fields, 2 do
+      wanted[fields[i]] = fields[i + 1]
+    end
+    local t = redis.call('TIME')
+    local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local now_ms = math.floor(now_us / 1000)
+    local token = string.format('%.0f', now_us)
+    local last = tonumber(redis.call('SET', KEYS[2], token, 'PX', ARGV[5], 'GET') or '0')
+    if last >= now_us then
+      token = string.format('%.0f', last + 1)
+      redis.call('SET', KEYS[2], token, 'PX', ARGV[5])
+    end
+    local lease = tonumber(wanted['ttl_ms'])
+    local max_hold = tonumber(wanted['max_hold_ms'])
+    local deadline = 0
+    if max_hold > 0 then
+      deadline = now_ms + max_hold
+      lease = math.min(lease, max_hold)
+    end
+    redis.call('HSET', KEYS[1], unpack(fields))
+    redis.call('HDEL', KEYS[1], 'max_hold_ms')
+    -- Still marked: the rest of the queue (and any other waiter) waits for this holder.
+    redis.call('HSET', KEYS[1], 'owner', next_owner, 'token', token, 'acquired_ms', now_ms,
+      'renewed_ms', now_ms, 'deadline_ms', deadline, 'waiting', 1)
+    redis.call('PEXPIRE', KEYS[1], lease)
+    local handed = ARGV[4] .. 'm:' .. next_owner
+    redis.call('RPUSH', handed, token)
+    redis.call('PEXPIRE', handed, lease)
+    return 1
   end
 end
+redis.call('PUBLISH', ARGV[3], 'released')
 return 1
