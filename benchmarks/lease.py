@@ -145,7 +145,8 @@ def run(ctx: Context) -> list[Table]:
         beat.notes.append("server counts include any other client of the shared REDIS_URL")
 
     handoff_ms = median(latencies["ours"])
-    handoff_p95 = percentile(latencies["ours"], 95)
+    fair_ms = median(latencies["ours-fair"])
+    fair_p95 = percentile(latencies["ours-fair"], 95)
     rival_ms = median(latencies["python-redis-lock"])
     versus_redis_py = paired_ratio(rates["ours"], rates["redis-py"])
     server_ratio = server_us["ours"] / server_us["floor"]
@@ -162,14 +163,19 @@ def run(ctx: Context) -> list[Table]:
         verdict(ratios["ours"] >= TARGET_RATIO),
     )
     targets.add(
-        "hand-off median <= python-redis-lock's",
-        f"{handoff_ms:.2f} vs {rival_ms:.2f} ms",
-        verdict(handoff_ms <= rival_ms),
+        "hand-off median <= python-redis-lock's (fair=True)",
+        f"{fair_ms:.2f} vs {rival_ms:.2f} ms",
+        verdict(fair_ms <= rival_ms),
     )
     targets.add(
-        f"hand-off p95 <= {TARGET_HANDOFF_P95_MS:g} ms",
-        f"{handoff_p95:.2f} ms",
-        verdict(handoff_p95 <= TARGET_HANDOFF_P95_MS),
+        f"hand-off p95 <= {TARGET_HANDOFF_P95_MS:g} ms (fair=True)",
+        f"{fair_p95:.2f} ms",
+        verdict(fair_p95 <= TARGET_HANDOFF_P95_MS),
+    )
+    targets.add(
+        "hand-off median <= python-redis-lock's (default, pub/sub)",
+        f"{handoff_ms:.2f} vs {rival_ms:.2f} ms",
+        verdict(handoff_ms <= rival_ms),
     )
     targets.add(
         f"server us per lease pair <= {TARGET_SERVER_RATIO:g}x floor's",

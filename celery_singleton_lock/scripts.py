@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Any, TypeVar
 
@@ -114,10 +114,13 @@ class Scripts:
         ``takeover``: the owner token of a claim this acquisition may replace. ``waiting``:
         the caller will wait for a release, so a busy holder's release must publish.
         ``fair_ms`` > 0: it waits in the queue instead, registered for that long."""
-        base = key_base(lock_key)
-        mode = "fair" if fair_ms > 0 else "1" if waiting else ""
+        keys: tuple[bytes, ...]
+        if fair_ms > 0:
+            mode, keys = "fair", (lock_key, fence_key, *fair_keys(key_base(lock_key), owner))
+        else:
+            mode, keys = "1" if waiting else "", (lock_key, fence_key)
         taken, value = self._acquire(
-            keys=(lock_key, fence_key, *fair_keys(base, owner)),
+            keys=keys,
             args=(owner, ttl_ms, max_hold_ms, fence_ttl_ms, takeover, mode, fair_ms,
                   *holder_fields),
         )  # fmt: skip
@@ -125,11 +128,10 @@ class Scripts:
 
     def release(self, lock_key: bytes, owner: str, delay_ms: int, channel: bytes) -> int:
         """1 released (or handed to the oldest fair waiter), GONE or TAKEN."""
-        base = key_base(lock_key)
+        fence, queue, base = release_keys(lock_key)
         return int(
             self._release(
-                keys=(lock_key, base + b"fence", base + b"queue"),
-                args=(owner, delay_ms, channel, base, FENCE_TTL_MS),
+                keys=(lock_key, fence, queue), args=(owner, delay_ms, channel, base, FENCE_TTL_MS)
             )
         )
 
@@ -159,6 +161,14 @@ class Scripts:
         for _, owner, ttl_ms in leases:
             args += (owner, ttl_ms)
         return self._renew, keys, args
+
+
+@lru_cache(maxsize=1024)
+def release_keys(lock_key: bytes) -> tuple[bytes, bytes, bytes]:
+    """The fencing counter, the fair queue and the key base of the lock hash ``lock_key``:
+    made once per name, as they are on every release's path."""
+    base = key_base(lock_key)
+    return base + b"fence", base + b"queue", base
 
 
 def fair_keys(base: bytes, owner: str) -> tuple[bytes, bytes, bytes]:

@@ -1,7 +1,7 @@
 -- Take an exclusive lease on a name if nobody holds it (nor keeps it in delay-after).
 -- KEYS[1]: lock hash          KEYS[2]: fencing counter
 -- KEYS[3]: queue of fair waiters (list)   KEYS[4], KEYS[5]: this caller's registration hash
---          and hand-off list (used with ARGV[6] = 'fair' only)
+--          and hand-off list (KEYS[3..5] only with ARGV[6] = 'fair')
 -- ARGV[1]: owner token (unique per acquisition)
 -- ARGV[2]: lease length, ms   ARGV[3]: max-hold, ms (0: no cap)
 -- ARGV[4]: fencing counter ttl, ms
