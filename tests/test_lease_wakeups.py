@@ -240,3 +240,25 @@ def test_waiters_take_the_name_in_turn_each_woken_by_a_release(
             if background.done.is_set() and waiter.held:
                 assert background.results == [True] and not background.errors
                 waiter.release()
+
+
+def test_uncontended_acquire_and_release_are_one_round_trip_each(lock_client: LockClient) -> None:
+    plain = lock_client.lease("trips", ttl=30)
+    fair = lock_client.lease("trips", ttl=30, fair=True)
+    assert plain.acquire()  # loads the scripts
+    plain.release()
+    sent: list[object] = []
+    send = lock_client.redis.execute_command
+
+    def counting(*args: Any, **options: Any) -> Any:
+        sent.append(args[0])
+        return send(*args, **options)
+
+    lock_client.redis.execute_command = counting
+    try:
+        for handle in (plain, fair):
+            assert handle.acquire(wait=5)  # a caller that would wait, uncontended: one call
+            handle.release()
+    finally:
+        del lock_client.redis.execute_command
+    assert sent == ["EVALSHA"] * 4
