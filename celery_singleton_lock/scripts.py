@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from functools import cache, lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any, TypeVar
 
@@ -128,12 +128,7 @@ class Scripts:
 
     def release(self, lock_key: bytes, owner: str, delay_ms: int, channel: bytes) -> int:
         """1 released (or handed to the oldest fair waiter), GONE or TAKEN."""
-        fence, queue, base = release_keys(lock_key)
-        return int(
-            self._release(
-                keys=(lock_key, fence, queue), args=(owner, delay_ms, channel, base, FENCE_TTL_MS)
-            )
-        )
+        return int(self._release(keys=(lock_key,), args=(owner, delay_ms, channel, FENCE_TTL_MS)))
 
     def fair_abandon(self, lock_key: bytes, owner: str) -> int:
         """A fair waiter gives up: its fencing token if it was handed the lease meanwhile
@@ -161,14 +156,6 @@ class Scripts:
         for _, owner, ttl_ms in leases:
             args += (owner, ttl_ms)
         return self._renew, keys, args
-
-
-@lru_cache(maxsize=1024)
-def release_keys(lock_key: bytes) -> tuple[bytes, bytes, bytes]:
-    """The fencing counter, the fair queue and the key base of the lock hash ``lock_key``:
-    made once per name, as they are on every release's path."""
-    base = key_base(lock_key)
-    return base + b"fence", base + b"queue", base
 
 
 def fair_keys(base: bytes, owner: str) -> tuple[bytes, bytes, bytes]:

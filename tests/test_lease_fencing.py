@@ -60,8 +60,7 @@ def test_many_acquisitions_within_one_millisecond_get_increasing_tokens(
             owner, 30_000, 0, FENCE_TTL_MS, "", "", 0, *lease._describe_holder(),
         )  # fmt: skip
         pipe.evalsha(
-            scripts._release.sha, 3, keys.lock, keys.fence, keys.base + b"queue",
-            owner, 0, keys.channel, keys.base, FENCE_TTL_MS,
+            scripts._release.sha, 1, keys.lock, owner, 0, keys.channel, FENCE_TTL_MS,
         )  # fmt: skip
     replies = pipe.execute()
     tokens = [int(reply[1]) for reply in replies[::2]]

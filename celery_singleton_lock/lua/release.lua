@@ -1,16 +1,17 @@
 -- Release a lease, now or after a delay during which the name stays locked with no owner.
--- KEYS[1]: lock hash   KEYS[2]: fencing counter   KEYS[3]: queue of fair waiters
+-- KEYS[1]: lock hash (P{T}:lock)
 -- ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)   ARGV[3]: wake-up channel
--- ARGV[4]: key base of the name (a fair waiter W registers at base..'w:'..W and is handed
---          the lease on the list base..'m:'..W; same hash tag as KEYS)
--- ARGV[5]: fencing counter ttl, ms
+-- ARGV[4]: fencing counter ttl, ms
 -- returns 1   released (or handed to the oldest live fair waiter)
 --         0   not held: the lease expired and nobody holds the name
 --        -1   another owner holds the name (or it is in another holder's delay-after)
 --
 -- Only a hash a waiter marked (see acquire.lua) is handed over or published: an uncontended
--- release pays for neither. A delay-after release does neither: waiters look again when it
--- ends. A hand-off makes the waiter the holder at once, with its own ttl, max-hold and holder
+-- release pays for neither, nor for the keys only a hand-off needs. Those are named here from
+-- the lock hash's own name (same hash tag, so the same slot): the fencing counter P{T}:fence,
+-- the queue of fair waiters P{T}:queue, a waiter W's registration P{T}:w:W and the list it
+-- blocks on, P{T}:m:W. A delay-after release does neither: waiters look again when it ends.
+-- A hand-off makes the waiter the holder at once, with its own ttl, max-hold and holder
 -- fields, and a fresh fencing token; the waiter's blocked BLPOP returns that token.
 local holder = redis.call('HMGET', KEYS[1], 'owner', 'waiting')
 local owner = holder[1]
@@ -32,12 +33,14 @@ redis.call('DEL', KEYS[1])
 if not holder[2] then
   return 1
 end
+local base = string.sub(KEYS[1], 1, -5)
+local fence = base .. 'fence'
 while true do
-  local next_owner = redis.call('LPOP', KEYS[3])
+  local next_owner = redis.call('LPOP', base .. 'queue')
   if not next_owner then
     break
   end
-  local registration = ARGV[4] .. 'w:' .. next_owner
+  local registration = base .. 'w:' .. next_owner
   local fields = redis.call('HGETALL', registration)
   if #fields > 0 then
     redis.call('DEL', registration)
@@ -49,10 +52,10 @@ while true do
     local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
     local now_ms = math.floor(now_us / 1000)
     local token = string.format('%.0f', now_us)
-    local last = tonumber(redis.call('SET', KEYS[2], token, 'PX', ARGV[5], 'GET') or '0')
+    local last = tonumber(redis.call('SET', fence, token, 'PX', ARGV[4], 'GET') or '0')
     if last >= now_us then
       token = string.format('%.0f', last + 1)
-      redis.call('SET', KEYS[2], token, 'PX', ARGV[5])
+      redis.call('SET', fence, token, 'PX', ARGV[4])
     end
     local lease = tonumber(wanted['ttl_ms'])
     local max_hold = tonumber(wanted['max_hold_ms'])
@@ -67,7 +70,7 @@ while true do
     redis.call('HSET', KEYS[1], 'owner', next_owner, 'token', token, 'acquired_ms', now_ms,
       'renewed_ms', now_ms, 'deadline_ms', deadline, 'waiting', 1)
     redis.call('PEXPIRE', KEYS[1], lease)
-    local handed = ARGV[4] .. 'm:' .. next_owner
+    local handed = base .. 'm:' .. next_owner
     redis.call('RPUSH', handed, token)
     redis.call('PEXPIRE', handed, lease)
     return 1
