@@ -137,8 +137,11 @@ class OurLease:
         ttl: float,
         *,
         heartbeat: bool = True,
+        fair: bool = False,
     ) -> None:
-        self._lease = LockClient(client, prefix=prefix).lease(name, ttl=ttl, heartbeat=heartbeat)
+        self._lease = LockClient(client, prefix=prefix).lease(
+            name, ttl=ttl, heartbeat=heartbeat, fair=fair
+        )
 
     def try_acquire(self) -> bool:
         return self._lease.acquire(wait=0)
@@ -178,6 +181,10 @@ class OurScripts:
             raise RuntimeError("not held")
 
 
+def our_fair_lease(client: redis.Redis, prefix: str, name: str, ttl: float) -> OurLease:
+    return OurLease(client, prefix, name, ttl, fair=True)
+
+
 def our_lease_without_heartbeat(
     client: redis.Redis, prefix: str, name: str, ttl: float
 ) -> OurLease:
@@ -200,6 +207,12 @@ ANCHORS: dict[str, Anchor] = {
         Anchor("pottery", "pottery Redlock, 1 master", "retries after random 0-0.2 s", PotteryLock),
         Anchor(
             "ours", "ours: LockClient.lease(heartbeat=True)", "pub/sub wake-up on release", OurLease
+        ),
+        Anchor(
+            "ours-fair",
+            "ours: LockClient.lease(fair=True)",
+            "handed the lease by the release (BLPOP)",
+            our_fair_lease,
         ),
     )
 }

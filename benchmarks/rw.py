@@ -1,6 +1,7 @@
 """Section ``rw``: reader-writer and range locks.
 
 - read-lock acquire+release pairs/s against the exclusive lease's, rounds interleaved;
+- server time per pair (``INFO commandstats``) of a read hold against a lease;
 - range acquire+release cost with 10, 1,000 and 10,000 disjoint ranges held;
 - hand-off: a writer releases while a reader (own client, own thread) waits for it.
 """
@@ -12,18 +13,22 @@ import gc
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from celery_singleton_lock import LockClient
 
 from .context import Context
 from .registry import section
 from .report import Table, verdict
+from .server_time import server_us_per_pair
 from .stats import median, percentile
 
 TTL = 300.0  # long: nothing expires or renews while measured
 TARGET_RATIO = 0.9
 TARGET_SCALING = 2.0
 TARGET_HANDOFF_MS = 2.0
+#: A read pair's server time against a lease pair's.
+TARGET_SERVER_RATIO = 1.5
 SETTLE = 0.02
 
 
@@ -51,6 +56,17 @@ def run(ctx: Context) -> list[Table]:
             per_round = [v / b for v, b in zip(values, rates["lease"], strict=True)]
             speed.add(key, f"{median(values):,.0f}", f"{median(per_round):.2f}")
 
+        server_us = server_time(client, pairs)
+        server = Table(
+            f"Server time per acquire+release pair (INFO commandstats, least of 3 x {pairs})",
+            ["lock", "server us/pair", "x lease"],
+            numeric=frozenset({1, 2}),
+        )
+        for key, value in server_us.items():
+            server.add(key, f"{value:.1f}", f"{value / server_us['lease']:.2f}")
+        if not ctx.embedded:
+            server.notes.append("server counts include any other client of the shared REDIS_URL")
+
         costs = range_costs(client, pairs)
         scale = Table(
             "Range acquire+release with n disjoint ranges held",
@@ -77,6 +93,12 @@ def run(ctx: Context) -> list[Table]:
     targets.add(
         f"read pairs/s >= {TARGET_RATIO}x lease", f"{ratio:.2f}x", verdict(ratio >= TARGET_RATIO)
     )
+    server_ratio = server_us["read"] / server_us["lease"]
+    targets.add(
+        f"read pair server us <= {TARGET_SERVER_RATIO:g}x lease pair's",
+        f"{server_ratio:.2f}x",
+        verdict(server_ratio <= TARGET_SERVER_RATIO),
+    )
     targets.add(
         f"range cost at 10,000 held <= {TARGET_SCALING:g}x at 10",
         f"{scaling:.2f}x",
@@ -87,7 +109,7 @@ def run(ctx: Context) -> list[Table]:
         f"{handoff_ms:.2f} ms",
         verdict(handoff_ms <= TARGET_HANDOFF_MS),
     )
-    return [speed, scale, hand, targets]
+    return [speed, server, scale, hand, targets]
 
 
 def pairs_per_second(make: Callable[[], object], pairs: int) -> float:
@@ -116,6 +138,26 @@ def throughput(client: LockClient, rounds: int, pairs: int) -> dict[str, list[fl
         for key in keys[i % len(keys) :] + keys[: i % len(keys)]:
             rates[key].append(pairs_per_second(makers[key], pairs))
     return rates
+
+
+def server_time(client: LockClient, pairs: int) -> dict[str, float]:
+    """Server microseconds per uncontended pair of a lease and of a read hold (both scripts)."""
+    handles = {
+        "lease": client.lease("st-lease", ttl=TTL, heartbeat=False),
+        "read": client.rwlock("st-rw").read(ttl=TTL, heartbeat=False),
+    }
+    result: dict[str, float] = {}
+    for key, handle in handles.items():
+
+        def pair(handle: Any = handle) -> None:
+            if not handle.acquire():
+                raise RuntimeError("an uncontended acquire failed")
+            handle.release()
+
+        for _ in range(max(100, pairs // 4)):  # warm-up: scripts loaded
+            pair()
+        result[key] = server_us_per_pair(client.redis, pair, ("evalsha",), pairs)
+    return result
 
 
 def range_costs(client: LockClient, pairs: int) -> dict[int, tuple[float, float]]:

@@ -82,8 +82,10 @@ class LockClient:
         wait: float = 0.0,
         owner_info: dict[str, Any] | None = None,
         on_lost: Callable[[Lease], object] | None = None,
+        fair: bool = False,
     ) -> Lease:
-        """An exclusive lease on ``name`` (not yet acquired). See :class:`Lease`."""
+        """An exclusive lease on ``name`` (not yet acquired). See :class:`Lease`; ``fair``:
+        blocked acquires are handed the lease by releases, oldest first."""
         return Lease(
             self,
             name,
@@ -93,6 +95,7 @@ class LockClient:
             wait=wait,
             owner_info=owner_info,
             on_lost=on_lost,
+            fair=fair,
         )
 
     def rwlock(self, name: str) -> RWLock:

@@ -6,6 +6,11 @@ Layout for a lock named N under prefix P (default ``csl:``)::
                          expires with the lease
     P{T}:fence    string the last fencing token handed out; expires after FENCE_TTL
     P{T}:chan     pub/sub channel that wakes waiters on release (not a key)
+    P{T}:queue    list   owner tokens of fair waiters, oldest first; expires unless one of
+                         them refreshes it
+    P{T}:w:<o>    hash   fair waiter o's registration (ttl, max-hold, holder fields); expires
+                         unless o refreshes it
+    P{T}:m:<o>    list   where a release hands the lease to fair waiter o (its token)
 
 T is the *tag*: N itself when it is short and brace-free, else ``#`` + a SHA-256 of N.
 The braces make T a Redis Cluster hash tag, so every key of one lock lives in one slot
@@ -61,6 +66,16 @@ class LockKeys:
     lock: bytes
     fence: bytes
     channel: bytes
+
+    @property
+    def base(self) -> bytes:
+        """What every key of the lock starts with (``P{T}:``)."""
+        return key_base(self.lock)
+
+
+def key_base(lock_key: bytes) -> bytes:
+    """``P{T}:`` of the lock hash ``P{T}:lock``."""
+    return lock_key[: -len(b"lock")]
 
 
 def lock_keys(prefix: str, name: str) -> LockKeys:

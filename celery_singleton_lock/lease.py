@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import math
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import arguments
-from .handle import LockHandle, RenewEntry
+from .exceptions import LockBackendError
+from .handle import LockHandle, RenewEntry, hint_seconds, log
 from .keys import FENCE_TTL_MS
-from .scripts import ScriptCall
+from .scripts import ScriptCall, fair_keys
 
 if TYPE_CHECKING:
     from .client import LockClient
+
+#: A fair waiter's registration lasts this long unless refreshed: a waiter that died is
+#: skipped by releases (not handed the lease) at most this long after it died.
+FAIR_REGISTRATION_MS = 1000
+#: A fair waiter refreshes its registration (and tries the name, in case it was freed
+#: without a hand-off: expiry, delay-after, a clear) this often.
+FAIR_REFRESH = 0.25
 
 
 class Lease(LockHandle):
@@ -24,9 +35,15 @@ class Lease(LockHandle):
 
     kind = "lease"
 
-    def __init__(self, client: LockClient, name: str, **options: Any) -> None:
+    def __init__(
+        self, client: LockClient, name: str, *, fair: bool = False, **options: Any
+    ) -> None:
         """Options as for :meth:`LockClient.lease`."""
         super().__init__(client, name, **options)
+        #: A blocked acquire queues, and a release hands the lease straight to the oldest
+        #: live waiter: first come, first served, and no second round trip to take it.
+        self.fair = arguments.check_bool(fair, "fair")
+        self._queued = ""  # the owner token a fair acquire waits in the queue with
         self._keys = client._keys(self.name)
         self._channel = self._keys.channel
         # Claims (see claims.py): hold the name as this fixed owner token instead of a fresh
@@ -35,7 +52,9 @@ class Lease(LockHandle):
         self._takeover = ""
 
     def _new_owner(self) -> str:
-        return self._claim_as or super()._new_owner()
+        owner = self._claim_as or super()._new_owner()
+        self._queued = owner
+        return owner
 
     def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
         client = self._client
@@ -49,7 +68,56 @@ class Lease(LockHandle):
             FENCE_TTL_MS,
             self._describe_holder(),
             self._takeover,
+            waiting=reserve,
+            fair_ms=FAIR_REGISTRATION_MS if reserve and self.fair else 0,
         )
+
+    def _wait_for(
+        self, attempt: Callable[[], tuple[bool, int]], wait: float, abandon: Callable[[], None]
+    ) -> tuple[bool, int]:
+        if not self.fair:
+            return super()._wait_for(attempt, wait, abandon)
+        return self._wait_in_queue(attempt, wait)
+
+    def _wait_in_queue(
+        self, attempt: Callable[[], tuple[bool, int]], wait: float
+    ) -> tuple[bool, int]:
+        """Block on this waiter's hand-off list, on a pooled connection of its own, until a
+        release hands it the lease; refresh the registration between blocks."""
+        client = self._client
+        owner = self._queued
+        handed = fair_keys(self._keys.base, owner)[2]
+        deadline = time.monotonic() + wait
+        hint = FAIR_REFRESH
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                # Whole ms, at least one: BLPOP rounds down, and 0 would block forever.
+                timeout = max(1, math.ceil(min(FAIR_REFRESH, hint, remaining) * 1000)) / 1000
+                reply = client._call(client.redis.blpop, [handed], timeout=timeout)
+                if reply is not None:
+                    return True, int(reply[1])
+                taken, value = attempt()
+                if taken:
+                    return True, value
+                hint = hint_seconds(value)
+        except LockBackendError:
+            self._leave_queue(owner)
+            raise
+        token = self._leave_queue(owner)
+        return (True, token) if token else (False, 0)
+
+    def _leave_queue(self, owner: str) -> int:
+        """Withdraw from the queue; the token if a release handed the lease over meanwhile
+        (this waiter then holds it, taken as its wait ran out)."""
+        client = self._client
+        try:
+            return client._call(client._scripts.fair_abandon, self._keys.lock, owner)
+        except LockBackendError:
+            log.warning("could not withdraw the wait of %r", self.name, exc_info=True)
+            return 0
 
     def _release(self, owner: str, delay_ms: int) -> int:
         client = self._client

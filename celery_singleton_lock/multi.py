@@ -92,12 +92,12 @@ class MultiLease(LockHandle):
 
     def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
         if is_cluster(self._client):
-            return self._try_acquire_in_order(owner)
+            return self._try_acquire_in_order(owner, reserve)
         reply = self._client._call(
             self._scripts.acquire,
             keys=[k.lock for k in self._keys] + [k.fence for k in self._keys],
             args=[
-                owner, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS,
+                owner, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS, "1" if reserve else "",
                 *(encode_name(name) for name in self._ordered),
                 *self._describe_holder(named=False),
             ],
@@ -107,7 +107,7 @@ class MultiLease(LockHandle):
         self._tokens = {name: int(t) for name, t in zip(self._ordered, reply[1:], strict=True)}
         return True, max(self._tokens.values())
 
-    def _try_acquire_in_order(self, owner: str) -> tuple[bool, int]:
+    def _try_acquire_in_order(self, owner: str, reserve: bool) -> tuple[bool, int]:
         """Redis Cluster: one lease per name in key order; on a busy name give back the rest."""
         base = self._client._scripts
         tokens: dict[str, int] = {}
@@ -115,7 +115,7 @@ class MultiLease(LockHandle):
             holder = [b"name", encode_name(name), *self._describe_holder(named=False)]
             taken, value = self._client._call(
                 base.acquire, keys.lock, keys.fence, owner, self._ttl_ms,
-                self._max_hold_ms, FENCE_TTL_MS, holder,
+                self._max_hold_ms, FENCE_TTL_MS, holder, waiting=reserve,
             )  # fmt: skip
             if not taken:
                 for done in self._keys[: len(tokens)]:

@@ -17,10 +17,11 @@ from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, KeyT
 
 from .deployment import is_cluster
+from .keys import FENCE_TTL_MS, key_base
 
 T = TypeVar("T")
 
-SCRIPT_NAMES = ("acquire", "release", "renew", "handover", "release_holder")
+SCRIPT_NAMES = ("acquire", "release", "renew", "handover", "release_holder", "fair_abandon")
 
 #: Codes shared by release.lua and renew.lua.
 GONE = 0
@@ -33,7 +34,15 @@ class Script(RedisScript):
 
     redis-py's Script answers NOSCRIPT with SCRIPT LOAD on *every* primary: while one primary
     is down (a failover in progress) that fails, and with it every lock on the healthy nodes
-    whose script cache was empty (a restarted or newly added node)."""
+    whose script cache was empty (a restarted or newly added node).
+
+    On the client it was registered with, a call is one ``EVALSHA`` sent straight through
+    ``execute_command``: this is on every acquire's and release's path, and redis-py's own
+    wrapper adds a few µs of checks (pipeline, import, argument copies) per call."""
+
+    def __init__(self, registered_client: Any, script: Any) -> None:
+        super().__init__(registered_client, script)
+        self._cluster = is_cluster(registered_client)
 
     def __call__(
         self,
@@ -41,7 +50,8 @@ class Script(RedisScript):
         args: Iterable[EncodableT] | None = None,
         client: Any = None,
     ) -> Any:
-        client = self.registered_client if client is None else client
+        if not self._cluster and (client is None or client is self.registered_client):
+            return self._evalsha(self.registered_client, keys or (), tuple(args or ()))
         if not is_cluster(client):
             return super().__call__(keys, args, client)
         keys, args = list(keys or ()), list(args or ())
@@ -50,6 +60,13 @@ class Script(RedisScript):
         except NoScriptError:
             self.sha = load_on_node(client, self.script, client.get_node_from_key(keys[0]))
             return client.evalsha(self.sha, len(keys), *keys, *args)
+
+    def _evalsha(self, client: Any, keys: Sequence[KeyT], args: tuple[EncodableT, ...]) -> Any:
+        try:
+            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            self.sha = client.script_load(self.script)
+            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
 
 def register(redis: Any, text: str) -> Script:
@@ -77,6 +94,7 @@ class Scripts:
         self._renew: Script = register(redis, source("renew"))
         self._handover: Script = register(redis, source("handover"))
         self._release_holder: Script = register(redis, source("release_holder"))
+        self._fair_abandon: Script = register(redis, source("fair_abandon"))
 
     def acquire(
         self,
@@ -88,18 +106,35 @@ class Scripts:
         fence_ttl_ms: int,
         holder_fields: Sequence[Any],
         takeover: str = "",
+        *,
+        waiting: bool = False,
+        fair_ms: int = 0,
     ) -> tuple[bool, int]:
         """(True, fencing token) when taken, else (False, ms until the holder's expiry).
-        ``takeover``: the owner token of a claim this acquisition may replace."""
+        ``takeover``: the owner token of a claim this acquisition may replace. ``waiting``:
+        the caller will wait for a release, so a busy holder's release must publish.
+        ``fair_ms`` > 0: it waits in the queue instead, registered for that long."""
+        keys: tuple[bytes, ...]
+        if fair_ms > 0:
+            mode, keys = "fair", (lock_key, fence_key, *fair_keys(key_base(lock_key), owner))
+        else:
+            mode, keys = "1" if waiting else "", (lock_key, fence_key)
         taken, value = self._acquire(
-            keys=(lock_key, fence_key),
-            args=(owner, ttl_ms, max_hold_ms, fence_ttl_ms, takeover, *holder_fields),
-        )
+            keys=keys,
+            args=(owner, ttl_ms, max_hold_ms, fence_ttl_ms, takeover, mode, fair_ms,
+                  *holder_fields),
+        )  # fmt: skip
         return bool(taken), int(value)
 
     def release(self, lock_key: bytes, owner: str, delay_ms: int, channel: bytes) -> int:
-        """1 released, GONE or TAKEN."""
-        return int(self._release(keys=(lock_key,), args=(owner, delay_ms, channel)))
+        """1 released (or handed to the oldest fair waiter), GONE or TAKEN."""
+        return int(self._release(keys=(lock_key,), args=(owner, delay_ms, channel, FENCE_TTL_MS)))
+
+    def fair_abandon(self, lock_key: bytes, owner: str) -> int:
+        """A fair waiter gives up: its fencing token if it was handed the lease meanwhile
+        (it then holds it), else 0."""
+        base = key_base(lock_key)
+        return int(self._fair_abandon(keys=(lock_key, *fair_keys(base, owner)), args=(owner,)))
 
     def handover(
         self, lock_key: bytes, owner: str, new_owner: str, ttl_ms: int, fields: Sequence[Any]
@@ -121,6 +156,12 @@ class Scripts:
         for _, owner, ttl_ms in leases:
             args += (owner, ttl_ms)
         return self._renew, keys, args
+
+
+def fair_keys(base: bytes, owner: str) -> tuple[bytes, bytes, bytes]:
+    """The fair-waiting keys of ``owner``: the queue, its registration, its hand-off list."""
+    raw = owner.encode()
+    return base + b"queue", base + b"w:" + raw, base + b"m:" + raw
 
 
 _bound: weakref.WeakKeyDictionary[Any, dict[Callable[[Any], Any], Any]] = (

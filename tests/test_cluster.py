@@ -120,6 +120,27 @@ def test_lease_on_every_node_with_waiters_woken_across_nodes(client: LockClient)
         waiter.release()
 
 
+def test_fair_lease_is_handed_over_on_every_node(client: LockClient) -> None:
+    for name in names_on_every_node(client, stem="fair"):
+        holder = client.lease(name, ttl=10)
+        assert holder.acquire()
+        waiter = client.lease(name, ttl=10, fair=True)
+        got: list[bool] = []
+        thread = threading.Thread(target=lambda w=waiter, g=got: g.append(w.acquire(wait=20)))
+        thread.start()
+        queue = client._keys(name).base + b"queue"
+        wait_until(lambda q=queue: client.redis.llen(q) == 1, 5, "the waiter to queue")
+        started = time.monotonic()
+        holder.release()
+        thread.join(20)
+        assert got == [True], name
+        assert time.monotonic() - started < 2.0, "handed the lease, not found at its hint"
+        assert client.redis.hget(client._keys(name).lock, "owner") == waiter._owner.encode()  # type: ignore[union-attr]
+        assert waiter.token is not None and holder.token is not None
+        assert waiter.token > holder.token
+        waiter.release()
+
+
 def subscribed(client: LockClient, channel: bytes) -> bool:
     """True once any master counts a subscriber on ``channel``."""
     for node in client.redis.get_primaries():

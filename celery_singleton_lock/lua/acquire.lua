@@ -1,33 +1,67 @@
 -- Take an exclusive lease on a name if nobody holds it (nor keeps it in delay-after).
 -- KEYS[1]: lock hash          KEYS[2]: fencing counter
+-- KEYS[3]: queue of fair waiters (list)   KEYS[4], KEYS[5]: this caller's registration hash
+--          and hand-off list (KEYS[3..5] only with ARGV[6] = 'fair')
 -- ARGV[1]: owner token (unique per acquisition)
 -- ARGV[2]: lease length, ms   ARGV[3]: max-hold, ms (0: no cap)
 -- ARGV[4]: fencing counter ttl, ms
 -- ARGV[5]: owner token of a claim this acquisition may take over ('' for none): a lock held
 --          on behalf of a queued message (enqueue-time lock, retry) passes to the worker
 --          that runs that message, and to no other
--- ARGV[6..]: field, value pairs describing the holder (host, pid, thread, ...)
--- returns {1, fencing token}     taken
+-- ARGV[6]: '' a single try; '1' the caller will wait for a release; 'fair' it will wait in
+--          the queue, to be handed the lease by a release (release.lua)
+-- ARGV[7]: registration lifetime of a fair waiter, ms (it refreshes it while it waits)
+-- ARGV[8..]: field, value pairs describing the holder (host, pid, thread, ...)
+-- returns {1, fencing token}     taken (or, for a fair waiter, handed to it meanwhile)
 --         {0, remaining ms}       held by another; when a waiter should look again at the latest
+--
+-- A caller that will wait marks the holder's hash (`waiting`), so that only a release of a
+-- marked hash pays for a PUBLISH (or a hand-off). Every waiter makes a failed attempt after
+-- its subscription is live, so the holder it then waits for is marked; a new holder starts
+-- unmarked and is marked by the next failed attempt. A claim taken over keeps the mark.
+--
+-- A fair waiter also queues its owner token once and keeps a registration (its ttl, max-hold
+-- and holder fields) that expires unless refreshed by its next attempt: a waiter that died
+-- is skipped by the release instead of being handed the lease.
 --
 -- The fencing token is max(last token + 1, server time in microseconds): it keeps increasing
 -- across expiry, clearing and loss of the counter, using the Redis server clock only.
 local remaining = redis.call('PTTL', KEYS[1])
+local waiting = nil
 if remaining ~= -2 then
-  if ARGV[5] == '' or redis.call('HGET', KEYS[1], 'owner') ~= ARGV[5] then
+  local owner = redis.call('HGET', KEYS[1], 'owner')
+  if ARGV[5] == '' or owner ~= ARGV[5] then
+    if ARGV[6] == 'fair' then
+      if owner == ARGV[1] then  -- handed over while it was not listening
+        redis.call('DEL', KEYS[4], KEYS[5])
+        return {1, redis.call('HGET', KEYS[1], 'token')}
+      end
+      if redis.call('EXISTS', KEYS[4]) == 0 then
+        redis.call('RPUSH', KEYS[3], ARGV[1])
+        redis.call('HSET', KEYS[4], 'ttl_ms', ARGV[2], 'max_hold_ms', ARGV[3], unpack(ARGV, 8))
+      end
+      redis.call('PEXPIRE', KEYS[4], ARGV[7])
+      redis.call('PEXPIRE', KEYS[3], ARGV[7])
+    end
+    if ARGV[6] ~= '' then
+      redis.call('HSET', KEYS[1], 'waiting', 1)
+    end
     return {0, remaining}
   end
+  waiting = redis.call('HGET', KEYS[1], 'waiting')
   redis.call('DEL', KEYS[1])
 end
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
-local token = tonumber(redis.call('GET', KEYS[2]) or '0') + 1
-if token < now_us then
-  token = now_us
+-- One SET ... GET both records the token and reads the last one: a second write is needed
+-- only when the counter is not behind the clock (a clock stepped back, or the same µs).
+local token = string.format('%.0f', now_us)
+local last = tonumber(redis.call('SET', KEYS[2], token, 'PX', ARGV[4], 'GET') or '0')
+if last >= now_us then
+  token = string.format('%.0f', last + 1)
+  redis.call('SET', KEYS[2], token, 'PX', ARGV[4])
 end
-token = string.format('%.0f', token)
-redis.call('SET', KEYS[2], token, 'PX', ARGV[4])
 local lease = tonumber(ARGV[2])
 local max_hold = tonumber(ARGV[3])
 local deadline = 0
@@ -38,6 +72,13 @@ if max_hold > 0 then
   end
 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token, 'acquired_ms', now_ms,
-  'renewed_ms', now_ms, 'ttl_ms', ARGV[2], 'deadline_ms', deadline, unpack(ARGV, 6))
+  'renewed_ms', now_ms, 'ttl_ms', ARGV[2], 'deadline_ms', deadline, unpack(ARGV, 8))
+if waiting then
+  redis.call('HSET', KEYS[1], 'waiting', waiting)
+end
 redis.call('PEXPIRE', KEYS[1], lease)
+if ARGV[6] == 'fair' and redis.call('EXISTS', KEYS[4]) == 1 then
+  redis.call('LREM', KEYS[3], 0, ARGV[1])
+  redis.call('DEL', KEYS[4])
+end
 return {1, token}

@@ -2,8 +2,9 @@
 -- KEYS[1..n]: the lock hashes of the names (the very keys a lease on each name uses)
 -- KEYS[n+1..2n]: their fencing counters
 -- ARGV[1]: owner token   ARGV[2]: lease, ms   ARGV[3]: max-hold, ms (0: no cap)
--- ARGV[4]: fence ttl, ms   ARGV[5..4+n]: the names (stored as each hash's `name`)
--- ARGV[5+n..]: field, value pairs describing the holder (kind, host, pid, ...)
+-- ARGV[4]: fence ttl, ms   ARGV[5]: '1' if the caller will wait for a release, else ''
+-- ARGV[6..5+n]: the names (stored as each hash's `name`)
+-- ARGV[6+n..]: field, value pairs describing the holder (kind, host, pid, ...)
 -- returns {1, token 1, ..., token n}   all taken, one fencing token per name
 --         {0, ms}                       some name is held: ms until the first busy one could
 --                                       run out (-1: a busy one has no expiry); nothing taken
@@ -13,8 +14,13 @@ local n = #KEYS / 2
 local hint = nil
 for i = 1, n do
   local remaining = redis.call('PTTL', KEYS[i])
-  if remaining ~= -2 and (hint == nil or hint < 0 or (remaining >= 0 and remaining < hint)) then
-    hint = remaining
+  if remaining ~= -2 then
+    if hint == nil or hint < 0 or (remaining >= 0 and remaining < hint) then
+      hint = remaining
+    end
+    if ARGV[5] == '1' then
+      redis.call('HSET', KEYS[i], 'waiting', 1)
+    end
   end
 end
 if hint ~= nil then
@@ -39,8 +45,8 @@ for i = 1, n do
   token = string.format('%.0f', token)
   redis.call('SET', KEYS[n + i], token, 'PX', ARGV[4])
   redis.call('HSET', KEYS[i], 'owner', ARGV[1], 'token', token, 'acquired_ms', now_ms,
-    'renewed_ms', now_ms, 'ttl_ms', ARGV[2], 'deadline_ms', deadline, 'name', ARGV[4 + i],
-    'names', n, unpack(ARGV, 5 + n))
+    'renewed_ms', now_ms, 'ttl_ms', ARGV[2], 'deadline_ms', deadline, 'name', ARGV[5 + i],
+    'names', n, unpack(ARGV, 6 + n))
   redis.call('PEXPIRE', KEYS[i], lease)
   result[i + 1] = token
 end

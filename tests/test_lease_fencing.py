@@ -1,0 +1,107 @@
+"""The fencing counter: tokens strictly increase per name whatever the server clock and the
+counter key do (acquire.lua records and reads the counter with one ``SET ... GET``)."""
+
+from __future__ import annotations
+
+from celery_singleton_lock import LockClient
+from celery_singleton_lock.embedded import RedisServer
+from celery_singleton_lock.keys import FENCE_TTL_MS
+from celery_singleton_lock.scripts import fair_keys
+
+
+def server_us(client: LockClient) -> int:
+    seconds, micros = client.redis.time()
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+def assert_counter_expires(client: LockClient, fence_key: bytes) -> None:
+    assert 0 < client.redis.pttl(fence_key) <= FENCE_TTL_MS
+
+
+def test_counter_ahead_of_the_clock_is_followed(lock_client: LockClient) -> None:
+    # As after the server clock stepped back by about eleven days.
+    lease = lock_client.lease("ahead", heartbeat=False)
+    ahead = server_us(lock_client) + 10**12
+    lock_client.redis.set(lease._keys.fence, ahead, px=60_000)
+    tokens = []
+    for _ in range(3):
+        with lease:
+            tokens.append(lease.token)
+            assert_counter_expires(lock_client, lease._keys.fence)
+    assert tokens == [ahead + 1, ahead + 2, ahead + 3]
+    assert int(lock_client.redis.get(lease._keys.fence)) == ahead + 3
+
+
+def test_counter_behind_the_clock_is_overtaken_and_keeps_an_expiry(
+    lock_client: LockClient,
+) -> None:
+    lease = lock_client.lease("behind", heartbeat=False)
+    lock_client.redis.set(lease._keys.fence, 5)  # no expiry: as if written by hand
+    before = server_us(lock_client)
+    with lease:
+        assert lease.token is not None and lease.token >= before
+        assert int(lock_client.redis.get(lease._keys.fence)) == lease.token
+        assert_counter_expires(lock_client, lease._keys.fence)
+
+
+def test_many_acquisitions_within_one_millisecond_get_increasing_tokens(
+    lock_client: LockClient,
+) -> None:
+    lease = lock_client.lease("burst", heartbeat=False)
+    with lease:  # loads the scripts
+        first = lease.token
+    scripts = lock_client._scripts
+    keys = lease._keys
+    pipe = lock_client.redis.pipeline(transaction=False)
+    for i in range(300):
+        owner = f"owner-{i}"
+        pipe.evalsha(
+            scripts._acquire.sha, 5, keys.lock, keys.fence, *fair_keys(keys.base, owner),
+            owner, 30_000, 0, FENCE_TTL_MS, "", "", 0, *lease._describe_holder(),
+        )  # fmt: skip
+        pipe.evalsha(
+            scripts._release.sha, 1, keys.lock, owner, 0, keys.channel, FENCE_TTL_MS,
+        )  # fmt: skip
+    replies = pipe.execute()
+    tokens = [int(reply[1]) for reply in replies[::2]]
+    assert all(int(reply[0]) == 1 for reply in replies[::2])
+    assert replies[1::2] == [1] * 300
+    assert [first, *tokens] == sorted(set([first, *tokens]))
+    # The burst really packed several acquisitions into one millisecond of server time.
+    assert len({token // 1000 for token in tokens}) < len(tokens)
+
+
+def test_tokens_increase_after_the_counter_is_deleted_and_after_a_restart(
+    restartable_redis: RedisServer, lock_prefix: str
+) -> None:
+    client = LockClient.from_url(restartable_redis.url, prefix=lock_prefix)
+    try:
+        lease = client.lease("restarted", heartbeat=False)
+        with lease:
+            first = lease.token
+        client.redis.delete(lease._keys.fence)
+        with lease:
+            second = lease.token
+        restartable_redis.stop()
+        restartable_redis.start()  # empty: no counter, scripts not loaded
+        with lease:
+            third = lease.token
+            assert_counter_expires(client, lease._keys.fence)
+        assert first is not None and second is not None and third is not None
+        assert first < second < third
+    finally:
+        client.close()
+
+
+def test_interval_locks_follow_a_counter_ahead_of_the_clock(lock_client: LockClient) -> None:
+    # Reader-writer holds share the counter of the lease of the same name.
+    lease = lock_client.lease("shared", heartbeat=False)
+    ahead = server_us(lock_client) + 10**12
+    lock_client.redis.set(lease._keys.fence, ahead, px=60_000)
+    rw = lock_client.rwlock("shared")
+    tokens = []
+    for hold in (rw.read(heartbeat=False), rw.write(heartbeat=False), lease):
+        with hold:
+            tokens.append(hold.token)
+        assert_counter_expires(lock_client, lease._keys.fence)
+    assert tokens == [ahead + 1, ahead + 2, ahead + 3]
