@@ -27,12 +27,17 @@ class AsyncLease(AsyncLockHandle):
     async def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
         client = self._client
         keys = self._keys
-        # acquire.lua: ARGV owner, ttl, max-hold, fence ttl, takeover ('' none), holder...
+        # acquire.lua: ARGV owner, ttl, max-hold, fence ttl, takeover ('' none), wait mode
+        # ('1': a waiter, whose failed attempt marks the holder so its release publishes),
+        # fair registration ms (unused here), holder...
         taken, value = await client._script(
             client._lease_scripts.acquire,
             (keys.lock, keys.fence),
-            (owner, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS, "", *self._describe_holder()),
-        )
+            (
+                owner, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS, "",
+                "1" if reserve else "", 0, *self._describe_holder(),
+            ),
+        )  # fmt: skip
         return bool(taken), int(value)
 
     async def _release(self, owner: str, delay_ms: int) -> int:
@@ -41,7 +46,7 @@ class AsyncLease(AsyncLockHandle):
             await client._script(
                 client._lease_scripts.release,
                 (self._keys.lock,),
-                (owner, delay_ms, self._keys.channel),
+                (owner, delay_ms, self._keys.channel, FENCE_TTL_MS),
             )
         )
 

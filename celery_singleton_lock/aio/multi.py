@@ -45,12 +45,13 @@ class AsyncMultiLease(AsyncLockHandle):
 
     async def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
         # multi_acquire.lua: KEYS locks then fences; ARGV owner, ttl, max-hold, fence ttl,
-        # the names, then the holder fields.
+        # wait mode ('1': mark the busy holders so their release publishes), the names, then
+        # the holder fields.
         reply = await self._client._script(
             multi_scripts(self._client).acquire,
             [k.lock for k in self._keys] + [k.fence for k in self._keys],
             (
-                owner, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS,
+                owner, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS, "1" if reserve else "",
                 *(encode_name(name) for name in self._ordered),
                 *self._describe_holder(named=False),
             ),
