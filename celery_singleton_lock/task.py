@@ -16,15 +16,13 @@ import threading
 from typing import Any
 
 from celery import Task
-from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Retry
-from celery.result import AsyncResult
 
-from . import arguments, holders
-from .claims import FINISHED_STATES, claim_owner
+from . import arguments, enqueue, holders
+from .claims import claim_owner
 from .client import LockClient
 from .config import AppSettings, TaskLockOptions, check_task_options
-from .exceptions import DuplicateTask, LockBackendError, LockError, LockLost, LockTimeout
+from .exceptions import LockBackendError, LockError, LockLost, LockTimeout
 from .handle import LockHandle
 from .lease import Lease
 from .naming import TaskKey
@@ -376,7 +374,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _retry_delay(self, eta: datetime.datetime | None, countdown: float | None) -> float:
         if countdown is None and eta is None:
             return float(self.default_retry_delay or 0)
-        return _seconds_until(eta, countdown)
+        return enqueue.seconds_until(eta, countdown)
 
     # -- enqueue-time lock -------------------------------------------------------------------
 
@@ -384,133 +382,20 @@ class SingletonTask(Task):  # type: ignore[misc]
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any
     ) -> Any:
         """As :meth:`celery.Task.apply_async`. With ``lock_on_enqueue`` a duplicate of a
-        queued or running call is not sent: its ``AsyncResult`` comes back instead (or
-        :class:`DuplicateTask` is raised with ``lock_conflict="raise"``)."""
-        lock = self.lock_options
+        queued (or running) call is not sent: its ``AsyncResult`` comes back instead (or
+        :class:`DuplicateTask` is raised with ``lock_conflict="raise"``). Retries and
+        members of a canvas are always sent (see docs/tasks.md)."""
+        send = super().apply_async
         if (
-            not lock.on_enqueue
+            not self.lock_options.on_enqueue
             or self.app.conf.task_always_eager
-            or self._is_retry(task_id, options)
+            or enqueue.is_retry(self, task_id, options)
         ):
-            return super().apply_async(args, kwargs, task_id=task_id, **options)
-        from celery.utils import uuid
-
-        task_id = task_id or uuid()
-        name = self.lock_name(args, kwargs)
-        ttl = _seconds_until(options.get("eta"), options.get("countdown")) + lock.ttl
-        claim = self._claim(name, task_id, ttl)
-        if claim.acquire(0):
-            return self._send_claimed(claim, args, kwargs, task_id, options)
-        found = holders.holders_of(claim)
-        stale = self._finished_claim(found)
-        if stale is not None:
-            # Its task finished or was revoked without running it (or without freeing it):
-            # take the claim over, only if it is still that one (owner-checked, atomic).
-            claim = self._claim(name, task_id, ttl, takeover=stale.owner)
-            if claim.acquire(0):
-                log.info(
-                    "%s[%s] took over the stale claim of %s", self.name, task_id, stale.task_id
-                )
-                return self._send_claimed(claim, args, kwargs, task_id, options)
-            found = holders.holders_of(claim)
-        why = holders.describe(found)
-        if _in_canvas(options):
-            # A chain, group or chord member, or a call with callbacks: dropping the message
-            # would drop the rest of the canvas with it, so it is sent and its run-time lock
-            # decides (skip, retry or raise, as lock_conflict says).
-            log.info(
-                "%s[%s] sent despite lock %r (%s): part of a canvas", self.name, task_id, name, why
-            )
-            return super().apply_async(args, kwargs, task_id=task_id, **options)
-        holder = next((holder.task_id for holder in found if holder.task_id), None)
-        if lock.conflict == "raise":
-            raise DuplicateTask(
-                f"{self.name}: a call with lock {name!r} is queued or running ({why})",
-                name=name,
-                task_id=holder,
-            )
-        log.info("%s not sent: lock %r %s", self.name, name, why)
-        if holder is None:
-            return super().apply_async(args, kwargs, task_id=task_id, **options)
-        return AsyncResult(holder, app=self.app)
-
-    def _claim(self, name: str, task_id: str, ttl: float, takeover: str | None = None) -> Lease:
-        claim = self.lock_client.lease(
-            name,
-            ttl=ttl,
-            heartbeat=False,
-            owner_info={"task_name": self.name, "task_id": task_id, "state": "queued"},
-        )
-        claim._claim_as = claim_owner(task_id, 0)
-        claim._takeover = takeover or ""
-        return claim
-
-    def _send_claimed(
-        self, claim: Lease, args: Any, kwargs: Any, task_id: str, options: dict[str, Any]
-    ) -> Any:
-        try:
-            return super().apply_async(args, kwargs, task_id=task_id, **options)
-        except BaseException:
-            claim.release()
-            raise
-
-    def _finished_claim(self, found: list[holders.Holder]) -> holders.Holder | None:
-        """The claim among ``found`` whose task the result backend says is over (finished,
-        failed or revoked): a message that will never run it. None if there is none, or no
-        result backend to ask."""
-        claims = [holder for holder in found if holder.claimed and holder.task_id]
-        if not claims:
-            return None
-        try:
-            if isinstance(self.backend, DisabledBackend):
-                return None
-        except Exception as exc:  # a misconfigured backend: no evidence from it
-            log.warning("result backend unusable: %s", exc)
-            return None
-        for holder in claims:
-            try:
-                state = self.AsyncResult(holder.task_id).state
-            except Exception as exc:  # no evidence from a backend that does not answer
-                log.warning("result backend did not answer for %s: %s", holder.task_id, exc)
-                continue
-            if state in FINISHED_STATES:
-                return holder
-        return None
+            return send(args, kwargs, task_id=task_id, **options)
+        return enqueue.send_once(self, send, args, kwargs, task_id, options)
 
     def free_claim(self, args: Any, kwargs: Any, *, task_id: str, attempt: int) -> bool:
         """Free the claim that attempt ``attempt`` of task ``task_id`` (a call with these
         arguments) holds for its queued message, if it still holds it: the message will not
         run (revoked, expired). True if a claim was freed."""
-        options = self.lock_options
-        if options.mode != "exclusive" or options.keys is not None or options.range is not None:
-            return False  # only exclusive single-key locks take claims
-        client = self.lock_client
-        keys = client._keys(self.lock_name(args, kwargs))
-        code = client._call(
-            client._scripts.release, keys.lock, claim_owner(task_id, attempt), 0, keys.channel
-        )
-        return bool(code == 1)
-
-    def _is_retry(self, task_id: str | None, options: dict[str, Any]) -> bool:
-        """True for the message ``Task.retry`` sends for the running task: a later attempt of
-        a call that was let through already. Its lock was handed over to it, or it takes one
-        when it runs; deduplicating it against that would lose the retry."""
-        return bool(options.get("retries")) and task_id is not None and task_id == self.request.id
-
-
-def _in_canvas(options: dict[str, Any]) -> bool:
-    """True if a message sent with these ``apply_async`` options carries more of a canvas:
-    callbacks, the rest of a chain, a chord's body, or membership of a group."""
-    return any(options.get(key) for key in ("link", "link_error", "chain", "chord", "group_id"))
-
-
-def _seconds_until(eta: datetime.datetime | str | None, countdown: float | None) -> float:
-    """Seconds until a message with this ``eta`` or ``countdown`` may run (0: at once)."""
-    if countdown is not None:
-        return max(0.0, float(countdown))
-    if isinstance(eta, str):
-        eta = datetime.datetime.fromisoformat(eta)
-    if eta is not None:
-        now = datetime.datetime.now(eta.tzinfo)
-        return max(0.0, (eta - now).total_seconds())
-    return 0.0
+        return enqueue.free_claim(self, args, kwargs, task_id=task_id, attempt=attempt)
