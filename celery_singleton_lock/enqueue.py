@@ -1,7 +1,11 @@
 """Enqueue-time locking (``lock_on_enqueue``): a claim per queued call, taken in
-``apply_async`` before the message is sent (see claims.py for what a claim is). The claim
-is on the run's own lock name and the worker that runs the message takes it over, so the key
-stays locked from enqueue to the end of the run.
+``apply_async`` before the message is sent (see claims.py for what a claim is).
+
+With ``lock_on_enqueue=True`` the claim is on the run's own lock name and the worker that
+runs the message takes it over, so the key stays locked from enqueue to the end of the run.
+With ``lock_on_enqueue="until_start"`` the claim is on a name of its own (:func:`queue_name`)
+and the run frees it as it starts: at most one call waits in the queue, beside the one that
+may be running, and the run then takes its run-time lock as any run does.
 
 A call is always sent, whatever the claim, when it is a retry (it continues a call that was
 let through already) or part of a canvas (dropping it would drop the rest of the chain, group
@@ -21,6 +25,7 @@ from celery.utils import uuid
 
 from . import holders
 from .claims import FINISHED_STATES, claim_owner
+from .config import UNTIL_START
 from .exceptions import DuplicateTask
 from .lease import Lease
 
@@ -31,10 +36,15 @@ log = logging.getLogger("celery_singleton_lock.task")
 _CANVAS_OPTIONS = ("link", "link_error", "chain", "chord", "group_id")
 
 
+def queue_name(name: str) -> str:
+    """The name an ``until_start`` claim for lock ``name`` is held under."""
+    return f"{name}#queued"
+
+
 def claim_name(task: Any, args: Any, kwargs: Any) -> str:
     """The lock name a queued call of ``task`` with these arguments claims."""
     name: str = task.lock_name(args, kwargs)
-    return name
+    return queue_name(name) if task.lock_options.on_enqueue == UNTIL_START else name
 
 
 def is_retry(task: Any, task_id: str | None, options: dict[str, Any]) -> bool:

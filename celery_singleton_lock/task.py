@@ -21,7 +21,7 @@ from celery.exceptions import Ignore, Retry
 from . import arguments, enqueue, holders
 from .claims import claim_owner
 from .client import LockClient
-from .config import AppSettings, TaskLockOptions, check_task_options
+from .config import UNTIL_START, AppSettings, TaskLockOptions, check_task_options
 from .exceptions import LockBackendError, LockError, LockLost, LockTimeout
 from .handle import LockHandle
 from .lease import Lease
@@ -74,8 +74,10 @@ class SingletonTask(Task):  # type: ignore[misc]
     lock_retry_countdown: float | None = None
     #: Seconds the key stays locked after the run ends (delay-after; default 0).
     lock_release_delay: float | None = None
-    #: Also refuse duplicates at ``apply_async``/``delay`` (default False).
-    lock_on_enqueue: bool | None = None
+    #: Also refuse duplicates at ``apply_async``/``delay`` (default False): True keeps the
+    #: key locked from enqueue to the end of the run; "until_start" keeps at most one queued
+    #: call, freed when it starts, beside the running one.
+    lock_on_enqueue: bool | str | None = None
     #: "exclusive" (default), "read", "upgradable" or "write".
     lock_mode: str | None = None
     #: Two argument names bounding a range lock on the resource named by ``lock_key``.
@@ -213,6 +215,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         name = lease.name
         if isinstance(lease, Lease):
             lease._takeover = claim_owner(task_id, request.retries or 0)
+        if options.on_enqueue == UNTIL_START:
+            self._leave_queue(args, kwargs)
         try:
             acquired = lease.acquire(options.wait)
         except LockBackendError as exc:
@@ -225,6 +229,14 @@ class SingletonTask(Task):  # type: ignore[misc]
             return self._conflict(lease, options)
         lock_acquired.send(sender=self, name=name, task_id=task_id, lease=lease)
         return self._run_holding(lease, args, kwargs)
+
+    def _leave_queue(self, args: Any, kwargs: Any) -> None:
+        """``until_start``: this call is no longer queued, so another may queue meanwhile."""
+        request = self.request
+        try:
+            self.free_claim(args, kwargs, task_id=request.id, attempt=request.retries or 0)
+        except LockError as exc:  # the claim runs out by itself
+            log.warning("%s[%s] could not free its queue claim: %s", self.name, request.id, exc)
 
     def _autoretry(self, exc: LockBackendError) -> None:
         """Retry as ``autoretry_for`` would: Celery's wrapper is around ``run``, which a run

@@ -16,7 +16,7 @@ from celery import Celery, chain, chord
 from celery.signals import task_postrun, task_revoked
 from celery.utils import uuid
 
-from celery_singleton_lock import SingletonTask, admin, evidence, is_skipped
+from celery_singleton_lock import SingletonTask, admin, enqueue, evidence, is_skipped
 from celery_singleton_lock.testing import TaskLocks
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
@@ -324,3 +324,42 @@ def test_skip_in_delay_after_says_until_when(
     messages = [message for message in logged if "skipped" in message]
     assert len(messages) == 1, messages
     assert "cooling down until 20" in messages[0] and first.id not in messages[0], messages
+
+
+# -- "until start": one queued copy beside the running one -----------------------------------
+
+
+def test_until_start_keeps_one_queued_copy_beside_the_running_one(
+    celery_lock_app: Celery, in_process_worker: WorkerFactory
+) -> None:
+    started, finish = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    @celery_lock_app.task(
+        base=SingletonTask, shared=False, bind=True, lock_on_enqueue="until_start", lock_wait=60
+    )
+    def rebuild(self: Any, index: str) -> str:
+        ran.append(self.request.id)
+        started.set()
+        assert finish.wait(TIMEOUT)
+        return index
+
+    def queue_claimed() -> bool:
+        client = rebuild.lock_client
+        name = enqueue.queue_name(rebuild.lock_name(("products",)))
+        return bool(client.redis.exists(client._keys(name).lock))
+
+    # Two threads: one runs, one waits in the worker for the run-time lock; a third call then
+    # stays in the queue (prefetched, not started), holding the queue claim.
+    with in_process_worker(celery_lock_app, concurrency=2):
+        running = rebuild.delay("products")
+        assert started.wait(TIMEOUT)
+        waiting = rebuild.delay("products")
+        assert waiting.id != running.id  # the run freed its queue claim when it started
+        wait_until(lambda: not queue_claimed(), "the second call to start")
+        queued = rebuild.delay("products")
+        assert queued.id not in (running.id, waiting.id)
+        assert rebuild.delay("products").id == queued.id  # one queued copy, no more
+        finish.set()
+        assert [r.get(timeout=TIMEOUT) for r in (running, waiting, queued)] == ["products"] * 3
+    assert ran == [running.id, waiting.id, queued.id]  # one at a time, in order
