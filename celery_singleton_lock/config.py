@@ -39,8 +39,10 @@ def _flag(value: Any, argument: str) -> bool:
 
 #: ``lock_on_enqueue`` value: claim only while the call is queued (see enqueue.py).
 UNTIL_START = "until_start"
+#: ``lock_on_enqueue`` value: as UNTIL_START, but a new call replaces the queued one.
+DEBOUNCE = "debounce"
 #: ``lock_on_enqueue`` values besides True and False.
-ON_ENQUEUE_MODES = (UNTIL_START,)
+ON_ENQUEUE_MODES = (UNTIL_START, DEBOUNCE)
 
 
 def _on_enqueue(value: Any, argument: str) -> bool | str:

@@ -5,7 +5,11 @@ With ``lock_on_enqueue=True`` the claim is on the run's own lock name and the wo
 runs the message takes it over, so the key stays locked from enqueue to the end of the run.
 With ``lock_on_enqueue="until_start"`` the claim is on a name of its own (:func:`queue_name`)
 and the run frees it as it starts: at most one call waits in the queue, beside the one that
-may be running, and the run then takes its run-time lock as any run does.
+may be running, and the run then takes its run-time lock as any run does. With
+``lock_on_enqueue="debounce"`` a new call takes the queue claim over from the queued one
+(owner-checked, atomic) and is sent too; the replaced message, when it runs, finds its claim
+gone and is skipped in favour of the latest. No message is withdrawn from the broker, so
+nothing depends on a revoke reaching a worker in time.
 
 A call is always sent, whatever the claim, when it is a retry (it continues a call that was
 let through already) or part of a canvas (dropping it would drop the rest of the chain, group
@@ -25,7 +29,7 @@ from celery.utils import uuid
 
 from . import holders
 from .claims import FINISHED_STATES, claim_owner
-from .config import UNTIL_START
+from .config import DEBOUNCE, UNTIL_START
 from .exceptions import DuplicateTask
 from .lease import Lease
 
@@ -44,7 +48,7 @@ def queue_name(name: str) -> str:
 def claim_name(task: Any, args: Any, kwargs: Any) -> str:
     """The lock name a queued call of ``task`` with these arguments claims."""
     name: str = task.lock_name(args, kwargs)
-    return queue_name(name) if task.lock_options.on_enqueue == UNTIL_START else name
+    return queue_name(name) if task.lock_options.on_enqueue in (UNTIL_START, DEBOUNCE) else name
 
 
 def is_retry(task: Any, task_id: str | None, options: dict[str, Any]) -> bool:
@@ -78,12 +82,14 @@ def send_once(
         return _send_claimed(claim, send, args, kwargs, task_id, options)
     found = holders.holders_of(claim)
     stale = _finished_claim(task, found)
+    if stale is None and lock.on_enqueue == DEBOUNCE:
+        stale = next((holder for holder in found if holder.claimed), None)
     if stale is not None:
         # Its task finished or was revoked without running it (or without freeing it): take
         # the claim over, only if it is still that one (owner-checked, atomic).
         claim = _claim(task, name, task_id, ttl, takeover=stale.owner)
         if claim.acquire(0):
-            log.info("%s[%s] took over the stale claim of %s", task.name, task_id, stale.task_id)
+            log.info("%s[%s] took over the claim of %s", task.name, task_id, stale.task_id)
             return _send_claimed(claim, send, args, kwargs, task_id, options)
         found = holders.holders_of(claim)
     why = holders.describe(found)
@@ -105,17 +111,24 @@ def send_once(
     return AsyncResult(holder, app=task.app)
 
 
-def free_claim(task: Any, args: Any, kwargs: Any, *, task_id: str, attempt: int) -> bool:
+def free_claim(task: Any, args: Any, kwargs: Any, *, task_id: str, attempt: int) -> int:
     """Free the claim attempt ``attempt`` of task ``task_id`` holds for its queued message, if
-    it still holds it. True if a claim was freed."""
+    it still holds it. As release.lua: 1 freed, 0 nothing held, -1 another call holds it."""
     options = task.lock_options
     if options.mode != "exclusive" or options.keys is not None or options.range is not None:
-        return False  # only exclusive single-key locks take claims
+        return 0  # only exclusive single-key locks take claims
     client = task.lock_client
     keys = client._keys(claim_name(task, args, kwargs))
     owner = claim_owner(task_id, attempt)
-    code = client._call(client._scripts.release, keys.lock, owner, 0, keys.channel)
-    return bool(code == 1)
+    return int(client._call(client._scripts.release, keys.lock, owner, 0, keys.channel))
+
+
+def replaced_by(task: Any, args: Any, kwargs: Any) -> str | None:
+    """``debounce``: the task id of the call that replaced this one in the queue, if any."""
+    client = task.lock_client
+    keys = client._keys(claim_name(task, args, kwargs))
+    value = client._call(client.redis.hget, keys.lock, "task_id")
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _claim(task: Any, name: str, task_id: str, ttl: float, takeover: str | None = None) -> Lease:

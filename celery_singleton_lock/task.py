@@ -21,7 +21,7 @@ from celery.exceptions import Ignore, Retry
 from . import arguments, enqueue, holders
 from .claims import claim_owner
 from .client import LockClient
-from .config import UNTIL_START, AppSettings, TaskLockOptions, check_task_options
+from .config import DEBOUNCE, UNTIL_START, AppSettings, TaskLockOptions, check_task_options
 from .exceptions import LockBackendError, LockError, LockLost, LockTimeout
 from .handle import LockHandle
 from .lease import Lease
@@ -76,7 +76,8 @@ class SingletonTask(Task):  # type: ignore[misc]
     lock_release_delay: float | None = None
     #: Also refuse duplicates at ``apply_async``/``delay`` (default False): True keeps the
     #: key locked from enqueue to the end of the run; "until_start" keeps at most one queued
-    #: call, freed when it starts, beside the running one.
+    #: call, freed when it starts, beside the running one; "debounce" is "until_start" where
+    #: a new call replaces the queued one.
     lock_on_enqueue: bool | str | None = None
     #: "exclusive" (default), "read", "upgradable" or "write".
     lock_mode: str | None = None
@@ -215,8 +216,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         name = lease.name
         if isinstance(lease, Lease):
             lease._takeover = claim_owner(task_id, request.retries or 0)
-        if options.on_enqueue == UNTIL_START:
-            self._leave_queue(args, kwargs)
+        if options.on_enqueue in (UNTIL_START, DEBOUNCE) and not self._leave_queue(args, kwargs):
+            return self._replaced(lease, args, kwargs)
         try:
             acquired = lease.acquire(options.wait)
         except LockBackendError as exc:
@@ -230,13 +231,30 @@ class SingletonTask(Task):  # type: ignore[misc]
         lock_acquired.send(sender=self, name=name, task_id=task_id, lease=lease)
         return self._run_holding(lease, args, kwargs)
 
-    def _leave_queue(self, args: Any, kwargs: Any) -> None:
-        """``until_start``: this call is no longer queued, so another may queue meanwhile."""
+    def _leave_queue(self, args: Any, kwargs: Any) -> bool:
+        """``until_start``/``debounce``: this call is no longer queued, so another may queue
+        meanwhile. False if a later call replaced it in the queue (``debounce``)."""
         request = self.request
+        attempt = request.retries or 0
         try:
-            self.free_claim(args, kwargs, task_id=request.id, attempt=request.retries or 0)
+            code = enqueue.free_claim(self, args, kwargs, task_id=request.id, attempt=attempt)
         except LockError as exc:  # the claim runs out by itself
             log.warning("%s[%s] could not free its queue claim: %s", self.name, request.id, exc)
+            return True
+        # A retry was never queued under a claim (-1 then means another call is queued).
+        return not (code == -1 and attempt == 0 and self.lock_options.on_enqueue == DEBOUNCE)
+
+    def _replaced(self, lease: LockHandle, args: Any, kwargs: Any) -> Any:
+        request, name = self.request, lease.name
+        if any(holder.task_id == request.id for holder in holders.holders_of(lease)):
+            raise Ignore()  # a redelivered copy of a run that left the queue already
+        try:
+            latest = enqueue.replaced_by(self, args, kwargs)
+        except LockError:
+            latest = None
+        log.info("%s[%s] skipped: replaced by queued task %s", self.name, request.id, latest)
+        lock_skipped.send(sender=self, name=name, task_id=request.id, lease=None)
+        return skipped_result(name, latest)
 
     def _autoretry(self, exc: LockBackendError) -> None:
         """Retry as ``autoretry_for`` would: Celery's wrapper is around ``run``, which a run
@@ -410,4 +428,4 @@ class SingletonTask(Task):  # type: ignore[misc]
         """Free the claim that attempt ``attempt`` of task ``task_id`` (a call with these
         arguments) holds for its queued message, if it still holds it: the message will not
         run (revoked, expired). True if a claim was freed."""
-        return enqueue.free_claim(self, args, kwargs, task_id=task_id, attempt=attempt)
+        return enqueue.free_claim(self, args, kwargs, task_id=task_id, attempt=attempt) == 1

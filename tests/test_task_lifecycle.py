@@ -363,3 +363,53 @@ def test_until_start_keeps_one_queued_copy_beside_the_running_one(
         finish.set()
         assert [r.get(timeout=TIMEOUT) for r in (running, waiting, queued)] == ["products"] * 3
     assert ran == [running.id, waiting.id, queued.id]  # one at a time, in order
+
+
+def test_debounce_replaces_the_queued_call_with_the_latest(
+    celery_lock_app: Celery, in_process_worker: WorkerFactory, task_locks: TaskLocks
+) -> None:
+    @celery_lock_app.task(
+        base=SingletonTask, shared=False, lock_on_enqueue="debounce", lock_key="sync:{customer}"
+    )
+    def sync(customer: int, revision: str) -> str:
+        return revision
+
+    first = sync.delay(5, "r1")
+    second = sync.delay(5, "r2")
+    latest = sync.delay(5, "r3")
+    assert len({first.id, second.id, latest.id}) == 3  # every call is sent...
+    other = sync.delay(6, "r1")
+    with in_process_worker(celery_lock_app, concurrency=1):
+        # ...but only the latest queued one runs; the ones it replaced say so.
+        assert task_locks.assert_ran(latest) == "r3"
+        for replaced in (first, second):
+            value = replaced.get(timeout=TIMEOUT)
+            assert is_skipped(value) and value["holder_task_id"] == latest.id, value
+        assert task_locks.assert_ran(other) == "r1"
+    assert sync.delay(5, "r4").id not in (first.id, second.id, latest.id)
+
+
+def test_debounce_redelivered_copy_of_a_running_task_stores_nothing(
+    celery_lock_app: Celery, in_process_worker: WorkerFactory
+) -> None:
+    started, finish = threading.Event(), threading.Event()
+
+    @celery_lock_app.task(
+        base=SingletonTask, shared=False, lock_on_enqueue="debounce", lock_key="sync:{customer}"
+    )
+    def sync(customer: int, revision: str) -> str:
+        started.set()
+        assert finish.wait(TIMEOUT)
+        return revision
+
+    with postrun_states() as states, in_process_worker(celery_lock_app, concurrency=2):
+        original = sync.delay(5, "r1")
+        assert started.wait(TIMEOUT)
+        newer = sync.apply_async((5, "r2"), queue="nobody-consumes-this")  # queued meanwhile
+        celery_lock_app.send_task(sync.name, (5, "r1"), task_id=original.id)  # redelivered
+        wait_until(lambda: bool(states.get(original.id)), "the copy to finish")
+        assert states[original.id] == ["IGNORED"]
+        assert original.state == "PENDING"
+        finish.set()
+        assert original.get(timeout=TIMEOUT) == "r1"
+    assert newer.id != original.id
