@@ -219,7 +219,12 @@ class SingletonTask(Task):  # type: ignore[misc]
         if options.on_enqueue in (UNTIL_START, DEBOUNCE) and not self._leave_queue(args, kwargs):
             return self._replaced(lease, args, kwargs)
         try:
-            acquired = lease.acquire(options.wait)
+            acquired = lease.acquire(0)
+            if not acquired and options.wait:
+                # Before waiting: a copy of this very message must not wait for its original
+                # to finish and then run a second time.
+                self._ignore_copy_of_self(lease, holders.holders_of(lease))
+                acquired = lease.acquire(options.wait)
         except LockBackendError as exc:
             if options.backend_down != "run":
                 self._autoretry(exc)
@@ -246,8 +251,7 @@ class SingletonTask(Task):  # type: ignore[misc]
 
     def _replaced(self, lease: LockHandle, args: Any, kwargs: Any) -> Any:
         request, name = self.request, lease.name
-        if any(holder.task_id == request.id for holder in holders.holders_of(lease)):
-            raise Ignore()  # a redelivered copy of a run that left the queue already
+        self._ignore_copy_of_self(lease, holders.holders_of(lease))  # it left the queue already
         try:
             latest = enqueue.replaced_by(self, args, kwargs)
         except LockError:
@@ -255,6 +259,20 @@ class SingletonTask(Task):  # type: ignore[misc]
         log.info("%s[%s] skipped: replaced by queued task %s", self.name, request.id, latest)
         lock_skipped.send(sender=self, name=name, task_id=request.id, lease=None)
         return skipped_result(name, latest)
+
+    def _ignore_copy_of_self(self, lease: LockHandle, found: list[holders.Holder]) -> None:
+        """Raise Ignore if the lock is held under this run's own task id: another delivery of
+        this very message (visibility timeout, acks_late) met the original run, its retry or
+        its delay-after. The original's result is the one, so this copy stores nothing."""
+        request = self.request
+        if any(holder.task_id == request.id and not holder.waiting for holder in found):
+            log.info(
+                "%s[%s] ignored: a copy of the same task id holds %r",
+                self.name,
+                request.id,
+                lease.name,
+            )
+            raise Ignore()
 
     def _autoretry(self, exc: LockBackendError) -> None:
         """Retry as ``autoretry_for`` would: Celery's wrapper is around ``run``, which a run
@@ -303,14 +321,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _conflict(self, lease: LockHandle, options: TaskLockOptions) -> Any:
         request, name = self.request, lease.name
         found = holders.holders_of(lease)
-        if any(holder.task_id == request.id and not holder.waiting for holder in found):
-            # Another delivery of this very message (visibility timeout, acks_late) met the
-            # original run, its retry or its delay-after: the original's result is the one,
-            # so this copy stores nothing under their shared id.
-            log.info(
-                "%s[%s] ignored: a copy of the same task id holds %r", self.name, request.id, name
-            )
-            raise Ignore()
+        self._ignore_copy_of_self(lease, found)
         why = holders.describe(found)
         if options.conflict == "raise":
             raise LockTimeout(f"{self.name}: lock {name!r} is taken ({why})", name=name)

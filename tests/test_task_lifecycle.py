@@ -143,12 +143,13 @@ def test_exhausted_retries_keep_the_release_delay(
 # -- item: a redelivered copy of a running task ----------------------------------------------
 
 
+@pytest.mark.parametrize("lock_wait", [0, 60], ids=["skip", "wait"])
 def test_redelivered_copy_of_a_running_task_stores_nothing(
-    celery_lock_app: Celery, in_process_worker: WorkerFactory
+    celery_lock_app: Celery, in_process_worker: WorkerFactory, lock_wait: float
 ) -> None:
     started, finish = threading.Event(), threading.Event()
 
-    @celery_lock_app.task(base=SingletonTask, shared=False)
+    @celery_lock_app.task(base=SingletonTask, shared=False, lock_wait=lock_wait)
     def report(day: str) -> str:
         started.set()
         assert finish.wait(TIMEOUT)
