@@ -226,8 +226,13 @@ def test_revoked_queued_call_frees_its_claim(
     try:
         with in_process_worker(celery_lock_app):
             task_id = uuid()
-            replies = celery_lock_app.control.revoke(task_id, reply=True, timeout=TIMEOUT)
-            assert replies, "the worker did not acknowledge the revoke"
+            # Until the worker answers: a broadcast sent before it listens is not queued.
+            wait_until(
+                lambda: bool(
+                    celery_lock_app.control.revoke(task_id, reply=True, timeout=1, limit=1)
+                ),
+                "the worker to acknowledge the revoke",
+            )
             queued = sync.apply_async((5,), task_id=task_id)
             assert revoked.wait(TIMEOUT)
             assert not task_locks.is_held(sync, 5)
