@@ -113,12 +113,17 @@ def send_once(
 
 def free_claim(task: Any, args: Any, kwargs: Any, *, task_id: str, attempt: int) -> int:
     """Free the claim attempt ``attempt`` of task ``task_id`` holds for its queued message, if
-    it still holds it. As release.lua: 1 freed, 0 nothing held, -1 another call holds it."""
+    it still holds it. As release.lua: 1 freed, 0 nothing held, -1 another call holds it.
+
+    Attempt 0 is claimed at enqueue (under :func:`claim_name`); a later attempt holds the run
+    lock its previous attempt handed over to it (``Task.retry``), whatever ``lock_on_enqueue``.
+    """
     options = task.lock_options
     if options.mode != "exclusive" or options.keys is not None or options.range is not None:
         return 0  # only exclusive single-key locks take claims
     client = task.lock_client
-    keys = client._keys(claim_name(task, args, kwargs))
+    name = claim_name(task, args, kwargs) if attempt == 0 else task.lock_name(args, kwargs)
+    keys = client._keys(name)
     owner = claim_owner(task_id, attempt)
     return int(client._call(client._scripts.release, keys.lock, owner, 0, keys.channel))
 

@@ -240,14 +240,14 @@ class SingletonTask(Task):  # type: ignore[misc]
         """``until_start``/``debounce``: this call is no longer queued, so another may queue
         meanwhile. False if a later call replaced it in the queue (``debounce``)."""
         request = self.request
-        attempt = request.retries or 0
+        if request.retries:
+            return True  # a retry holds the run lock handed to it, never a queue claim
         try:
-            code = enqueue.free_claim(self, args, kwargs, task_id=request.id, attempt=attempt)
+            code = enqueue.free_claim(self, args, kwargs, task_id=request.id, attempt=0)
         except LockError as exc:  # the claim runs out by itself
             log.warning("%s[%s] could not free its queue claim: %s", self.name, request.id, exc)
             return True
-        # A retry was never queued under a claim (-1 then means another call is queued).
-        return not (code == -1 and attempt == 0 and self.lock_options.on_enqueue == DEBOUNCE)
+        return not (code == -1 and self.lock_options.on_enqueue == DEBOUNCE)
 
     def _replaced(self, lease: LockHandle, args: Any, kwargs: Any) -> Any:
         request, name = self.request, lease.name

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from celery import Celery, chain, chord
-from celery.signals import task_postrun, task_revoked
+from celery.signals import task_postrun, task_retry, task_revoked
 from celery.utils import uuid
 
 from celery_singleton_lock import SingletonTask, admin, enqueue, evidence, is_skipped
@@ -419,3 +419,40 @@ def test_debounce_redelivered_copy_of_a_running_task_stores_nothing(
         finish.set()
         assert original.get(timeout=TIMEOUT) == "r1"
     assert newer.id != original.id
+
+
+def test_until_start_retry_keeps_its_hand_over_and_a_revoke_frees_it(
+    celery_lock_app: Celery, in_process_worker: WorkerFactory, task_locks: TaskLocks
+) -> None:
+    @celery_lock_app.task(
+        base=SingletonTask, shared=False, bind=True, lock_on_enqueue="until_start"
+    )
+    def rebuild(self: Any, index: str) -> str:
+        raise self.retry(countdown=1)
+
+    retried, revoked = threading.Event(), threading.Event()
+
+    def on_retry(**_: Any) -> None:
+        retried.set()
+
+    def on_revoked(**_: Any) -> None:
+        revoked.set()  # connected after the package's receiver, so it runs after it
+
+    task_retry.connect(on_retry, weak=False)
+    task_revoked.connect(on_revoked, weak=False)
+    try:
+        with in_process_worker(celery_lock_app):
+            result = rebuild.delay("products")
+            assert retried.wait(TIMEOUT)
+            assert task_locks.is_held(rebuild, "products")  # handed to the retry message
+            wait_until(
+                lambda: bool(
+                    celery_lock_app.control.revoke(result.id, reply=True, timeout=1, limit=1)
+                ),
+                "the worker to acknowledge the revoke",
+            )
+            assert revoked.wait(TIMEOUT)  # when the retry came due
+            assert not task_locks.is_held(rebuild, "products")
+    finally:
+        task_retry.disconnect(on_retry)
+        task_revoked.disconnect(on_revoked)
