@@ -33,10 +33,6 @@ def _delay(value: Any, argument: str) -> float:
     return arguments.check_delay(value, argument)
 
 
-def _flag(value: Any, argument: str) -> bool:
-    return arguments.check_bool(value, argument)
-
-
 #: ``lock_on_enqueue`` value: claim only while the call is queued (see enqueue.py).
 UNTIL_START = "until_start"
 #: ``lock_on_enqueue`` value: as UNTIL_START, but a new call replaces the queued one.
