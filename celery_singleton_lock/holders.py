@@ -88,25 +88,31 @@ def holders_of(handle: LockHandle) -> list[Holder]:
 
 def _lease_holders(handle: LockHandle, keys: list[bytes]) -> list[Holder]:
     client = handle._client
-    pipe = client.redis.pipeline(transaction=False)
-    pipe.time()
-    for key in keys:
-        pipe.hmget(key, *_FIELDS)
-        pipe.pttl(key)
-    replies = client._call(pipe.execute)
-    seconds, micros = replies[0]
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
-    holders: list[Holder] = []
-    for fields, pttl in zip(replies[1::2], replies[2::2], strict=True):
+
+    def read() -> list[Any]:
+        pipe = client.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.hmget(key, *_FIELDS)
+            pipe.pttl(key)
+        return list(pipe.execute())
+
+    replies = client._call(read)
+    found: list[tuple[str | None, str | None, int | None]] = []
+    for fields, pttl in zip(replies[::2], replies[1::2], strict=True):
         owner, task_id, state = (_text(value) for value in fields)
         if owner is None and task_id is None:
             continue  # this name is free now
         cooling = not owner and state == "cooldown"
-        holder = Holder(
-            task_id=task_id,
-            owner=owner or None,
-            cooldown_until_ms=now_ms + max(0, int(pttl)) if cooling else None,
-        )
+        found.append((task_id, owner or None, max(0, int(pttl)) if cooling else None))
+    now_ms = 0
+    if any(remaining is not None for _, _, remaining in found):
+        # A TIME of its own, on the delay-after path only (a Cluster pipeline refuses TIME).
+        seconds, micros = client._call(client.redis.time)
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+    holders: list[Holder] = []
+    for task_id, owner, remaining in found:
+        until = None if remaining is None else now_ms + remaining
+        holder = Holder(task_id=task_id, owner=owner, cooldown_until_ms=until)
         if holder not in holders:
             holders.append(holder)
     return holders
@@ -114,15 +120,21 @@ def _lease_holders(handle: LockHandle, keys: list[bytes]) -> list[Holder]:
 
 def _interval_holders(handle: IntervalHandle) -> list[Holder]:
     client, keys = handle._client, handle._keys
-    expiries, waiting = keys.indexes[0], keys.queue[2]
-    pipe = client.redis.pipeline(transaction=False)
-    pipe.zrange(expiries, 0, -1)
-    pipe.zrange(waiting, 0, -1)
-    owners, writers = client._call(pipe.execute)
-    pipe = client.redis.pipeline(transaction=False)
-    for owner in owners:
-        pipe.hmget(keys.base + b"h:" + owner, "task_id")
-    replies = client._call(pipe.execute) if owners else []
+
+    def read_owners() -> list[Any]:
+        pipe = client.redis.pipeline(transaction=False)
+        pipe.zrange(keys.indexes[0], 0, -1)  # every holder, by expiry
+        pipe.zrange(keys.queue[2], 0, -1)  # waiting writers' reservations
+        return list(pipe.execute())
+
+    def read_task_ids(owners: list[bytes]) -> list[Any]:
+        pipe = client.redis.pipeline(transaction=False)
+        for owner in owners:
+            pipe.hmget(keys.base + b"h:" + owner, "task_id")
+        return list(pipe.execute())
+
+    owners, writers = client._call(read_owners)
+    replies = client._call(read_task_ids, owners) if owners else []
     holders = [
         Holder(task_id=_text(fields[0]), owner=_text(owner))
         for owner, fields in zip(owners, replies, strict=True)
