@@ -1,6 +1,6 @@
 """SingletonTask across Celery's task lifecycle on a real in-process worker: retries of
-enqueue-locked tasks, canvases, revoked messages, redelivered copies, exhausted retries and
-what a skipped run says about the holder."""
+enqueue-locked tasks, canvases, revoked messages, redelivered copies, exhausted retries, what
+a skipped run says about the holder, and the "until_start" and "debounce" enqueue modes."""
 
 from __future__ import annotations
 
