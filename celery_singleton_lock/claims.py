@@ -9,7 +9,13 @@ already consumed. A claim that is never run expires by itself.
 
 from __future__ import annotations
 
+#: Result states after which a task holds nothing any more, and a claim of it is stale.
+FINISHED_STATES = ("SUCCESS", "FAILURE", "REVOKED")
+
+#: Every claim's owner token starts with this.
+CLAIM_PREFIX = "claim:"
+
 
 def claim_owner(task_id: str, attempt: int) -> str:
     """The owner token of the claim for attempt ``attempt`` (``request.retries``) of a task."""
-    return f"claim:{task_id}:{attempt}"
+    return f"{CLAIM_PREFIX}{task_id}:{attempt}"

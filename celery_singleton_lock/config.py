@@ -34,8 +34,22 @@ def _delay(value: Any, argument: str) -> float:
     return arguments.check_delay(value, argument)
 
 
-def _flag(value: Any, argument: str) -> bool:
-    return arguments.check_bool(value, argument)
+#: ``lock_on_enqueue`` value: claim only while the call is queued (see enqueue.py).
+UNTIL_START = "until_start"
+#: ``lock_on_enqueue`` value: as UNTIL_START, but a new call replaces the queued one.
+DEBOUNCE = "debounce"
+#: ``lock_on_enqueue`` values besides True and False.
+ON_ENQUEUE_MODES = (UNTIL_START, DEBOUNCE)
+
+
+def _on_enqueue(value: Any, argument: str) -> bool | str:
+    if value in ON_ENQUEUE_MODES:
+        return str(value)
+    if isinstance(value, bool):
+        return value
+    raise ConfigurationError(
+        argument, f"must be True, False or one of {list(ON_ENQUEUE_MODES)}, got {value!r}"
+    )
 
 
 def _choice(choices: Sequence[str]) -> Callable[[Any, str], str]:
@@ -86,7 +100,7 @@ TASK_OPTIONS: dict[str, tuple[Any, Callable[[Any, str], Any]]] = {
     "lock_conflict": ("skip", _choice(CONFLICT_POLICIES)),
     "lock_retry_countdown": (10.0, _delay),
     "lock_release_delay": (0.0, _delay),
-    "lock_on_enqueue": (False, _flag),
+    "lock_on_enqueue": (False, _on_enqueue),
     "lock_mode": ("exclusive", _choice(LOCK_MODES)),
     "lock_range": (None, _range),
     "lock_keys": (None, _keys),
@@ -160,7 +174,7 @@ class TaskLockOptions:
     conflict: str
     retry_countdown: float
     release_delay: float
-    on_enqueue: bool
+    on_enqueue: bool | str
     mode: str
     range: tuple[str, str] | None
     keys: Any

@@ -10,14 +10,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .admin import LIVE, NO_EVIDENCE, STALE, Check, LockInfo
+from .admin import CLAIMED, LIVE, NO_EVIDENCE, STALE, Check, LockInfo
+from .claims import FINISHED_STATES
 
 log = logging.getLogger("celery_singleton_lock.admin")
 
 #: Evidence of a lock whose holder's own worker answered without the holder's task.
 NOT_ACTIVE = "not active on its worker"
-#: Result states after which a task holds nothing any more.
-FINISHED_STATES = ("SUCCESS", "FAILURE", "REVOKED")
+__all__ = ["FINISHED_STATES", "NOT_ACTIVE", "backend_check", "worker_check"]
 
 
 def worker_check(app: Any, *, timeout: float) -> Check:
@@ -58,7 +58,9 @@ def worker_check(app: Any, *, timeout: float) -> Check:
 
 def backend_check(app: Any) -> Check | None:
     """Ask the result backend for each undecided holder's task state: finished, failed or
-    revoked means ``stale``. None when the app has no result backend."""
+    revoked means ``stale``. Claims are asked too: a queued message's task that is over
+    (revoked, or ended without running under its claim) will never take its claim over.
+    None when the app has no result backend."""
     from celery.backends.base import DisabledBackend
 
     try:
@@ -71,7 +73,7 @@ def backend_check(app: Any) -> Check | None:
     def check(infos: list[LockInfo]) -> list[LockInfo]:
         out = []
         for info in infos:
-            if info.undecided and info.task_id:
+            if (info.undecided or info.evidence == CLAIMED) and info.task_id:
                 try:
                     state = app.AsyncResult(info.task_id).state
                 except Exception as exc:

@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from celery.bootsteps import RUN
-from celery.signals import worker_process_shutdown, worker_shutdown
+from celery.signals import task_revoked, worker_process_shutdown, worker_shutdown
 from celery.utils.dispatch import Signal
 
 from .exceptions import LockError
@@ -52,5 +52,28 @@ def _release_at_worker_shutdown(sender: Any = None, **_: Any) -> None:
     release_all_held()
 
 
+def free_revoked_claim(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """A message revoked (or expired) before it ran never takes its claim over: free the
+    claim now rather than after its countdown plus ``lock_ttl``, so new calls are not
+    deduplicated to a task that will never run. A run already under way holds its own lock,
+    not the claim, so a revoke with ``terminate=True`` frees nothing here."""
+    free_claim = getattr(sender, "free_claim", None)
+    if free_claim is None or request is None or not getattr(request, "id", None):
+        return
+    try:
+        freed = free_claim(
+            request.args or (),
+            request.kwargs or {},
+            task_id=request.id,
+            attempt=int(request.retries or 0),
+        )
+    except LockError as exc:
+        log.warning("could not free the claim of revoked %s[%s]: %s", sender.name, request.id, exc)
+        return
+    if freed:
+        log.info("freed the claim of revoked %s[%s]", sender.name, request.id)
+
+
+task_revoked.connect(free_revoked_claim, weak=False)
 worker_process_shutdown.connect(release_all_held, weak=False)
 worker_shutdown.connect(_release_at_worker_shutdown, weak=False)

@@ -17,23 +17,24 @@ import time
 from typing import Any
 
 from celery import Task
-from celery.exceptions import Retry
-from celery.result import AsyncResult
+from celery.exceptions import Ignore, Retry
+
+from . import arguments, enqueue, holders
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
 # before a worker starts, which always imports its tasks first).
 from . import events as _events  # noqa: F401
 from .claims import claim_owner
 from .client import LockClient
-from .config import AppSettings, TaskLockOptions, check_lease_within_ttl, check_task_options
-from .exceptions import (
-    ConfigurationError,
-    DuplicateTask,
-    LockBackendError,
-    LockError,
-    LockLost,
-    LockTimeout,
+from .config import (
+    DEBOUNCE,
+    UNTIL_START,
+    AppSettings,
+    TaskLockOptions,
+    check_lease_within_ttl,
+    check_task_options,
 )
+from .exceptions import ConfigurationError, LockBackendError, LockError, LockLost, LockTimeout
 from .handle import LockHandle
 from .lease import Lease
 from .naming import TaskKey
@@ -120,8 +121,11 @@ class SingletonTask(Task):  # type: ignore[misc]
     lock_retry_countdown: float | None = None
     #: Seconds the key stays locked after the run ends (delay-after; default 0).
     lock_release_delay: float | None = None
-    #: Also refuse duplicates at ``apply_async``/``delay`` (default False).
-    lock_on_enqueue: bool | None = None
+    #: Also refuse duplicates at ``apply_async``/``delay`` (default False): True keeps the
+    #: key locked from enqueue to the end of the run; "until_start" keeps at most one queued
+    #: call, freed when it starts, beside the running one; "debounce" is "until_start" where
+    #: a new call replaces the queued one.
+    lock_on_enqueue: bool | str | None = None
     #: "exclusive" (default), "read", "upgradable" or "write".
     lock_mode: str | None = None
     #: Two argument names bounding a range lock on the resource named by ``lock_key``.
@@ -290,9 +294,16 @@ class SingletonTask(Task):  # type: ignore[misc]
         name = lease.name
         if isinstance(lease, Lease):
             lease._takeover = claim_owner(task_id, request.retries or 0)
+        if options.on_enqueue in (UNTIL_START, DEBOUNCE) and not self._leave_queue(args, kwargs):
+            return self._replaced(lease, args, kwargs)
         started = time.monotonic()
         try:
-            acquired = lease.acquire(options.wait)
+            acquired = lease.acquire(0)
+            if not acquired and options.wait:
+                # Before waiting: a copy of this very message must not wait for its original
+                # to finish and then run a second time.
+                self._ignore_copy_of_self(lease, holders.holders_of(lease))
+                acquired = lease.acquire(options.wait)
         except LockBackendError as exc:
             if options.backend_down != "run":
                 self._autoretry(exc)
@@ -301,9 +312,49 @@ class SingletonTask(Task):  # type: ignore[misc]
             return self._run_holding(None, args, kwargs)
         waited = time.monotonic() - started
         if not acquired:
-            return self._conflict(name, options, waited)
+            return self._conflict(lease, options, waited)
         lock_acquired.send(sender=self, name=name, task_id=task_id, lease=lease, wait=waited)
         return self._run_holding(lease, args, kwargs)
+
+    def _leave_queue(self, args: Any, kwargs: Any) -> bool:
+        """``until_start``/``debounce``: this call is no longer queued, so another may queue
+        meanwhile. False if a later call replaced it in the queue (``debounce``)."""
+        request = self.request
+        if request.retries:
+            return True  # a retry holds the run lock handed to it, never a queue claim
+        try:
+            code = enqueue.free_claim(self, args, kwargs, task_id=request.id, attempt=0)
+        except LockError as exc:  # the claim runs out by itself
+            log.warning("%s[%s] could not free its queue claim: %s", self.name, request.id, exc)
+            return True
+        return not (code == -1 and self.lock_options.on_enqueue == DEBOUNCE)
+
+    def _replaced(self, lease: LockHandle, args: Any, kwargs: Any) -> Any:
+        request, name = self.request, lease.name
+        self._ignore_copy_of_self(lease, holders.holders_of(lease))  # it left the queue already
+        try:
+            latest = enqueue.replaced_by(self, args, kwargs)
+        except LockError:
+            latest = None
+        log.info("%s[%s] skipped: replaced by queued task %s", self.name, request.id, latest)
+        lock_skipped.send(
+            sender=self, name=name, task_id=request.id, lease=None, wait=0.0, holder=latest
+        )
+        return skipped_result(name, latest)
+
+    def _ignore_copy_of_self(self, lease: LockHandle, found: list[holders.Holder]) -> None:
+        """Raise Ignore if the lock is held under this run's own task id: another delivery of
+        this very message (visibility timeout, acks_late) met the original run, its retry or
+        its delay-after. The original's result is the one, so this copy stores nothing."""
+        request = self.request
+        if any(holder.task_id == request.id and not holder.waiting for holder in found):
+            log.info(
+                "%s[%s] ignored: a copy of the same task id holds %r",
+                self.name,
+                request.id,
+                lease.name,
+            )
+            raise Ignore()
 
     def _autoretry(self, exc: LockBackendError) -> None:
         """Retry as ``autoretry_for`` would: Celery's wrapper is around ``run``, which a run
@@ -349,29 +400,24 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _lease_lost(self, lease: LockHandle, task_id: str) -> None:
         lock_lost.send(sender=self, name=lease.name, task_id=task_id, lease=lease)
 
-    def _conflict(self, name: str, options: TaskLockOptions, waited: float) -> Any:
-        request = self.request
+    def _conflict(self, lease: LockHandle, options: TaskLockOptions, waited: float) -> Any:
+        request, name = self.request, lease.name
+        found = holders.holders_of(lease)
+        self._ignore_copy_of_self(lease, found)
+        why = holders.describe(found)
         if options.conflict == "raise":
-            raise LockTimeout(f"{self.name}: lock {name!r} is taken", name=name)
+            raise LockTimeout(f"{self.name}: lock {name!r} is taken ({why})", name=name)
         if options.conflict == "retry":
             raise self.retry(
                 countdown=options.retry_countdown,
-                exc=LockTimeout(f"{self.name}: lock {name!r} is taken", name=name),
+                exc=LockTimeout(f"{self.name}: lock {name!r} is taken ({why})", name=name),
             )
-        holder = self._holder_task_id(name)
-        log.info("%s[%s] skipped: lock %r held by %s", self.name, request.id, name, holder)
+        holder = holders.holder_task_id(found)
+        log.info("%s[%s] skipped: lock %r %s", self.name, request.id, name, why)
         lock_skipped.send(
             sender=self, name=name, task_id=request.id, lease=None, wait=waited, holder=holder
         )
         return skipped_result(name, holder)
-
-    def _holder_task_id(self, name: str) -> str | None:
-        client = self.lock_client
-        try:
-            value = client._call(client.redis.hget, client._keys(name).lock, "task_id")
-        except LockBackendError:
-            return None
-        return value.decode() if isinstance(value, bytes) else value
 
     # -- retry: hand the lock to the retry message -------------------------------------------
 
@@ -421,10 +467,12 @@ class SingletonTask(Task):  # type: ignore[misc]
             lock_released.send(sender=self, name=lease.name, task_id=request.id, lease=lease)
             raise
         except BaseException:
-            # No retry was sent (max_retries reached, broker error): free the claim.
+            # No retry was sent (max_retries reached, broker error): this run was the last,
+            # so its claim goes as the run's own lock would, delay-after included.
             client = self.lock_client
             keys = client._keys(lease.name)
-            client._call(client._scripts.release, keys.lock, next_owner, 0, keys.channel)
+            delay_ms = arguments.seconds_to_ms(self.lock_options.release_delay)
+            client._call(client._scripts.release, keys.lock, next_owner, delay_ms, keys.channel)
             raise
 
     def _celery_retry(
@@ -452,7 +500,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _retry_delay(self, eta: datetime.datetime | None, countdown: float | None) -> float:
         if countdown is None and eta is None:
             return float(self.default_retry_delay or 0)
-        return _seconds_until(eta, countdown)
+        return enqueue.seconds_until(eta, countdown)
 
     # -- enqueue-time lock -------------------------------------------------------------------
 
@@ -460,50 +508,21 @@ class SingletonTask(Task):  # type: ignore[misc]
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any
     ) -> Any:
         """As :meth:`celery.Task.apply_async`. With ``lock_on_enqueue`` a duplicate of a
-        queued or running call is not sent: its ``AsyncResult`` comes back instead (or
-        :class:`DuplicateTask` is raised with ``lock_conflict="raise"``)."""
+        queued (or running) call is not sent: its ``AsyncResult`` comes back instead (or
+        :class:`DuplicateTask` is raised with ``lock_conflict="raise"``). Retries and
+        members of a canvas are always sent (see docs/tasks.md)."""
         self.check_lock_configuration()  # no message that can never run is sent
-        lock = self.lock_options
-        if not lock.on_enqueue or self.app.conf.task_always_eager:
-            return super().apply_async(args, kwargs, task_id=task_id, **options)
-        from celery.utils import uuid
+        send = super().apply_async
+        if (
+            not self.lock_options.on_enqueue
+            or self.app.conf.task_always_eager
+            or enqueue.is_retry(self, task_id, options)
+        ):
+            return send(args, kwargs, task_id=task_id, **options)
+        return enqueue.send_once(self, send, args, kwargs, task_id, options)
 
-        task_id = task_id or uuid()
-        name = self.lock_name(args, kwargs)
-        delay = _seconds_until(options.get("eta"), options.get("countdown"))
-        claim = self.lock_client.lease(
-            name,
-            ttl=delay + lock.ttl,
-            heartbeat=False,
-            owner_info={"task_name": self.name, "task_id": task_id, "state": "queued"},
-        )
-        claim._claim_as = claim_owner(task_id, 0)
-        if claim.acquire(0):
-            try:
-                return super().apply_async(args, kwargs, task_id=task_id, **options)
-            except BaseException:
-                claim.release()
-                raise
-        holder = self._holder_task_id(name)
-        if lock.conflict == "raise":
-            raise DuplicateTask(
-                f"{self.name}: a call with lock {name!r} is queued or running ({holder})",
-                name=name,
-                task_id=holder,
-            )
-        log.info("%s not sent: lock %r held by %s", self.name, name, holder)
-        if holder is None:
-            return super().apply_async(args, kwargs, task_id=task_id, **options)
-        return AsyncResult(holder, app=self.app)
-
-
-def _seconds_until(eta: datetime.datetime | str | None, countdown: float | None) -> float:
-    """Seconds until a message with this ``eta`` or ``countdown`` may run (0: at once)."""
-    if countdown is not None:
-        return max(0.0, float(countdown))
-    if isinstance(eta, str):
-        eta = datetime.datetime.fromisoformat(eta)
-    if eta is not None:
-        now = datetime.datetime.now(eta.tzinfo)
-        return max(0.0, (eta - now).total_seconds())
-    return 0.0
+    def free_claim(self, args: Any, kwargs: Any, *, task_id: str, attempt: int) -> bool:
+        """Free the claim that attempt ``attempt`` of task ``task_id`` (a call with these
+        arguments) holds for its queued message, if it still holds it: the message will not
+        run (revoked, expired). True if a claim was freed."""
+        return enqueue.free_claim(self, args, kwargs, task_id=task_id, attempt=attempt) == 1

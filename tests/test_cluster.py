@@ -331,3 +331,24 @@ def test_celery_setting_takes_a_cluster_url(cluster: Cluster) -> None:
             assert lease.held
     finally:
         client.close()
+
+
+def test_skip_messages_name_holders_on_a_cluster(client: LockClient) -> None:
+    from celery_singleton_lock.holders import describe, holders_of
+
+    lease = client.lease("alpha", owner_info={"task_id": "t1"})
+    assert lease.acquire(0)
+    blocked = client.lease("alpha")
+    assert not blocked.acquire(0)
+    assert describe(holders_of(blocked)) == "held by task t1"
+    lease.release(delay=30)
+    assert describe(holders_of(blocked)).startswith("cooling down until 20")
+    names = names_on_every_node(client, stem="held")
+    multi = client.multi(names, owner_info={"task_id": "t2"})
+    assert multi.acquire(0)
+    assert describe(holders_of(client.multi(names))) == "held by task t2"
+    writer = client.rwlock("rw").write(owner_info={"task_id": "t3"})
+    assert writer.acquire(0)
+    assert describe(holders_of(client.rwlock("rw").write())) == "held by task t3"
+    multi.release()
+    writer.release()

@@ -267,9 +267,11 @@ def test_redelivered_message_does_not_take_the_lock_of_its_first_copy(
 ) -> None:
     inside = threading.Event()
     leave = threading.Event()
+    runs: list[str] = []
 
     @celery_lock_app.task(base=SingletonTask, shared=False)
     def job() -> str:
+        runs.append("ran")
         inside.set()
         assert leave.wait(TIMEOUT)
         return "ran"
@@ -277,9 +279,13 @@ def test_redelivered_message_does_not_take_the_lock_of_its_first_copy(
     first = threading.Thread(target=job.apply, kwargs={"task_id": "same-id"})
     first.start()
     assert inside.wait(TIMEOUT)
-    task_locks.assert_skipped(job.apply(task_id="same-id"))  # the same task id, again
+    # The same task id, again: it does not run, and stores nothing over the original.
+    copy = job.apply(task_id="same-id")
+    assert copy.state == "IGNORED"
+    assert task_locks.is_held(job)  # the original still holds its lock
     leave.set()
     first.join()
+    assert runs == ["ran"]
 
 
 def test_backend_down_fail_and_run(celery_lock_app: Celery) -> None:

@@ -1,0 +1,199 @@
+"""Enqueue-time locking (``lock_on_enqueue``): a claim per queued call, taken in
+``apply_async`` before the message is sent (see claims.py for what a claim is).
+
+With ``lock_on_enqueue=True`` the claim is on the run's own lock name and the worker that
+runs the message takes it over, so the key stays locked from enqueue to the end of the run.
+With ``lock_on_enqueue="until_start"`` the claim is on a name of its own (:func:`queue_name`)
+and the run frees it as it starts: at most one call waits in the queue, beside the one that
+may be running, and the run then takes its run-time lock as any run does. With
+``lock_on_enqueue="debounce"`` a new call takes the queue claim over from the queued one
+(owner-checked, atomic) and is sent too; the replaced message, when it runs, finds its claim
+gone and is skipped in favour of the latest. No message is withdrawn from the broker, so
+nothing depends on a revoke reaching a worker in time.
+
+A call is always sent, whatever the claim, when it is a retry (it continues a call that was
+let through already) or part of a canvas (dropping it would drop the rest of the chain, group
+or chord): its run-time lock decides then.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from celery.backends.base import DisabledBackend
+from celery.result import AsyncResult
+from celery.utils import uuid
+
+from . import holders
+from .claims import FINISHED_STATES, claim_owner
+from .config import DEBOUNCE, UNTIL_START
+from .exceptions import DuplicateTask
+from .lease import Lease
+
+log = logging.getLogger("celery_singleton_lock.task")
+
+#: Options that make a message part of a canvas: callbacks, the rest of a chain, a chord's
+#: body, or membership of a group.
+_CANVAS_OPTIONS = ("link", "link_error", "chain", "chord", "group_id")
+
+
+def queue_name(name: str) -> str:
+    """The name an ``until_start`` claim for lock ``name`` is held under."""
+    return f"{name}#queued"
+
+
+def claim_name(task: Any, args: Any, kwargs: Any) -> str:
+    """The lock name a queued call of ``task`` with these arguments claims."""
+    name: str = task.lock_name(args, kwargs)
+    return queue_name(name) if task.lock_options.on_enqueue in (UNTIL_START, DEBOUNCE) else name
+
+
+def is_retry(task: Any, task_id: str | None, options: dict[str, Any]) -> bool:
+    """True for the message ``Task.retry`` sends for the running task: a later attempt of a
+    call that was let through already. Its lock was handed over to it, or it takes one when
+    it runs; deduplicating it against that would lose the retry."""
+    return bool(options.get("retries")) and task_id is not None and task_id == task.request.id
+
+
+def in_canvas(options: dict[str, Any]) -> bool:
+    """True if a message sent with these ``apply_async`` options carries more of a canvas."""
+    return any(options.get(key) for key in _CANVAS_OPTIONS)
+
+
+def send_once(
+    task: Any,
+    send: Callable[..., Any],
+    args: Any,
+    kwargs: Any,
+    task_id: str | None,
+    options: dict[str, Any],
+) -> Any:
+    """``apply_async`` of ``task`` under its enqueue-time lock: claim, then ``send`` (Celery's
+    own ``apply_async``); a duplicate gets the holder's ``AsyncResult`` (or DuplicateTask)."""
+    lock = task.lock_options
+    task_id = task_id or uuid()
+    name = claim_name(task, args, kwargs)
+    ttl = seconds_until(options.get("eta"), options.get("countdown")) + lock.ttl
+    claim = _claim(task, name, task_id, ttl)
+    if claim.acquire(0):
+        return _send_claimed(claim, send, args, kwargs, task_id, options)
+    found = holders.holders_of(claim)
+    stale = _finished_claim(task, found)
+    if stale is None and lock.on_enqueue == DEBOUNCE:
+        stale = next((holder for holder in found if holder.claimed), None)
+    if stale is not None:
+        # Its task finished or was revoked without running it (or without freeing it): take
+        # the claim over, only if it is still that one (owner-checked, atomic).
+        claim = _claim(task, name, task_id, ttl, takeover=stale.owner)
+        if claim.acquire(0):
+            log.info("%s[%s] took over the claim of %s", task.name, task_id, stale.task_id)
+            return _send_claimed(claim, send, args, kwargs, task_id, options)
+        found = holders.holders_of(claim)
+    why = holders.describe(found)
+    if in_canvas(options):
+        log.info(
+            "%s[%s] sent despite lock %r (%s): part of a canvas", task.name, task_id, name, why
+        )
+        return send(args, kwargs, task_id=task_id, **options)
+    holder = next((holder.task_id for holder in found if holder.task_id), None)
+    if lock.conflict == "raise":
+        raise DuplicateTask(
+            f"{task.name}: a call with lock {name!r} is queued or running ({why})",
+            name=name,
+            task_id=holder,
+        )
+    log.info("%s not sent: lock %r %s", task.name, name, why)
+    if holder is None:
+        return send(args, kwargs, task_id=task_id, **options)
+    return AsyncResult(holder, app=task.app)
+
+
+def free_claim(task: Any, args: Any, kwargs: Any, *, task_id: str, attempt: int) -> int:
+    """Free the claim attempt ``attempt`` of task ``task_id`` holds for its queued message, if
+    it still holds it. As release.lua: 1 freed, 0 nothing held, -1 another call holds it.
+
+    Attempt 0 is claimed at enqueue (under :func:`claim_name`); a later attempt holds the run
+    lock its previous attempt handed over to it (``Task.retry``), whatever ``lock_on_enqueue``.
+    """
+    options = task.lock_options
+    if options.mode != "exclusive" or options.keys is not None or options.range is not None:
+        return 0  # only exclusive single-key locks take claims
+    client = task.lock_client
+    name = claim_name(task, args, kwargs) if attempt == 0 else task.lock_name(args, kwargs)
+    keys = client._keys(name)
+    owner = claim_owner(task_id, attempt)
+    return int(client._call(client._scripts.release, keys.lock, owner, 0, keys.channel))
+
+
+def replaced_by(task: Any, args: Any, kwargs: Any) -> str | None:
+    """``debounce``: the task id of the call that replaced this one in the queue, if any."""
+    client = task.lock_client
+    keys = client._keys(claim_name(task, args, kwargs))
+    value = client._call(client.redis.hget, keys.lock, "task_id")
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _claim(task: Any, name: str, task_id: str, ttl: float, takeover: str | None = None) -> Lease:
+    claim: Lease = task.lock_client.lease(
+        name,
+        ttl=ttl,
+        heartbeat=False,
+        owner_info={"task_name": task.name, "task_id": task_id, "state": "queued"},
+    )
+    claim._claim_as = claim_owner(task_id, 0)
+    claim._takeover = takeover or ""
+    return claim
+
+
+def _send_claimed(
+    claim: Lease,
+    send: Callable[..., Any],
+    args: Any,
+    kwargs: Any,
+    task_id: str,
+    options: dict[str, Any],
+) -> Any:
+    try:
+        return send(args, kwargs, task_id=task_id, **options)
+    except BaseException:
+        claim.release()
+        raise
+
+
+def _finished_claim(task: Any, found: list[holders.Holder]) -> holders.Holder | None:
+    """The claim among ``found`` whose task the result backend says is over (finished, failed
+    or revoked): a message that will never run under it. None if there is none, or no result
+    backend to ask."""
+    claims = [holder for holder in found if holder.claimed and holder.task_id]
+    if not claims:
+        return None
+    try:
+        if isinstance(task.backend, DisabledBackend):
+            return None
+    except Exception as exc:  # a misconfigured backend: no evidence from it
+        log.warning("result backend unusable: %s", exc)
+        return None
+    for holder in claims:
+        try:
+            state = task.AsyncResult(holder.task_id).state
+        except Exception as exc:  # no evidence from a backend that does not answer
+            log.warning("result backend did not answer for %s: %s", holder.task_id, exc)
+            continue
+        if state in FINISHED_STATES:
+            return holder
+    return None
+
+
+def seconds_until(eta: datetime.datetime | str | None, countdown: float | None) -> float:
+    """Seconds until a message with this ``eta`` or ``countdown`` may run (0: at once)."""
+    if countdown is not None:
+        return max(0.0, float(countdown))
+    if isinstance(eta, str):
+        eta = datetime.datetime.fromisoformat(eta)
+    if eta is not None:
+        now = datetime.datetime.now(eta.tzinfo)
+        return max(0.0, (eta - now).total_seconds())
+    return 0.0
