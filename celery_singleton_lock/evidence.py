@@ -57,10 +57,11 @@ def worker_check(app: Any, *, timeout: float) -> Check:
 
 
 def backend_check(app: Any) -> Check | None:
-    """Ask the result backend for each undecided holder's task state: finished, failed or
-    revoked means ``stale``. Claims are asked too: a queued message's task that is over
-    (revoked, or ended without running under its claim) will never take its claim over.
-    None when the app has no result backend."""
+    """Ask the result backend for the task state of each holder without a heartbeat, and of
+    each claim: finished, failed or revoked means ``stale`` (a queued message's task that is
+    over will never take its claim over). A fresh heartbeat always wins: some process still
+    renews that lock, whatever an earlier run under the same task id stored. None when the
+    app has no result backend."""
     from celery.backends.base import DisabledBackend
 
     try:
@@ -73,7 +74,7 @@ def backend_check(app: Any) -> Check | None:
     def check(infos: list[LockInfo]) -> list[LockInfo]:
         out = []
         for info in infos:
-            if (info.undecided or info.evidence == CLAIMED) and info.task_id:
+            if info.state == LIVE and info.evidence in (NO_EVIDENCE, CLAIMED) and info.task_id:
                 try:
                     state = app.AsyncResult(info.task_id).state
                 except Exception as exc:

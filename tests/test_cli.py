@@ -368,22 +368,27 @@ def test_evidence_from_live_workers(app: Celery, lock_client: LockClient) -> Non
 
 
 def test_evidence_from_the_result_backend(app: Celery, lock_client: LockClient) -> None:
-    done, revoked, pending = (f"task-{uuid.uuid4().hex}" for _ in range(3))
+    done, revoked, pending, rerun = (f"task-{uuid.uuid4().hex}" for _ in range(4))
     app.backend.store_result(done, 42, "SUCCESS")
     app.backend.mark_as_revoked(revoked)
+    app.backend.store_result(rerun, 42, "SUCCESS")
     for task_id in (done, revoked, pending):
-        hold(lock_client, f"lock-{task_id}", owner_info={"task_id": task_id})
+        hold(lock_client, f"lock-{task_id}", owner_info={"task_id": task_id}, heartbeat=False)
+    # A run renewing its lock under a task id that already stored SUCCESS (a message
+    # redelivered after its first run finished): the fresh heartbeat wins.
+    hold(lock_client, f"lock-{rerun}", owner_info={"task_id": rerun})
     # No worker answers within the timeout: only the result backend gives evidence.
     result = run_celery(app, "--timeout", "0.3", "list", "--json")
     states = {d["task_id"]: (d["state"], d["evidence"]) for d in json.loads(result.stdout)}
     assert states == {
         done: ("stale", "result backend: SUCCESS"),
         revoked: ("stale", "result backend: REVOKED"),
-        pending: ("live", "heartbeat fresh"),
+        pending: ("live", "no evidence"),
+        rerun: ("live", "heartbeat fresh"),
     }
     cleared = run_celery(app, "--timeout", "0", "clear", "--stale", "--yes")
     assert cleared.exit_code == 0 and "cleared 2 of 2" in cleared.stdout
-    assert [info.task_id for info in lock_client.locks()] == [pending]
+    assert sorted(info.task_id or "" for info in lock_client.locks()) == sorted([pending, rerun])
 
 
 def test_python_dash_m(lock_client: LockClient, lock_redis_url: str, lock_prefix: str) -> None:
