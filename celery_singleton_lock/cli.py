@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
@@ -46,6 +46,9 @@ class Session:
     app: Any = None  # the Celery app of ``celery -A``: workers and result backend to ask
     timeout: float = DEFAULT_TIMEOUT
     no_color: bool = False
+    #: Keyword arguments for the redis-py client, as the app's tasks connect (TLS options
+    #: taken from ``broker_use_ssl``, ``singleton_lock_client_kwargs``).
+    client_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         from .client import mask_password
@@ -61,10 +64,11 @@ class Session:
                 "no Redis URL: set singleton_lock_url (or a redis:// broker_url) in the app's "
                 "configuration, or pass --url / REDIS_URL"
             )
-        # Short socket timeouts: an admin command should fail fast, naming the server.
-        return LockClient.from_url(
-            self.url, prefix=self.prefix, socket_connect_timeout=5, socket_timeout=10
-        )
+        # Short socket timeouts: an admin command should fail fast, naming the server (unless
+        # the app's own client settings say otherwise).
+        options: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 10}
+        options.update(self.client_kwargs)
+        return LockClient.from_url(self.url, prefix=self.prefix, **options)
 
     def checks(self) -> list[Check]:
         if self.app is None:
@@ -86,7 +90,12 @@ def app_session(app: Any, *, timeout: float, no_color: bool) -> Session:
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from None
     return Session(
-        url=settings.url, prefix=settings.prefix, app=app, timeout=timeout, no_color=no_color
+        url=settings.url,
+        prefix=settings.prefix,
+        app=app,
+        timeout=timeout,
+        no_color=no_color,
+        client_kwargs=dict(settings.client_kwargs),
     )
 
 

@@ -283,7 +283,14 @@ class LockHandle:
         if code == 1:
             self._lost = None
             return
-        raise self._lost_error(code, "release")
+        error = self._lost_error(code, "release")
+        # Found lost only now (a starved heartbeat, a paused process): on_lost fires here,
+        # once, as it would have from the renewal that should have found it.
+        with self._state:
+            first, self._lost = self._lost is None, self._lost or error
+        if first:
+            self._announce_lost(error)
+        raise error
 
     def _forget(self) -> str:
         """Stop renewing and drop the owner token (the first half of every release)."""
@@ -390,6 +397,10 @@ class LockHandle:
             if self._owner != owner or self._lost is not None:
                 return
             self._lost = error
+        self._announce_lost(error)
+
+    def _announce_lost(self, error: LockLost) -> None:
+        """Stop renewing, log, and call ``on_lost`` (the handle was just marked lost)."""
         heartbeat().remove(self)
         lost_log.warning("lock %r lost (%s): %s", self.name, error.reason, error)
         if self.on_lost is not None:

@@ -389,7 +389,9 @@ class SingletonTask(Task):  # type: ignore[misc]
         try:
             lease.release(delay=self.lock_options.release_delay)
         except LockLost as exc:
+            # Not released by this run: lock_lost was sent (on_lost) when it was found lost.
             log.error("%s[%s] ran without its lock at the end: %s", self.name, self.request.id, exc)
+            return
         except LockError as exc:
             log.warning(
                 "%s[%s] could not release %r: %s", self.name, self.request.id, lease.name, exc

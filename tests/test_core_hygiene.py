@@ -524,3 +524,25 @@ def test_close_after_a_waiting_acquire_is_quiet_and_stops_the_listener(
         holder_client.close()
     noisy = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
     assert noisy == [], [r.getMessage() for r in noisy]
+
+
+def test_a_release_that_finds_the_lock_lost_calls_on_lost_once(lock_client: LockClient) -> None:
+    """A loss no renewal noticed (heartbeat starved, process paused) is reported by the
+    release that finds it: on_lost fires there, once, and never again."""
+    calls: list[Any] = []
+    lease = lock_client.lease("found-at-release", ttl=30, heartbeat=False, on_lost=calls.append)
+    assert lease.acquire()
+    lock_client.redis.delete(lease._keys.lock)  # expired unnoticed
+    with pytest.raises(LockExpired):
+        lease.release()
+    assert calls == [lease] and lease.lost
+    # A lock already found lost (by a renewal) is not reported twice by its release.
+    marked: list[Any] = []
+    other = lock_client.lease("found-by-renewal", ttl=30, on_lost=marked.append)
+    assert other.acquire()
+    lock_client.redis.delete(other._keys.lock)
+    heartbeat().tick()
+    assert marked == [other]
+    with pytest.raises(LockExpired):
+        other.release()
+    assert marked == [other]

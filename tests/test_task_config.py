@@ -4,6 +4,7 @@ Celery workers; Redis merely down at start is not a configuration error."""
 
 from __future__ import annotations
 
+import json
 import logging
 import ssl
 import threading
@@ -421,4 +422,33 @@ def test_a_sentinel_broker_lends_master_name_and_sentinel_kwargs(
         assert job.apply().get() is True
     finally:
         master.close()
+        client.close()
+
+
+def test_the_admin_command_connects_as_the_tasks_do(tls: TLSServer, lock_prefix: str) -> None:
+    """``celery locks`` reads the TLS options the locks take from the broker and
+    ``singleton_lock_client_kwargs``, so it reaches a Redis the tasks reach."""
+    from celery.bin.base import CLIContext
+    from click.testing import CliRunner
+
+    from celery_singleton_lock import cli
+
+    app = make_app(
+        broker_url=f"redis://127.0.0.1:{tls.port}/0",
+        broker_use_ssl=True,
+        singleton_lock_prefix=lock_prefix,
+        singleton_lock_client_kwargs={"ssl_ca_certs": str(tls.cert)},
+    )
+    client = lock_client_for(app)
+    try:
+        lease = client.lease("admin-over-tls", ttl=30)
+        assert lease.acquire()
+        obj = CLIContext(app=app, no_color=True, workdir=None)
+        listed = CliRunner().invoke(
+            cli.locks, ["--timeout", "0", "list", "--json"], obj=obj, catch_exceptions=False
+        )
+        assert listed.exit_code == 0, listed.output
+        assert [item["name"] for item in json.loads(listed.stdout)] == ["admin-over-tls"]
+        lease.release()
+    finally:
         client.close()

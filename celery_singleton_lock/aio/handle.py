@@ -254,7 +254,12 @@ class AsyncLockHandle:
         if code == 1:
             self._lost = None
             return
-        raise lost_error(self.name, code, "release")
+        error = lost_error(self.name, code, "release")
+        if self._lost is None:
+            # Found lost only now: on_lost fires here, once (see the sync handle).
+            self._lost = error
+            self._announce_lost(error)
+        raise error
 
     def _forget(self) -> str:
         """Stop renewing and drop the owner token (the first half of every release)."""
@@ -349,6 +354,10 @@ class AsyncLockHandle:
         if self._owner != owner or self._lost is not None:
             return
         self._lost = error
+        self._announce_lost(error)
+
+    def _announce_lost(self, error: LockLost) -> None:
+        """Stop renewing, log, and call ``on_lost`` (the handle was just marked lost)."""
         if self._beat is not None:
             self._beat.remove(self)
         lost_log.warning("lock %r lost (%s): %s", self.name, error.reason, error)
