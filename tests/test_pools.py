@@ -118,10 +118,25 @@ def threads_worker(app: Celery) -> tuple[Any, threading.Thread]:
 def test_worker_stop_releases_only_after_the_threads_pool_drained(
     celery_lock_app: Celery, gate: Gate, lock_client: LockClient
 ) -> None:
-    """``WorkController.stop()`` (warm): the running task keeps its lock until it ends."""
+    """``WorkController.stop()`` (warm): the running task keeps its lock until it ends.
+
+    Kombu's Redis poller is not thread-safe: a stop from another thread that closes the
+    consumer's channels while the event loop iterates them kills the worker at random ("Set
+    changed size during iteration"). So the loop is parked in a callback until the stop has
+    reached the pool, past every channel."""
     worker, runner = threads_worker(celery_lock_app)
     result = gate.task.delay()
     assert gate.started.wait(TIMEOUT)
+    parked = threading.Event()
+
+    def park_the_loop() -> None:
+        parked.set()
+        deadline = time.monotonic() + TIMEOUT
+        while not worker.pool.executor._shutdown and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    worker.hub.call_soon(park_the_loop)
+    assert parked.wait(TIMEOUT)
     stopper = threading.Thread(target=worker.stop, daemon=True)
     stopper.start()
     # The threads pool is stopping: it waits for the running task. Every step stopped
