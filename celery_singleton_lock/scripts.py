@@ -52,6 +52,7 @@ class Script(RedisScript):
     ) -> Any:
         if not self._cluster and (client is None or client is self.registered_client):
             return self._evalsha(self.registered_client, keys or (), tuple(args or ()))
+        client = self.registered_client if client is None else client
         if not is_cluster(client):
             return super().__call__(keys, args, client)
         keys, args = list(keys or ()), list(args or ())
