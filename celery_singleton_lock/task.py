@@ -47,9 +47,16 @@ SKIPPED = "skipped"
 _RESULT_MARK = "__singleton_lock__"
 
 
-def skipped_result(name: str, holder_task_id: str | None) -> dict[str, Any]:
-    """What a skipped run returns: a JSON-friendly dict that :func:`is_skipped` recognises."""
-    return {_RESULT_MARK: SKIPPED, "lock": name, "holder_task_id": holder_task_id}
+def skipped_result(name: str, holder_task_id: str | None, reason: str = "") -> dict[str, Any]:
+    """What a skipped run returns: a JSON-friendly dict that :func:`is_skipped` recognises.
+    ``reason`` says what stood in the way, as the log line does (``held by task <id>``,
+    ``cooling down until <time>``, ...)."""
+    return {
+        _RESULT_MARK: SKIPPED,
+        "lock": name,
+        "holder_task_id": holder_task_id,
+        "reason": reason,
+    }
 
 
 def is_skipped(result: Any) -> bool:
@@ -336,11 +343,12 @@ class SingletonTask(Task):  # type: ignore[misc]
             latest = enqueue.replaced_by(self, args, kwargs)
         except LockError:
             latest = None
-        log.info("%s[%s] skipped: replaced by queued task %s", self.name, request.id, latest)
+        why = f"replaced by queued task {latest}"
+        log.info("%s[%s] skipped: %s", self.name, request.id, why)
         lock_skipped.send(
             sender=self, name=name, task_id=request.id, lease=None, wait=0.0, holder=latest
         )
-        return skipped_result(name, latest)
+        return skipped_result(name, latest, why)
 
     def _ignore_copy_of_self(self, lease: LockHandle, found: list[holders.Holder]) -> None:
         """Raise Ignore if the lock is held under this run's own task id: another delivery of
@@ -419,7 +427,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         lock_skipped.send(
             sender=self, name=name, task_id=request.id, lease=None, wait=waited, holder=holder
         )
-        return skipped_result(name, holder)
+        return skipped_result(name, holder, why)
 
     # -- retry: hand the lock to the retry message -------------------------------------------
 

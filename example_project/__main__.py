@@ -58,7 +58,7 @@ def run(seconds: float, stack: ExitStack) -> int:
     for label, result in results:
         value = result.get(timeout=30)
         outcome = (
-            f"SKIPPED (lock held by {value['holder_task_id']})" if is_skipped(value) else value
+            f"SKIPPED ({value['reason']})" if is_skipped(value) else value
         )
         print(f"{label:32} {outcome}")
     print(

@@ -24,7 +24,7 @@ from redis_topologies import SENTINEL_MASTER, SentinelSet, TLSServer, running
 from celery_singleton_lock import ConfigurationError, LockClient, SingletonTask, install
 from celery_singleton_lock.config import AppSettings
 from celery_singleton_lock.embedded import RedisServer, free_port
-from celery_singleton_lock.task import lock_client_for, skipped_result
+from celery_singleton_lock.task import lock_client_for
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
 
@@ -417,7 +417,8 @@ def test_a_sentinel_broker_lends_master_name_and_sentinel_kwargs(
         assert held.acquire()
         # The lock is on the master the sentinel names, and the task's runs meet it there.
         assert master.exists(client._keys("sentinel-job").lock)
-        assert job.apply().get() == skipped_result("sentinel-job", None)
+        skipped = job.apply().get()
+        assert skipped["lock"] == "sentinel-job" and skipped["holder_task_id"] is None
         held.release()
         assert job.apply().get() is True
     finally:

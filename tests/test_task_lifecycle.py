@@ -323,6 +323,7 @@ def test_skip_names_the_holder_of_every_lock_kind(
         assert holder.get(timeout=TIMEOUT) == 1
     assert is_skipped(skipped)
     assert skipped["holder_task_id"] == holder_id
+    assert skipped["reason"] == f"held by task {holder_id}", skipped
     messages = [message for message in logged if "skipped" in message]
     assert len(messages) == 1 and f"held by task {holder_id}" in messages[0], messages
     assert "None" not in messages[0]
@@ -344,6 +345,8 @@ def test_skip_in_delay_after_says_until_when(
     messages = [message for message in logged if "skipped" in message]
     assert len(messages) == 1, messages
     assert "cooling down until 20" in messages[0] and first.id not in messages[0], messages
+    # The result says it too, for callers that print it (the example project does).
+    assert skipped["reason"].startswith("cooling down until 20"), skipped
 
 
 # -- "until start": one queued copy beside the running one -----------------------------------
