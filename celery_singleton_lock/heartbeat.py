@@ -161,14 +161,18 @@ class Heartbeat:
                 last_tick = time.monotonic()
                 lingered = False  # a lease came: linger again once it is gone
                 continue
-            timeout = last_tick + period - time.monotonic()
-            if timeout > 0 and self._wake.wait(timeout):
-                self._wake.clear()
-                continue  # a lease came or its ttl changed: recompute the period
+            due = last_tick + period
+            timeout = due - time.monotonic()
+            if timeout > 0:
+                if self._wake.wait(timeout):
+                    self._wake.clear()
+                    continue  # a lease came or its ttl changed: recompute the period
+                # Only a wait that returned late says the thread was starved; a tick already
+                # due when the period shrank (a shorter lease came) is not late.
+                _warn_if_starved(time.monotonic() - due, period)
             if self._stop.is_set():
                 break
             now = time.monotonic()
-            _warn_if_starved(now - (last_tick + period), period)
             last_tick = now
             try:
                 self._tick(wait=False)

@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -546,3 +547,29 @@ def test_a_release_that_finds_the_lock_lost_calls_on_lost_once(lock_client: Lock
     with pytest.raises(LockExpired):
         other.release()
     assert marked == [other]
+
+
+def test_a_shorter_lease_arriving_is_not_reported_as_a_starved_heartbeat(
+    lock_client: LockClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The starvation warning is for a wait that returned late, not for a tick that became
+    due at once because a shorter lease shortened the period."""
+    beat = Heartbeat()
+    held = []
+    try:
+        long = lock_client.lease("beat-long", ttl=60, heartbeat=False)
+        assert long.acquire()
+        held.append(long)
+        beat.add(long)  # the thread now waits 20 s for its first tick
+        time.sleep(2.2)  # more than two periods of the short lease below, on purpose
+        short = lock_client.lease("beat-short", ttl=3, heartbeat=False)
+        assert short.acquire()
+        held.append(short)
+        with caplog.at_level(logging.WARNING, logger="celery_singleton_lock.heartbeat"):
+            beat.add(short)
+            wait_for(lambda: beat.ticks >= 1, 10, "the first tick at the shorter period")
+        assert not [r for r in caplog.records if "late" in r.getMessage()], caplog.text
+    finally:
+        beat.stop()
+        for lease in held:
+            lease.release()
