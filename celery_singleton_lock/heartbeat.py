@@ -76,6 +76,10 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
         self._period: float | None = None  # what the thread is waiting on; None: idle
         self._recent_period: float | None = None  # of the last lease added
+        # When the thread was last started or woken for a lease (monotonic; None: it has
+        # answered), and that lease's period: an answer later than that period is starvation.
+        self._called_at: float | None = None
+        self._called_period = 0.0
         self.ticks = 0
         # Made lazily, and afresh in a forked child: the parent's workers do not exist there.
         self._workers: _Workers | None = None
@@ -100,12 +104,26 @@ class Heartbeat:
                     target=self._run, name="celery_singleton_lock-heartbeat", daemon=True
                 )
                 self._thread.start()
+                self._call_locked(lease.ttl / 3)
             # Waking the thread costs a context switch on every acquire; only do it when the
             # thread must wait less than it does now.
             self._recent_period = lease.ttl / 3
             wake = self._period is None or lease.ttl / 3 < self._period
+            if wake:
+                self._call_locked(lease.ttl / 3)
         if wake:
             self._wake.set()
+
+    def _call_locked(self, period: float) -> None:
+        if self._called_at is None:
+            self._called_at, self._called_period = time.monotonic(), period
+
+    def _answered(self) -> None:
+        """The thread runs after a start or a wake-up: say so if that came too late."""
+        with self._lock:
+            called_at, period, self._called_at = self._called_at, self._called_period, None
+        if called_at is not None:
+            _warn_if_starved(time.monotonic() - called_at - period, period)
 
     def remove(self, lease: Renewable) -> None:
         """Stop renewing ``lease`` (released, lost, or past its max-hold)."""
@@ -143,6 +161,7 @@ class Heartbeat:
     def _run(self) -> None:
         last_tick = time.monotonic()
         lingered = False
+        self._answered()
         while not self._stop.is_set():
             with self._lock:
                 period = self._period_locked()
@@ -158,6 +177,7 @@ class Heartbeat:
             if period is None:
                 self._wake.wait()
                 self._wake.clear()
+                self._answered()
                 last_tick = time.monotonic()
                 lingered = False  # a lease came: linger again once it is gone
                 continue
@@ -166,6 +186,7 @@ class Heartbeat:
             if timeout > 0:
                 if self._wake.wait(timeout):
                     self._wake.clear()
+                    self._answered()
                     continue  # a lease came or its ttl changed: recompute the period
                 # Only a wait that returned late says the thread was starved; a tick already
                 # due when the period shrank (a shorter lease came) is not late.
