@@ -57,9 +57,7 @@ def run(seconds: float, stack: ExitStack) -> int:
     print("\n=== what happened ===")
     for label, result in results:
         value = result.get(timeout=30)
-        outcome = (
-            f"SKIPPED ({value['reason']})" if is_skipped(value) else value
-        )
+        outcome = f"SKIPPED ({value['reason']})" if is_skipped(value) else value
         print(f"{label:32} {outcome}")
     print(
         "sales_report (beat, every 4 s, runs 9 s): see 'report run started' and"
