@@ -49,7 +49,8 @@ CLAIMED = "claim for a queued message"
 #: neither its heartbeat nor its task's absence from the workers says anything.
 CLAIM_OWNER_PREFIX = "claim:"
 
-#: A heartbeat ticks every ttl/3; a holder that missed two ticks is gone.
+#: A heartbeat ticks every ttl/TICKS_PER_TTL; a holder that missed MISSED_TICKS ticks is gone.
+TICKS_PER_TTL = 3
 MISSED_TICKS = 2
 
 #: Keys read per pipeline round trip.
@@ -258,8 +259,7 @@ def list_locks(
 
 def server_ms(client: LockClient) -> int:
     """The Redis server's clock in ms (the clock every lock time is written with)."""
-    seconds, micros = client._call(client.redis.time)
-    return int(seconds) * 1000 + int(micros) // 1000
+    return client.server_ms()
 
 
 def lock_info(holder: Holder, now_ms: int) -> LockInfo:
@@ -285,7 +285,12 @@ def lock_info(holder: Holder, now_ms: int) -> LockInfo:
         state, evidence = COOLDOWN, DELAY_AFTER
     elif claimed:
         state, evidence = LIVE, CLAIMED
-    elif uses_heartbeat and renewed is not None and ttl and now_ms - renewed > ttl * 2 / 3:
+    elif (
+        uses_heartbeat
+        and renewed is not None
+        and ttl
+        and now_ms - renewed > ttl * MISSED_TICKS / TICKS_PER_TTL
+    ):
         state, evidence = STALE, HEARTBEAT_STOPPED
     elif uses_heartbeat and renewed is not None:
         state, evidence = LIVE, HEARTBEAT_FRESH

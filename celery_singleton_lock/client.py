@@ -13,7 +13,7 @@ from . import admin, arguments, deployment
 from .admin import LockInfo
 from .exceptions import ConfigurationError, LockBackendError
 from .handle import HOSTNAME
-from .keys import LockKeys, lock_keys
+from .keys import DEFAULT_PREFIX, LockKeys, lock_keys
 from .lease import Lease
 from .multi import MultiLease
 from .rangelock import RangeLock
@@ -23,7 +23,6 @@ from .waiting import Notifier
 
 T = TypeVar("T")
 
-DEFAULT_PREFIX = "csl:"
 #: Seconds a Redis call made through ``LockClient.from_url`` may take (connect or reply).
 DEFAULT_SOCKET_TIMEOUT = 5.0
 
@@ -170,8 +169,17 @@ class LockClient:
 
     def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""
+        seconds, micros = self._server_clock()
+        return seconds + micros / 1_000_000
+
+    def server_ms(self) -> int:
+        """The Redis server's clock in ms (the clock every lock time is written with)."""
+        seconds, micros = self._server_clock()
+        return seconds * 1000 + micros // 1000
+
+    def _server_clock(self) -> tuple[int, int]:
         seconds, micros = self._call(self.redis.time)
-        return int(seconds) + int(micros) / 1_000_000
+        return int(seconds), int(micros)
 
     def ping(self) -> bool:
         """True if Redis answers; raises :class:`LockBackendError` if not."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from . import arguments, deployment
 from .exceptions import ConfigurationError
+from .keys import DEFAULT_PREFIX
 
 CONFLICT_POLICIES = ("skip", "retry", "raise")
 BACKEND_DOWN_POLICIES = ("fail", "run")
@@ -301,7 +302,7 @@ class AppSettings:
             client_kwargs.update(own)
         prefix = conf.get("singleton_lock_prefix", None)
         if prefix is None:  # "" is a prefix too: no prefix, not the default one
-            prefix = "csl:"
+            prefix = DEFAULT_PREFIX
         if not isinstance(prefix, str):
             raise ConfigurationError("singleton_lock_prefix", f"must be a str, got {prefix!r}")
         return cls(url=url, prefix=prefix, url_setting=url_setting, client_kwargs=client_kwargs)

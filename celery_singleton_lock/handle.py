@@ -365,11 +365,6 @@ class LockHandle:
 
     # -- heartbeat callbacks -----------------------------------------------------------------
 
-    @classmethod
-    def _renew_call(cls, client: LockClient, handles: list[Any]) -> ScriptCall:
-        """The heartbeat's call for ``handles`` (all of this class, all on ``client``)."""
-        return cls._renew_script_call(client, [(h, h._owner or "", h._ttl_ms) for h in handles])
-
     def _renewed(self, owner: str | None, code: int, sent_at: float) -> None:
         """The heartbeat's result for this handle; ``owner`` is the owner it renewed for."""
         if code > 0:

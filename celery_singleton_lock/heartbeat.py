@@ -17,8 +17,8 @@ directly, waits for every batch it starts (and for one still in flight from the 
 the renewals have been applied when it returns.
 
 Any lock kind can be renewed here: it provides ``_client``, ``ttl``, ``_owner``, a classmethod
-``_renew_call(client, handles)`` returning one script call whose reply holds one code per
-handle (> 0 ms granted, 0 gone, -1 taken, -2 max-hold reached; see lua/renew.lua), and the
+``_renew_script_call(client, entries)`` returning one script call whose reply holds one code
+per handle (> 0 ms granted, 0 gone, -1 taken, -2 max-hold reached; see lua/renew.lua), and the
 callbacks ``_renewed`` and ``_renewal_failed``.
 
 The thread holds only weak references: a lease object nobody can reach any more is no longer

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from . import arguments
 from .exceptions import ConfigurationError, LockError, LockNotHeld
 from .handle import HOSTNAME, LockHandle, RenewEntry
-from .keys import FENCE_TTL_MS, name_tag
+from .keys import FENCE_TTL_MS, escape_glob, name_tag
 from .scripts import ScriptCall, bound_to, register, source
 
 if TYPE_CHECKING:
@@ -218,7 +218,7 @@ class IntervalHandle(LockHandle):
 def list_holders(client: LockClient, family: bytes, pattern: str | None) -> list[dict[str, Any]]:
     """Every holder of every ``family`` interval lock under the client's prefix whose name
     matches the glob ``pattern`` (None: all), decoded."""
-    match = _escape(client.prefix.encode()) + b"{*}:" + family + b":h:*"
+    match = escape_glob(client.prefix.encode()) + b"{*}:" + family + b":h:*"
     redis = client.redis
     keys = list(client._call(lambda: list(redis.scan_iter(match=match, count=1000))))
     pipe = redis.pipeline(transaction=False)
@@ -355,7 +355,3 @@ def release_holder(
             continue
         released = release_hold(client, keys, owner, delay_ms, token.decode()) == 1 or released
     return released
-
-
-def _escape(raw: bytes) -> bytes:
-    return b"".join(b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in raw)

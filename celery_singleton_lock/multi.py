@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from . import arguments
+from .deployment import is_cluster
 from .exceptions import ConfigurationError
 from .handle import HOSTNAME, LockHandle, RenewEntry
 from .keys import FENCE_TTL_MS, LockKeys, encode_name, lock_pattern
@@ -57,14 +58,6 @@ def check_names(names: object) -> list[str]:
     return sorted(set(checked))
 
 
-def is_cluster(client: LockClient) -> bool:
-    try:
-        from redis.cluster import RedisCluster
-    except ImportError:  # pragma: no cover - redis-py always has it since 4.1
-        return False
-    return isinstance(client.redis, RedisCluster)
-
-
 class MultiLease(LockHandle):
     """Exclusive leases on several names, held together: taken all or nothing, renewed in
     the heartbeat's one round trip (one script call; per slot on Cluster), released together.
@@ -91,7 +84,7 @@ class MultiLease(LockHandle):
         return dict(self._tokens)
 
     def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
-        if is_cluster(self._client):
+        if is_cluster(self._client.redis):
             return self._try_acquire_in_order(owner, reserve)
         reply = self._client._call(
             self._scripts.acquire,
@@ -131,7 +124,7 @@ class MultiLease(LockHandle):
         )
 
     def _release(self, owner: str, delay_ms: int, token: str = "") -> int:
-        if is_cluster(self._client):
+        if is_cluster(self._client.redis):
             codes = [
                 self._client._call(
                     self._client._scripts.release, k.lock, owner, delay_ms, k.channel

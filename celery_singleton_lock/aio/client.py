@@ -15,9 +15,9 @@ from redis.exceptions import RedisClusterException
 
 from .. import arguments, deployment
 from ..admin import LockInfo
-from ..client import DEFAULT_PREFIX, DEFAULT_SOCKET_TIMEOUT, mask_password
+from ..client import DEFAULT_SOCKET_TIMEOUT, mask_password
 from ..exceptions import ConfigurationError, LockBackendError
-from ..keys import LockKeys, lock_keys
+from ..keys import DEFAULT_PREFIX, LockKeys, lock_keys
 from ..scripts import Scripts
 from . import admin
 from .intervals import AsyncRangeLock, AsyncRWLock
@@ -165,8 +165,17 @@ class AsyncLockClient:
 
     async def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""
+        seconds, micros = await self._server_clock()
+        return seconds + micros / 1_000_000
+
+    async def server_ms(self) -> int:
+        """The Redis server's clock in ms (the clock every lock time is written with)."""
+        seconds, micros = await self._server_clock()
+        return seconds * 1000 + micros // 1000
+
+    async def _server_clock(self) -> tuple[int, int]:
         seconds, micros = await self._call(self.redis.time)
-        return int(seconds) + int(micros) / 1_000_000
+        return int(seconds), int(micros)
 
     async def ping(self) -> bool:
         """True if Redis answers; raises :class:`LockBackendError` if not."""
