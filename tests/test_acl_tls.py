@@ -15,7 +15,7 @@ import pytest
 import redis
 from celery import Celery
 from click.testing import CliRunner, Result
-from redis_topologies import ACLServer, TLSServer, running
+from support.redis_topologies import ACLServer, TLSServer, running
 
 from celery_singleton_lock import LockClient, cli, deployment
 from celery_singleton_lock.config import AppSettings
