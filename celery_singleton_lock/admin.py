@@ -26,7 +26,7 @@ from fnmatch import fnmatchcase
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from . import arguments
+from . import validate
 from .exceptions import LockError
 from .handle import OWN_INFO_FIELDS
 from .keys import lock_keys, lock_pattern
@@ -244,7 +244,7 @@ def list_locks(
     ``state`` comes from the heartbeat, then from each of ``checks`` in turn for the locks
     still undecided.
     """
-    pattern = arguments.check_pattern(pattern)
+    pattern = validate.check_pattern(pattern)
     now_ms = server_ms(client)
     infos = [
         info
@@ -357,9 +357,9 @@ def clear(client: LockClient, name: str, *, token: int | None = None, force: boo
     ``force``, a holder read as stale whose heartbeat resumed before the clear is left alone
     too, and :class:`LockError` says so (after the other holders were cleared).
     """
-    name = arguments.check_name(name)
-    token = arguments.check_optional_token(token)
-    force = arguments.check_bool(force, "force")
+    name = validate.check_name(name)
+    token = validate.check_optional_token(token)
+    force = validate.check_bool(force, "force")
     infos = [
         info
         for info in list_locks(client, escape(name))

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from . import deployment
+from . import redis_urls
 from .exceptions import LockBackendError
 from .scripts import GONE, MAX_HOLD_REACHED, TAKEN, ScriptCall, run_batch
 
@@ -396,7 +396,7 @@ def renew_calls(
     """
     # (kind, slot) -> [(entry index, what the kind's renew call takes)]
     groups: dict[tuple[Any, int], list[tuple[int, Any]]] = {}
-    if not deployment.is_cluster(client.redis):
+    if not redis_urls.is_cluster(client.redis):
         for i, entry in enumerate(entries):
             groups.setdefault((type(entry[0]), 0), []).append((i, entry))
     else:
