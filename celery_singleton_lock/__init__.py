@@ -64,7 +64,7 @@ __all__ = [
 _CELERY_LAYER = {
     "SingletonTask": "task",
     "is_skipped": "task",
-    "install": "bootsteps",
+    "install": "worker",
     "lock_acquired": "signals",
     "lock_skipped": "signals",
     "lock_lost": "signals",

@@ -26,7 +26,7 @@ from fnmatch import fnmatchcase
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from . import arguments
+from . import validate
 from .exceptions import LockError
 from .handle import OWN_INFO_FIELDS
 from .keys import lock_keys, lock_pattern
@@ -49,7 +49,8 @@ CLAIMED = "claim for a queued message"
 #: neither its heartbeat nor its task's absence from the workers says anything.
 CLAIM_OWNER_PREFIX = "claim:"
 
-#: A heartbeat ticks every ttl/3; a holder that missed two ticks is gone.
+#: A heartbeat ticks every ttl/TICKS_PER_TTL; a holder that missed MISSED_TICKS ticks is gone.
+TICKS_PER_TTL = 3
 MISSED_TICKS = 2
 
 #: Keys read per pipeline round trip.
@@ -243,7 +244,7 @@ def list_locks(
     ``state`` comes from the heartbeat, then from each of ``checks`` in turn for the locks
     still undecided.
     """
-    pattern = arguments.check_pattern(pattern)
+    pattern = validate.check_pattern(pattern)
     now_ms = server_ms(client)
     infos = [
         info
@@ -258,8 +259,7 @@ def list_locks(
 
 def server_ms(client: LockClient) -> int:
     """The Redis server's clock in ms (the clock every lock time is written with)."""
-    seconds, micros = client._call(client.redis.time)
-    return int(seconds) * 1000 + int(micros) // 1000
+    return client.server_ms()
 
 
 def lock_info(holder: Holder, now_ms: int) -> LockInfo:
@@ -285,7 +285,12 @@ def lock_info(holder: Holder, now_ms: int) -> LockInfo:
         state, evidence = COOLDOWN, DELAY_AFTER
     elif claimed:
         state, evidence = LIVE, CLAIMED
-    elif uses_heartbeat and renewed is not None and ttl and now_ms - renewed > ttl * 2 / 3:
+    elif (
+        uses_heartbeat
+        and renewed is not None
+        and ttl
+        and now_ms - renewed > ttl * MISSED_TICKS / TICKS_PER_TTL
+    ):
         state, evidence = STALE, HEARTBEAT_STOPPED
     elif uses_heartbeat and renewed is not None:
         state, evidence = LIVE, HEARTBEAT_FRESH
@@ -352,9 +357,9 @@ def clear(client: LockClient, name: str, *, token: int | None = None, force: boo
     ``force``, a holder read as stale whose heartbeat resumed before the clear is left alone
     too, and :class:`LockError` says so (after the other holders were cleared).
     """
-    name = arguments.check_name(name)
-    token = arguments.check_optional_token(token)
-    force = arguments.check_bool(force, "force")
+    name = validate.check_name(name)
+    token = validate.check_optional_token(token)
+    force = validate.check_bool(force, "force")
     infos = [
         info
         for info in list_locks(client, escape(name))

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 from celery.bin.base import CeleryCommand, CeleryOption, handle_preload_options
 
+from .keys import DEFAULT_PREFIX
+
 if TYPE_CHECKING:
     from .admin import Check, LockInfo
     from .client import LockClient
@@ -31,7 +33,6 @@ preload_options: Callable[[F], F] = handle_preload_options
 
 #: Exit codes (docs/admin.md).
 EXIT_OK, EXIT_NOTHING, EXIT_ERROR = 0, 1, 2
-DEFAULT_PREFIX = "csl:"
 #: Seconds ``celery locks`` waits for workers to say which tasks they run.
 DEFAULT_TIMEOUT = 1.0
 _SESSION = "celery_singleton_lock.session"

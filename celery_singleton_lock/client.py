@@ -9,21 +9,20 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 from redis.exceptions import RedisClusterException
 
-from . import admin, arguments, deployment
+from . import admin, redis_urls, validate
 from .admin import LockInfo
 from .exceptions import ConfigurationError, LockBackendError
 from .handle import HOSTNAME
-from .keys import LockKeys, lock_keys
+from .keys import DEFAULT_PREFIX, LockKeys, lock_keys
 from .lease import Lease
 from .multi import MultiLease
+from .notifier import Notifier
 from .rangelock import RangeLock
 from .rwlock import RWLock
 from .scripts import Scripts
-from .waiting import Notifier
 
 T = TypeVar("T")
 
-DEFAULT_PREFIX = "csl:"
 #: Seconds a Redis call made through ``LockClient.from_url`` may take (connect or reply).
 DEFAULT_SOCKET_TIMEOUT = 5.0
 
@@ -39,7 +38,7 @@ class LockClient:
     """
 
     def __init__(self, redis_client: Any, *, prefix: str = DEFAULT_PREFIX) -> None:
-        arguments.check_prefix(prefix)
+        validate.check_prefix(prefix)
         if not hasattr(redis_client, "register_script"):
             raise ConfigurationError(
                 "redis_client", f"must be a redis-py client, got {type(redis_client).__name__}"
@@ -64,7 +63,7 @@ class LockClient:
         redis_kwargs.setdefault("socket_timeout", DEFAULT_SOCKET_TIMEOUT)
         redis_kwargs.setdefault("socket_connect_timeout", DEFAULT_SOCKET_TIMEOUT)
         try:
-            client = deployment.connect(url, **redis_kwargs)
+            client = redis_urls.connect(url, **redis_kwargs)
         except ValueError as exc:
             raise ConfigurationError("url", f"{mask_password(url)}: {exc}") from None
         except (redis.RedisError, RedisClusterException) as exc:
@@ -147,11 +146,11 @@ class LockClient:
         release. A claim handed over for the task's next attempt is never released here.
         True if released."""
         keys = self._keys(name)
-        task_id = arguments.check_text(task_id, "task_id")
-        pid = arguments.check_pid(pid)
-        host = arguments.check_host(host, HOSTNAME)
-        delay = arguments.check_delay(delay)
-        delay_ms = arguments.seconds_to_ms(delay) if delay > 0 else 0
+        task_id = validate.check_text(task_id, "task_id")
+        pid = validate.check_pid(pid)
+        host = validate.check_host(host, HOSTNAME)
+        delay = validate.check_delay(delay)
+        delay_ms = validate.seconds_to_ms(delay) if delay > 0 else 0
         return self._call(
             self._scripts.release_holder, keys.lock, task_id, pid, host, delay_ms, keys.channel
         )
@@ -170,8 +169,17 @@ class LockClient:
 
     def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""
+        seconds, micros = self._server_clock()
+        return seconds + micros / 1_000_000
+
+    def server_ms(self) -> int:
+        """The Redis server's clock in ms (the clock every lock time is written with)."""
+        seconds, micros = self._server_clock()
+        return seconds * 1000 + micros // 1000
+
+    def _server_clock(self) -> tuple[int, int]:
         seconds, micros = self._call(self.redis.time)
-        return int(seconds) + int(micros) / 1_000_000
+        return int(seconds), int(micros)
 
     def ping(self) -> bool:
         """True if Redis answers; raises :class:`LockBackendError` if not."""
@@ -188,7 +196,7 @@ class LockClient:
     # -- internals shared by the primitives --------------------------------------------------
 
     def _keys(self, name: str) -> LockKeys:
-        return lock_keys(self.prefix, arguments.check_name(name))
+        return lock_keys(self.prefix, validate.check_name(name))
 
     def _call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run one Redis operation; Redis failures become :class:`LockBackendError`."""
@@ -222,4 +230,4 @@ def mask_password(url: str) -> str:
 
 def safe_url(redis_client: Any) -> str:
     """A URL naming the server(s) of ``redis_client``, with no password in it."""
-    return deployment.safe_url(redis_client)
+    return redis_urls.safe_url(redis_client)

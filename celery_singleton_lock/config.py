@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import arguments, deployment
+from . import redis_urls, validate
 from .exceptions import ConfigurationError
+from .keys import DEFAULT_PREFIX
 
 CONFLICT_POLICIES = ("skip", "retry", "raise")
 BACKEND_DOWN_POLICIES = ("fail", "run")
@@ -23,15 +24,15 @@ LOCK_MODES = ("exclusive", "read", "upgradable", "write")
 
 
 def _seconds(value: Any, argument: str) -> float:
-    return arguments.check_positive(value, argument)
+    return validate.check_positive(value, argument)
 
 
 def _wait(value: Any, argument: str) -> float:
-    return arguments.check_wait(value, argument)
+    return validate.check_wait(value, argument)
 
 
 def _delay(value: Any, argument: str) -> float:
-    return arguments.check_delay(value, argument)
+    return validate.check_delay(value, argument)
 
 
 #: ``lock_on_enqueue`` value: claim only while the call is queued (see enqueue.py).
@@ -62,7 +63,7 @@ def _choice(choices: Sequence[str]) -> Callable[[Any, str], str]:
 
 
 def _any(value: Any, argument: str) -> Any:
-    return value  # checked against the task's signature by naming.TaskKey
+    return value  # checked against the task's signature by task_keys.TaskKey
 
 
 def _range(value: Any, argument: str) -> tuple[str, str] | None:
@@ -285,7 +286,7 @@ class AppSettings:
             # The lock Redis is the broker: connect to it the way Kombu does.
             url, client_kwargs = _broker_connection(url, conf)
         try:
-            deployment.check_url(url)
+            redis_urls.check_url(url)
         except ValueError as exc:
             raise ConfigurationError(
                 url_setting, f"bad configuration: {_safe(url)}: {exc}"
@@ -301,7 +302,7 @@ class AppSettings:
             client_kwargs.update(own)
         prefix = conf.get("singleton_lock_prefix", None)
         if prefix is None:  # "" is a prefix too: no prefix, not the default one
-            prefix = "csl:"
+            prefix = DEFAULT_PREFIX
         if not isinstance(prefix, str):
             raise ConfigurationError("singleton_lock_prefix", f"must be a str, got {prefix!r}")
         return cls(url=url, prefix=prefix, url_setting=url_setting, client_kwargs=client_kwargs)
@@ -363,7 +364,7 @@ def _is_broker_redis(broker: Any) -> bool:
     if scheme in ("redis", "rediss", "unix"):
         return True
     # A Sentinel broker names its master in transport options (Kombu) or in the URL.
-    return scheme in deployment.SENTINEL_SCHEMES
+    return scheme in redis_urls.SENTINEL_SCHEMES
 
 
 def _broker_connection(url: str, conf: Any) -> tuple[str, dict[str, Any]]:
@@ -382,7 +383,7 @@ def _broker_connection(url: str, conf: Any) -> tuple[str, dict[str, Any]]:
         tls_scheme["redis+sentinel"] = "rediss+sentinel"
         if scheme in tls_scheme:
             scheme = tls_scheme[scheme]
-    if scheme in deployment.SENTINEL_SCHEMES:
+    if scheme in redis_urls.SENTINEL_SCHEMES:
         options = conf.get("broker_transport_options", None) or {}
         master = options.get("master_name") if isinstance(options, dict) else None
         if master and "master_name=" not in rest:

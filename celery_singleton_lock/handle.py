@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import arguments
+from . import validate
 from .exceptions import (
     LockBackendError,
     LockError,
@@ -94,21 +94,21 @@ class LockHandle:
         owner_info: dict[str, Any] | None = None,
         on_lost: Callable[[Any], object] | None = None,
     ) -> None:
-        self.name = arguments.check_name(name)
+        self.name = validate.check_name(name)
         #: Seconds the lock lasts unless renewed; the heartbeat renews it to this length.
-        self.ttl = arguments.check_positive(ttl, "ttl")
-        self.heartbeat = arguments.check_bool(heartbeat, "heartbeat")
+        self.ttl = validate.check_positive(ttl, "ttl")
+        self.heartbeat = validate.check_bool(heartbeat, "heartbeat")
         #: Seconds after acquisition past which the lock is no longer renewed (None: never).
-        self.max_hold = arguments.check_max_hold(max_hold, self.ttl)
+        self.max_hold = validate.check_max_hold(max_hold, self.ttl)
         #: Default seconds ``acquire`` waits for a busy lock (``math.inf``: forever).
-        self.wait = arguments.check_wait(wait)
-        self.owner_info = arguments.check_owner_info(owner_info)
+        self.wait = validate.check_wait(wait)
+        self.owner_info = validate.check_owner_info(owner_info)
         #: Called with this handle when it is found lost: from a heartbeat thread, or from the
         #: thread whose check() or extend() found it.
-        self.on_lost = arguments.check_callable(on_lost, "on_lost")
+        self.on_lost = validate.check_callable(on_lost, "on_lost")
         self._client = client
-        self._ttl_ms = arguments.seconds_to_ms(self.ttl)
-        self._max_hold_ms = 0 if self.max_hold is None else arguments.seconds_to_ms(self.max_hold)
+        self._ttl_ms = validate.seconds_to_ms(self.ttl)
+        self._max_hold_ms = 0 if self.max_hold is None else validate.seconds_to_ms(self.max_hold)
         self._state = threading.Lock()
         self._owner: str | None = None
         self._pid = 0
@@ -199,7 +199,7 @@ class LockHandle:
         ``wait`` defaults to the handle's own; ``math.inf`` waits forever. A blocked call is
         woken by a release, or when a conflicting holder's lease could have run out.
         """
-        wait = self.wait if wait is None else arguments.check_wait(wait)
+        wait = self.wait if wait is None else validate.check_wait(wait)
         if self._mine() and self._lost is None:
             raise LockError(f"lock {self.name!r} is already held by this handle", name=self.name)
         owner = self._new_owner()
@@ -269,10 +269,10 @@ class LockHandle:
         (:class:`LockBackendError`) the handle still owns the lock, no longer renewed: call
         ``release`` again once Redis is back, or let the lock run out within its ttl.
         """
-        delay = arguments.check_delay(delay)
+        delay = validate.check_delay(delay)
         owner = self._forget()
         try:
-            code = self._release(owner, arguments.seconds_to_ms(delay) if delay > 0 else 0)
+            code = self._release(owner, validate.seconds_to_ms(delay) if delay > 0 else 0)
         except LockBackendError:
             # The release may not have reached Redis: keep the owner token so it can be
             # retried. Not renewed any more, so a caller who gives up frees it within ttl.
@@ -309,7 +309,7 @@ class LockHandle:
 
         On a handle already found lost it raises that :class:`LockLost` again, with no
         round trip: a lost lock is never renewed again, even if its key is still there."""
-        ttl = self.ttl if ttl is None else arguments.check_positive(ttl, "ttl")
+        ttl = self.ttl if ttl is None else validate.check_positive(ttl, "ttl")
         if self.max_hold is not None and ttl > self.max_hold:
             ttl = self.max_hold
         if not self._mine():
@@ -318,7 +318,7 @@ class LockHandle:
             raise self._lost.with_traceback(None)
         owner = self._owner
         assert owner is not None
-        ttl_ms = arguments.seconds_to_ms(ttl)
+        ttl_ms = validate.seconds_to_ms(ttl)
         sent_at = time.monotonic()
         calls, decode = renew_calls(self._client, [(self, owner, ttl_ms)])
         (code,) = decode(self._client._call(run_batch, self._client.redis, calls))
@@ -364,11 +364,6 @@ class LockHandle:
         return f"<{type(self).__name__} {self.name!r} {state} token={self._token}>"
 
     # -- heartbeat callbacks -----------------------------------------------------------------
-
-    @classmethod
-    def _renew_call(cls, client: LockClient, handles: list[Any]) -> ScriptCall:
-        """The heartbeat's call for ``handles`` (all of this class, all on ``client``)."""
-        return cls._renew_script_call(client, [(h, h._owner or "", h._ttl_ms) for h in handles])
 
     def _renewed(self, owner: str | None, code: int, sent_at: float) -> None:
         """The heartbeat's result for this handle; ``owner`` is the owner it renewed for."""

@@ -17,8 +17,8 @@ directly, waits for every batch it starts (and for one still in flight from the 
 the renewals have been applied when it returns.
 
 Any lock kind can be renewed here: it provides ``_client``, ``ttl``, ``_owner``, a classmethod
-``_renew_call(client, handles)`` returning one script call whose reply holds one code per
-handle (> 0 ms granted, 0 gone, -1 taken, -2 max-hold reached; see lua/renew.lua), and the
+``_renew_script_call(client, entries)`` returning one script call whose reply holds one code
+per handle (> 0 ms granted, 0 gone, -1 taken, -2 max-hold reached; see lua/renew.lua), and the
 callbacks ``_renewed`` and ``_renewal_failed``.
 
 The thread holds only weak references: a lease object nobody can reach any more is no longer
@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from . import deployment
+from . import redis_urls
 from .exceptions import LockBackendError
 from .scripts import GONE, MAX_HOLD_REACHED, TAKEN, ScriptCall, run_batch
 
@@ -421,7 +421,7 @@ def renew_calls(
     """
     # (kind, slot) -> [(entry index, what the kind's renew call takes)]
     groups: dict[tuple[Any, int], list[tuple[int, Any]]] = {}
-    if not deployment.is_cluster(client.redis):
+    if not redis_urls.is_cluster(client.redis):
         for i, entry in enumerate(entries):
             groups.setdefault((type(entry[0]), 0), []).append((i, entry))
     else:

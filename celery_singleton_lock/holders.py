@@ -107,8 +107,7 @@ def _lease_holders(handle: LockHandle, keys: list[bytes]) -> list[Holder]:
     now_ms = 0
     if any(remaining is not None for _, _, remaining in found):
         # A TIME of its own, on the delay-after path only (a Cluster pipeline refuses TIME).
-        seconds, micros = client._call(client.redis.time)
-        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        now_ms = client.server_ms()
     holders: list[Holder] = []
     for task_id, owner, remaining in found:
         until = None if remaining is None else now_ms + remaining

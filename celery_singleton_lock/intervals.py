@@ -24,10 +24,10 @@ import fnmatch
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import arguments
+from . import validate
 from .exceptions import ConfigurationError, LockError, LockNotHeld
 from .handle import HOSTNAME, LockHandle, RenewEntry
-from .keys import FENCE_TTL_MS, name_tag
+from .keys import FENCE_TTL_MS, escape_glob, name_tag
 from .scripts import ScriptCall, bound_to, register, source
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def scripts(client: LockClient) -> IntervalScripts:
 
 def check_bound(value: object, argument: str) -> float:
     """A real number (``±math.inf`` allowed as open ends), never NaN or a bool."""
-    return arguments.check_real(value, argument)
+    return validate.check_real(value, argument)
 
 
 def check_interval(lo: object, hi: object) -> tuple[float, float]:
@@ -218,7 +218,7 @@ class IntervalHandle(LockHandle):
 def list_holders(client: LockClient, family: bytes, pattern: str | None) -> list[dict[str, Any]]:
     """Every holder of every ``family`` interval lock under the client's prefix whose name
     matches the glob ``pattern`` (None: all), decoded."""
-    match = _escape(client.prefix.encode()) + b"{*}:" + family + b":h:*"
+    match = escape_glob(client.prefix.encode()) + b"{*}:" + family + b":h:*"
     redis = client.redis
     keys = list(client._call(lambda: list(redis.scan_iter(match=match, count=1000))))
     pipe = redis.pipeline(transaction=False)
@@ -280,9 +280,9 @@ def clear_hold(
     """:func:`clear_holder` for the admin tools, with the script's code: 1 removed, 0 not
     held, -1 the fencing token differs, -2 renewed since ``renewed_ms`` (when given: the
     renewal time it had when listed stale, so a holder whose heartbeat resumed stays)."""
-    name = arguments.check_name(name)
-    owner = arguments.check_text(owner, "owner")
-    token = arguments.check_optional_token(token)
+    name = validate.check_name(name)
+    owner = validate.check_text(owner, "owner")
+    token = validate.check_optional_token(token)
     keys = interval_keys(client.prefix, name, family)
     return release_hold(
         client,
@@ -331,12 +331,12 @@ def release_holder(
     It reads the owners, then their holder fields (a round trip each), then runs the release
     script on each match with the fencing token it read: that very hold goes, or nothing (it
     expired or was cleared meanwhile). Only after a crash, so a few round trips are fine."""
-    name = arguments.check_name(name)
-    task_id = arguments.check_text(task_id, "task_id")
-    pid = arguments.check_pid(pid)
-    host = arguments.check_host(host, HOSTNAME)
-    delay = arguments.check_delay(delay)
-    delay_ms = arguments.seconds_to_ms(delay) if delay > 0 else 0
+    name = validate.check_name(name)
+    task_id = validate.check_text(task_id, "task_id")
+    pid = validate.check_pid(pid)
+    host = validate.check_host(host, HOSTNAME)
+    delay = validate.check_delay(delay)
+    delay_ms = validate.seconds_to_ms(delay) if delay > 0 else 0
     keys = interval_keys(client.prefix, name, family)
     redis = client.redis
     owners = [raw.decode() for raw in client._call(redis.zrange, keys.indexes[0], 0, -1)]
@@ -355,7 +355,3 @@ def release_holder(
             continue
         released = release_hold(client, keys, owner, delay_ms, token.decode()) == 1 or released
     return released
-
-
-def _escape(raw: bytes) -> bytes:
-    return b"".join(b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in raw)

@@ -22,6 +22,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+#: The prefix every key gets unless configured otherwise.
+DEFAULT_PREFIX = "csl:"
+
 #: Names longer than this (in UTF-8 bytes) are hashed into the key.
 MAX_PLAIN_NAME = 200
 
@@ -86,7 +89,9 @@ def lock_keys(prefix: str, name: str) -> LockKeys:
 
 def lock_pattern(prefix: str) -> bytes:
     """SCAN pattern matching the holder hash of every lock under ``prefix``."""
-    escaped = b"".join(
-        b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in prefix.encode()
-    )
-    return escaped + b"{*}:lock"
+    return escape_glob(prefix.encode()) + b"{*}:lock"
+
+
+def escape_glob(raw: bytes) -> bytes:
+    """``raw`` with SCAN's glob characters backslash-escaped, so it matches only itself."""
+    return b"".join(b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in raw)

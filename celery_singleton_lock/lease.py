@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import arguments
+from . import validate
 from .exceptions import LockBackendError
 from .handle import LockHandle, RenewEntry, hint_seconds, log
 from .keys import FENCE_TTL_MS
@@ -42,7 +42,7 @@ class Lease(LockHandle):
         super().__init__(client, name, **options)
         #: A blocked acquire queues, and a release hands the lease straight to the oldest
         #: live waiter: first come, first served, and no second round trip to take it.
-        self.fair = arguments.check_bool(fair, "fair")
+        self.fair = validate.check_bool(fair, "fair")
         self._queued = ""  # the owner token a fair acquire waits in the queue with
         self._keys = client._keys(self.name)
         self._channel = self._keys.channel
@@ -146,7 +146,7 @@ class Lease(LockHandle):
             self._keys.lock,
             owner,
             new_owner,
-            arguments.seconds_to_ms(ttl),
+            validate.seconds_to_ms(ttl),
             flat,
         )
         if code != 1:

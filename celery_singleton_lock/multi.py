@@ -20,12 +20,13 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from . import arguments
+from . import validate
 from .exceptions import ConfigurationError
 from .handle import HOSTNAME, LockHandle, RenewEntry
 from .keys import FENCE_TTL_MS, LockKeys, encode_name, lock_pattern
+from .notifier import SUBSCRIBE_TIMEOUT
+from .redis_urls import is_cluster
 from .scripts import GONE, TAKEN, ScriptCall, bound_to, register, source
-from .waiting import SUBSCRIBE_TIMEOUT
 
 if TYPE_CHECKING:
     from redis.commands.core import Script
@@ -51,18 +52,10 @@ def check_names(names: object) -> list[str]:
     """A non-empty collection of lock names (not a single str), without duplicates."""
     if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
         raise ConfigurationError("names", f"must be a collection of str, got {names!r}")
-    checked = [arguments.check_name(name, "names") for name in names]
+    checked = [validate.check_name(name, "names") for name in names]
     if not checked:
         raise ConfigurationError("names", "must not be empty")
     return sorted(set(checked))
-
-
-def is_cluster(client: LockClient) -> bool:
-    try:
-        from redis.cluster import RedisCluster
-    except ImportError:  # pragma: no cover - redis-py always has it since 4.1
-        return False
-    return isinstance(client.redis, RedisCluster)
 
 
 class MultiLease(LockHandle):
@@ -91,7 +84,7 @@ class MultiLease(LockHandle):
         return dict(self._tokens)
 
     def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
-        if is_cluster(self._client):
+        if is_cluster(self._client.redis):
             return self._try_acquire_in_order(owner, reserve)
         reply = self._client._call(
             self._scripts.acquire,
@@ -131,7 +124,7 @@ class MultiLease(LockHandle):
         )
 
     def _release(self, owner: str, delay_ms: int, token: str = "") -> int:
-        if is_cluster(self._client):
+        if is_cluster(self._client.redis):
             codes = [
                 self._client._call(
                     self._client._scripts.release, k.lock, owner, delay_ms, k.channel
@@ -198,9 +191,9 @@ def clear_holder(client: LockClient, name: str, owner: str, token: int | None = 
     """Free ``name`` if the multi-key holder ``owner`` (with fencing ``token``, when given)
     still holds it, atomically, and wake its waiters. The holder's other names stay held
     until its next heartbeat finds this one gone and stops renewing them."""
-    keys = client._keys(arguments.check_name(name))
-    owner = arguments.check_text(owner, "owner")
-    token = arguments.check_optional_token(token)
+    keys = client._keys(validate.check_name(name))
+    owner = validate.check_text(owner, "owner")
+    token = validate.check_optional_token(token)
     code = client._call(
         scripts(client).release,
         keys=[keys.lock],
@@ -222,10 +215,10 @@ def release_holder(
     ``task_id`` in process ``pid`` on ``host`` (default: this machine) holds: for a
     supervisor whose child can no longer release. True if a name was released."""
     checked = check_names(names)
-    task_id = arguments.check_text(task_id, "task_id")
-    pid = arguments.check_pid(pid)
-    host = arguments.check_host(host, HOSTNAME)
-    delay = arguments.check_delay(delay)
+    task_id = validate.check_text(task_id, "task_id")
+    pid = validate.check_pid(pid)
+    host = validate.check_host(host, HOSTNAME)
+    delay = validate.check_delay(delay)
     # Every name, also after one found free: each is a hash of its own.
     freed = [
         client.release_holder(name, task_id=task_id, pid=pid, host=host, delay=delay)

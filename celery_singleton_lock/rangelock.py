@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import arguments, intervals
+from . import intervals, validate
 from .exceptions import ConfigurationError, LockError
 from .intervals import IntervalHandle, check_interval
 
@@ -75,7 +75,7 @@ class RangeLock:
     """
 
     def __init__(self, client: LockClient, name: str) -> None:
-        self.name = arguments.check_name(name)
+        self.name = validate.check_name(name)
         self._client = client
 
     def read(self, lo: float, hi: float, **options: Any) -> RangeLockHandle:

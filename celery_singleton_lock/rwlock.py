@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from . import arguments, intervals
+from . import intervals, validate
 from .exceptions import LockError, LockNotHeld
 from .intervals import PARENT_GONE, RESERVATION_MS, IntervalHandle
 
@@ -51,7 +51,7 @@ class RWLockHandle(IntervalHandle):
         too; readers already in are waited for."""
         if self.mode != "u":
             raise LockError(f"only an upgradable hold can upgrade ({self.kind})", name=self.name)
-        wait = self.wait if wait is None else arguments.check_wait(wait)
+        wait = self.wait if wait is None else validate.check_wait(wait)
         if self._upgraded:
             return True
         reserve = wait > 0
@@ -100,7 +100,7 @@ class RWLock:
     """
 
     def __init__(self, client: LockClient, name: str) -> None:
-        self.name = arguments.check_name(name)
+        self.name = validate.check_name(name)
         self._client = client
 
     def read(self, **options: Any) -> RWLockHandle:

@@ -16,8 +16,8 @@ from redis.commands.core import Script as RedisScript
 from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, KeyT
 
-from .deployment import is_cluster
 from .keys import FENCE_TTL_MS, key_base
+from .redis_urls import is_cluster
 
 T = TypeVar("T")
 

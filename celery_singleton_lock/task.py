@@ -19,7 +19,7 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Ignore, Retry
 
-from . import arguments, enqueue, holders
+from . import enqueue, holders, validate
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
 # before a worker starts, which always imports its tasks first).
@@ -37,8 +37,8 @@ from .config import (
 from .exceptions import ConfigurationError, LockBackendError, LockError, LockLost, LockTimeout
 from .handle import LockHandle
 from .lease import Lease
-from .naming import TaskKey
 from .signals import lock_acquired, lock_lost, lock_released, lock_skipped
+from .task_keys import TaskKey
 
 log = logging.getLogger("celery_singleton_lock.task")
 
@@ -142,7 +142,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     #: Redis unreachable: "fail" (default: raise LockBackendError) or "run" (run unlocked).
     lock_backend_down: str | None = None
 
-    Request = "celery_singleton_lock.request:SingletonRequest"
+    Request = "celery_singleton_lock.worker:SingletonRequest"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -157,7 +157,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     @classmethod
     def on_bound(cls, app: Any) -> None:
         super().on_bound(app)
-        from .bootsteps import install
+        from .worker import install
 
         install(app)
 
@@ -481,7 +481,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             # so its claim goes as the run's own lock would, delay-after included.
             client = self.lock_client
             keys = client._keys(lease.name)
-            delay_ms = arguments.seconds_to_ms(self.lock_options.release_delay)
+            delay_ms = validate.seconds_to_ms(self.lock_options.release_delay)
             client._call(client._scripts.release, keys.lock, next_owner, delay_ms, keys.channel)
             raise
 

@@ -15,9 +15,9 @@ import pytest
 import redis
 from celery import Celery
 from click.testing import CliRunner, Result
-from redis_topologies import ACLServer, TLSServer, running
+from support.redis_topologies import ACLServer, TLSServer, running
 
-from celery_singleton_lock import LockClient, cli, deployment
+from celery_singleton_lock import LockClient, cli, redis_urls
 from celery_singleton_lock.config import AppSettings
 from celery_singleton_lock.exceptions import ConfigurationError, LockBackendError
 from celery_singleton_lock.task import lock_client_for
@@ -218,4 +218,4 @@ def test_multi_host_url_errors() -> None:
     for bad in ("redis+cluster://", "sentinel://h:x/m", "sentinel://h/m/0/extra"):
         with pytest.raises(ConfigurationError):
             LockClient.from_url(bad)
-    assert deployment.is_cluster(redis.Redis()) is False
+    assert redis_urls.is_cluster(redis.Redis()) is False

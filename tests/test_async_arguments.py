@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
-from async_sides import run
+from support.async_sides import run
 from test_lease_arguments import BAD_LEASE_ARGUMENTS
 
 from celery_singleton_lock import AsyncLockClient, ConfigurationError, LockBackendError

@@ -10,7 +10,7 @@ from typing import Any
 
 import redis
 import redis.asyncio
-from async_sides import eventually, run
+from support.async_sides import eventually, run
 
 from celery_singleton_lock import AsyncLockClient, LockClient, LockExpired
 from celery_singleton_lock.aio.heartbeat import heartbeat

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from async_sides import Side, eventually, run, run_with, side_fixture  # noqa: F401
+from support.async_sides import Side, eventually, run, run_with, side_fixture  # noqa: F401
 
 from celery_singleton_lock import (
     AsyncLockClient,

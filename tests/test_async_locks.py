@@ -8,8 +8,8 @@ import dataclasses
 import math
 
 import pytest
-from async_sides import Side, eventually, run, run_with, side_fixture  # noqa: F401
 from celery import Celery
+from support.async_sides import Side, eventually, run, run_with, side_fixture  # noqa: F401
 
 from celery_singleton_lock import (
     AsyncLockClient,

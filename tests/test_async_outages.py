@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import redis
-from async_sides import eventually, run
+from support.async_sides import eventually, run
 
 from celery_singleton_lock import AsyncLockClient, LockBackendError, LockExpired
 from celery_singleton_lock.embedded import RedisServer

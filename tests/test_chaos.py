@@ -1,6 +1,6 @@
 """Mutual exclusion under chaos: real prefork workers killed, paused past their lease and cut
-off from a restarted lock Redis, checked with fenced writes (see tests/chaos.py; a longer soak:
-``.venv/bin/python tests/chaos.py --seconds 300``)."""
+off from a restarted lock Redis, checked with fenced writes (see tests/support/chaos.py; a
+longer soak: ``.venv/bin/python tests/chaos.py --seconds 300``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
-from chaos import run_chaos
+from support.chaos import run_chaos
 
 #: Seconds of chaos in the test suite.
 CI_SECONDS = 55.0

@@ -299,7 +299,7 @@ def test_real_celery_program(
         CSL_TEST_LOCK_PREFIX=lock_prefix,
     )
     env.pop("NO_COLOR", None)
-    command = [str(CELERY), "-A", "locks_cli_app", "locks", "--csl-test-flag"]
+    command = [str(CELERY), "-A", "apps.locks_cli_app", "locks", "--csl-test-flag"]
     listed = subprocess.run(
         [*command, "--timeout", "0", "list", "--json"], env=env, capture_output=True, text=True
     )

@@ -16,7 +16,7 @@ import redis
 from celery import Celery
 from click.testing import CliRunner
 from redis.cluster import RedisCluster
-from redis_topologies import Cluster, running, wait_until
+from support.redis_topologies import Cluster, running, wait_until
 
 from celery_singleton_lock import LockClient, LockTaken, cli
 from celery_singleton_lock.heartbeat import heartbeat

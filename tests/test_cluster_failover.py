@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import redis
-from redis_topologies import Cluster, Server, cluster_ok, running, slot_owner, wait_until
+from support.redis_topologies import Cluster, Server, cluster_ok, running, slot_owner, wait_until
 from test_cluster import node_port
 from test_sentinel import acquire_eventually
 

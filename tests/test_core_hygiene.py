@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from waiting_helpers import wait_for, wait_for_subscriber
+from support.waiting import wait_for, wait_for_subscriber
 
 from celery_singleton_lock import (
     ConfigurationError,

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from apps.worker_app import make_app
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
-from waiting_helpers import TESTS, wait_for_subscriber
-from worker_app import make_app
+from support.waiting import TESTS, wait_for_subscriber
 
 from celery_singleton_lock import SingletonTask, is_skipped, lock_acquired, lock_lost, lock_skipped
 from celery_singleton_lock import events as events_module
@@ -328,7 +328,7 @@ def test_a_prefork_worker_started_with_events_sends_them_from_its_child(
         "CSL_WORKER_PREFIX": lock_prefix,
         "CSL_WORKER_QUEUE": queue,
     }
-    command = [sys.executable, "-m", "celery", "-A", "worker_app", "worker", "-P", "prefork"]
+    command = [sys.executable, "-m", "celery", "-A", "apps.worker_app", "worker", "-P", "prefork"]
     command += ["-c", "1", "-E", "-Q", queue, "-n", f"events-{lock_prefix[-13:-1]}@%h"]
     command += ["--without-mingle", "--without-gossip", "-l", "INFO"]
     with receiving(app) as events, (tmp_path / "worker.log").open("wb") as log:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from forked import run_in_child
+from support.forked import run_in_child
 
 from celery_singleton_lock import LockClient, LockExpired
 from celery_singleton_lock.embedded import RedisServer

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from waiting_helpers import BackgroundAcquire, wait_for
+from support.waiting import BackgroundAcquire, wait_for
 
 from celery_singleton_lock import ConfigurationError, Lease, LockClient
 from celery_singleton_lock.keys import FENCE_TTL_MS

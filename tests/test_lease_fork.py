@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 import pytest
-from forked import run_in_child
+from support.forked import run_in_child
 
 from celery_singleton_lock import LockClient, LockNotHeld
 from celery_singleton_lock.heartbeat import heartbeat

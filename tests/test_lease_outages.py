@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from waiting_helpers import BackgroundAcquire, wait_for_subscriber
+from support.waiting import BackgroundAcquire, wait_for_subscriber
 
 from celery_singleton_lock import Lease, LockBackendError, LockClient, LockExpired, LockNotHeld
 from celery_singleton_lock.client import mask_password

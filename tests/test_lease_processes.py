@@ -13,8 +13,8 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any
 
 import pytest
-from lock_workers import counter_worker, cpu_holder, fenced_write, holder
-from waiting_helpers import wait_for_subscriber
+from support.lease_children import counter_worker, cpu_holder, fenced_write, holder
+from support.waiting import wait_for_subscriber
 
 from celery_singleton_lock import LockClient
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from waiting_helpers import BackgroundAcquire, wait_for, wait_for_subscriber
+from support.waiting import BackgroundAcquire, wait_for, wait_for_subscriber
 
 from celery_singleton_lock import Lease, LockClient
 from celery_singleton_lock.keys import FENCE_TTL_MS

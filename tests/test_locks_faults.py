@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from locks_workers import holder_process, make_handle, multi_names
-from waiting_helpers import BackgroundAcquire, wait_for_subscriber
+from support.kind_children import holder_process, make_handle, multi_names
+from support.waiting import BackgroundAcquire, wait_for_subscriber
 
 from celery_singleton_lock import (
     LockBackendError,

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from locks_workers import multi_worker
+from support.kind_children import multi_worker
 
 from celery_singleton_lock import ConfigurationError, LockClient, LockTaken, MultiLease, multi
 

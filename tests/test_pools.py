@@ -25,17 +25,17 @@ from typing import Any
 
 import pytest
 import redis
+from apps.pool_app import LEASE, RECORD_TTL, gate_key, make_app, records_key
 from celery import Celery
 from celery._state import _set_task_join_will_block
 from celery.contrib.testing.worker import TestWorkController, setup_app_for_worker, start_worker
 from celery.utils.nodenames import host_format
 from celery.worker.components import Pool
-from pool_app import LEASE, RECORD_TTL, gate_key, make_app, records_key
-from waiting_helpers import start_celery_worker, wait_for
+from support.waiting import start_celery_worker, wait_for
 
 from celery_singleton_lock import LockClient, SingletonTask, lock_released
-from celery_singleton_lock.bootsteps import SingletonLockStep, install
 from celery_singleton_lock.keys import lock_keys
+from celery_singleton_lock.worker import SingletonLockStep, install
 
 TIMEOUT = 30.0
 
@@ -253,7 +253,7 @@ class PoolWorkers:
         }
         node = f"{label}-{self.tag}@%h"
         process = start_celery_worker(
-            "pool_app", queues=[self.queue], name=node, env=env, log=log,
+            "apps.pool_app", queues=[self.queue], name=node, env=env, log=log,
             concurrency=concurrency, pool=pool,
         )  # fmt: skip
         worker = PoolWorker(pool, host_format(node), process, log)

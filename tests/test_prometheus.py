@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from apps.worker_app import make_app
 from celery import Celery
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
-from waiting_helpers import TESTS
-from worker_app import make_app
+from support.waiting import TESTS
 
 from celery_singleton_lock import SingletonTask, lock_lost
 from celery_singleton_lock.prometheus import LockMetrics, register_metrics
@@ -155,7 +155,7 @@ def test_a_prefork_worker_counts_in_multiprocess_mode(
         "CSL_WORKER_QUEUE": queue,
         "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
     }
-    command = [sys.executable, "-m", "celery", "-A", "metrics_app", "worker", "-P", "prefork"]
+    command = [sys.executable, "-m", "celery", "-A", "apps.metrics_app", "worker", "-P", "prefork"]
     command += ["-c", "2", "-Q", queue, "-n", f"metrics-{lock_prefix[-13:-1]}@%h"]
     command += ["--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "INFO"]
     short_lease = app.tasks["worker_app.short_lease"]

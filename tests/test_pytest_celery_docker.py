@@ -62,7 +62,7 @@ def celery_backend_cluster(
 def default_worker_tasks(default_worker_tasks: set[object]) -> set[object]:
     # Imported here, not at the top: a shared task binds itself to every app made after its
     # import, and the rest of the suite need not carry it.
-    import docker_tasks
+    from apps import docker_tasks
 
     default_worker_tasks.add(docker_tasks)
     return default_worker_tasks
@@ -81,7 +81,7 @@ def default_worker_initial_content(default_worker_initial_content: dict[str, byt
 def test_a_docker_worker_skips_a_run_whose_lock_is_held(
     celery_setup: CeleryTestSetup, task_locks: TaskLocks
 ) -> None:
-    import docker_tasks
+    from apps import docker_tasks
 
     app = celery_setup.app
     # The worker keeps its locks in its broker (the default); this process reaches that

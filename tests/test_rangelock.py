@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-from locks_workers import killable_holder
+from support.kind_children import killable_holder
 
 from celery_singleton_lock import ConfigurationError, LockClient, LockError, rangelock
 

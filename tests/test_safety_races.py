@@ -25,7 +25,7 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from celery.utils.nodenames import host_format
 from click.testing import CliRunner, Result
-from waiting_helpers import start_celery_worker, wait_for
+from support.waiting import start_celery_worker, wait_for
 
 from celery_singleton_lock import LockClient, LockError, SingletonTask, admin, cli
 from celery_singleton_lock.evidence import worker_check
@@ -284,7 +284,7 @@ def test_worker_check_trusts_only_the_holders_own_worker(
 
     # An idle worker on this host (its own process, consuming another queue), answering.
     idle = start_celery_worker(
-        "worker_app",
+        "apps.worker_app",
         queues=[f"{lock_prefix}idle"],
         name=idle_node,
         env={

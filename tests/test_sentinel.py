@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from redis_topologies import SENTINEL_MASTER, SentinelSet, running, wait_until
+from support.redis_topologies import SENTINEL_MASTER, SentinelSet, running, wait_until
 
 from celery_singleton_lock import LockClient, LockTaken
 from celery_singleton_lock.exceptions import LockBackendError

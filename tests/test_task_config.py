@@ -19,7 +19,7 @@ import redis
 from celery import Celery
 from celery.contrib.testing.worker import TestWorkController
 from celery.worker import state
-from redis_topologies import SENTINEL_MASTER, SentinelSet, TLSServer, running
+from support.redis_topologies import SENTINEL_MASTER, SentinelSet, TLSServer, running
 
 from celery_singleton_lock import ConfigurationError, LockClient, SingletonTask, install
 from celery_singleton_lock.config import AppSettings

@@ -1,6 +1,6 @@
 """SingletonTask in a real ``celery worker`` while its lock Redis goes down and comes back
 empty. The broker, the result backend and what the tasks record are on a second Redis that
-stays up (tests/fault_app.py), so only the locks go away.
+stays up (tests/apps/fault_app.py), so only the locks go away.
 
 Nothing is restarted but the lock server: the same worker processes go on taking locks once
 it is back.
@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chaos import Worker, Workers
-from waiting_helpers import wait_for
+from support.chaos import Worker, Workers
+from support.waiting import wait_for
 
 from celery_singleton_lock import LockBackendError
 from celery_singleton_lock.embedded import RedisServer

@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 import redis
+from apps.worker_app import make_app, records_key, ticks_key
 from celery import Celery
 from celery.utils.nodenames import host_format
-from waiting_helpers import start_celery_worker, wait_for
-from worker_app import make_app, records_key, ticks_key
+from support.waiting import start_celery_worker, wait_for
 
 from celery_singleton_lock import LockClient, intervals, rangelock, rwlock
 from celery_singleton_lock.handle import LockHandle
@@ -121,7 +121,7 @@ class Cluster:
             "CSL_WORKER_QUEUE": queues[0],
         }
         process = start_celery_worker(
-            "worker_app", queues=queues, name=f"{label}-{self.tag}@%h", env=env, log=log
+            "apps.worker_app", queues=queues, name=f"{label}-{self.tag}@%h", env=env, log=log
         )
         worker = Worker(host_format(f"{label}-{self.tag}@%h"), queues, process, log)
         self.workers.append(worker)

@@ -93,8 +93,7 @@ async def _interval_holders(client: AsyncLockClient, family: bytes) -> list[Hold
 async def list_locks(client: AsyncLockClient, pattern: str | None = None) -> list[LockInfo]:
     """Every holder of every lock under ``client.prefix`` whose name matches the glob
     ``pattern``, as :func:`..admin.list_locks` lists them (without Celery's checks)."""
-    seconds, micros = await client._call(client.redis.time)
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    now_ms = await client.server_ms()
     holders = await _lock_hash_holders(client, pattern)
     for family in (RW_FAMILY, RANGE_FAMILY):
         holders += await _interval_holders(client, family)

@@ -13,11 +13,11 @@ import redis
 import redis.asyncio
 from redis.exceptions import RedisClusterException
 
-from .. import arguments, deployment
+from .. import redis_urls, validate
 from ..admin import LockInfo
-from ..client import DEFAULT_PREFIX, DEFAULT_SOCKET_TIMEOUT, mask_password
+from ..client import DEFAULT_SOCKET_TIMEOUT, mask_password
 from ..exceptions import ConfigurationError, LockBackendError
-from ..keys import LockKeys, lock_keys
+from ..keys import DEFAULT_PREFIX, LockKeys, lock_keys
 from ..scripts import Scripts
 from . import admin
 from .intervals import AsyncRangeLock, AsyncRWLock
@@ -30,7 +30,7 @@ T = TypeVar("T")
 
 #: URL schemes the asyncio client does not take yet (pass a ``redis.asyncio`` client made
 #: your own way instead, e.g. ``redis.asyncio.sentinel.Sentinel(...).master_for(name)``).
-UNSUPPORTED_SCHEMES = (*deployment.CLUSTER_SCHEMES, *deployment.SENTINEL_SCHEMES)
+UNSUPPORTED_SCHEMES = (*redis_urls.CLUSTER_SCHEMES, *redis_urls.SENTINEL_SCHEMES)
 
 
 class AsyncLockClient:
@@ -46,7 +46,7 @@ class AsyncLockClient:
     """
 
     def __init__(self, redis_client: Any, *, prefix: str = DEFAULT_PREFIX) -> None:
-        arguments.check_prefix(prefix)
+        validate.check_prefix(prefix)
         execute = getattr(type(redis_client), "execute_command", None)
         if not hasattr(redis_client, "register_script") or not inspect.iscoroutinefunction(execute):
             raise ConfigurationError(
@@ -55,7 +55,7 @@ class AsyncLockClient:
             )
         self.redis = redis_client
         self.prefix = prefix
-        self.url = deployment.safe_url(redis_client)
+        self.url = redis_urls.safe_url(redis_client)
         # Both only compute SHAs here: the scripts are sent by SHA, see scripts.py.
         self._scripts = Scripts(redis_client)  # the renew call's layout, shared with the sync
         self._lease_scripts = LeaseScripts(redis_client)
@@ -72,7 +72,7 @@ class AsyncLockClient:
         first lock call."""
         if not isinstance(url, str) or not url:
             raise ConfigurationError("url", f"must be a non-empty str, got {url!r}")
-        arguments.check_prefix(prefix)
+        validate.check_prefix(prefix)
         scheme = url.split("://", 1)[0].lower() if "://" in url else ""
         if scheme in UNSUPPORTED_SCHEMES:
             raise ConfigurationError(
@@ -150,23 +150,32 @@ class AsyncLockClient:
         """Every lock under this client's prefix whose name matches the glob ``pattern``,
         with its holder and whether it is live, stale or in delay-after (docs/admin.md)."""
         if pattern is not None:
-            arguments.check_name(pattern, "pattern")
+            validate.check_name(pattern, "pattern")
         return await admin.list_locks(self, pattern)
 
     async def clear(self, name: str, *, token: int | None = None, force: bool = False) -> bool:
         """Clear lock ``name`` (only its holder with fencing ``token``, if given): atomic and
         holder-checked. A live lock is cleared only with ``force``, else :class:`LockError`.
         True if something was cleared."""
-        arguments.check_name(name)
+        validate.check_name(name)
         if token is not None and (isinstance(token, bool) or not isinstance(token, int)):
             raise ConfigurationError("token", f"must be an int or None, got {token!r}")
-        arguments.check_bool(force, "force")
+        validate.check_bool(force, "force")
         return await admin.clear(self, name, token=token, force=force)
 
     async def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""
+        seconds, micros = await self._server_clock()
+        return seconds + micros / 1_000_000
+
+    async def server_ms(self) -> int:
+        """The Redis server's clock in ms (the clock every lock time is written with)."""
+        seconds, micros = await self._server_clock()
+        return seconds * 1000 + micros // 1000
+
+    async def _server_clock(self) -> tuple[int, int]:
         seconds, micros = await self._call(self.redis.time)
-        return int(seconds) + int(micros) / 1_000_000
+        return int(seconds), int(micros)
 
     async def ping(self) -> bool:
         """True if Redis answers; raises :class:`LockBackendError` if not."""
@@ -187,7 +196,7 @@ class AsyncLockClient:
     # -- internals shared by the handles -----------------------------------------------------
 
     def _keys(self, name: str) -> LockKeys:
-        return lock_keys(self.prefix, arguments.check_name(name))
+        return lock_keys(self.prefix, validate.check_name(name))
 
     def _notifier(self) -> AsyncNotifier:
         """The waiter listener of the running event loop."""

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .. import arguments
+from .. import validate
 from ..exceptions import (
     LockBackendError,
     LockError,
@@ -75,22 +75,22 @@ class AsyncLockHandle:
         owner_info: dict[str, Any] | None = None,
         on_lost: Callable[[Any], object] | None = None,
     ) -> None:
-        self.name = arguments.check_name(name)
+        self.name = validate.check_name(name)
         #: Seconds the lock lasts unless renewed; the heartbeat renews it to this length.
-        self.ttl = arguments.check_positive(ttl, "ttl")
-        self.heartbeat = arguments.check_bool(heartbeat, "heartbeat")
+        self.ttl = validate.check_positive(ttl, "ttl")
+        self.heartbeat = validate.check_bool(heartbeat, "heartbeat")
         #: Seconds after acquisition past which the lock is no longer renewed (None: never).
-        self.max_hold = arguments.check_max_hold(max_hold, self.ttl)
+        self.max_hold = validate.check_max_hold(max_hold, self.ttl)
         #: Default seconds ``acquire`` waits for a busy lock (``math.inf``: forever).
-        self.wait = arguments.check_wait(wait)
-        self.owner_info = arguments.check_owner_info(owner_info)
+        self.wait = validate.check_wait(wait)
+        self.owner_info = validate.check_owner_info(owner_info)
         #: Called with this handle when it is found lost, from the heartbeat task or the
         #: code whose check() or extend() found it; a coroutine function's result is run as
         #: a task of the handle's loop.
-        self.on_lost = arguments.check_callable(on_lost, "on_lost")
+        self.on_lost = validate.check_callable(on_lost, "on_lost")
         self._client = client
-        self._ttl_ms = arguments.seconds_to_ms(self.ttl)
-        self._max_hold_ms = 0 if self.max_hold is None else arguments.seconds_to_ms(self.max_hold)
+        self._ttl_ms = validate.seconds_to_ms(self.ttl)
+        self._max_hold_ms = 0 if self.max_hold is None else validate.seconds_to_ms(self.max_hold)
         self._owner: str | None = None
         self._pid = 0
         self._token: int | None = None
@@ -167,7 +167,7 @@ class AsyncLockHandle:
         ``wait`` defaults to the handle's own; ``math.inf`` waits forever. A blocked call is
         woken by a release (pub/sub), or when a conflicting holder's lease could have run out.
         """
-        wait = self.wait if wait is None else arguments.check_wait(wait)
+        wait = self.wait if wait is None else validate.check_wait(wait)
         if self._mine() and self._lost is None:
             raise LockError(f"lock {self.name!r} is already held by this handle", name=self.name)
         owner = self._new_owner()
@@ -241,10 +241,10 @@ class AsyncLockHandle:
         (:class:`LockBackendError`) the handle still owns the lock, no longer renewed: call
         ``release`` again, or let the lock run out within its ttl.
         """
-        delay = arguments.check_delay(delay)
+        delay = validate.check_delay(delay)
         owner = self._forget()
         try:
-            code = await self._release(owner, arguments.seconds_to_ms(delay) if delay > 0 else 0)
+            code = await self._release(owner, validate.seconds_to_ms(delay) if delay > 0 else 0)
         except BaseException:
             # The release may not have reached Redis (or the task was cancelled while it was
             # under way): keep the owner token so it can be retried.
@@ -275,14 +275,14 @@ class AsyncLockHandle:
         """Set the lock's remaining time to ``ttl`` seconds (default: its ttl) and renew it
         to that length from now on. Sets, never adds. Returns the seconds granted: less than
         asked when ``max_hold`` is near, 0.0 once it has passed."""
-        ttl = self.ttl if ttl is None else arguments.check_positive(ttl, "ttl")
+        ttl = self.ttl if ttl is None else validate.check_positive(ttl, "ttl")
         if self.max_hold is not None and ttl > self.max_hold:
             ttl = self.max_hold
         if not self._mine():
             raise LockNotHeld(f"lock {self.name!r} is not held", name=self.name)
         owner = self._owner
         assert owner is not None
-        ttl_ms = arguments.seconds_to_ms(ttl)
+        ttl_ms = validate.seconds_to_ms(ttl)
         sent_at = time.monotonic()
         client = self._client
         calls, decode = renew_calls(client, [(self, owner, ttl_ms)])  # type: ignore[arg-type]

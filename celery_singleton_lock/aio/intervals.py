@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from .. import arguments
+from .. import validate
 from ..exceptions import ConfigurationError, LockError, LockNotHeld
 from ..handle import lost_error
 from ..intervals import (
@@ -161,7 +161,7 @@ class AsyncRWLockHandle(AsyncIntervalHandle):
         seconds (default: the handle's own) passed first."""
         if self.mode != "u":
             raise LockError(f"only an upgradable hold can upgrade ({self.kind})", name=self.name)
-        wait = self.wait if wait is None else arguments.check_wait(wait)
+        wait = self.wait if wait is None else validate.check_wait(wait)
         if self._upgraded:
             return True
         reserve = wait > 0
@@ -237,7 +237,7 @@ class AsyncRWLock:
     of :meth:`AsyncLockClient.lease`."""
 
     def __init__(self, client: AsyncLockClient, name: str) -> None:
-        self.name = arguments.check_name(name)
+        self.name = validate.check_name(name)
         self._client = client
 
     def read(self, **options: Any) -> AsyncRWLockHandle:
@@ -260,7 +260,7 @@ class AsyncRangeLock:
     """A range lock on one name; makes handles (not yet acquired) on closed intervals."""
 
     def __init__(self, client: AsyncLockClient, name: str) -> None:
-        self.name = arguments.check_name(name)
+        self.name = validate.check_name(name)
         self._client = client
 
     def read(self, lo: float, hi: float, **options: Any) -> AsyncRangeLockHandle:

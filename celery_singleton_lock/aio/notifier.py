@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from ..waiting import RECONNECT_DELAY, RECONNECT_DELAY_MAX, SUBSCRIBE_TIMEOUT
+from ..notifier import RECONNECT_DELAY, RECONNECT_DELAY_MAX, SUBSCRIBE_TIMEOUT
 
 log = logging.getLogger("celery_singleton_lock.waiting")
 
@@ -113,7 +113,7 @@ class AsyncNotifier:
         pool = self._redis.connection_pool
         kwargs = dict(pool.connection_kwargs)
         # The listener blocks on read indefinitely; RESP2 keeps pub/sub replies plain arrays
-        # (see waiting.Notifier._connect).
+        # (see notifier.Notifier._connect).
         kwargs["socket_timeout"] = None
         kwargs["protocol"] = 2
         if "maint_notifications_config" in kwargs:

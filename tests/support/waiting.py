@@ -17,7 +17,8 @@ from celery_singleton_lock import LockClient
 
 T = TypeVar("T")
 
-TESTS = Path(__file__).resolve().parent
+#: The tests folder: worker subprocesses run there, so ``-A apps.<module>`` imports.
+TESTS = Path(__file__).resolve().parent.parent
 
 
 def wait_for(probe: Callable[[], T | None], timeout: float, what: str) -> T:

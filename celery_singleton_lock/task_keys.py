@@ -1,0 +1,221 @@
+"""Task arguments -> lock names.
+
+The name must come out the same at enqueue time (Python objects) and at run time (what the
+serializer gave back), so arguments are bound to the task's signature with defaults applied
+(``f(1)`` and ``f(x=1)`` are one key) and normalised to a canonical JSON form in which
+tuples are lists, dict keys are strings as JSON makes them, sets are sorted, and UUID,
+datetime, date, time, Decimal, bytes and Enum values have one spelling each.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import enum
+import inspect
+import json
+import string
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .exceptions import ConfigurationError
+
+KeyFunction = Callable[[tuple[Any, ...], dict[str, Any]], str]
+
+
+class UnkeyableArgument(TypeError):
+    """An argument value with no stable spelling."""
+
+
+def normalize(value: Any) -> Any:
+    """A JSON-ready value that serializer round trips do not change."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        if isinstance(value, enum.Enum):
+            return normalize(value.value)
+        return value
+    if isinstance(value, enum.Enum):
+        return normalize(value.value)
+    if isinstance(value, (list, tuple)):
+        return [normalize(item) for item in value]
+    if isinstance(value, Mapping):
+        return {_key(k): normalize(v) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        return sorted((normalize(item) for item in value), key=_canonical)
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "bytes:" + bytes(value).hex()
+    raise UnkeyableArgument(type(value).__name__)
+
+
+def _key(key: Any) -> str:
+    # JSON object keys are strings: 1 -> "1", True -> "true", None -> "null".
+    if isinstance(key, str):
+        return key
+    normalized = normalize(key)
+    return normalized if isinstance(normalized, str) else json.dumps(normalized)
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class TaskKey:
+    """Builds the lock name of one task from its call arguments.
+
+    ``spec`` is the task's ``lock_key``: None (task name + all bound arguments), a format
+    string over argument names (``"report:{day}"``), a list of argument names, or a callable
+    ``(args, kwargs) -> str``. Checked against the signature when the task is declared.
+    """
+
+    def __init__(self, task_name: str, run: Callable[..., Any], spec: Any) -> None:
+        self.task_name = task_name
+        self.spec = spec
+        try:
+            self.signature: inspect.Signature | None = inspect.signature(run)
+        except (TypeError, ValueError):
+            self.signature = None
+        params = set(self.signature.parameters) if self.signature else set()
+        option = f"{task_name}.lock_key"
+        if spec is None or callable(spec):
+            pass
+        elif isinstance(spec, str):
+            if not spec:
+                raise ConfigurationError(option, "must not be empty")
+            for _, field, _, _ in string.Formatter().parse(spec):
+                if field is None:
+                    continue
+                root = field.split(".", 1)[0].split("[", 1)[0]
+                if not root or root.isdigit():
+                    raise ConfigurationError(
+                        option, f"{spec!r}: use argument names in braces, not {{{field}}}"
+                    )
+                if self.signature is not None and root not in params:
+                    raise ConfigurationError(
+                        option, f"{spec!r} names {root!r}, which is not an argument of the task"
+                    )
+        elif isinstance(spec, Sequence) and not isinstance(spec, (str, bytes)):
+            if not spec or not all(isinstance(item, str) for item in spec):
+                raise ConfigurationError(option, "must be a non-empty list of argument names")
+            missing = [item for item in spec if self.signature is not None and item not in params]
+            if missing:
+                raise ConfigurationError(option, f"{missing} are not arguments of the task")
+        else:
+            raise ConfigurationError(
+                option, "must be None, a format string, a list of argument names or a callable"
+            )
+
+    def check_arguments(self, option: str, names: Sequence[str]) -> None:
+        """Raise ConfigurationError if ``names`` are not all parameters of the task."""
+        if self.signature is None:
+            return
+        missing = [name for name in names if name not in self.signature.parameters]
+        if missing:
+            raise ConfigurationError(
+                f"{self.task_name}.{option}", f"{missing} are not arguments of the task"
+            )
+
+    def check_templates(self, option: str, templates: Sequence[str]) -> None:
+        """Raise ConfigurationError if a key template names something that is not an argument."""
+        for template in templates:
+            fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+            roots = [field.split(".", 1)[0].split("[", 1)[0] for field in fields]
+            if any(not root or root.isdigit() for root in roots):
+                raise ConfigurationError(
+                    f"{self.task_name}.{option}", f"{template!r}: use argument names in braces"
+                )
+            self.check_arguments(option, roots)
+
+    def bounds(
+        self, spec: tuple[str, str], args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> tuple[float, float]:
+        """The interval [lo, hi] of a range-locked call, from the arguments named by ``spec``."""
+        bound = self.bind(args, kwargs)
+        values = []
+        for argument in spec:
+            value = bound.get(argument)
+            if isinstance(value, bool) or not isinstance(value, (int, float, decimal.Decimal)):
+                raise ConfigurationError(
+                    f"{self.task_name} argument {argument!r}",
+                    f"a range bound must be a number, got {value!r}",
+                )
+            try:
+                values.append(float(value))
+            except (OverflowError, ValueError):  # 10**400, Decimal("sNaN")
+                raise ConfigurationError(
+                    f"{self.task_name} argument {argument!r}",
+                    f"a range bound must fit a double, got {value!r}",
+                ) from None
+        return values[0], values[1]
+
+    def names(self, spec: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[str]:
+        """The lock names of a multi-key call: ``spec`` is a list of templates or a callable
+        ``(args, kwargs) -> list of str``."""
+        if callable(spec):
+            result = spec(tuple(args), dict(kwargs))
+            if isinstance(result, str) or not all(isinstance(n, str) and n for n in result):
+                raise ConfigurationError(
+                    f"{self.task_name}.lock_keys",
+                    f"callable returned {result!r}, not a list of names",
+                )
+            return list(result)
+        bound = self.bind(args, kwargs)
+        values = {k: self._value(k, v, scalar=True) for k, v in bound.items()}
+        return [template.format(**values) for template in spec]
+
+    def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The call's arguments by parameter name, defaults applied."""
+        if self.signature is None:
+            return {"args": list(args), "kwargs": dict(kwargs)}
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise ConfigurationError(
+                f"{self.task_name} arguments", f"do not fit the task's signature: {exc}"
+            ) from None
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    def name(
+        self, args: Sequence[Any], kwargs: Mapping[str, Any], exclude: Sequence[str] = ()
+    ) -> str:
+        """The lock name for one call; arguments in ``exclude`` (a range lock's bounds) are
+        not part of a default key."""
+        spec = self.spec
+        if callable(spec):
+            result = spec(tuple(args), dict(kwargs))
+            if not isinstance(result, str) or not result:
+                raise ConfigurationError(
+                    f"{self.task_name}.lock_key", f"callable returned {result!r}, not a str"
+                )
+            return result
+        bound = self.bind(args, kwargs)
+        if isinstance(spec, str):
+            return spec.format(**{k: self._value(k, v, scalar=True) for k, v in bound.items()})
+        if spec is not None:
+            bound = {k: bound[k] for k in spec}
+        else:
+            bound = {k: v for k, v in bound.items() if k not in exclude}
+        body = {k: self._value(k, v) for k, v in bound.items()}
+        return f"{self.task_name}:{_canonical(body)}"
+
+    def _value(self, argument: str, value: Any, *, scalar: bool = False) -> Any:
+        try:
+            normalized = normalize(value)
+        except UnkeyableArgument as exc:
+            raise ConfigurationError(
+                f"{self.task_name} argument {argument!r}",
+                f"a {exc} cannot make a lock key; choose one with lock_key",
+            ) from None
+        if (
+            scalar
+            and not isinstance(normalized, (str, int, float, bool))
+            and normalized is not None
+        ):
+            return _canonical(normalized)
+        return normalized

@@ -1,0 +1,214 @@
+"""The worker side of SingletonTask, from start to shutdown.
+
+- ``SingletonRequest`` frees a run's lock from the worker's main process when the child that
+  held it can no longer do so itself (hard time limit, revoke with terminate, child killed),
+  instead of waiting for its lease to run out.
+- ``SingletonLockStep`` (added by ``install(app)``; SingletonTask does so when bound: there is
+  no entry point for bootsteps) checks the lock Redis at worker start and frees this
+  process's locks at stop. Steps stop in the reverse order of their start, so the step puts
+  itself just before the ``Pool`` step: it then stops only after the pool has stopped, that
+  is after the running tasks have finished (warm shutdown) or been cut off (cold shutdown).
+  Its place cannot be asked for with ``requires``: nothing the ``Pool`` step requires can
+  require it, and the order of steps that do not depend on each other changes from one
+  start to the next.
+- Receivers of Celery's signals release what a process still holds when it ends, and free
+  the claim of a message revoked before it ran.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
+from celery import bootsteps
+from celery.bootsteps import RUN
+from celery.signals import task_revoked, worker_process_shutdown, worker_shutdown
+from celery.worker.components import Pool
+from celery.worker.request import Request
+from kombu.asynchronous import get_event_loop
+
+from .exceptions import LockError
+from .handle import HOSTNAME
+from .heartbeat import heartbeat
+
+log = logging.getLogger("celery_singleton_lock.task")
+#: The bootstep's own logger name, as before the worker side was one module.
+step_log = logging.getLogger("celery_singleton_lock.worker")
+
+
+# -- the Request -------------------------------------------------------------------------------
+
+
+#: Reported once the child has exited.
+_CHILD_GONE = (Terminated, WorkerLostError)
+#: Without an event loop: seconds after a hard time limit by which the pool has killed the
+#: child (it sends SIGTERM, then SIGKILL 0.1 s later).
+_KILL_GRACE = 1.0
+
+
+class SingletonRequest(Request):  # type: ignore[misc]
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        super().on_timeout(soft, timeout)
+        if not soft:
+            self._release_after_kill()
+
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> None:
+        try:
+            super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+        finally:
+            exc = getattr(exc_info, "exception", None)
+            exc = getattr(exc, "exc", exc)  # ExceptionWithTraceback
+            if isinstance(exc, _CHILD_GONE):
+                self._release_for_child()
+            elif isinstance(exc, TimeLimitExceeded):
+                self._release_after_kill()
+
+    def _release_after_kill(self) -> None:
+        """Past the hard time limit the pool reports the run (on_failure, on_timeout) while its
+        child still runs, and only then kills it: freeing the lock now would let another run
+        of the key start beside the dying one. Free it once the pool has killed the child."""
+        hub = get_event_loop()
+        if hub is not None:
+            # After the timer callback that kills the child (billiard: on_hard_timeout).
+            hub.call_later(0, self._release_for_child)  # type: ignore[no-untyped-call]
+        else:
+            timer = threading.Timer(_KILL_GRACE, self._release_for_child)
+            timer.daemon = True
+            timer.start()
+
+    def _release_for_child(self) -> None:
+        task = self.task
+        if not self.worker_pid:
+            return  # no child is known to have run it: there is no holder to match
+        try:
+            name = task.lock_name(self.args, self.kwargs)
+            # The child ran on this machine: its holder record carries this host name.
+            released = task.release_holder(
+                self.args, self.kwargs, task_id=self.id, pid=self.worker_pid, host=HOSTNAME
+            )
+        except LockError as exc:
+            log.warning("could not free the lock of %s[%s]: %s", task.name, self.id, exc)
+            return
+        if released:
+            log.info("freed lock %r of %s[%s] whose process ended", name, task.name, self.id)
+
+
+# -- the bootstep ------------------------------------------------------------------------------
+
+
+class SingletonLockStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Worker bootstep of celery_singleton_lock."""
+
+    label = "singleton-lock"
+
+    def include(self, worker: Any) -> bool:
+        """Take part in the worker's start and stop, placed before the ``Pool`` step."""
+        included, obj = self._should_include(worker)
+        if included:
+            self.obj = obj
+            steps = worker.steps
+            pool = next((i for i, step in enumerate(steps) if isinstance(step, Pool)), None)
+            steps.insert(len(steps) if pool is None else pool, self)
+        return bool(included)
+
+    def start(self, worker: Any) -> None:
+        """Stop the worker (by raising :class:`ConfigurationError`) on settings or task
+        options that can never work; only warn when Redis is merely down right now."""
+        from .config import AppSettings
+        from .exceptions import ConfigurationError, LockError
+        from .task import SingletonTask, lock_client_for
+
+        app = worker.app
+        settings = AppSettings.for_app(app)
+        for task in list(app.tasks.values()):
+            if isinstance(task, SingletonTask):
+                task.check_lock_configuration()
+        try:
+            client = lock_client_for(app)
+            client.ping()
+        except ConfigurationError as exc:
+            if exc.argument != "url":
+                raise
+            # The server refused the URL itself (a database it does not have).
+            raise ConfigurationError(settings.url_setting, str(exc).partition(": ")[2]) from exc
+        except LockError as exc:
+            step_log.warning("singleton locks: Redis not reachable at start: %s", exc)
+            return
+        step_log.info("singleton locks on %s (prefix %r)", client.url, client.prefix)
+
+    def stop(self, worker: Any) -> None:
+        """Warm shutdown: the pool has drained, so no task of this process runs any more;
+        release whatever is still held (each run released its own lock already)."""
+        release_all_held()
+
+    shutdown = stop
+
+    def terminate(self, worker: Any) -> None:
+        """Cold shutdown: release nothing. A run the pool cut off (a child terminated, a
+        greenlet killed, the solo pool's body interrupted) released its own lock on its way
+        out; a thread cannot be cut off, so its run goes on to its end holding its lock, and
+        releasing that here would let another run in beside it. A lock whose holder dies
+        without a word runs out within its lease."""
+
+
+def install(app: Any) -> None:
+    """Add the worker step to ``app`` (idempotent)."""
+    steps = app.steps["worker"]
+    if SingletonLockStep not in steps:
+        steps.add(SingletonLockStep)
+
+
+# -- shutdown and revoke receivers ---------------------------------------------------------------
+
+
+def release_all_held(**_: Any) -> None:
+    """Release every lease this process still holds: at worker (process) shutdown, so a
+    stopping worker frees its keys at once rather than after the lease runs out."""
+    for lease in heartbeat().leases():
+        try:
+            lease.release()
+        except LockError as exc:
+            log.warning("could not release %r at shutdown: %s", lease.name, exc)
+
+
+def _release_at_worker_shutdown(sender: Any = None, **_: Any) -> None:
+    """``worker_shutdown``: release what this process still holds, unless the worker's steps
+    (its pool among them) are still running. Celery sends the signal after stopping them,
+    except from ``stop(in_sighandler=True)`` on a pool that is not signal-safe (threads,
+    gevent, eventlet), where the pool's tasks run on and still need their locks."""
+    blueprint = getattr(sender, "blueprint", None)
+    if getattr(blueprint, "state", None) == RUN:
+        log.debug("worker_shutdown while the pool still runs: nothing released")
+        return
+    release_all_held()
+
+
+def free_revoked_claim(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """A message revoked (or expired) before it ran never takes its claim over: free the
+    claim now rather than after its countdown plus ``lock_ttl``, so new calls are not
+    deduplicated to a task that will never run. A run already under way holds its own lock,
+    not the claim, so a revoke with ``terminate=True`` frees nothing here."""
+    free_claim = getattr(sender, "free_claim", None)
+    if free_claim is None or request is None or not getattr(request, "id", None):
+        return
+    try:
+        freed = free_claim(
+            request.args or (),
+            request.kwargs or {},
+            task_id=request.id,
+            attempt=int(request.retries or 0),
+        )
+    except LockError as exc:
+        log.warning("could not free the claim of revoked %s[%s]: %s", sender.name, request.id, exc)
+        return
+    if freed:
+        log.info("freed the claim of revoked %s[%s]", sender.name, request.id)
+
+
+task_revoked.connect(free_revoked_claim, weak=False)
+worker_process_shutdown.connect(release_all_held, weak=False)
+worker_shutdown.connect(_release_at_worker_shutdown, weak=False)
