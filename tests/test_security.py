@@ -44,10 +44,10 @@ from celery_singleton_lock.config import (
     TaskLockOptions,
     check_task_options,
 )
+from celery_singleton_lock.core.keys import encode_name, lock_keys
 from celery_singleton_lock.embedded import RedisServer
 from celery_singleton_lock.heartbeat import heartbeat
 from celery_singleton_lock.intervals import interval_keys
-from celery_singleton_lock.keys import encode_name, lock_keys
 
 PASSWORD = "pw-" + uuid.uuid4().hex
 PREFIX = "sec:"
