@@ -52,7 +52,7 @@ from celery_singleton_lock.intervals import interval_keys
 PASSWORD = "pw-" + uuid.uuid4().hex
 PREFIX = "sec:"
 OTHER_PREFIX = "sec-other:"
-#: Examples per fuzzing test (the README's Reliability section quotes these).
+#: Examples per fuzzing test (docs/reliability.md quotes these).
 FUZZ_EXAMPLES = 200
 FUZZ = settings(
     max_examples=FUZZ_EXAMPLES,
