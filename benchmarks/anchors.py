@@ -18,7 +18,7 @@ import redis
 import redis_lock
 
 from celery_singleton_lock import LockClient
-from celery_singleton_lock.keys import FENCE_TTL_MS
+from celery_singleton_lock.core.keys import FENCE_TTL_MS
 
 #: The floor's release: compare-and-delete, the least a safe release can do.
 FLOOR_RELEASE = """

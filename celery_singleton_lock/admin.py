@@ -26,11 +26,11 @@ from fnmatch import fnmatchcase
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from . import validate
+from .core import validate
+from .core.keys import lock_keys, lock_pattern
+from .core.scripts import register, source
 from .exceptions import LockError
 from .handle import OWN_INFO_FIELDS
-from .keys import lock_keys, lock_pattern
-from .scripts import register, source
 
 if TYPE_CHECKING:
     from .client import LockClient

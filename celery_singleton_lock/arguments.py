@@ -1,4 +1,4 @@
-"""Old path of :mod:`celery_singleton_lock.validate` (argument validation),
+"""Old path of :mod:`celery_singleton_lock.core.validate` (argument validation),
 kept for one release."""
 
-from .validate import *  # noqa: F403
+from .core.validate import *  # noqa: F403

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 from celery.bin.base import CeleryCommand, CeleryOption, handle_preload_options
 
-from .keys import DEFAULT_PREFIX
+from .core.keys import DEFAULT_PREFIX
 
 if TYPE_CHECKING:
     from .admin import Check, LockInfo

@@ -9,17 +9,18 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 from redis.exceptions import RedisClusterException
 
-from . import admin, redis_urls, validate
+from . import admin
 from .admin import LockInfo
+from .core import redis_urls, validate
+from .core.keys import DEFAULT_PREFIX, LockKeys, lock_keys
+from .core.notifier import Notifier
+from .core.scripts import Scripts
 from .exceptions import ConfigurationError, LockBackendError
 from .handle import HOSTNAME
-from .keys import DEFAULT_PREFIX, LockKeys, lock_keys
 from .lease import Lease
 from .multi import MultiLease
-from .notifier import Notifier
 from .rangelock import RangeLock
 from .rwlock import RWLock
-from .scripts import Scripts
 
 T = TypeVar("T")
 

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import redis_urls, validate
+from .core import redis_urls, validate
+from .core.keys import DEFAULT_PREFIX
 from .exceptions import ConfigurationError
-from .keys import DEFAULT_PREFIX
 
 CONFLICT_POLICIES = ("skip", "retry", "raise")
 BACKEND_DOWN_POLICIES = ("fail", "run")

@@ -1,4 +1,4 @@
-"""Old path of :mod:`celery_singleton_lock.redis_urls` (Redis URLs -> clients),
+"""Old path of :mod:`celery_singleton_lock.core.redis_urls` (Redis URLs -> clients),
 kept for one release."""
 
-from .redis_urls import *  # noqa: F403
+from .core.redis_urls import *  # noqa: F403

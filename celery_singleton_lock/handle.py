@@ -21,7 +21,9 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import validate
+from .core import validate
+from .core.keys import encode_name
+from .core.scripts import GONE, MAX_HOLD_REACHED, TAKEN, ScriptCall, run_batch
 from .exceptions import (
     LockBackendError,
     LockError,
@@ -32,8 +34,6 @@ from .exceptions import (
     LockTimeout,
 )
 from .heartbeat import heartbeat, renew_calls, renewing
-from .keys import encode_name
-from .scripts import GONE, MAX_HOLD_REACHED, TAKEN, ScriptCall, run_batch
 
 if TYPE_CHECKING:
     from .client import LockClient

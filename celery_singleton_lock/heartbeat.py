@@ -40,9 +40,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from . import redis_urls
+from .core import redis_urls
+from .core.scripts import GONE, MAX_HOLD_REACHED, TAKEN, ScriptCall, run_batch
 from .exceptions import LockBackendError
-from .scripts import GONE, MAX_HOLD_REACHED, TAKEN, ScriptCall, run_batch
 
 if TYPE_CHECKING:
     from .client import LockClient

@@ -24,11 +24,11 @@ import fnmatch
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import validate
+from .core import validate
+from .core.keys import FENCE_TTL_MS, escape_glob, name_tag
+from .core.scripts import ScriptCall, bound_to, register, source
 from .exceptions import ConfigurationError, LockError, LockNotHeld
 from .handle import HOSTNAME, LockHandle, RenewEntry
-from .keys import FENCE_TTL_MS, escape_glob, name_tag
-from .scripts import ScriptCall, bound_to, register, source
 
 if TYPE_CHECKING:
     from redis.commands.core import Script

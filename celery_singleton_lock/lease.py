@@ -7,11 +7,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import validate
+from .core import validate
+from .core.keys import FENCE_TTL_MS
+from .core.scripts import ScriptCall, fair_keys
 from .exceptions import LockBackendError
 from .handle import LockHandle, RenewEntry, hint_seconds, log
-from .keys import FENCE_TTL_MS
-from .scripts import ScriptCall, fair_keys
 
 if TYPE_CHECKING:
     from .client import LockClient

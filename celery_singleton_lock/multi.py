@@ -20,13 +20,13 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from . import validate
+from .core import validate
+from .core.keys import FENCE_TTL_MS, LockKeys, encode_name, lock_pattern
+from .core.notifier import SUBSCRIBE_TIMEOUT
+from .core.redis_urls import is_cluster
+from .core.scripts import GONE, TAKEN, ScriptCall, bound_to, register, source
 from .exceptions import ConfigurationError
 from .handle import HOSTNAME, LockHandle, RenewEntry
-from .keys import FENCE_TTL_MS, LockKeys, encode_name, lock_pattern
-from .notifier import SUBSCRIBE_TIMEOUT
-from .redis_urls import is_cluster
-from .scripts import GONE, TAKEN, ScriptCall, bound_to, register, source
 
 if TYPE_CHECKING:
     from redis.commands.core import Script

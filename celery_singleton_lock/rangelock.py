@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import intervals, validate
+from . import intervals
+from .core import validate
 from .exceptions import ConfigurationError, LockError
 from .intervals import IntervalHandle, check_interval
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from . import intervals, validate
+from . import intervals
+from .core import validate
 from .exceptions import LockError, LockNotHeld
 from .intervals import PARENT_GONE, RESERVATION_MS, IntervalHandle
 

@@ -19,7 +19,7 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Ignore, Retry
 
-from . import enqueue, holders, validate
+from . import enqueue, holders
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
 # before a worker starts, which always imports its tasks first).
@@ -34,6 +34,7 @@ from .config import (
     check_lease_within_ttl,
     check_task_options,
 )
+from .core import validate
 from .exceptions import ConfigurationError, LockBackendError, LockError, LockLost, LockTimeout
 from .handle import LockHandle
 from .lease import Lease

@@ -1,4 +1,4 @@
-"""Old path of :mod:`celery_singleton_lock.notifier` (the release notifier),
+"""Old path of :mod:`celery_singleton_lock.core.notifier` (the release notifier),
 kept for one release."""
 
-from .notifier import *  # noqa: F403
+from .core.notifier import *  # noqa: F403

@@ -17,8 +17,9 @@ from celery import Celery
 from click.testing import CliRunner, Result
 from support.redis_topologies import ACLServer, TLSServer, running
 
-from celery_singleton_lock import LockClient, cli, redis_urls
+from celery_singleton_lock import LockClient, cli
 from celery_singleton_lock.config import AppSettings
+from celery_singleton_lock.core import redis_urls
 from celery_singleton_lock.exceptions import ConfigurationError, LockBackendError
 from celery_singleton_lock.task import lock_client_for
 

@@ -289,7 +289,7 @@ def test_json_shape(lock_client: LockClient) -> None:
 
 
 def test_clear_script_ships_with_the_package() -> None:
-    from celery_singleton_lock.scripts import source
+    from celery_singleton_lock.core.scripts import source
 
     assert "KEYS[1]: lock hash" in source("clear")
 

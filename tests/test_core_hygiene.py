@@ -28,12 +28,12 @@ from celery_singleton_lock import (
     rwlock,
 )
 from celery_singleton_lock.claims import claim_owner
+from celery_singleton_lock.core.keys import lock_keys
 from celery_singleton_lock.embedded import RedisServer, free_port
 from celery_singleton_lock.exceptions import LockExpired
 from celery_singleton_lock.handle import HOSTNAME, LockHandle
 from celery_singleton_lock.heartbeat import Heartbeat, heartbeat
 from celery_singleton_lock.intervals import IntervalHandle
-from celery_singleton_lock.keys import lock_keys
 from celery_singleton_lock.lease import Lease
 from celery_singleton_lock.multi import MultiLease
 from celery_singleton_lock.task import lock_client_for

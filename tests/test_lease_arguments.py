@@ -149,7 +149,7 @@ def test_not_a_redis_client() -> None:
 
 def test_largest_accepted_ttl_and_delay_work_on_the_real_server(lock_client: LockClient) -> None:
     """The upper bounds are ones Redis and the heartbeat accept: no half-written lock."""
-    from celery_singleton_lock.validate import MAX_SECONDS
+    from celery_singleton_lock.core.validate import MAX_SECONDS
 
     lease = lock_client.lease("long", ttl=MAX_SECONDS, max_hold=MAX_SECONDS)
     assert lease.acquire()

@@ -12,9 +12,9 @@ import pytest
 from support.waiting import BackgroundAcquire, wait_for
 
 from celery_singleton_lock import ConfigurationError, Lease, LockClient
-from celery_singleton_lock.keys import FENCE_TTL_MS
+from celery_singleton_lock.core.keys import FENCE_TTL_MS
+from celery_singleton_lock.core.scripts import fair_keys
 from celery_singleton_lock.lease import FAIR_REGISTRATION_MS
-from celery_singleton_lock.scripts import fair_keys
 
 
 @pytest.fixture

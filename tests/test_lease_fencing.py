@@ -4,9 +4,9 @@ counter key do (acquire.lua records and reads the counter with one ``SET ... GET
 from __future__ import annotations
 
 from celery_singleton_lock import LockClient
+from celery_singleton_lock.core.keys import FENCE_TTL_MS
+from celery_singleton_lock.core.scripts import fair_keys
 from celery_singleton_lock.embedded import RedisServer
-from celery_singleton_lock.keys import FENCE_TTL_MS
-from celery_singleton_lock.scripts import fair_keys
 
 
 def server_us(client: LockClient) -> int:

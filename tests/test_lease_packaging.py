@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import celery_singleton_lock
-from celery_singleton_lock.scripts import SCRIPT_NAMES
+from celery_singleton_lock.core.scripts import SCRIPT_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 LUA_DIR = ROOT / "celery_singleton_lock" / "lua"
@@ -43,7 +43,7 @@ def test_every_lua_script_is_in_the_wheel_and_loads_from_the_installed_package(
     site = tmp_path / "site"
     names = sorted({*SCRIPT_NAMES, *(name.removesuffix(".lua") for name in lua_files)})
     check = (
-        "import json, celery_singleton_lock.scripts as s\n"
+        "import json, celery_singleton_lock.core.scripts as s\n"
         f"assert s.__file__.startswith({str(site)!r}), s.__file__\n"
         f"print(json.dumps({{name: s.source(name) for name in {names!r}}}))\n"
     )

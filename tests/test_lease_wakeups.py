@@ -16,7 +16,7 @@ import pytest
 from support.waiting import BackgroundAcquire, wait_for, wait_for_subscriber
 
 from celery_singleton_lock import Lease, LockClient
-from celery_singleton_lock.keys import FENCE_TTL_MS
+from celery_singleton_lock.core.keys import FENCE_TTL_MS
 
 PROBE = b"probe"
 

@@ -17,8 +17,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from celery_singleton_lock import LockBackendError, LockClient
+from celery_singleton_lock.core.keys import lock_keys
 from celery_singleton_lock.embedded import RedisServer
-from celery_singleton_lock.keys import lock_keys
 
 NAMES = ["acct:1", "acct:2", "acct:3"]
 

@@ -44,15 +44,15 @@ from celery_singleton_lock.config import (
     TaskLockOptions,
     check_task_options,
 )
+from celery_singleton_lock.core.keys import encode_name, lock_keys
 from celery_singleton_lock.embedded import RedisServer
 from celery_singleton_lock.heartbeat import heartbeat
 from celery_singleton_lock.intervals import interval_keys
-from celery_singleton_lock.keys import encode_name, lock_keys
 
 PASSWORD = "pw-" + uuid.uuid4().hex
 PREFIX = "sec:"
 OTHER_PREFIX = "sec-other:"
-#: Examples per fuzzing test (the README's Reliability section quotes these).
+#: Examples per fuzzing test (docs/reliability.md quotes these).
 FUZZ_EXAMPLES = 200
 FUZZ = settings(
     max_examples=FUZZ_EXAMPLES,

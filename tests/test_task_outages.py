@@ -17,8 +17,8 @@ from support.chaos import Worker, Workers
 from support.waiting import wait_for
 
 from celery_singleton_lock import LockBackendError
+from celery_singleton_lock.core.keys import lock_keys
 from celery_singleton_lock.embedded import RedisServer
-from celery_singleton_lock.keys import lock_keys
 
 TIMEOUT = 30.0
 

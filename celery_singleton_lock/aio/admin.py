@@ -23,9 +23,9 @@ from ..admin import (
     literal_name,
     lock_info,
 )
+from ..core.keys import lock_keys, lock_pattern
 from ..exceptions import LockError
 from ..intervals import MODE_NAMES, decode_holder, interval_keys
-from ..keys import lock_keys, lock_pattern
 from ..rangelock import FAMILY as RANGE_FAMILY
 from ..rwlock import FAMILY as RW_FAMILY
 from .intervals import release_hold

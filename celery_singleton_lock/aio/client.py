@@ -13,12 +13,12 @@ import redis
 import redis.asyncio
 from redis.exceptions import RedisClusterException
 
-from .. import redis_urls, validate
 from ..admin import LockInfo
 from ..client import DEFAULT_SOCKET_TIMEOUT, mask_password
+from ..core import redis_urls, validate
+from ..core.keys import DEFAULT_PREFIX, LockKeys, lock_keys
+from ..core.scripts import Scripts
 from ..exceptions import ConfigurationError, LockBackendError
-from ..keys import DEFAULT_PREFIX, LockKeys, lock_keys
-from ..scripts import Scripts
 from . import admin
 from .intervals import AsyncRangeLock, AsyncRWLock
 from .lease import AsyncLease

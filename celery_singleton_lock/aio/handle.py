@@ -20,7 +20,8 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .. import validate
+from ..core import validate
+from ..core.scripts import MAX_HOLD_REACHED, ScriptCall
 from ..exceptions import (
     LockBackendError,
     LockError,
@@ -31,7 +32,6 @@ from ..exceptions import (
 )
 from ..handle import hint_seconds, holder_fields, lost_error
 from ..heartbeat import renew_calls
-from ..scripts import MAX_HOLD_REACHED, ScriptCall
 from .heartbeat import AsyncHeartbeat, heartbeat
 from .scripts import run_batch
 

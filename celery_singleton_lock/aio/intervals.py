@@ -8,7 +8,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from .. import validate
+from ..core import validate
+from ..core.keys import FENCE_TTL_MS
+from ..core.scripts import ScriptCall, bound_to
 from ..exceptions import ConfigurationError, LockError, LockNotHeld
 from ..handle import lost_error
 from ..intervals import (
@@ -23,10 +25,8 @@ from ..intervals import (
     interval_keys,
     score,
 )
-from ..keys import FENCE_TTL_MS
 from ..rangelock import FAMILY as RANGE_FAMILY
 from ..rwlock import FAMILY as RW_FAMILY
-from ..scripts import ScriptCall, bound_to
 from .handle import AsyncLockHandle, RenewEntry
 
 if TYPE_CHECKING:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..keys import FENCE_TTL_MS
-from ..scripts import ScriptCall
+from ..core.keys import FENCE_TTL_MS
+from ..core.scripts import ScriptCall
 from .handle import AsyncLockHandle, RenewEntry
 
 if TYPE_CHECKING:

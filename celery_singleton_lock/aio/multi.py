@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..keys import FENCE_TTL_MS, LockKeys, encode_name
+from ..core.keys import FENCE_TTL_MS, LockKeys, encode_name
+from ..core.scripts import ScriptCall, bound_to
 from ..multi import MultiLease, MultiScripts, check_names
-from ..scripts import ScriptCall, bound_to
 from .handle import AsyncLockHandle, RenewEntry
 
 if TYPE_CHECKING:

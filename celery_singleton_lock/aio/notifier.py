@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from ..notifier import RECONNECT_DELAY, RECONNECT_DELAY_MAX, SUBSCRIBE_TIMEOUT
+from ..core.notifier import RECONNECT_DELAY, RECONNECT_DELAY_MAX, SUBSCRIBE_TIMEOUT
 
 log = logging.getLogger("celery_singleton_lock.waiting")
 

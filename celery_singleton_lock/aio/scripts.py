@@ -12,7 +12,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from ..scripts import ScriptCall, register, source
+from ..core.scripts import ScriptCall, register, source
 
 
 async def run_script(redis: Any, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:

@@ -1,0 +1,97 @@
+"""Lock names -> Redis keys.
+
+Layout for a lock named N under prefix P (default ``csl:``)::
+
+    P{T}:lock     hash   the holder (owner token, fencing token, host, pid, ...);
+                         expires with the lease
+    P{T}:fence    string the last fencing token handed out; expires after FENCE_TTL
+    P{T}:chan     pub/sub channel that wakes waiters on release (not a key)
+    P{T}:queue    list   owner tokens of fair waiters, oldest first; expires unless one of
+                         them refreshes it
+    P{T}:w:<o>    hash   fair waiter o's registration (ttl, max-hold, holder fields); expires
+                         unless o refreshes it
+    P{T}:m:<o>    list   where a release hands the lease to fair waiter o (its token)
+
+T is the *tag*: N itself when it is short and brace-free, else ``#`` + a SHA-256 of N.
+The braces make T a Redis Cluster hash tag, so every key of one lock lives in one slot
+and one Lua script may touch them all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+#: The prefix every key gets unless configured otherwise.
+DEFAULT_PREFIX = "csl:"
+
+#: Names longer than this (in UTF-8 bytes) are hashed into the key.
+MAX_PLAIN_NAME = 200
+
+#: How long the fencing counter outlives the last acquisition (ms). Tokens are seeded from
+#: the Redis server clock in microseconds, so they keep increasing after this key expires;
+#: the counter only guards acquisitions within one microsecond and small clock steps back.
+FENCE_TTL_MS = 24 * 3600 * 1000
+
+
+def encode_name(name: str) -> bytes:
+    """UTF-8 bytes of a lock name; lone surrogates survive (``surrogatepass``)."""
+    return name.encode("utf-8", "surrogatepass")
+
+
+def name_tag(name: str) -> bytes:
+    """The part of every key of lock ``name`` that goes between the hash-tag braces."""
+    raw = encode_name(name)
+    plain = (
+        len(raw) <= MAX_PLAIN_NAME
+        and not raw.startswith(b"#")
+        and b"{" not in raw
+        and b"}" not in raw
+        and _is_valid_utf8(raw)
+    )
+    if plain:
+        return raw
+    return b"#" + hashlib.sha256(raw).hexdigest()[:40].encode()
+
+
+def _is_valid_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class LockKeys:
+    """The Redis names one lock uses."""
+
+    lock: bytes
+    fence: bytes
+    channel: bytes
+
+    @property
+    def base(self) -> bytes:
+        """What every key of the lock starts with (``P{T}:``)."""
+        return key_base(self.lock)
+
+
+def key_base(lock_key: bytes) -> bytes:
+    """``P{T}:`` of the lock hash ``P{T}:lock``."""
+    return lock_key[: -len(b"lock")]
+
+
+def lock_keys(prefix: str, name: str) -> LockKeys:
+    """Keys of the lock called ``name`` under ``prefix``."""
+    base = prefix.encode() + b"{" + name_tag(name) + b"}:"
+    return LockKeys(lock=base + b"lock", fence=base + b"fence", channel=base + b"chan")
+
+
+def lock_pattern(prefix: str) -> bytes:
+    """SCAN pattern matching the holder hash of every lock under ``prefix``."""
+    return escape_glob(prefix.encode()) + b"{*}:lock"
+
+
+def escape_glob(raw: bytes) -> bytes:
+    """``raw`` with SCAN's glob characters backslash-escaped, so it matches only itself."""
+    return b"".join(b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in raw)

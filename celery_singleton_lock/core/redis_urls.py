@@ -1,0 +1,241 @@
+"""Deployments: which redis-py client a URL makes, how a client is named without its password,
+and what differs on a Redis Cluster. See docs/deployment.md.
+
+URL forms (``[user[:password]@]`` is an ACL login, or ``:password@`` for ``requirepass``)::
+
+    redis://[user:password@]host[:port][/db]            one server
+    rediss://...                                        one server over TLS
+    unix://[user:password@]/path/to/socket[?db=N]       one server on a Unix socket
+    redis+cluster://[user:password@]host:port[,host:port...]   Redis Cluster (seed nodes)
+    rediss+cluster://...                                       Redis Cluster over TLS
+    sentinel://[user:password@]host:port[,host:port...]/master-name[/db]   Sentinel
+    rediss+sentinel://...                                      Sentinel, TLS to master and sentinels
+
+``redis+sentinel://`` is accepted for ``sentinel://``, ``;sentinel://`` between sentinels
+(Kombu's spelling) for ``,``, and ``?master_name=NAME`` for the path. Query options
+(``socket_timeout``, ``ssl_cert_reqs``, ...) are redis-py's. The login of a Sentinel URL is
+the master's; sentinels that need their own go in ``sentinel_kwargs``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+import redis
+from redis import connection
+
+CLUSTER_SCHEMES = {"redis+cluster": False, "rediss+cluster": True}
+SENTINEL_SCHEMES = {"sentinel": False, "redis+sentinel": False, "rediss+sentinel": True}
+DEFAULT_SENTINEL_PORT = 26379
+
+
+SINGLE_SCHEMES = ("redis", "rediss", "unix")
+
+
+def _scheme(url: str) -> str:
+    return url.split("://", 1)[0].lower() if "://" in url else ""
+
+
+def connect(url: str, **redis_kwargs: Any) -> Any:
+    """The redis-py client for ``url``: ``redis.Redis``, ``redis.cluster.RedisCluster``, or
+    a Sentinel-managed master client. ``redis_kwargs`` go to the connections."""
+    check_url(url)
+    scheme = _scheme(url)
+    if scheme in CLUSTER_SCHEMES:
+        return _cluster(url, CLUSTER_SCHEMES[scheme], redis_kwargs)
+    if scheme in SENTINEL_SCHEMES:
+        return _sentinel(url, SENTINEL_SCHEMES[scheme], redis_kwargs)
+    client = redis.Redis.from_url(url, **redis_kwargs)
+    pool: Any = client.connection_pool
+    try:
+        # Making a connection object does no I/O, but refuses keywords it does not know:
+        # now, rather than at the first command of every run.
+        pool.connection_class(**pool.connection_kwargs)
+    except TypeError as exc:
+        raise ValueError(f"bad client keyword argument: {exc}") from None
+    return client
+
+
+def check_url(url: str) -> None:
+    """Raise ``ValueError`` (saying how to fix it) if ``url`` can never reach a Redis: no
+    or an unknown scheme, a bad host list or port, a database that is not a number >= 0.
+    No I/O: whether the server has that many databases is only known when it answers."""
+    scheme = _scheme(url)
+    if scheme in CLUSTER_SCHEMES:
+        _cluster_parts(url, CLUSTER_SCHEMES[scheme])
+        return
+    if scheme in SENTINEL_SCHEMES:
+        _sentinel_parts(url, SENTINEL_SCHEMES[scheme])
+        return
+    if scheme not in SINGLE_SCHEMES:
+        given = f"scheme {scheme + '://'!r}" if scheme else "no scheme"
+        raise ValueError(
+            f"{given}: not a Redis URL; use redis://host:6379/0 (or rediss://, unix://, "
+            "redis+cluster://, sentinel://)"
+        )
+    parse_url: Any = connection.parse_url  # untyped in redis-py
+    options = parse_url(url)
+    if scheme != "unix":
+        _check_db_path(url.split("://", 1)[1].partition("?")[0].partition("/")[2])
+    if options.get("db", 0) < 0:
+        raise ValueError(f"database must be a number >= 0, got {options['db']}")
+
+
+def _check_db_path(path: str) -> None:
+    """redis-py reads ``/abc`` as database 0: refuse it rather than lock in the wrong one."""
+    if path and not path.isdigit():
+        raise ValueError(f"the path must be /<database number>, such as /0, got /{path}")
+
+
+def _split(url: str) -> tuple[str, list[tuple[str, int]], str, dict[str, str]]:
+    """(login with its ``@`` or "", [(host, port)], path, query) of a multi-host URL."""
+    rest = url.split("://", 1)[1]
+    # Kombu separates sentinels with ";sentinel://"; so may we.
+    rest = rest.replace(";sentinel://", ",").replace(";redis+sentinel://", ",")
+    rest, _, query = rest.partition("?")
+    netloc, slash, path = rest.partition("/")
+    login, at, hosts = netloc.rpartition("@")
+    nodes = []
+    for item in hosts.split(","):
+        if not item:
+            continue
+        if item.startswith("["):  # [IPv6]:port
+            host, _, tail = item[1:].partition("]")
+            port = tail[1:] if tail.startswith(":") else ""
+        else:
+            host, _, port = item.partition(":")
+        if not host:
+            raise ValueError(f"empty host in {item!r}")
+        try:
+            number = int(port) if port else 0
+        except ValueError:
+            raise ValueError(f"bad port in {item!r}") from None
+        nodes.append((host, number))
+    if not nodes:
+        raise ValueError("no host")
+    return login + at, nodes, slash + path, dict(parse_qsl(query))
+
+
+def _options(tls: bool, login: str, path: str, query: dict[str, str]) -> dict[str, Any]:
+    """Connection keywords from a login, path and query, as redis-py parses them."""
+    single = f"{'rediss' if tls else 'redis'}://{login}localhost{path}"
+    if query:
+        single += "?" + urlencode(query)
+    parse_url: Any = connection.parse_url  # untyped in redis-py
+    options: dict[str, Any] = dict(parse_url(single))
+    for key in ("host", "port", "connection_class"):
+        options.pop(key, None)
+    if tls:
+        options["ssl"] = True
+    return options
+
+
+def _cluster_parts(url: str, tls: bool) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    login, nodes, path, query = _split(url)
+    _check_db_path(path.strip("/"))
+    options = _options(tls, login, path.rstrip("/") if path != "/" else "", query)
+    if options.pop("db", 0) not in (0, None):
+        raise ValueError("Redis Cluster has database 0 only")
+    return nodes, options
+
+
+def _cluster(url: str, tls: bool, redis_kwargs: dict[str, Any]) -> Any:
+    from redis import cluster
+
+    node_class: Any = cluster.ClusterNode  # untyped in redis-py
+    nodes, options = _cluster_parts(url, tls)
+    options.update(redis_kwargs)
+    startup = [node_class(host, port or 6379) for host, port in nodes]
+    return cluster.RedisCluster(startup_nodes=startup, **options)
+
+
+def _sentinel_parts(url: str, tls: bool) -> tuple[list[tuple[str, int]], str, dict[str, Any]]:
+    """(sentinels, master name, master connection options) of a Sentinel URL."""
+    login, nodes, path, query = _split(url)
+    parts = [part for part in path.split("/") if part]
+    master = query.pop("master_name", None) or query.pop("service_name", None)
+    if master is None and parts:
+        master = parts.pop(0)
+    if not master:
+        raise ValueError(
+            "no master name: sentinel://host:port/master-name[/db] (or, for a Celery "
+            "broker, master_name in broker_transport_options)"
+        )
+    if len(parts) > 1:
+        raise ValueError(f"path must be /master-name[/db], got {path!r}")
+    _check_db_path(parts[0] if parts else "")
+    return nodes, master, _options(tls, login, "/" + parts[0] if parts else "", query)
+
+
+def _sentinel(url: str, tls: bool, redis_kwargs: dict[str, Any]) -> Any:
+    from redis import sentinel
+
+    sentinel_class: Any = sentinel.Sentinel  # untyped in redis-py
+    nodes, master, options = _sentinel_parts(url, tls)
+    options.update(redis_kwargs)
+    sentinel_kwargs = options.pop("sentinel_kwargs", None)
+    if sentinel_kwargs is None:
+        # Sentinels are reached like the master (TLS, timeouts) but without its login.
+        sentinel_kwargs = {
+            key: value
+            for key, value in options.items()
+            if key.startswith(("socket_", "ssl")) and key != "ssl_password"
+        }
+    sentinels = [(host, port or DEFAULT_SENTINEL_PORT) for host, port in nodes]
+    manager = sentinel_class(sentinels, sentinel_kwargs=sentinel_kwargs, **options)
+    return manager.master_for(master)
+
+
+# -- what kind of client ---------------------------------------------------------------------
+
+
+def is_cluster(redis_client: Any) -> bool:
+    """True for a ``redis.cluster.RedisCluster``."""
+    from redis.cluster import RedisCluster
+
+    return isinstance(redis_client, RedisCluster)
+
+
+def pubsub_pool(redis_client: Any) -> Any:
+    """The connection pool the waiter listener opens its pub/sub connection from: the
+    client's own, or on a Cluster a random node's (plain ``PUBLISH`` reaches every node)."""
+    if is_cluster(redis_client):
+        node = redis_client.get_random_node()
+        return redis_client.get_redis_connection(node).connection_pool
+    return redis_client.connection_pool
+
+
+# -- naming a client without its password ----------------------------------------------------
+
+
+def _tls(pool: Any) -> bool:
+    return "ssl" in str(getattr(pool, "connection_class", "")).lower()
+
+
+def safe_url(redis_client: Any) -> str:
+    """A URL naming the server(s) of ``redis_client``, with no password in it."""
+    if is_cluster(redis_client):
+        nodes = list(redis_client.nodes_manager.startup_nodes.values())
+        node = getattr(nodes[0], "redis_connection", None)
+        node_pool = getattr(node, "connection_pool", None)
+        node_kwargs = getattr(node_pool, "connection_kwargs", {}) or {}
+        login = f"{node_kwargs['username']}@" if node_kwargs.get("username") else ""
+        hosts = ",".join(sorted(f"{node.host}:{node.port}" for node in nodes))
+        return f"{'rediss' if _tls(node_pool) else 'redis'}+cluster://{login}{hosts}"
+    pool: Any = getattr(redis_client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", {}) or {}
+    db = kwargs.get("db", 0)
+    user = f"{kwargs['username']}@" if kwargs.get("username") else ""
+    manager = getattr(pool, "sentinel_manager", None)
+    if manager is not None:
+        hosts = ",".join(
+            "{host}:{port}".format(**sentinel.connection_pool.connection_kwargs)
+            for sentinel in manager.sentinels
+        )
+        scheme = "rediss+sentinel" if _tls(pool) else "sentinel"
+        return f"{scheme}://{user}{hosts}/{pool.service_name}/{db}"
+    if "path" in kwargs:
+        return f"unix://{user}{kwargs['path']}?db={db}"
+    scheme = "rediss" if _tls(pool) else "redis"
+    return f"{scheme}://{user}{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{db}"

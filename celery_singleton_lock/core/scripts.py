@@ -1,0 +1,230 @@
+"""The Lua scripts, loaded from ``lua/*.lua`` and registered once per Redis client.
+
+Registering does no I/O; each script is called by SHA and loaded on NOSCRIPT (after a restart
+or ``SCRIPT FLUSH``), also inside pipelines, and on a Cluster only on the node that ran it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from functools import cache
+from importlib import resources
+from typing import Any, TypeVar
+
+from redis.commands.core import Script as RedisScript
+from redis.exceptions import NoScriptError
+from redis.typing import EncodableT, KeyT
+
+from .keys import FENCE_TTL_MS, key_base
+from .redis_urls import is_cluster
+
+T = TypeVar("T")
+
+SCRIPT_NAMES = ("acquire", "release", "renew", "handover", "release_holder", "fair_abandon")
+
+#: Codes shared by release.lua and renew.lua.
+GONE = 0
+TAKEN = -1
+MAX_HOLD_REACHED = -2
+
+
+class Script(RedisScript):
+    """A registered script that, on a Redis Cluster, loads itself only on the node it runs on.
+
+    redis-py's Script answers NOSCRIPT with SCRIPT LOAD on *every* primary: while one primary
+    is down (a failover in progress) that fails, and with it every lock on the healthy nodes
+    whose script cache was empty (a restarted or newly added node).
+
+    On the client it was registered with, a call is one ``EVALSHA`` sent straight through
+    ``execute_command``: this is on every acquire's and release's path, and redis-py's own
+    wrapper adds a few µs of checks (pipeline, import, argument copies) per call."""
+
+    def __init__(self, registered_client: Any, script: Any) -> None:
+        super().__init__(registered_client, script)
+        self._cluster = is_cluster(registered_client)
+
+    def __call__(
+        self,
+        keys: Sequence[KeyT] | None = None,
+        args: Iterable[EncodableT] | None = None,
+        client: Any = None,
+    ) -> Any:
+        if not self._cluster and (client is None or client is self.registered_client):
+            return self._evalsha(self.registered_client, keys or (), tuple(args or ()))
+        client = self.registered_client if client is None else client
+        if not is_cluster(client):
+            return super().__call__(keys, args, client)
+        keys, args = list(keys or ()), list(args or ())
+        try:
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            self.sha = load_on_node(client, self.script, client.get_node_from_key(keys[0]))
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+
+    def _evalsha(self, client: Any, keys: Sequence[KeyT], args: tuple[EncodableT, ...]) -> Any:
+        try:
+            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            self.sha = client.script_load(self.script)
+            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+
+
+def register(redis: Any, text: str) -> Script:
+    """``text`` as a :class:`Script` bound to ``redis`` (no I/O)."""
+    return Script(redis, text)
+
+
+def load_on_node(redis: Any, text: Any, node: Any) -> str:
+    """SCRIPT LOAD ``text`` on the Cluster node ``node`` only; its SHA."""
+    return str(redis.execute_command("SCRIPT LOAD", text, target_nodes=node))
+
+
+@cache
+def source(name: str) -> str:
+    """The text of ``lua/<name>.lua`` from the installed package."""
+    return (resources.files("celery_singleton_lock") / "lua" / f"{name}.lua").read_text("utf-8")
+
+
+class Scripts:
+    """Typed wrappers around the scripts, bound to one Redis client."""
+
+    def __init__(self, redis: Any) -> None:
+        self._acquire: Script = register(redis, source("acquire"))
+        self._release: Script = register(redis, source("release"))
+        self._renew: Script = register(redis, source("renew"))
+        self._handover: Script = register(redis, source("handover"))
+        self._release_holder: Script = register(redis, source("release_holder"))
+        self._fair_abandon: Script = register(redis, source("fair_abandon"))
+
+    def acquire(
+        self,
+        lock_key: bytes,
+        fence_key: bytes,
+        owner: str,
+        ttl_ms: int,
+        max_hold_ms: int,
+        fence_ttl_ms: int,
+        holder_fields: Sequence[Any],
+        takeover: str = "",
+        *,
+        waiting: bool = False,
+        fair_ms: int = 0,
+    ) -> tuple[bool, int]:
+        """(True, fencing token) when taken, else (False, ms until the holder's expiry).
+        ``takeover``: the owner token of a claim this acquisition may replace. ``waiting``:
+        the caller will wait for a release, so a busy holder's release must publish.
+        ``fair_ms`` > 0: it waits in the queue instead, registered for that long."""
+        keys: tuple[bytes, ...]
+        if fair_ms > 0:
+            mode, keys = "fair", (lock_key, fence_key, *fair_keys(key_base(lock_key), owner))
+        else:
+            mode, keys = "1" if waiting else "", (lock_key, fence_key)
+        taken, value = self._acquire(
+            keys=keys,
+            args=(owner, ttl_ms, max_hold_ms, fence_ttl_ms, takeover, mode, fair_ms,
+                  *holder_fields),
+        )  # fmt: skip
+        return bool(taken), int(value)
+
+    def release(self, lock_key: bytes, owner: str, delay_ms: int, channel: bytes) -> int:
+        """1 released (or handed to the oldest fair waiter), GONE or TAKEN."""
+        return int(self._release(keys=(lock_key,), args=(owner, delay_ms, channel, FENCE_TTL_MS)))
+
+    def fair_abandon(self, lock_key: bytes, owner: str) -> int:
+        """A fair waiter gives up: its fencing token if it was handed the lease meanwhile
+        (it then holds it), else 0."""
+        base = key_base(lock_key)
+        return int(self._fair_abandon(keys=(lock_key, *fair_keys(base, owner)), args=(owner,)))
+
+    def handover(
+        self, lock_key: bytes, owner: str, new_owner: str, ttl_ms: int, fields: Sequence[Any]
+    ) -> int:
+        """1 handed over, GONE or TAKEN."""
+        return int(self._handover(keys=(lock_key,), args=(owner, new_owner, ttl_ms, *fields)))
+
+    def release_holder(
+        self, lock_key: bytes, task_id: str, pid: int, host: str, delay_ms: int, channel: bytes
+    ) -> bool:
+        """Release the lock if task ``task_id`` in process ``pid`` on ``host`` holds it."""
+        reply = self._release_holder(keys=(lock_key,), args=(task_id, pid, host, delay_ms, channel))
+        return bool(reply)
+
+    def renew_call(self, leases: Sequence[tuple[bytes, str, int]]) -> ScriptCall:
+        """The renew.lua call for (lock key, owner, ttl ms) triples, to batch with others."""
+        keys = [key for key, _, _ in leases]
+        args: list[Any] = []
+        for _, owner, ttl_ms in leases:
+            args += (owner, ttl_ms)
+        return self._renew, keys, args
+
+
+def fair_keys(base: bytes, owner: str) -> tuple[bytes, bytes, bytes]:
+    """The fair-waiting keys of ``owner``: the queue, its registration, its hand-off list."""
+    raw = owner.encode()
+    return base + b"queue", base + b"w:" + raw, base + b"m:" + raw
+
+
+_bound: weakref.WeakKeyDictionary[Any, dict[Callable[[Any], Any], Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def bound_to(client: Any, scripts_class: Callable[[Any], T]) -> T:
+    """The ``scripts_class(client.redis)`` of ``client``, made (registered) on first use:
+    for lock kinds whose scripts are not in :class:`Scripts`."""
+    per_client = _bound.setdefault(client, {})
+    found = per_client.get(scripts_class)
+    if found is None:
+        found = per_client[scripts_class] = scripts_class(client.redis)
+    return found
+
+
+#: One script invocation: the registered script, its keys and its arguments.
+ScriptCall = tuple[RedisScript, Sequence[Any], Sequence[Any]]
+
+
+def run_batch(redis: Any, calls: Sequence[ScriptCall]) -> list[Any]:
+    """Run script calls in one round trip and return their replies in order.
+
+    A single call goes straight to EVALSHA; several go through one non-transactional
+    pipeline (on a Cluster, one round trip per node; each call's keys are in one slot).
+    redis-py's own pipeline support would add a SCRIPT EXISTS round trip per execute, so
+    NOSCRIPT (a restarted or flushed Redis) is handled here: load and run again.
+    """
+    if len(calls) == 1:
+        script, keys, args = calls[0]
+        return [script(keys=keys, args=args)]
+    cluster = is_cluster(redis)
+    for attempt in (1, 2):
+        pipe = redis.pipeline(transaction=False)
+        for script, keys, args in calls:
+            # Not pipe.evalsha: a Cluster pipeline refuses it. On a Cluster, name the node, else
+            # redis-py asks the server for the keys of each command (a round trip apiece);
+            # the pipeline then writes once to each node.
+            options = {"target_nodes": redis.get_node_from_key(keys[0])} if cluster else {}
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args, **options)
+        replies = pipe.execute(raise_on_error=False)
+        missing = [
+            (s, keys[0])
+            for (s, keys, _), r in zip(calls, replies, strict=True)
+            if isinstance(r, NoScriptError)
+        ]
+        if not missing or attempt == 2:
+            break
+        loaded: set[tuple[int, str | None]] = set()
+        for script, key in missing:
+            # On a Cluster only on the node that ran it: SCRIPT LOAD on every primary fails
+            # while one of them is down.
+            node = redis.get_node_from_key(key) if cluster else None
+            if (id(script), node and node.name) in loaded:
+                continue
+            loaded.add((id(script), node and node.name))
+            if node is not None:
+                script.sha = load_on_node(redis, script.script, node)
+            else:
+                script.sha = redis.script_load(script.script)
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return list(replies)
