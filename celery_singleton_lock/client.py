@@ -12,7 +12,8 @@ from redis.exceptions import RedisClusterException
 from . import admin
 from .admin import LockInfo
 from .core import redis_urls, validate
-from .core.keys import DEFAULT_PREFIX, LockKeys, lock_keys
+from .core.connection import Connection
+from .core.keys import DEFAULT_PREFIX, LockKeys
 from .core.notifier import Notifier
 from .core.scripts import Scripts
 from .exceptions import ConfigurationError, LockBackendError
@@ -39,16 +40,11 @@ class LockClient:
     """
 
     def __init__(self, redis_client: Any, *, prefix: str = DEFAULT_PREFIX) -> None:
-        validate.check_prefix(prefix)
-        if not hasattr(redis_client, "register_script"):
-            raise ConfigurationError(
-                "redis_client", f"must be a redis-py client, got {type(redis_client).__name__}"
-            )
+        #: What the handles and the admin functions work through.
+        self.connection = Connection(redis_client, prefix)
         self.redis = redis_client
         self.prefix = prefix
-        self.url = safe_url(redis_client)
-        self._scripts = Scripts(redis_client)
-        self._notifier = Notifier(redis_client)
+        self.url = self.connection.url
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = DEFAULT_PREFIX, **redis_kwargs: Any) -> LockClient:
@@ -170,17 +166,11 @@ class LockClient:
 
     def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""
-        seconds, micros = self._server_clock()
-        return seconds + micros / 1_000_000
+        return self.connection.server_time()
 
     def server_ms(self) -> int:
         """The Redis server's clock in ms (the clock every lock time is written with)."""
-        seconds, micros = self._server_clock()
-        return seconds * 1000 + micros // 1000
-
-    def _server_clock(self) -> tuple[int, int]:
-        seconds, micros = self._call(self.redis.time)
-        return int(seconds), int(micros)
+        return self.connection.server_ms()
 
     def ping(self) -> bool:
         """True if Redis answers; raises :class:`LockBackendError` if not."""
@@ -188,32 +178,27 @@ class LockClient:
 
     def close(self) -> None:
         """Stop this client's waiter listener and close its connections."""
-        self._notifier.close()
-        self.redis.close()
+        self.connection.close()
 
     def __repr__(self) -> str:
         return f"<LockClient {self.url} prefix={self.prefix!r}>"
 
-    # -- internals shared by the primitives --------------------------------------------------
+    # -- internals the Celery layer, the async client and tests still reach for ----------------
+
+    @property
+    def _scripts(self) -> Scripts:
+        return self.connection.scripts
+
+    @property
+    def _notifier(self) -> Notifier:
+        return self.connection.notifier
 
     def _keys(self, name: str) -> LockKeys:
-        return lock_keys(self.prefix, validate.check_name(name))
+        return self.connection.keys(name)
 
     def _call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run one Redis operation; Redis failures become :class:`LockBackendError`."""
-        try:
-            return function(*args, **kwargs)
-        except redis.ResponseError as exc:
-            if "DB index is out of range" in str(exc):
-                # Retrying cannot help: the URL names a database this server does not have.
-                raise ConfigurationError(
-                    "url",
-                    f"bad configuration: {self.url}: the server has no such database "
-                    "(its 'databases' setting is lower); use a database number it has",
-                ) from exc
-            raise LockBackendError(f"Redis at {self.url}: {exc}") from exc
-        except (redis.RedisError, RedisClusterException) as exc:
-            raise LockBackendError(f"Redis at {self.url}: {exc}") from exc
+        return self.connection.call(function, *args, **kwargs)
 
 
 def mask_password(url: str) -> str:

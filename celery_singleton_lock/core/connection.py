@@ -1,0 +1,103 @@
+"""The connection every lock handle works through: one redis-py client under one key prefix,
+with its scripts, its release notifier, and the mapping of Redis errors to the package's.
+
+:class:`LockClient` (client.py) is a facade over a :class:`Connection`; the lock kinds and
+the admin functions take the Connection, so nothing below the front ends imports the client.
+They still accept a ``LockClient`` (``Lease(client, name)`` is public): :func:`connection_of`
+reads its ``connection``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+import redis
+from redis.exceptions import RedisClusterException
+
+from ..exceptions import ConfigurationError, LockBackendError
+from . import redis_urls, validate
+from .keys import LockKeys, lock_keys
+from .notifier import Notifier
+from .scripts import Scripts
+
+T = TypeVar("T")
+
+
+class Connection:
+    """A redis-py client, the key ``prefix`` of every lock on it, and what the handles need
+    from it: ``keys(name)``, ``call(fn, ...)``, the ``scripts``, the ``notifier`` and the
+    server's clock."""
+
+    def __init__(self, redis_client: Any, prefix: str) -> None:
+        validate.check_prefix(prefix)
+        if not hasattr(redis_client, "register_script"):
+            raise ConfigurationError(
+                "redis_client", f"must be a redis-py client, got {type(redis_client).__name__}"
+            )
+        self.redis = redis_client
+        self.prefix = prefix
+        #: The server(s), with no password: what error messages name.
+        self.url = redis_urls.safe_url(redis_client)
+        self.scripts = Scripts(redis_client)
+        self.notifier = Notifier(redis_client)
+
+    def keys(self, name: str) -> LockKeys:
+        """The Redis keys of lock ``name`` (checked) under this prefix."""
+        return lock_keys(self.prefix, validate.check_name(name))
+
+    def call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run one Redis operation; Redis failures become :class:`LockBackendError`."""
+        try:
+            return function(*args, **kwargs)
+        except redis.ResponseError as exc:
+            if "DB index is out of range" in str(exc):
+                # Retrying cannot help: the URL names a database this server does not have.
+                raise ConfigurationError(
+                    "url",
+                    f"bad configuration: {self.url}: the server has no such database "
+                    "(its 'databases' setting is lower); use a database number it has",
+                ) from exc
+            raise LockBackendError(f"Redis at {self.url}: {exc}") from exc
+        except (redis.RedisError, RedisClusterException) as exc:
+            raise LockBackendError(f"Redis at {self.url}: {exc}") from exc
+
+    # The Celery layer reaches for ``handle._client._call``; a handle's ``_client`` is its
+    # Connection now, so the old name keeps that code working.
+    _call = call
+
+    def server_time(self) -> float:
+        """The Redis server's clock, in seconds since the epoch."""
+        seconds, micros = self._server_clock()
+        return seconds + micros / 1_000_000
+
+    def server_ms(self) -> int:
+        """The Redis server's clock in ms (the clock every lock time is written with)."""
+        seconds, micros = self._server_clock()
+        return seconds * 1000 + micros // 1000
+
+    def _server_clock(self) -> tuple[int, int]:
+        seconds, micros = self.call(self.redis.time)
+        return int(seconds), int(micros)
+
+    def close(self) -> None:
+        """Stop the waiter listener and close the Redis connections."""
+        self.notifier.close()
+        self.redis.close()
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.url} prefix={self.prefix!r}>"
+
+
+class HasConnection(Protocol):
+    """What owns a :class:`Connection` (a ``LockClient``)."""
+
+    @property
+    def connection(self) -> Connection: ...
+
+
+def connection_of(source: Connection | HasConnection) -> Connection:
+    """The Connection of ``source``: itself, or its ``connection`` (a ``LockClient``)."""
+    if isinstance(source, Connection):
+        return source
+    return source.connection
