@@ -24,16 +24,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .core import validate
+from .core.connection import Connection, HasConnection, connection_of
 from .core.keys import lock_keys, lock_pattern
 from .core.scripts import register, source
 from .exceptions import LockError
 from .handle import OWN_INFO_FIELDS
-
-if TYPE_CHECKING:
-    from .client import LockClient
 
 KINDS = ("lease", "read", "write", "upgradable", "range", "multi")
 LIVE, STALE, COOLDOWN = "live", "stale", "cooldown"
@@ -131,16 +129,16 @@ class Lister:
     """How one family of lock kinds is listed and cleared."""
 
     kinds: tuple[str, ...]
-    list_holders: Callable[[LockClient, str | None], list[Holder]]
+    list_holders: Callable[[Connection, str | None], list[Holder]]
     #: Clear the listed holder if it still holds (and, when the holder dict has a
     #: ``renewed_ms``, was not renewed since); CLEARED, GONE, TAKEN or RESUMED.
-    clear_holder: Callable[[LockClient, Holder], int]
+    clear_holder: Callable[[Connection, Holder], int]
 
 
 # -- leases ----------------------------------------------------------------------------------
 
 
-def list_lease_holders(client: LockClient, pattern: str | None) -> list[Holder]:
+def list_lease_holders(client: Connection, pattern: str | None) -> list[Holder]:
     """Every lease under ``client.prefix`` (SCAN, then one pipeline per ``BATCH`` keys).
 
     A ``pattern`` that names one lock literally is read by its key, without a SCAN.
@@ -149,7 +147,7 @@ def list_lease_holders(client: LockClient, pattern: str | None) -> list[Holder]:
     if name is not None:
         keys = [lock_keys(client.prefix, name).lock]
     else:
-        found = client._call(
+        found = client.call(
             lambda: list(client.redis.scan_iter(match=lock_pattern(client.prefix), count=BATCH))
         )
         keys = list(dict.fromkeys(found))  # SCAN may return a key twice
@@ -160,7 +158,7 @@ def list_lease_holders(client: LockClient, pattern: str | None) -> list[Holder]:
         for key in batch:
             pipe.hgetall(key)
             pipe.pttl(key)
-        replies = client._call(pipe.execute)
+        replies = client.call(pipe.execute)
         for i in range(len(batch)):
             fields, pttl = replies[2 * i], replies[2 * i + 1]
             if not fields:
@@ -176,7 +174,7 @@ def list_lease_holders(client: LockClient, pattern: str | None) -> list[Holder]:
     return holders
 
 
-def clear_lease_holder(client: LockClient, holder: Holder) -> int:
+def clear_lease_holder(client: Connection, holder: Holder) -> int:
     """Delete the lease (or one name of a multi-key lock, or the delay-after any holder left
     on a lease key) if it still carries the listed fencing token and, when the holder dict
     has a ``renewed_ms``, was not renewed since (clear.lua); a code of clear.lua."""
@@ -184,10 +182,10 @@ def clear_lease_holder(client: LockClient, holder: Holder) -> int:
     script = _clear_script(client)
     renewed = holder.get("renewed_ms")
     args = (str(holder["token"]), keys.channel, "" if renewed is None else str(renewed))
-    return int(client._call(script, keys=(keys.lock,), args=args))
+    return int(client.call(script, keys=(keys.lock,), args=args))
 
 
-def _clear_script(client: LockClient) -> Any:
+def _clear_script(client: Connection) -> Any:
     # Registering computes a SHA, no I/O; admin calls are rare enough to do it per call.
     return register(client.redis, source("clear"))
 
@@ -213,12 +211,12 @@ def listers() -> tuple[Lister, ...]:
     )
 
 
-def _interval_clear(family: bytes) -> Callable[[LockClient, Holder], int]:
+def _interval_clear(family: bytes) -> Callable[[Connection, Holder], int]:
     """Clear one hold of an interval lock by its owner and fencing token (so a holder that
     left and came back under the same owner is left alone)."""
     from .intervals import clear_hold
 
-    def clear(client: LockClient, holder: Holder) -> int:
+    def clear(client: Connection, holder: Holder) -> int:
         token = holder.get("token")
         return clear_hold(
             client,
@@ -236,7 +234,10 @@ def _interval_clear(family: bytes) -> Callable[[LockClient, Holder], int]:
 
 
 def list_locks(
-    client: LockClient, pattern: str | None = None, *, checks: Sequence[Check] = ()
+    client: Connection | HasConnection,
+    pattern: str | None = None,
+    *,
+    checks: Sequence[Check] = (),
 ) -> list[LockInfo]:
     """Every holder of every lock under ``client.prefix`` whose name matches the glob
     ``pattern`` (``fnmatchcase`` on the name, not the key), sorted by name and kind.
@@ -245,11 +246,12 @@ def list_locks(
     still undecided.
     """
     pattern = validate.check_pattern(pattern)
-    now_ms = server_ms(client)
+    conn = connection_of(client)
+    now_ms = server_ms(conn)
     infos = [
         info
         for lister in listers()
-        for info in (lock_info(holder, now_ms) for holder in lister.list_holders(client, pattern))
+        for info in (lock_info(holder, now_ms) for holder in lister.list_holders(conn, pattern))
         if pattern is None or fnmatchcase(info.name, pattern)
     ]
     for check in checks:
@@ -257,9 +259,9 @@ def list_locks(
     return sorted(infos, key=lambda i: (i.name, i.kind, str(i.lo), i.token or 0))
 
 
-def server_ms(client: LockClient) -> int:
+def server_ms(client: Connection | HasConnection) -> int:
     """The Redis server's clock in ms (the clock every lock time is written with)."""
-    return client.server_ms()
+    return connection_of(client).server_ms()
 
 
 def lock_info(holder: Holder, now_ms: int) -> LockInfo:
@@ -325,30 +327,37 @@ def lock_info(holder: Holder, now_ms: int) -> LockInfo:
 # -- clearing --------------------------------------------------------------------------------
 
 
-def clear_info(client: LockClient, info: LockInfo) -> bool:
+def clear_info(client: Connection | HasConnection, info: LockInfo) -> bool:
     """Clear the listed holder ``info`` if it still holds (token/owner-checked, atomic), and,
     if it was listed stale, only if it was not renewed since: True if cleared, False if it
     was gone, the name has another holder now, or its heartbeat resumed."""
     return clear_listed(client, info) == CLEARED
 
 
-def clear_listed(client: LockClient, info: LockInfo, *, force: bool = False) -> int:
+def clear_listed(client: Connection | HasConnection, info: LockInfo, *, force: bool = False) -> int:
     """Clear the listed holder ``info`` in one atomic step that checks it is still that
     holder (its fencing token) and, unless ``force``, that a holder listed stale is still
     stale: not renewed since it was listed. CLEARED, GONE, TAKEN or RESUMED."""
+    conn = connection_of(client)
     holder: Holder = {"name": info.name, "kind": info.kind, "owner": info.owner or ""}
     holder.update(token=info.token, lo=info.lo, hi=info.hi)
     if info.state == STALE and not force and info.renewed_ms is not None:
         holder["renewed_ms"] = info.renewed_ms
     if info.state == COOLDOWN and info.kind in ("lease", "multi"):
-        return LEASES.clear_holder(client, holder)  # an ownerless hash on a lease key
+        return LEASES.clear_holder(conn, holder)  # an ownerless hash on a lease key
     for lister in listers():
         if info.kind in lister.kinds:
-            return lister.clear_holder(client, holder)
+            return lister.clear_holder(conn, holder)
     return GONE
 
 
-def clear(client: LockClient, name: str, *, token: int | None = None, force: bool = False) -> bool:
+def clear(
+    client: Connection | HasConnection,
+    name: str,
+    *,
+    token: int | None = None,
+    force: bool = False,
+) -> bool:
     """Clear every holder of lock ``name`` (only the one with fencing ``token``, if given).
 
     Refuses, clearing nothing, with :class:`LockError` if one of them is live (its
@@ -360,9 +369,10 @@ def clear(client: LockClient, name: str, *, token: int | None = None, force: boo
     name = validate.check_name(name)
     token = validate.check_optional_token(token)
     force = validate.check_bool(force, "force")
+    conn = connection_of(client)
     infos = [
         info
-        for info in list_locks(client, escape(name))
+        for info in list_locks(conn, escape(name))
         if info.name == name and (token is None or info.token == token)
     ]
     live = [info for info in infos if info.state == LIVE]
@@ -370,7 +380,7 @@ def clear(client: LockClient, name: str, *, token: int | None = None, force: boo
         raise LockError(
             f"lock {name!r} is live ({live[0].evidence}); clear it with force=True", name=name
         )
-    codes = [clear_listed(client, info, force=force) for info in infos]
+    codes = [clear_listed(conn, info, force=force) for info in infos]
     if RESUMED in codes:
         raise LockError(
             f"lock {name!r} left alone: heartbeat resumed since it was listed stale", name=name

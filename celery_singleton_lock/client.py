@@ -11,14 +11,13 @@ from redis.exceptions import RedisClusterException
 
 from . import admin
 from .admin import LockInfo
-from .core import redis_urls, validate
+from .core import redis_urls
 from .core.connection import Connection
 from .core.keys import DEFAULT_PREFIX, LockKeys
 from .core.notifier import Notifier
 from .core.scripts import Scripts
 from .exceptions import ConfigurationError, LockBackendError
-from .handle import HOSTNAME
-from .lease import Lease
+from .lease import Lease, release_holder
 from .multi import MultiLease
 from .rangelock import RangeLock
 from .rwlock import RWLock
@@ -142,27 +141,21 @@ class LockClient:
         for a supervisor (the Celery worker's main process) whose child can no longer
         release. A claim handed over for the task's next attempt is never released here.
         True if released."""
-        keys = self._keys(name)
-        task_id = validate.check_text(task_id, "task_id")
-        pid = validate.check_pid(pid)
-        host = validate.check_host(host, HOSTNAME)
-        delay = validate.check_delay(delay)
-        delay_ms = validate.seconds_to_ms(delay) if delay > 0 else 0
-        return self._call(
-            self._scripts.release_holder, keys.lock, task_id, pid, host, delay_ms, keys.channel
+        return release_holder(
+            self.connection, name, task_id=task_id, pid=pid, host=host, delay=delay
         )
 
     def locks(self, pattern: str | None = None) -> list[LockInfo]:
         """Every lock under this client's prefix whose name matches the glob ``pattern``,
         with its holder and whether it is live, stale or in delay-after (see docs/admin.md)."""
-        return admin.list_locks(self, pattern)
+        return admin.list_locks(self.connection, pattern)
 
     def clear(self, name: str, *, token: int | None = None, force: bool = False) -> bool:
         """Clear lock ``name`` (only its holder with fencing ``token``, if given): atomic and
         holder-checked, so a lock re-acquired meanwhile is left alone. A live lock is cleared
         only with ``force``, else :class:`LockError`. True if something was cleared.
         ``token`` is an int >= 1 and ``force`` a bool, else :class:`ConfigurationError`."""
-        return admin.clear(self, name, token=token, force=force)
+        return admin.clear(self.connection, name, token=token, force=force)
 
     def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""

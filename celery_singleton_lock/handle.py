@@ -19,9 +19,10 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from .core import validate
+from .core.connection import Connection, HasConnection, connection_of
 from .core.keys import encode_name
 from .core.scripts import GONE, MAX_HOLD_REACHED, TAKEN, ScriptCall, run_batch
 from .exceptions import (
@@ -34,9 +35,6 @@ from .exceptions import (
     LockTimeout,
 )
 from .heartbeat import heartbeat, renew_calls, renewing
-
-if TYPE_CHECKING:
-    from .client import LockClient
 
 log = logging.getLogger("celery_singleton_lock.lease")
 lost_log = logging.getLogger("celery_singleton_lock.lost")
@@ -84,7 +82,7 @@ class LockHandle:
 
     def __init__(
         self,
-        client: LockClient,
+        client: Connection | HasConnection,
         name: str,
         *,
         ttl: float = 30.0,
@@ -106,7 +104,7 @@ class LockHandle:
         #: Called with this handle when it is found lost: from a heartbeat thread, or from the
         #: thread whose check() or extend() found it.
         self.on_lost = validate.check_callable(on_lost, "on_lost")
-        self._client = client
+        self._conn = connection_of(client)
         self._ttl_ms = validate.seconds_to_ms(self.ttl)
         self._max_hold_ms = 0 if self.max_hold is None else validate.seconds_to_ms(self.max_hold)
         self._state = threading.Lock()
@@ -140,7 +138,7 @@ class LockHandle:
         raise NotImplementedError
 
     @classmethod
-    def _renew_script_call(cls, client: LockClient, entries: list[RenewEntry]) -> ScriptCall:
+    def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:
         """One script call renewing ``entries``; its reply has one code per entry."""
         raise NotImplementedError
 
@@ -149,6 +147,11 @@ class LockHandle:
         holds of this lock (not through this handle: for a supervisor whose child died
         holding it); True if released."""
         raise NotImplementedError
+
+    @property
+    def _client(self) -> Connection:
+        """The Connection (the Celery layer's old name for it)."""
+        return self._conn
 
     # -- public state ------------------------------------------------------------------------
 
@@ -248,7 +251,7 @@ class LockHandle:
 
     def _listening(self) -> AbstractContextManager[threading.Event]:
         """Subscribed to what wakes this handle's waiters; yields the Event they wait on."""
-        return self._client._notifier.listening(self._channel)
+        return self._conn.notifier.listening(self._channel)
 
     def _took(self, owner: str, token: int, sent_at: float) -> None:
         with self._state:
@@ -320,8 +323,8 @@ class LockHandle:
         assert owner is not None
         ttl_ms = validate.seconds_to_ms(ttl)
         sent_at = time.monotonic()
-        calls, decode = renew_calls(self._client, [(self, owner, ttl_ms)])
-        (code,) = decode(self._client._call(run_batch, self._client.redis, calls))
+        calls, decode = renew_calls(self._conn, [(self, owner, ttl_ms)])
+        (code,) = decode(self._conn.call(run_batch, self._conn.redis, calls))
         if code == MAX_HOLD_REACHED:
             return max(0.0, self._expires_at - time.monotonic())
         if code <= 0:

@@ -38,14 +38,14 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .core import redis_urls
 from .core.scripts import GONE, MAX_HOLD_REACHED, TAKEN, ScriptCall, run_batch
 from .exceptions import LockBackendError
 
 if TYPE_CHECKING:
-    from .client import LockClient
+    from .core.connection import Connection, HasConnection
     from .handle import LockHandle as Renewable
     from .handle import RenewEntry
 
@@ -212,7 +212,7 @@ class Heartbeat:
         else skip that client, and return without waiting for the batches started."""
         by_client: dict[int, list[Renewable]] = {}
         for handle in self.leases():
-            by_client.setdefault(id(handle._client), []).append(handle)
+            by_client.setdefault(id(handle._conn), []).append(handle)
         self.ticks += 1
         if len(by_client) == 1 and not self._in_flight:
             (handles,) = by_client.values()
@@ -281,7 +281,7 @@ class Heartbeat:
 
     def _renew(self, handles: list[Renewable]) -> None:
         """One round trip (per node on a Cluster): script calls batched in a pipeline."""
-        client = handles[0]._client
+        conn = handles[0]._conn
         # A handle released since the tick listed it has no owner token any more: renewing
         # it with none would renew its delay-after instead (the scripts refuse that too).
         held = [(handle, owner) for handle in handles if (owner := handle._owner) is not None]
@@ -290,10 +290,10 @@ class Heartbeat:
         handles = [handle for handle, _ in held]
         owners = [owner for _, owner in held]
         entries = [(h, owner, h._ttl_ms) for h, owner in held]
-        calls, decode = renew_calls(client, entries)
+        calls, decode = renew_calls(conn, entries)
         sent_at = time.monotonic()
         try:
-            codes = decode(client._call(run_batch, client.redis, calls))
+            codes = decode(conn.call(run_batch, conn.redis, calls))
         except LockBackendError as exc:
             log.warning("heartbeat could not reach Redis: %s", exc)
             with _applying():
@@ -409,7 +409,7 @@ _LEASE_KEYS = object()
 
 
 def renew_calls(
-    client: LockClient, entries: list[RenewEntry]
+    client: Connection | HasConnection, entries: list[RenewEntry]
 ) -> tuple[list[ScriptCall], Callable[[list[Any]], list[int]]]:
     """The script calls renewing (handle, owner, ttl ms) ``entries``, and how to read one
     code per entry from their replies.
@@ -419,16 +419,19 @@ def renew_calls(
     leases, its code the worst of theirs; the Cluster pipeline that runs the calls groups
     them by node, one round trip per node.
     """
+    # A LockClient gives its Connection; the async client, which has none, passes itself: it
+    # has the ``redis`` and ``_scripts`` its handles' renew calls read.
+    conn = cast("Connection", getattr(client, "connection", client))
     # (kind, slot) -> [(entry index, what the kind's renew call takes)]
     groups: dict[tuple[Any, int], list[tuple[int, Any]]] = {}
-    if not redis_urls.is_cluster(client.redis):
+    if not redis_urls.is_cluster(conn.redis):
         for i, entry in enumerate(entries):
             groups.setdefault((type(entry[0]), 0), []).append((i, entry))
     else:
         from .lease import Lease
         from .multi import MultiLease
 
-        slot = client.redis.keyslot
+        slot = conn.redis.keyslot
         for i, (handle, owner, ttl_ms) in enumerate(entries):
             if isinstance(handle, (Lease, MultiLease)):
                 keys = handle._keys if isinstance(handle, MultiLease) else [handle._keys]
@@ -439,9 +442,9 @@ def renew_calls(
                 unit = (handle, owner, ttl_ms)
                 groups.setdefault((type(handle), slot(handle._channel)), []).append((i, unit))
     calls = [
-        client._scripts.renew_call([u for _, u in group])
+        conn.scripts.renew_call([u for _, u in group])
         if kind is _LEASE_KEYS
-        else kind._renew_script_call(client, [u for _, u in group])
+        else kind._renew_script_call(conn, [u for _, u in group])
         for (kind, _), group in groups.items()
     ]
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .core import validate
+from .core.connection import Connection, HasConnection, connection_of
 from .core.keys import FENCE_TTL_MS, escape_glob, name_tag
 from .core.scripts import ScriptCall, bound_to, register, source
 from .exceptions import ConfigurationError, LockError, LockNotHeld
@@ -32,8 +33,6 @@ from .handle import HOSTNAME, LockHandle, RenewEntry
 
 if TYPE_CHECKING:
     from redis.commands.core import Script
-
-    from .client import LockClient
 
 #: How long a waiting writer's reservation lasts; the waiter renews it every third of this,
 #: so a writer that dies while waiting stops holding readers back within this time.
@@ -91,7 +90,7 @@ class IntervalScripts:
         self.renew = load("interval_renew")
 
 
-def scripts(client: LockClient) -> IntervalScripts:
+def scripts(client: Connection) -> IntervalScripts:
     """The interval scripts of ``client``, registered on first use."""
     return bound_to(client, IntervalScripts)
 
@@ -120,7 +119,7 @@ class IntervalHandle(LockHandle):
 
     def __init__(
         self,
-        client: LockClient,
+        client: Connection | HasConnection,
         name: str,
         mode: str,
         lo: float,
@@ -133,9 +132,9 @@ class IntervalHandle(LockHandle):
         self.mode = mode
         self.lo, self.hi = lo, hi
         self._parent = parent
-        self._keys = interval_keys(client.prefix, self.name, self._family)
+        self._keys = interval_keys(self._conn.prefix, self.name, self._family)
         self._channel = self._keys.channel
-        self._scripts = scripts(client)
+        self._scripts = scripts(self._conn)
 
     def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
         parent = ""
@@ -146,7 +145,7 @@ class IntervalHandle(LockHandle):
                 )
             parent = self._parent._owner
         holder = self._describe_holder()
-        code, value = self._client._call(
+        code, value = self._conn.call(
             self._scripts.acquire,
             keys=self._keys.all(owner),
             args=[
@@ -174,11 +173,11 @@ class IntervalHandle(LockHandle):
             self._release(owner, 0)
 
     def _release(self, owner: str, delay_ms: int) -> int:
-        return release_hold(self._client, self._keys, owner, delay_ms)
+        return release_hold(self._conn, self._keys, owner, delay_ms)
 
     def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
         return release_holder(
-            self._client,
+            self._conn,
             self._family,
             self.name,
             task_id=task_id,
@@ -193,7 +192,7 @@ class IntervalHandle(LockHandle):
         owner = self._owner
         if owner is None or not self._mine():
             raise LockNotHeld(f"lock {self.name!r} is not held", name=self.name)
-        code, value = self._client._call(
+        code, value = self._conn.call(
             self._scripts.change,
             keys=self._keys.all(owner)[:11],
             args=[op, owner, score(lo), score(hi), reserve, self._channel],
@@ -206,26 +205,29 @@ class IntervalHandle(LockHandle):
         return error
 
     @classmethod
-    def _renew_script_call(cls, client: LockClient, entries: list[RenewEntry]) -> ScriptCall:
+    def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:
         keys: list[bytes] = []
         args: list[Any] = []
         for handle, owner, ttl_ms in entries:
             keys += (*handle._keys.indexes, handle._keys.holder(owner))
             args += (owner, ttl_ms)
-        return scripts(client).renew, keys, args
+        return scripts(conn).renew, keys, args
 
 
-def list_holders(client: LockClient, family: bytes, pattern: str | None) -> list[dict[str, Any]]:
+def list_holders(
+    client: Connection | HasConnection, family: bytes, pattern: str | None
+) -> list[dict[str, Any]]:
     """Every holder of every ``family`` interval lock under the client's prefix whose name
     matches the glob ``pattern`` (None: all), decoded."""
-    match = escape_glob(client.prefix.encode()) + b"{*}:" + family + b":h:*"
-    redis = client.redis
-    keys = list(client._call(lambda: list(redis.scan_iter(match=match, count=1000))))
+    conn = connection_of(client)
+    match = escape_glob(conn.prefix.encode()) + b"{*}:" + family + b":h:*"
+    redis = conn.redis
+    keys = list(conn.call(lambda: list(redis.scan_iter(match=match, count=1000))))
     pipe = redis.pipeline(transaction=False)
     for key in keys:
         pipe.hgetall(key)
         pipe.pttl(key)
-    replies = client._call(pipe.execute)
+    replies = conn.call(pipe.execute)
     holders = []
     for fields, pttl in zip(replies[::2], replies[1::2], strict=True):
         if not fields:
@@ -257,7 +259,7 @@ def decode_holder(fields: dict[bytes, bytes], pttl: int) -> dict[str, Any]:
 
 
 def clear_holder(
-    client: LockClient,
+    client: Connection | HasConnection,
     family: bytes,
     name: str,
     owner: str,
@@ -269,7 +271,7 @@ def clear_holder(
 
 
 def clear_hold(
-    client: LockClient,
+    client: Connection | HasConnection,
     family: bytes,
     name: str,
     owner: str,
@@ -283,9 +285,10 @@ def clear_hold(
     name = validate.check_name(name)
     owner = validate.check_text(owner, "owner")
     token = validate.check_optional_token(token)
-    keys = interval_keys(client.prefix, name, family)
+    conn = connection_of(client)
+    keys = interval_keys(conn.prefix, name, family)
     return release_hold(
-        client,
+        conn,
         keys,
         owner,
         0,
@@ -295,7 +298,7 @@ def clear_hold(
 
 
 def release_hold(
-    client: LockClient,
+    conn: Connection,
     keys: IntervalKeys,
     owner: str,
     delay_ms: int,
@@ -305,8 +308,8 @@ def release_hold(
     """One run of interval_release.lua: release ``owner``'s hold (after ``delay_ms`` of
     delay-after), only if its fencing token is ``token`` and its last renewal ``renewed_ms``
     when they are given; 1 released, 0 not held, -1 the token differs, -2 renewed since."""
-    code = client._call(
-        scripts(client).release,
+    code = conn.call(
+        scripts(conn).release,
         keys=keys.all(owner)[:11],
         args=[owner, delay_ms, keys.channel, token, renewed_ms],
     )
@@ -314,7 +317,7 @@ def release_hold(
 
 
 def release_holder(
-    client: LockClient,
+    client: Connection | HasConnection,
     family: bytes,
     name: str,
     *,
@@ -337,15 +340,16 @@ def release_holder(
     host = validate.check_host(host, HOSTNAME)
     delay = validate.check_delay(delay)
     delay_ms = validate.seconds_to_ms(delay) if delay > 0 else 0
-    keys = interval_keys(client.prefix, name, family)
-    redis = client.redis
-    owners = [raw.decode() for raw in client._call(redis.zrange, keys.indexes[0], 0, -1)]
+    conn = connection_of(client)
+    keys = interval_keys(conn.prefix, name, family)
+    redis = conn.redis
+    owners = [raw.decode() for raw in conn.call(redis.zrange, keys.indexes[0], 0, -1)]
     if not owners:
         return False
     pipe = redis.pipeline(transaction=False)
     for owner in owners:
         pipe.hmget(keys.holder(owner), "task_id", "pid", "host", "token", "state")
-    replies = client._call(pipe.execute)
+    replies = conn.call(pipe.execute)
     # The host too: pids are reused across machines (and containers).
     wanted = (task_id.encode(), str(pid).encode(), host.encode())
     released = False
@@ -353,5 +357,5 @@ def release_holder(
         # A hold in delay-after was released already: its delay must not start again.
         if (held_by, held_in, held_on) != wanted or token is None or state == b"cooldown":
             continue
-        released = release_hold(client, keys, owner, delay_ms, token.decode()) == 1 or released
+        released = release_hold(conn, keys, owner, delay_ms, token.decode()) == 1 or released
     return released

@@ -5,16 +5,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .core import validate
+from .core.connection import Connection, HasConnection, connection_of
 from .core.keys import FENCE_TTL_MS
 from .core.scripts import ScriptCall, fair_keys
 from .exceptions import LockBackendError
-from .handle import LockHandle, RenewEntry, hint_seconds, log
-
-if TYPE_CHECKING:
-    from .client import LockClient
+from .handle import HOSTNAME, LockHandle, RenewEntry, hint_seconds, log
 
 #: A fair waiter's registration lasts this long unless refreshed: a waiter that died is
 #: skipped by releases (not handed the lease) at most this long after it died.
@@ -36,7 +34,7 @@ class Lease(LockHandle):
     kind = "lease"
 
     def __init__(
-        self, client: LockClient, name: str, *, fair: bool = False, **options: Any
+        self, client: Connection | HasConnection, name: str, *, fair: bool = False, **options: Any
     ) -> None:
         """Options as for :meth:`LockClient.lease`."""
         super().__init__(client, name, **options)
@@ -44,7 +42,7 @@ class Lease(LockHandle):
         #: live waiter: first come, first served, and no second round trip to take it.
         self.fair = validate.check_bool(fair, "fair")
         self._queued = ""  # the owner token a fair acquire waits in the queue with
-        self._keys = client._keys(self.name)
+        self._keys = self._conn.keys(self.name)
         self._channel = self._keys.channel
         # Claims (see claims.py): hold the name as this fixed owner token instead of a fresh
         # one, and/or take over a claim held under this token.
@@ -57,9 +55,9 @@ class Lease(LockHandle):
         return owner
 
     def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
-        client = self._client
-        return client._call(
-            client._scripts.acquire,
+        conn = self._conn
+        return conn.call(
+            conn.scripts.acquire,
             self._keys.lock,
             self._keys.fence,
             owner,
@@ -84,7 +82,7 @@ class Lease(LockHandle):
     ) -> tuple[bool, int]:
         """Block on this waiter's hand-off list, on a pooled connection of its own, until a
         release hands it the lease; refresh the registration between blocks."""
-        client = self._client
+        conn = self._conn
         owner = self._queued
         handed = fair_keys(self._keys.base, owner)[2]
         deadline = time.monotonic() + wait
@@ -96,7 +94,7 @@ class Lease(LockHandle):
                     break
                 # Whole ms, at least one: BLPOP rounds down, and 0 would block forever.
                 timeout = max(1, math.ceil(min(FAIR_REFRESH, hint, remaining) * 1000)) / 1000
-                reply = client._call(client.redis.blpop, [handed], timeout=timeout)
+                reply = conn.call(conn.redis.blpop, [handed], timeout=timeout)
                 if reply is not None:
                     return True, int(reply[1])
                 taken, value = attempt()
@@ -112,28 +110,26 @@ class Lease(LockHandle):
     def _leave_queue(self, owner: str) -> int:
         """Withdraw from the queue; the token if a release handed the lease over meanwhile
         (this waiter then holds it, taken as its wait ran out)."""
-        client = self._client
+        conn = self._conn
         try:
-            return client._call(client._scripts.fair_abandon, self._keys.lock, owner)
+            return conn.call(conn.scripts.fair_abandon, self._keys.lock, owner)
         except LockBackendError:
             log.warning("could not withdraw the wait of %r", self.name, exc_info=True)
             return 0
 
     def _release(self, owner: str, delay_ms: int) -> int:
-        client = self._client
-        return client._call(
-            client._scripts.release, self._keys.lock, owner, delay_ms, self._keys.channel
-        )
+        conn = self._conn
+        return conn.call(conn.scripts.release, self._keys.lock, owner, delay_ms, self._keys.channel)
 
     @classmethod
-    def _renew_script_call(cls, client: LockClient, entries: list[RenewEntry]) -> ScriptCall:
-        return client._scripts.renew_call(
+    def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:
+        return conn.scripts.renew_call(
             [(lease._keys.lock, owner, ttl_ms) for lease, owner, ttl_ms in entries]
         )
 
     def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
-        return self._client.release_holder(
-            self.name, task_id=task_id, pid=pid, host=host, delay=delay
+        return release_holder(
+            self._conn, self.name, task_id=task_id, pid=pid, host=host, delay=delay
         )
 
     def _hand_over(self, new_owner: str, ttl: float, fields: dict[str, str]) -> None:
@@ -141,8 +137,8 @@ class Lease(LockHandle):
         handle no longer holds it afterwards. Raises LockLost if it was lost already."""
         owner = self._forget()
         flat = [item for pair in fields.items() for item in pair]
-        code = self._client._call(
-            self._client._scripts.handover,
+        code = self._conn.call(
+            self._conn.scripts.handover,
             self._keys.lock,
             owner,
             new_owner,
@@ -151,3 +147,28 @@ class Lease(LockHandle):
         )
         if code != 1:
             raise self._lost_error(code, "hand over")
+
+
+def release_holder(
+    client: Connection | HasConnection,
+    name: str,
+    *,
+    task_id: str,
+    pid: int,
+    host: str | None = None,
+    delay: float = 0.0,
+) -> bool:
+    """Release lease ``name`` (after ``delay`` seconds of delay-after) if task ``task_id``
+    running in process ``pid`` on ``host`` (default: this machine) holds it; for a
+    supervisor whose child can no longer release. A claim handed over for the task's next
+    attempt is never released here. True if released."""
+    conn = connection_of(client)
+    keys = conn.keys(name)
+    task_id = validate.check_text(task_id, "task_id")
+    pid = validate.check_pid(pid)
+    host = validate.check_host(host, HOSTNAME)
+    delay = validate.check_delay(delay)
+    delay_ms = validate.seconds_to_ms(delay) if delay > 0 else 0
+    return conn.call(
+        conn.scripts.release_holder, keys.lock, task_id, pid, host, delay_ms, keys.channel
+    )

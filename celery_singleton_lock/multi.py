@@ -21,17 +21,17 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .core import validate
+from .core.connection import Connection, HasConnection, connection_of
 from .core.keys import FENCE_TTL_MS, LockKeys, encode_name, lock_pattern
 from .core.notifier import SUBSCRIBE_TIMEOUT
 from .core.redis_urls import is_cluster
 from .core.scripts import GONE, TAKEN, ScriptCall, bound_to, register, source
 from .exceptions import ConfigurationError
 from .handle import HOSTNAME, LockHandle, RenewEntry
+from .lease import release_holder as release_lease_holder
 
 if TYPE_CHECKING:
     from redis.commands.core import Script
-
-    from .client import LockClient
 
 
 class MultiScripts:
@@ -43,7 +43,7 @@ class MultiScripts:
         self.renew: Script = register(redis, source("multi_renew"))
 
 
-def scripts(client: LockClient) -> MultiScripts:
+def scripts(client: Connection) -> MultiScripts:
     """The multi-key scripts of ``client``, registered on first use."""
     return bound_to(client, MultiScripts)
 
@@ -66,17 +66,17 @@ class MultiLease(LockHandle):
 
     kind = "multi"
 
-    def __init__(self, client: LockClient, names: object, **options: Any) -> None:
+    def __init__(self, client: Connection | HasConnection, names: object, **options: Any) -> None:
         checked = check_names(names)
         super().__init__(client, " + ".join(checked), **options)
         #: The names held, sorted.
         self.names = tuple(checked)
-        pairs = sorted(((client._keys(name), name) for name in checked), key=lambda p: p[0].lock)
+        pairs = sorted(((self._conn.keys(n), n) for n in checked), key=lambda p: p[0].lock)
         self._keys: list[LockKeys] = [keys for keys, _ in pairs]
         self._ordered = [name for _, name in pairs]  # the names in key order
         self._channel = self._keys[0].channel
         self._tokens: dict[str, int] = {}
-        self._scripts = scripts(client)
+        self._scripts = scripts(self._conn)
 
     @property
     def tokens(self) -> dict[str, int]:
@@ -84,9 +84,9 @@ class MultiLease(LockHandle):
         return dict(self._tokens)
 
     def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
-        if is_cluster(self._client.redis):
+        if is_cluster(self._conn.redis):
             return self._try_acquire_in_order(owner, reserve)
-        reply = self._client._call(
+        reply = self._conn.call(
             self._scripts.acquire,
             keys=[k.lock for k in self._keys] + [k.fence for k in self._keys],
             args=[
@@ -102,17 +102,17 @@ class MultiLease(LockHandle):
 
     def _try_acquire_in_order(self, owner: str, reserve: bool) -> tuple[bool, int]:
         """Redis Cluster: one lease per name in key order; on a busy name give back the rest."""
-        base = self._client._scripts
+        base = self._conn.scripts
         tokens: dict[str, int] = {}
         for keys, name in zip(self._keys, self._ordered, strict=True):
             holder = [b"name", encode_name(name), *self._describe_holder(named=False)]
-            taken, value = self._client._call(
+            taken, value = self._conn.call(
                 base.acquire, keys.lock, keys.fence, owner, self._ttl_ms,
                 self._max_hold_ms, FENCE_TTL_MS, holder, waiting=reserve,
             )  # fmt: skip
             if not taken:
                 for done in self._keys[: len(tokens)]:
-                    self._client._call(base.release, done.lock, owner, 0, done.channel)
+                    self._conn.call(base.release, done.lock, owner, 0, done.channel)
                 return False, value
             tokens[name] = value
         self._tokens = tokens
@@ -120,20 +120,18 @@ class MultiLease(LockHandle):
 
     def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
         return release_holder(
-            self._client, self.names, task_id=task_id, pid=pid, host=host, delay=delay
+            self._conn, self.names, task_id=task_id, pid=pid, host=host, delay=delay
         )
 
     def _release(self, owner: str, delay_ms: int, token: str = "") -> int:
-        if is_cluster(self._client.redis):
+        if is_cluster(self._conn.redis):
             codes = [
-                self._client._call(
-                    self._client._scripts.release, k.lock, owner, delay_ms, k.channel
-                )
+                self._conn.call(self._conn.scripts.release, k.lock, owner, delay_ms, k.channel)
                 for k in self._keys
             ]
             return TAKEN if TAKEN in codes else GONE if GONE in codes else 1
         return int(
-            self._client._call(
+            self._conn.call(
                 self._scripts.release,
                 keys=[k.lock for k in self._keys],
                 args=[owner, delay_ms, token, *(k.channel for k in self._keys)],
@@ -141,18 +139,18 @@ class MultiLease(LockHandle):
         )
 
     @classmethod
-    def _renew_script_call(cls, client: LockClient, entries: list[RenewEntry]) -> ScriptCall:
+    def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:
         keys: list[bytes] = []
         args: list[Any] = []
         for handle, owner, ttl_ms in entries:
             keys += (k.lock for k in handle._keys)
             args += (len(handle._keys), owner, ttl_ms)
-        return scripts(client).renew, keys, args
+        return scripts(conn).renew, keys, args
 
     @contextmanager
     def _listening(self) -> Iterator[threading.Event]:
         """One Event woken by a release of any of the names."""
-        notifier = self._client._notifier
+        notifier = self._conn.notifier
         event = threading.Event()
         channels = [k.channel for k in self._keys]
         try:
@@ -165,18 +163,21 @@ class MultiLease(LockHandle):
                 notifier._remove(channel, event)
 
 
-def list_holders(client: LockClient, pattern: str | None = None) -> list[dict[str, Any]]:
+def list_holders(
+    client: Connection | HasConnection, pattern: str | None = None
+) -> list[dict[str, Any]]:
     """One dict per name held by a multi-key lock under the client's prefix whose name
     matches the glob ``pattern`` (None: all); ``owner`` tells which names are held together."""
     from .intervals import decode_holder
 
-    redis = client.redis
-    found = client._call(lambda: list(redis.scan_iter(match=lock_pattern(client.prefix))))
+    conn = connection_of(client)
+    redis = conn.redis
+    found = conn.call(lambda: list(redis.scan_iter(match=lock_pattern(conn.prefix))))
     pipe = redis.pipeline(transaction=False)
     for key in found:
         pipe.hgetall(key)
         pipe.pttl(key)
-    replies = client._call(pipe.execute)
+    replies = conn.call(pipe.execute)
     holders = []
     for fields, pttl in zip(replies[::2], replies[1::2], strict=True):
         if fields.get(b"kind") != b"multi" or not fields.get(b"owner"):
@@ -187,15 +188,18 @@ def list_holders(client: LockClient, pattern: str | None = None) -> list[dict[st
     return holders
 
 
-def clear_holder(client: LockClient, name: str, owner: str, token: int | None = None) -> bool:
+def clear_holder(
+    client: Connection | HasConnection, name: str, owner: str, token: int | None = None
+) -> bool:
     """Free ``name`` if the multi-key holder ``owner`` (with fencing ``token``, when given)
     still holds it, atomically, and wake its waiters. The holder's other names stay held
     until its next heartbeat finds this one gone and stops renewing them."""
-    keys = client._keys(validate.check_name(name))
+    conn = connection_of(client)
+    keys = conn.keys(validate.check_name(name))
     owner = validate.check_text(owner, "owner")
     token = validate.check_optional_token(token)
-    code = client._call(
-        scripts(client).release,
+    code = conn.call(
+        scripts(conn).release,
         keys=[keys.lock],
         args=[owner, 0, "" if token is None else str(token), keys.channel],
     )
@@ -203,7 +207,7 @@ def clear_holder(client: LockClient, name: str, owner: str, token: int | None = 
 
 
 def release_holder(
-    client: LockClient,
+    client: Connection | HasConnection,
     names: Iterable[str],
     *,
     task_id: str,
@@ -220,8 +224,9 @@ def release_holder(
     host = validate.check_host(host, HOSTNAME)
     delay = validate.check_delay(delay)
     # Every name, also after one found free: each is a hash of its own.
+    conn = connection_of(client)
     freed = [
-        client.release_holder(name, task_id=task_id, pid=pid, host=host, delay=delay)
+        release_lease_holder(conn, name, task_id=task_id, pid=pid, host=host, delay=delay)
         for name in checked
     ]
     return any(freed)

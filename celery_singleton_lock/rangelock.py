@@ -16,15 +16,13 @@ not by scanning. Keys live under ``P{T}:range:`` (see intervals.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import intervals
 from .core import validate
+from .core.connection import Connection, HasConnection, connection_of
 from .exceptions import ConfigurationError, LockError
 from .intervals import IntervalHandle, check_interval
-
-if TYPE_CHECKING:
-    from .client import LockClient
 
 FAMILY = b"range"
 
@@ -60,7 +58,7 @@ class RangeLockHandle(IntervalHandle):
             raise ConfigurationError(
                 "lo", f"[{lo}, {hi}] is not inside the upgradable [{self.lo}, {self.hi}]"
             )
-        return RangeLockHandle(self._client, self.name, "w", low, high, parent=self, **options)
+        return RangeLockHandle(self._conn, self.name, "w", low, high, parent=self, **options)
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "held" if self.held else "free"
@@ -75,9 +73,9 @@ class RangeLock:
     ``max_hold``, ``wait``, ``owner_info``, ``on_lost``.
     """
 
-    def __init__(self, client: LockClient, name: str) -> None:
+    def __init__(self, client: Connection | HasConnection, name: str) -> None:
         self.name = validate.check_name(name)
-        self._client = client
+        self._conn = connection_of(client)
 
     def read(self, lo: float, hi: float, **options: Any) -> RangeLockHandle:
         """A shared hold on [lo, hi]."""
@@ -94,26 +92,30 @@ class RangeLock:
 
     def _handle(self, mode: str, lo: float, hi: float, options: dict[str, Any]) -> RangeLockHandle:
         low, high = check_interval(lo, hi)
-        return RangeLockHandle(self._client, self.name, mode, low, high, **options)
+        return RangeLockHandle(self._conn, self.name, mode, low, high, **options)
 
     def __repr__(self) -> str:
         return f"<RangeLock {self.name!r}>"
 
 
-def list_holders(client: LockClient, pattern: str | None = None) -> list[dict[str, Any]]:
+def list_holders(
+    client: Connection | HasConnection, pattern: str | None = None
+) -> list[dict[str, Any]]:
     """Every range holder under the client's prefix whose lock name matches the glob
     ``pattern`` (None: all): ``kind`` is range, ``mode`` read/upgradable/write, ``lo``/``hi``."""
     return intervals.list_holders(client, FAMILY, pattern)
 
 
-def clear_holder(client: LockClient, name: str, owner: str, token: int | None = None) -> bool:
+def clear_holder(
+    client: Connection | HasConnection, name: str, owner: str, token: int | None = None
+) -> bool:
     """Remove the holder ``owner`` of range lock ``name`` atomically (only if its fencing
     token is still ``token``, when given) and wake waiters. True if removed."""
     return intervals.clear_holder(client, FAMILY, name, owner, token)
 
 
 def release_holder(
-    client: LockClient,
+    client: Connection | HasConnection,
     name: str,
     *,
     task_id: str,

@@ -14,15 +14,13 @@ under ``P{T}:rw:`` (see intervals.py and lua/interval_common.lua).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import intervals
 from .core import validate
+from .core.connection import Connection, HasConnection, connection_of
 from .exceptions import LockError, LockNotHeld
 from .intervals import PARENT_GONE, RESERVATION_MS, IntervalHandle
-
-if TYPE_CHECKING:
-    from .client import LockClient
 
 FAMILY = b"rw"
 
@@ -36,7 +34,9 @@ class RWLockHandle(IntervalHandle):
 
     _family = FAMILY
 
-    def __init__(self, client: LockClient, name: str, mode: str, **options: Any) -> None:
+    def __init__(
+        self, client: Connection | HasConnection, name: str, mode: str, **options: Any
+    ) -> None:
         super().__init__(client, name, mode, -math.inf, math.inf, **options)
         self.kind = intervals.MODE_NAMES[mode]
         self._upgraded = False
@@ -100,40 +100,44 @@ class RWLock:
     ``max_hold``, ``wait``, ``owner_info``, ``on_lost``.
     """
 
-    def __init__(self, client: LockClient, name: str) -> None:
+    def __init__(self, client: Connection | HasConnection, name: str) -> None:
         self.name = validate.check_name(name)
-        self._client = client
+        self._conn = connection_of(client)
 
     def read(self, **options: Any) -> RWLockHandle:
         """A shared hold: any number of readers, alongside at most one upgradable."""
-        return RWLockHandle(self._client, self.name, "r", **options)
+        return RWLockHandle(self._conn, self.name, "r", **options)
 
     def upgradable(self, **options: Any) -> RWLockHandle:
         """A read hold that excludes other upgradables and can become the writer."""
-        return RWLockHandle(self._client, self.name, "u", **options)
+        return RWLockHandle(self._conn, self.name, "u", **options)
 
     def write(self, **options: Any) -> RWLockHandle:
         """An exclusive hold; preferred over new readers while it waits."""
-        return RWLockHandle(self._client, self.name, "w", **options)
+        return RWLockHandle(self._conn, self.name, "w", **options)
 
     def __repr__(self) -> str:
         return f"<RWLock {self.name!r}>"
 
 
-def list_holders(client: LockClient, pattern: str | None = None) -> list[dict[str, Any]]:
+def list_holders(
+    client: Connection | HasConnection, pattern: str | None = None
+) -> list[dict[str, Any]]:
     """Every reader-writer holder under the client's prefix whose lock name matches the glob
     ``pattern`` (None: all); ``kind`` is read, upgradable or write (as it holds now)."""
     return intervals.list_holders(client, FAMILY, pattern)
 
 
-def clear_holder(client: LockClient, name: str, owner: str, token: int | None = None) -> bool:
+def clear_holder(
+    client: Connection | HasConnection, name: str, owner: str, token: int | None = None
+) -> bool:
     """Remove the holder ``owner`` of reader-writer lock ``name`` atomically (only if its
     fencing token is still ``token``, when given) and wake waiters. True if removed."""
     return intervals.clear_holder(client, FAMILY, name, owner, token)
 
 
 def release_holder(
-    client: LockClient,
+    client: Connection | HasConnection,
     name: str,
     *,
     task_id: str,

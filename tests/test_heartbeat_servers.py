@@ -61,7 +61,7 @@ def test_a_frozen_server_does_not_cost_the_leases_on_another(
     # How many batches for the frozen server are in flight at once: the heartbeat must
     # skip a client whose batch has not returned rather than pile more on.
     in_flight, most, counting = 0, 0, threading.Lock()
-    call = frozen._call
+    call = frozen.connection.call
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         nonlocal in_flight, most
@@ -74,7 +74,7 @@ def test_a_frozen_server_does_not_cost_the_leases_on_another(
             with counting:
                 in_flight -= 1
 
-    monkeypatch.setattr(frozen, "_call", counted)
+    monkeypatch.setattr(frozen.connection, "call", counted)
     try:
         a_lost, b_lost = threading.Event(), threading.Event()
         lease_a = lock_client.lease("healthy", ttl=ttl, on_lost=lambda _: a_lost.set())
