@@ -1,8 +1,11 @@
 """What every lock handle shares: state, the wait loop, check, context manager, heartbeat
 callbacks and the lost-lock bookkeeping.
 
-A subclass supplies the round trips: ``_try_acquire(owner, reserve)``, ``_release(owner,
-delay_ms)`` and ``_renew_script_call(client, entries)``. Everything else — when a handle is
+A lock kind is a subclass supplying the abstract methods of :class:`LockHandle`: the round
+trips ``_try_acquire(owner, reserve)``, ``_release(owner, delay_ms)``,
+``_renew_script_call(conn, entries)`` and ``_release_holder(task_id, pid, host, delay)``, and
+the ``_channel`` its releases are published on (and, for a kind holding keys in several
+Redis Cluster slots, ``_renew_units``). Everything else — when a handle is
 held or lost, how a blocked acquire sleeps, what the heartbeat does with a renewal code — is
 written once here, so every lock kind behaves like the exclusive :class:`Lease`.
 """
@@ -16,6 +19,7 @@ import os
 import socket
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -34,7 +38,8 @@ from .exceptions import (
     LockTaken,
     LockTimeout,
 )
-from .heartbeat import heartbeat, renew_calls, renewing
+from .heartbeat import RenewEntry as RenewEntry  # where the kinds used to import it from
+from .heartbeat import RenewUnit, heartbeat, renew_calls, renewing
 
 log = logging.getLogger("celery_singleton_lock.lease")
 lost_log = logging.getLogger("celery_singleton_lock.lost")
@@ -64,11 +69,8 @@ NO_EXPIRY_RECHECK = 1.0
 
 H = TypeVar("H", bound="LockHandle")
 
-#: (handle, owner token, ttl ms): one renewal the subclass turns into script arguments.
-RenewEntry = tuple[Any, str, int]
 
-
-class LockHandle:
+class LockHandle(ABC):
     """Base of every expiring lock handle (lease, read/upgradable/write, range, multi).
 
     Not made directly: :class:`LockClient` has a factory per kind. ``acquire`` takes the lock,
@@ -125,28 +127,34 @@ class LockHandle:
         """The owner token of the next acquisition: random, unique per acquisition."""
         return os.urandom(16).hex()
 
+    @abstractmethod
     def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
         """One acquire round trip: (True, token) or (False, ms a waiter may sleep).
         ``reserve``: the caller will wait, so a writer may queue a reservation."""
-        raise NotImplementedError
 
-    def _abandon(self, owner: str) -> None:
+    def _abandon(self, owner: str) -> None:  # noqa: B027 - optional: a no-op unless overridden
         """The caller stopped waiting: drop whatever ``_try_acquire`` reserved."""
 
+    @abstractmethod
     def _release(self, owner: str, delay_ms: int) -> int:
         """One release round trip: 1 released, else GONE or TAKEN."""
-        raise NotImplementedError
 
     @classmethod
+    @abstractmethod
     def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:
         """One script call renewing ``entries``; its reply has one code per entry."""
-        raise NotImplementedError
 
+    def _renew_units(self, owner: str, ttl_ms: int) -> list[RenewUnit]:
+        """On a Redis Cluster, this handle's renewal in units of one slot each: by default
+        the whole handle, renewed by its class in the slot of its channel (every key of a
+        one-name kind shares that slot)."""
+        return [(type(self)._renew_script_call, self._channel, (self, owner, ttl_ms))]
+
+    @abstractmethod
     def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
         """Release what run ``task_id`` in process ``pid`` on ``host`` (None: this machine)
         holds of this lock (not through this handle: for a supervisor whose child died
         holding it); True if released."""
-        raise NotImplementedError
 
     @property
     def _client(self) -> Connection:

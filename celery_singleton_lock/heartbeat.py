@@ -16,10 +16,11 @@ the heartbeat thread and no pool is made: there is nobody else to hold up. ``tic
 directly, waits for every batch it starts (and for one still in flight from the thread), so
 the renewals have been applied when it returns.
 
-Any lock kind can be renewed here: it provides ``_client``, ``ttl``, ``_owner``, a classmethod
-``_renew_script_call(client, entries)`` returning one script call whose reply holds one code
-per handle (> 0 ms granted, 0 gone, -1 taken, -2 max-hold reached; see lua/renew.lua), and the
-callbacks ``_renewed`` and ``_renewal_failed``.
+Any lock kind can be renewed here, and none is named: a handle is a :class:`Renewable` (its
+``_conn``, ``ttl``, ``_owner``, the callbacks ``_renewed`` and ``_renewal_failed``), its class
+has ``_renew_script_call(conn, entries)`` returning one script call whose reply holds one code
+per handle (> 0 ms granted, 0 gone, -1 taken, -2 max-hold reached; see lua/renew.lua), and on a
+Redis Cluster the handle splits itself into the units renewed in one slot (``_renew_units``).
 
 The thread holds only weak references: a lease object nobody can reach any more is no longer
 renewed and runs out on its own. In a forked child the registry starts empty (the child holds
@@ -38,7 +39,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from .core import redis_urls
 from .core.scripts import GONE, MAX_HOLD_REACHED, TAKEN, ScriptCall, run_batch
@@ -46,10 +47,43 @@ from .exceptions import LockBackendError
 
 if TYPE_CHECKING:
     from .core.connection import Connection, HasConnection
-    from .handle import LockHandle as Renewable
-    from .handle import RenewEntry
 
 log = logging.getLogger("celery_singleton_lock.heartbeat")
+
+#: (handle, owner token, ttl ms): one renewal the handle's class turns into script arguments.
+RenewEntry = tuple[Any, str, int]
+
+#: Builds the one script call renewing a group of units (its reply: one code per unit).
+Renewer = Callable[["Connection", list[Any]], ScriptCall]
+
+#: On a Redis Cluster, one piece of a handle's renewal: the renewer whose call takes it, a
+#: key in the slot the unit's keys are in, and what the renewer takes for it. Units with the
+#: same renewer and slot go in one call.
+RenewUnit = tuple[Renewer, bytes, Any]
+
+
+class Renewable(Protocol):
+    """What the heartbeat needs of a handle (every lock kind's ``LockHandle`` is one)."""
+
+    name: str
+    ttl: float
+    _ttl_ms: int
+    _owner: str | None
+
+    @property
+    def _conn(self) -> Connection: ...
+
+    def _renew_units(self, owner: str, ttl_ms: int) -> list[RenewUnit]:
+        """This handle's renewal as units renewed one slot at a time (Redis Cluster)."""
+        ...
+
+    def _renewed(self, owner: str | None, code: int, sent_at: float) -> None: ...
+
+    def _renewal_failed(self, owner: str | None, error: LockBackendError) -> None: ...
+
+    def release(self, delay: float = 0.0) -> None:
+        """What a shutting-down worker calls on each handle still registered."""
+        ...
 
 
 #: Set while this thread applies renewal results (the heartbeat's threads, or ``tick()``).
@@ -404,8 +438,6 @@ class _Workers:
 
 #: Codes of renew.lua, worst first: the worst of a multi-key lock's names decides.
 _RANK = {TAKEN: 3, GONE: 2, MAX_HOLD_REACHED: 1}
-#: On a Cluster: (lock key, owner, ttl ms) triples renewed by renew.lua, whatever the kind.
-_LEASE_KEYS = object()
 
 
 def renew_calls(
@@ -414,39 +446,26 @@ def renew_calls(
     """The script calls renewing (handle, owner, ttl ms) ``entries``, and how to read one
     code per entry from their replies.
 
-    One call per lock kind. On a Redis Cluster a script may only touch keys of one slot, so
-    one call per kind and slot, and a multi-key lock's names are renewed one by one like
-    leases, its code the worst of theirs; the Cluster pipeline that runs the calls groups
-    them by node, one round trip per node.
+    One call per lock kind (its class's ``_renew_script_call``). On a Redis Cluster a script
+    may only touch keys of one slot, so each handle splits itself into units
+    (``_renew_units``), one call per renewer and slot, and a handle's code is the worst of
+    its units' (a multi-key lock's names are renewed one by one like leases); the Cluster
+    pipeline that runs the calls groups them by node, one round trip per node.
     """
     # A LockClient gives its Connection; the async client, which has none, passes itself: it
     # has the ``redis`` and ``_scripts`` its handles' renew calls read.
     conn = cast("Connection", getattr(client, "connection", client))
-    # (kind, slot) -> [(entry index, what the kind's renew call takes)]
-    groups: dict[tuple[Any, int], list[tuple[int, Any]]] = {}
+    # (renewer, slot) -> [(entry index, what the renewer takes)]
+    groups: dict[tuple[Renewer, int], list[tuple[int, Any]]] = {}
     if not redis_urls.is_cluster(conn.redis):
         for i, entry in enumerate(entries):
-            groups.setdefault((type(entry[0]), 0), []).append((i, entry))
+            groups.setdefault((type(entry[0])._renew_script_call, 0), []).append((i, entry))
     else:
-        from .lease import Lease
-        from .multi import MultiLease
-
         slot = conn.redis.keyslot
         for i, (handle, owner, ttl_ms) in enumerate(entries):
-            if isinstance(handle, (Lease, MultiLease)):
-                keys = handle._keys if isinstance(handle, MultiLease) else [handle._keys]
-                for key in keys:
-                    unit = (key.lock, owner, ttl_ms)
-                    groups.setdefault((_LEASE_KEYS, slot(key.lock)), []).append((i, unit))
-            else:
-                unit = (handle, owner, ttl_ms)
-                groups.setdefault((type(handle), slot(handle._channel)), []).append((i, unit))
-    calls = [
-        conn.scripts.renew_call([u for _, u in group])
-        if kind is _LEASE_KEYS
-        else kind._renew_script_call(conn, [u for _, u in group])
-        for (kind, _), group in groups.items()
-    ]
+            for renewer, key, unit in handle._renew_units(owner, ttl_ms):
+                groups.setdefault((renewer, slot(key)), []).append((i, unit))
+    calls = [renewer(conn, [u for _, u in group]) for (renewer, _), group in groups.items()]
 
     def decode(replies: list[Any]) -> list[int]:
         codes: list[int | None] = [None] * len(entries)

@@ -29,7 +29,8 @@ from .core.connection import Connection, HasConnection, connection_of
 from .core.keys import FENCE_TTL_MS, escape_glob, name_tag
 from .core.scripts import ScriptCall, bound_to, register, source
 from .exceptions import ConfigurationError, LockError, LockNotHeld
-from .handle import HOSTNAME, LockHandle, RenewEntry
+from .handle import HOSTNAME, LockHandle
+from .heartbeat import RenewEntry
 
 if TYPE_CHECKING:
     from redis.commands.core import Script

@@ -12,7 +12,8 @@ from .core.connection import Connection, HasConnection, connection_of
 from .core.keys import FENCE_TTL_MS
 from .core.scripts import ScriptCall, fair_keys
 from .exceptions import LockBackendError
-from .handle import HOSTNAME, LockHandle, RenewEntry, hint_seconds, log
+from .handle import HOSTNAME, LockHandle, hint_seconds, log
+from .heartbeat import RenewEntry, RenewUnit
 
 #: A fair waiter's registration lasts this long unless refreshed: a waiter that died is
 #: skipped by releases (not handed the lease) at most this long after it died.
@@ -127,6 +128,9 @@ class Lease(LockHandle):
             [(lease._keys.lock, owner, ttl_ms) for lease, owner, ttl_ms in entries]
         )
 
+    def _renew_units(self, owner: str, ttl_ms: int) -> list[RenewUnit]:
+        return [(renew_lease_keys, self._keys.lock, (self._keys.lock, owner, ttl_ms))]
+
     def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
         return release_holder(
             self._conn, self.name, task_id=task_id, pid=pid, host=host, delay=delay
@@ -147,6 +151,12 @@ class Lease(LockHandle):
         )
         if code != 1:
             raise self._lost_error(code, "hand over")
+
+
+def renew_lease_keys(conn: Connection, units: list[tuple[bytes, str, int]]) -> ScriptCall:
+    """One renew.lua call for (lock key, owner, ttl ms) units: on a Redis Cluster the leases
+    and the names of multi-key locks in one slot are renewed together by it."""
+    return conn.scripts.renew_call(units)
 
 
 def release_holder(

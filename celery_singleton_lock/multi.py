@@ -27,8 +27,10 @@ from .core.notifier import SUBSCRIBE_TIMEOUT
 from .core.redis_urls import is_cluster
 from .core.scripts import GONE, TAKEN, ScriptCall, bound_to, register, source
 from .exceptions import ConfigurationError
-from .handle import HOSTNAME, LockHandle, RenewEntry
+from .handle import HOSTNAME, LockHandle
+from .heartbeat import RenewEntry, RenewUnit
 from .lease import release_holder as release_lease_holder
+from .lease import renew_lease_keys
 
 if TYPE_CHECKING:
     from redis.commands.core import Script
@@ -146,6 +148,10 @@ class MultiLease(LockHandle):
             keys += (k.lock for k in handle._keys)
             args += (len(handle._keys), owner, ttl_ms)
         return scripts(conn).renew, keys, args
+
+    def _renew_units(self, owner: str, ttl_ms: int) -> list[RenewUnit]:
+        # A script may touch one slot only: each name is renewed as a lease is.
+        return [(renew_lease_keys, k.lock, (k.lock, owner, ttl_ms)) for k in self._keys]
 
     @contextmanager
     def _listening(self) -> Iterator[threading.Event]:
