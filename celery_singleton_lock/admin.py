@@ -28,10 +28,10 @@ from typing import Any
 
 from .core import validate
 from .core.connection import Connection, HasConnection, connection_of
+from .core.handle import OWN_INFO_FIELDS
 from .core.keys import lock_keys, lock_pattern
 from .core.scripts import register, source
 from .exceptions import LockError
-from .handle import OWN_INFO_FIELDS
 
 KINDS = ("lease", "read", "write", "upgradable", "range", "multi")
 LIVE, STALE, COOLDOWN = "live", "stale", "cooldown"

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 from .core import validate
 from .core.connection import Connection, HasConnection, connection_of
+from .core.handle import HOSTNAME, LockHandle
+from .core.heartbeat import RenewEntry
 from .core.keys import FENCE_TTL_MS, escape_glob, name_tag
 from .core.scripts import ScriptCall, bound_to, register, source
 from .exceptions import ConfigurationError, LockError, LockNotHeld
-from .handle import HOSTNAME, LockHandle
-from .heartbeat import RenewEntry
 
 if TYPE_CHECKING:
     from redis.commands.core import Script

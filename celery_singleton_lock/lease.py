@@ -9,11 +9,11 @@ from typing import Any
 
 from .core import validate
 from .core.connection import Connection, HasConnection, connection_of
+from .core.handle import HOSTNAME, LockHandle, hint_seconds, log
+from .core.heartbeat import RenewEntry, RenewUnit
 from .core.keys import FENCE_TTL_MS
 from .core.scripts import ScriptCall, fair_keys
 from .exceptions import LockBackendError
-from .handle import HOSTNAME, LockHandle, hint_seconds, log
-from .heartbeat import RenewEntry, RenewUnit
 
 #: A fair waiter's registration lasts this long unless refreshed: a waiter that died is
 #: skipped by releases (not handed the lease) at most this long after it died.

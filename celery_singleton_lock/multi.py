@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from .core import validate
 from .core.connection import Connection, HasConnection, connection_of
+from .core.handle import HOSTNAME, LockHandle
+from .core.heartbeat import RenewEntry, RenewUnit
 from .core.keys import FENCE_TTL_MS, LockKeys, encode_name, lock_pattern
 from .core.notifier import SUBSCRIBE_TIMEOUT
 from .core.redis_urls import is_cluster
 from .core.scripts import GONE, TAKEN, ScriptCall, bound_to, register, source
 from .exceptions import ConfigurationError
-from .handle import HOSTNAME, LockHandle
-from .heartbeat import RenewEntry, RenewUnit
 from .lease import release_holder as release_lease_holder
 from .lease import renew_lease_keys
 
