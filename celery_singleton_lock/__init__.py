@@ -19,10 +19,10 @@ from .exceptions import (
     LockTaken,
     LockTimeout,
 )
-from .lease import Lease
-from .multi import MultiLease
-from .rangelock import RangeLock, RangeLockHandle
-from .rwlock import RWLock, RWLockHandle
+from .kinds.lease import Lease
+from .kinds.multi import MultiLease
+from .kinds.rangelock import RangeLock, RangeLockHandle
+from .kinds.rwlock import RWLock, RWLockHandle
 
 if TYPE_CHECKING:
     from .aio import AsyncLockClient

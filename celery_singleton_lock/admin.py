@@ -201,7 +201,7 @@ def listers() -> tuple[Lister, ...]:
     with ``list_holders(client, pattern)``. A multi-key lock holds each name in a lease's
     hash, so its names are cleared as leases are: by fencing token, one name at a time."""
     # Imported here: those modules build on the client, which imports this module.
-    from . import multi, rangelock, rwlock
+    from .kinds import multi, rangelock, rwlock
 
     return (
         LEASES,
@@ -214,7 +214,7 @@ def listers() -> tuple[Lister, ...]:
 def _interval_clear(family: bytes) -> Callable[[Connection, Holder], int]:
     """Clear one hold of an interval lock by its owner and fencing token (so a holder that
     left and came back under the same owner is left alone)."""
-    from .intervals import clear_hold
+    from .kinds.intervals import clear_hold
 
     def clear(client: Connection, holder: Holder) -> int:
         token = holder.get("token")

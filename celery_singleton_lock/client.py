@@ -17,10 +17,10 @@ from .core.keys import DEFAULT_PREFIX, LockKeys
 from .core.notifier import Notifier
 from .core.scripts import Scripts
 from .exceptions import ConfigurationError, LockBackendError
-from .lease import Lease, release_holder
-from .multi import MultiLease
-from .rangelock import RangeLock
-from .rwlock import RWLock
+from .kinds.lease import Lease, release_holder
+from .kinds.multi import MultiLease
+from .kinds.rangelock import RangeLock
+from .kinds.rwlock import RWLock
 
 T = TypeVar("T")
 

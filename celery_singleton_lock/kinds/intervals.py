@@ -1,0 +1,362 @@
+"""The interval engine under reader-writer and range locks.
+
+One named lock holds read, upgradable and write holds on closed intervals [lo, hi] of the
+real line; a reader-writer lock is the special case where every hold covers the whole line.
+Each hold is its own entry with its own expiry, so a crashed holder frees its share within its
+lease. The Lua side (``lua/interval_*.lua``, with the shared helpers of
+``lua/interval_common.lua`` prepended) documents the layout::
+
+    B exp            zset  owner -> expiry (server ms), every holder of every mode
+    B r:lo, r:hi     zsets read holders by lo and by hi
+    B u:lo, u:hi     zsets upgradable holders          B w:lo, w:hi   write holders
+    B h:<owner>      hash  one holder: the lease fields + mode, lo, hi, parent
+    B q:lo, q:hi, q:exp    reservations of waiting writers (short, renewed while waiting)
+    P{T}:fence       the fencing counter shared with the lease of the same name
+    B chan           pub/sub channel woken by releases, shrinks and downgrades
+
+with ``B = P{T}:rw:`` for reader-writer locks and ``P{T}:range:`` for range locks. Acquire,
+release, shrink, upgrade and downgrade are one script call each, O(log n) in the holders.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..core import validate
+from ..core.connection import Connection, HasConnection, connection_of
+from ..core.handle import HOSTNAME, LockHandle
+from ..core.heartbeat import RenewEntry
+from ..core.keys import FENCE_TTL_MS, escape_glob, name_tag
+from ..core.scripts import ScriptCall, bound_to, register, source
+from ..exceptions import ConfigurationError, LockError, LockNotHeld
+
+if TYPE_CHECKING:
+    from redis.commands.core import Script
+
+#: How long a waiting writer's reservation lasts; the waiter renews it every third of this,
+#: so a writer that dies while waiting stops holding readers back within this time.
+RESERVATION_MS = 1500
+
+MODE_NAMES = {"r": "read", "u": "upgradable", "w": "write"}
+PARENT_GONE = -3
+NOT_INSIDE = -4
+
+
+@dataclass(frozen=True)
+class IntervalKeys:
+    """The Redis names of one interval lock (see the module docstring)."""
+
+    base: bytes
+    indexes: tuple[bytes, ...]  # exp, r:lo, r:hi, u:lo, u:hi, w:lo, w:hi
+    queue: tuple[bytes, bytes, bytes]  # q:lo, q:hi, q:exp
+    fence: bytes
+    channel: bytes
+
+    def holder(self, owner: str) -> bytes:
+        return self.base + b"h:" + owner.encode()
+
+    def all(self, owner: str) -> list[bytes]:
+        """KEYS 1..12 of the acquire/release/change scripts."""
+        return [*self.indexes, self.holder(owner), *self.queue, self.fence]
+
+
+def interval_keys(prefix: str, name: str, family: bytes) -> IntervalKeys:
+    """Keys of the interval lock ``name`` of ``family`` (``rw`` or ``range``)."""
+    slot = prefix.encode() + b"{" + name_tag(name) + b"}:"
+    base = slot + family + b":"
+    parts = (b"exp", b"r:lo", b"r:hi", b"u:lo", b"u:hi", b"w:lo", b"w:hi")
+    return IntervalKeys(
+        base=base,
+        indexes=tuple(base + part for part in parts),
+        queue=(base + b"q:lo", base + b"q:hi", base + b"q:exp"),
+        fence=slot + b"fence",
+        channel=base + b"chan",
+    )
+
+
+class IntervalScripts:
+    """The interval scripts registered on one Redis client (no I/O)."""
+
+    def __init__(self, redis: Any) -> None:
+        common = source("interval_common")
+
+        def load(name: str) -> Script:
+            return register(redis, common + "\n" + source(name))
+
+        self.acquire = load("interval_acquire")
+        self.release = load("interval_release")
+        self.change = load("interval_change")
+        self.renew = load("interval_renew")
+
+
+def scripts(client: Connection) -> IntervalScripts:
+    """The interval scripts of ``client``, registered on first use."""
+    return bound_to(client, IntervalScripts)
+
+
+def check_bound(value: object, argument: str) -> float:
+    """A real number (``±math.inf`` allowed as open ends), never NaN or a bool."""
+    return validate.check_real(value, argument)
+
+
+def check_interval(lo: object, hi: object) -> tuple[float, float]:
+    low, high = check_bound(lo, "lo"), check_bound(hi, "hi")
+    if low > high:
+        raise ConfigurationError("lo", f"must be <= hi, got lo={lo!r} > hi={hi!r}")
+    return low, high
+
+
+def score(value: float) -> str:
+    """A bound as Redis and Lua parse it: ``repr`` round-trips every double."""
+    return repr(value)
+
+
+class IntervalHandle(LockHandle):
+    """A hold on [lo, hi] of an interval lock, in one mode ('r', 'u' or 'w')."""
+
+    _family = b"rw"
+
+    def __init__(
+        self,
+        client: Connection | HasConnection,
+        name: str,
+        mode: str,
+        lo: float,
+        hi: float,
+        *,
+        parent: IntervalHandle | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(client, name, **options)
+        self.mode = mode
+        self.lo, self.hi = lo, hi
+        self._parent = parent
+        self._keys = interval_keys(self._conn.prefix, self.name, self._family)
+        self._channel = self._keys.channel
+        self._scripts = scripts(self._conn)
+
+    def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
+        parent = ""
+        if self._parent is not None:
+            if not self._parent._mine() or self._parent._owner is None:
+                raise LockNotHeld(
+                    f"the upgradable hold on {self.name!r} is not held", name=self.name
+                )
+            parent = self._parent._owner
+        holder = self._describe_holder()
+        code, value = self._conn.call(
+            self._scripts.acquire,
+            keys=self._keys.all(owner),
+            args=[
+                owner, self.mode, score(self.lo), score(self.hi), self._ttl_ms,
+                self._max_hold_ms, FENCE_TTL_MS,
+                RESERVATION_MS if reserve and self.mode == "w" else 0,
+                parent, self._channel, *holder,
+            ],
+        )  # fmt: skip
+        code, value = int(code), int(value)
+        if code == PARENT_GONE:
+            raise LockNotHeld(
+                f"the upgradable hold on {self.name!r} is gone or does not cover"
+                f" [{self.lo}, {self.hi}]",
+                name=self.name,
+            )
+        if code == 1:
+            return True, value
+        if reserve and self.mode == "w":
+            value = min(value, RESERVATION_MS // 3)  # wake in time to renew the reservation
+        return False, value
+
+    def _abandon(self, owner: str) -> None:
+        if self.mode == "w":
+            self._release(owner, 0)
+
+    def _release(self, owner: str, delay_ms: int) -> int:
+        return release_hold(self._conn, self._keys, owner, delay_ms)
+
+    def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
+        return release_holder(
+            self._conn,
+            self._family,
+            self.name,
+            task_id=task_id,
+            pid=pid,
+            host=host,
+            delay=delay,
+        )
+
+    def _change(
+        self, op: str, lo: float = 0.0, hi: float = 0.0, reserve: int = 0
+    ) -> tuple[int, int]:
+        owner = self._owner
+        if owner is None or not self._mine():
+            raise LockNotHeld(f"lock {self.name!r} is not held", name=self.name)
+        code, value = self._conn.call(
+            self._scripts.change,
+            keys=self._keys.all(owner)[:11],
+            args=[op, owner, score(lo), score(hi), reserve, self._channel],
+        )
+        return int(code), int(value)
+
+    def _changed_lost(self, op: str) -> LockError:
+        error = self._lost_error(0, op)
+        self._mark_lost(self._owner, error)
+        return error
+
+    @classmethod
+    def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:
+        keys: list[bytes] = []
+        args: list[Any] = []
+        for handle, owner, ttl_ms in entries:
+            keys += (*handle._keys.indexes, handle._keys.holder(owner))
+            args += (owner, ttl_ms)
+        return scripts(conn).renew, keys, args
+
+
+def list_holders(
+    client: Connection | HasConnection, family: bytes, pattern: str | None
+) -> list[dict[str, Any]]:
+    """Every holder of every ``family`` interval lock under the client's prefix whose name
+    matches the glob ``pattern`` (None: all), decoded."""
+    conn = connection_of(client)
+    match = escape_glob(conn.prefix.encode()) + b"{*}:" + family + b":h:*"
+    redis = conn.redis
+    keys = list(conn.call(lambda: list(redis.scan_iter(match=match, count=1000))))
+    pipe = redis.pipeline(transaction=False)
+    for key in keys:
+        pipe.hgetall(key)
+        pipe.pttl(key)
+    replies = conn.call(pipe.execute)
+    holders = []
+    for fields, pttl in zip(replies[::2], replies[1::2], strict=True):
+        if not fields:
+            continue
+        record = decode_holder(fields, pttl)
+        if family == b"rw":
+            record["kind"] = MODE_NAMES.get(record.get("mode", ""), record.get("kind"))
+        if pattern is None or fnmatch.fnmatchcase(record["name"], pattern):
+            holders.append(record)
+    return holders
+
+
+def decode_holder(fields: dict[bytes, bytes], pttl: int) -> dict[str, Any]:
+    """A holder hash as a dict: numbers as int (lo/hi as float), text as str."""
+    record: dict[str, Any] = {}
+    for raw_key, raw in fields.items():
+        key = raw_key.decode()
+        text = raw.decode("utf-8", "surrogatepass")
+        if key in ("token", "acquired_ms", "renewed_ms", "ttl_ms", "deadline_ms", "pid"):
+            record[key] = int(text)
+        elif key in ("lo", "hi"):
+            record[key] = float(text)
+        else:
+            record[key] = text
+    record["pttl_ms"] = int(pttl)
+    if "mode" in record:
+        record["mode"] = MODE_NAMES.get(record["mode"], record["mode"])
+    return record
+
+
+def clear_holder(
+    client: Connection | HasConnection,
+    family: bytes,
+    name: str,
+    owner: str,
+    token: int | None = None,
+) -> bool:
+    """Remove the holder ``owner`` of interval lock ``name`` (if ``token`` is given, only if
+    that is still its fencing token) and wake waiters. True if something was removed."""
+    return clear_hold(client, family, name, owner, token=token) == 1
+
+
+def clear_hold(
+    client: Connection | HasConnection,
+    family: bytes,
+    name: str,
+    owner: str,
+    *,
+    token: int | None = None,
+    renewed_ms: int | None = None,
+) -> int:
+    """:func:`clear_holder` for the admin tools, with the script's code: 1 removed, 0 not
+    held, -1 the fencing token differs, -2 renewed since ``renewed_ms`` (when given: the
+    renewal time it had when listed stale, so a holder whose heartbeat resumed stays)."""
+    name = validate.check_name(name)
+    owner = validate.check_text(owner, "owner")
+    token = validate.check_optional_token(token)
+    conn = connection_of(client)
+    keys = interval_keys(conn.prefix, name, family)
+    return release_hold(
+        conn,
+        keys,
+        owner,
+        0,
+        "" if token is None else str(token),
+        "" if renewed_ms is None else str(int(renewed_ms)),
+    )
+
+
+def release_hold(
+    conn: Connection,
+    keys: IntervalKeys,
+    owner: str,
+    delay_ms: int,
+    token: str = "",
+    renewed_ms: str = "",
+) -> int:
+    """One run of interval_release.lua: release ``owner``'s hold (after ``delay_ms`` of
+    delay-after), only if its fencing token is ``token`` and its last renewal ``renewed_ms``
+    when they are given; 1 released, 0 not held, -1 the token differs, -2 renewed since."""
+    code = conn.call(
+        scripts(conn).release,
+        keys=keys.all(owner)[:11],
+        args=[owner, delay_ms, keys.channel, token, renewed_ms],
+    )
+    return int(code)
+
+
+def release_holder(
+    client: Connection | HasConnection,
+    family: bytes,
+    name: str,
+    *,
+    task_id: str,
+    pid: int,
+    host: str | None = None,
+    delay: float = 0.0,
+) -> bool:
+    """Release (after ``delay`` seconds of delay-after) the holds of interval lock ``name``
+    that task ``task_id`` running in process ``pid`` on ``host`` (default: this machine)
+    has; for a supervisor (the Celery worker's main process) whose child can no longer
+    release, and which knows no owner token. True if a hold was released.
+
+    It reads the owners, then their holder fields (a round trip each), then runs the release
+    script on each match with the fencing token it read: that very hold goes, or nothing (it
+    expired or was cleared meanwhile). Only after a crash, so a few round trips are fine."""
+    name = validate.check_name(name)
+    task_id = validate.check_text(task_id, "task_id")
+    pid = validate.check_pid(pid)
+    host = validate.check_host(host, HOSTNAME)
+    delay = validate.check_delay(delay)
+    delay_ms = validate.seconds_to_ms(delay) if delay > 0 else 0
+    conn = connection_of(client)
+    keys = interval_keys(conn.prefix, name, family)
+    redis = conn.redis
+    owners = [raw.decode() for raw in conn.call(redis.zrange, keys.indexes[0], 0, -1)]
+    if not owners:
+        return False
+    pipe = redis.pipeline(transaction=False)
+    for owner in owners:
+        pipe.hmget(keys.holder(owner), "task_id", "pid", "host", "token", "state")
+    replies = conn.call(pipe.execute)
+    # The host too: pids are reused across machines (and containers).
+    wanted = (task_id.encode(), str(pid).encode(), host.encode())
+    released = False
+    for owner, (held_by, held_in, held_on, token, state) in zip(owners, replies, strict=True):
+        # A hold in delay-after was released already: its delay must not start again.
+        if (held_by, held_in, held_on) != wanted or token is None or state == b"cooldown":
+            continue
+        released = release_hold(conn, keys, owner, delay_ms, token.decode()) == 1 or released
+    return released

@@ -1,0 +1,184 @@
+"""The exclusive lease: one holder per name at a time, renewed by the heartbeat."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..core import validate
+from ..core.connection import Connection, HasConnection, connection_of
+from ..core.handle import HOSTNAME, LockHandle, hint_seconds, log
+from ..core.heartbeat import RenewEntry, RenewUnit
+from ..core.keys import FENCE_TTL_MS
+from ..core.scripts import ScriptCall, fair_keys
+from ..exceptions import LockBackendError
+
+#: A fair waiter's registration lasts this long unless refreshed: a waiter that died is
+#: skipped by releases (not handed the lease) at most this long after it died.
+FAIR_REGISTRATION_MS = 1000
+#: A fair waiter refreshes its registration (and tries the name, in case it was freed
+#: without a hand-off: expiry, delay-after, a clear) this often.
+FAIR_REFRESH = 0.25
+
+
+class Lease(LockHandle):
+    """An exclusive, expiring lock on one name.
+
+    Made by :meth:`LockClient.lease`. ``acquire`` takes it, ``release`` gives it back, and
+    while it is held the process's heartbeat renews it every ``ttl / 3`` seconds, so a holder
+    that dies frees the name within ``ttl``. Used as a context manager it acquires (waiting up
+    to ``wait`` seconds, else raising :class:`LockTimeout`) and releases on exit.
+    """
+
+    kind = "lease"
+
+    def __init__(
+        self, client: Connection | HasConnection, name: str, *, fair: bool = False, **options: Any
+    ) -> None:
+        """Options as for :meth:`LockClient.lease`."""
+        super().__init__(client, name, **options)
+        #: A blocked acquire queues, and a release hands the lease straight to the oldest
+        #: live waiter: first come, first served, and no second round trip to take it.
+        self.fair = validate.check_bool(fair, "fair")
+        self._queued = ""  # the owner token a fair acquire waits in the queue with
+        self._keys = self._conn.keys(self.name)
+        self._channel = self._keys.channel
+        # Claims (see claims.py): hold the name as this fixed owner token instead of a fresh
+        # one, and/or take over a claim held under this token.
+        self._claim_as: str | None = None
+        self._takeover = ""
+
+    def _new_owner(self) -> str:
+        owner = self._claim_as or super()._new_owner()
+        self._queued = owner
+        return owner
+
+    def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
+        conn = self._conn
+        return conn.call(
+            conn.scripts.acquire,
+            self._keys.lock,
+            self._keys.fence,
+            owner,
+            self._ttl_ms,
+            self._max_hold_ms,
+            FENCE_TTL_MS,
+            self._describe_holder(),
+            self._takeover,
+            waiting=reserve,
+            fair_ms=FAIR_REGISTRATION_MS if reserve and self.fair else 0,
+        )
+
+    def _wait_for(
+        self, attempt: Callable[[], tuple[bool, int]], wait: float, abandon: Callable[[], None]
+    ) -> tuple[bool, int]:
+        if not self.fair:
+            return super()._wait_for(attempt, wait, abandon)
+        return self._wait_in_queue(attempt, wait)
+
+    def _wait_in_queue(
+        self, attempt: Callable[[], tuple[bool, int]], wait: float
+    ) -> tuple[bool, int]:
+        """Block on this waiter's hand-off list, on a pooled connection of its own, until a
+        release hands it the lease; refresh the registration between blocks."""
+        conn = self._conn
+        owner = self._queued
+        handed = fair_keys(self._keys.base, owner)[2]
+        deadline = time.monotonic() + wait
+        hint = FAIR_REFRESH
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                # Whole ms, at least one: BLPOP rounds down, and 0 would block forever.
+                timeout = max(1, math.ceil(min(FAIR_REFRESH, hint, remaining) * 1000)) / 1000
+                reply = conn.call(conn.redis.blpop, [handed], timeout=timeout)
+                if reply is not None:
+                    return True, int(reply[1])
+                taken, value = attempt()
+                if taken:
+                    return True, value
+                hint = hint_seconds(value)
+        except LockBackendError:
+            self._leave_queue(owner)
+            raise
+        token = self._leave_queue(owner)
+        return (True, token) if token else (False, 0)
+
+    def _leave_queue(self, owner: str) -> int:
+        """Withdraw from the queue; the token if a release handed the lease over meanwhile
+        (this waiter then holds it, taken as its wait ran out)."""
+        conn = self._conn
+        try:
+            return conn.call(conn.scripts.fair_abandon, self._keys.lock, owner)
+        except LockBackendError:
+            log.warning("could not withdraw the wait of %r", self.name, exc_info=True)
+            return 0
+
+    def _release(self, owner: str, delay_ms: int) -> int:
+        conn = self._conn
+        return conn.call(conn.scripts.release, self._keys.lock, owner, delay_ms, self._keys.channel)
+
+    @classmethod
+    def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:
+        return conn.scripts.renew_call(
+            [(lease._keys.lock, owner, ttl_ms) for lease, owner, ttl_ms in entries]
+        )
+
+    def _renew_units(self, owner: str, ttl_ms: int) -> list[RenewUnit]:
+        return [(renew_lease_keys, self._keys.lock, (self._keys.lock, owner, ttl_ms))]
+
+    def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
+        return release_holder(
+            self._conn, self.name, task_id=task_id, pid=pid, host=host, delay=delay
+        )
+
+    def _hand_over(self, new_owner: str, ttl: float, fields: dict[str, str]) -> None:
+        """Pass the held name to ``new_owner`` (a claim) without freeing it in between; this
+        handle no longer holds it afterwards. Raises LockLost if it was lost already."""
+        owner = self._forget()
+        flat = [item for pair in fields.items() for item in pair]
+        code = self._conn.call(
+            self._conn.scripts.handover,
+            self._keys.lock,
+            owner,
+            new_owner,
+            validate.seconds_to_ms(ttl),
+            flat,
+        )
+        if code != 1:
+            raise self._lost_error(code, "hand over")
+
+
+def renew_lease_keys(conn: Connection, units: list[tuple[bytes, str, int]]) -> ScriptCall:
+    """One renew.lua call for (lock key, owner, ttl ms) units: on a Redis Cluster the leases
+    and the names of multi-key locks in one slot are renewed together by it."""
+    return conn.scripts.renew_call(units)
+
+
+def release_holder(
+    client: Connection | HasConnection,
+    name: str,
+    *,
+    task_id: str,
+    pid: int,
+    host: str | None = None,
+    delay: float = 0.0,
+) -> bool:
+    """Release lease ``name`` (after ``delay`` seconds of delay-after) if task ``task_id``
+    running in process ``pid`` on ``host`` (default: this machine) holds it; for a
+    supervisor whose child can no longer release. A claim handed over for the task's next
+    attempt is never released here. True if released."""
+    conn = connection_of(client)
+    keys = conn.keys(name)
+    task_id = validate.check_text(task_id, "task_id")
+    pid = validate.check_pid(pid)
+    host = validate.check_host(host, HOSTNAME)
+    delay = validate.check_delay(delay)
+    delay_ms = validate.seconds_to_ms(delay) if delay > 0 else 0
+    return conn.call(
+        conn.scripts.release_holder, keys.lock, task_id, pid, host, delay_ms, keys.channel
+    )

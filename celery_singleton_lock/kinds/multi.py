@@ -1,0 +1,238 @@
+"""Multi-key locks: several exclusive leases taken all or nothing.
+
+Each name is held in the very hash a :class:`Lease` on that name uses (``P{T}:lock``, see
+keys.py), with ``kind = multi``, so a multi-lock over {a, b} and a plain lease on ``a``
+exclude each other, and the lease tools (admin listing, clearing) see it. Each name gets its
+own fencing token from its own counter (``P{T}:fence``).
+
+On one Redis server every key is reachable from one script, so ``lua/multi_acquire.lua``
+takes all names atomically: two multi-locks over overlapping names can never each hold part
+of what the other needs, hence no deadlock. On a Redis Cluster client the names live in
+different slots; there they are taken one by one in sorted key order (a global order, so no
+cycle of waiters) and the ones taken are given back when a later one is busy.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from ..core import validate
+from ..core.connection import Connection, HasConnection, connection_of
+from ..core.handle import HOSTNAME, LockHandle
+from ..core.heartbeat import RenewEntry, RenewUnit
+from ..core.keys import FENCE_TTL_MS, LockKeys, encode_name, lock_pattern
+from ..core.notifier import SUBSCRIBE_TIMEOUT
+from ..core.redis_urls import is_cluster
+from ..core.scripts import GONE, TAKEN, ScriptCall, bound_to, register, source
+from ..exceptions import ConfigurationError
+from .lease import release_holder as release_lease_holder
+from .lease import renew_lease_keys
+
+if TYPE_CHECKING:
+    from redis.commands.core import Script
+
+
+class MultiScripts:
+    """The multi-key scripts registered on one Redis client (no I/O)."""
+
+    def __init__(self, redis: Any) -> None:
+        self.acquire: Script = register(redis, source("multi_acquire"))
+        self.release: Script = register(redis, source("multi_release"))
+        self.renew: Script = register(redis, source("multi_renew"))
+
+
+def scripts(client: Connection) -> MultiScripts:
+    """The multi-key scripts of ``client``, registered on first use."""
+    return bound_to(client, MultiScripts)
+
+
+def check_names(names: object) -> list[str]:
+    """A non-empty collection of lock names (not a single str), without duplicates."""
+    if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
+        raise ConfigurationError("names", f"must be a collection of str, got {names!r}")
+    checked = [validate.check_name(name, "names") for name in names]
+    if not checked:
+        raise ConfigurationError("names", "must not be empty")
+    return sorted(set(checked))
+
+
+class MultiLease(LockHandle):
+    """Exclusive leases on several names, held together: taken all or nothing, renewed in
+    the heartbeat's one round trip (one script call; per slot on Cluster), released together.
+    Lease-like; ``token`` is the largest of the per-name fencing tokens and ``tokens`` maps
+    each name to its own."""
+
+    kind = "multi"
+
+    def __init__(self, client: Connection | HasConnection, names: object, **options: Any) -> None:
+        checked = check_names(names)
+        super().__init__(client, " + ".join(checked), **options)
+        #: The names held, sorted.
+        self.names = tuple(checked)
+        pairs = sorted(((self._conn.keys(n), n) for n in checked), key=lambda p: p[0].lock)
+        self._keys: list[LockKeys] = [keys for keys, _ in pairs]
+        self._ordered = [name for _, name in pairs]  # the names in key order
+        self._channel = self._keys[0].channel
+        self._tokens: dict[str, int] = {}
+        self._scripts = scripts(self._conn)
+
+    @property
+    def tokens(self) -> dict[str, int]:
+        """The fencing token of each name (of the current or last acquisition)."""
+        return dict(self._tokens)
+
+    def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
+        if is_cluster(self._conn.redis):
+            return self._try_acquire_in_order(owner, reserve)
+        reply = self._conn.call(
+            self._scripts.acquire,
+            keys=[k.lock for k in self._keys] + [k.fence for k in self._keys],
+            args=[
+                owner, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS, "1" if reserve else "",
+                *(encode_name(name) for name in self._ordered),
+                *self._describe_holder(named=False),
+            ],
+        )  # fmt: skip
+        if int(reply[0]) != 1:
+            return False, int(reply[1])
+        self._tokens = {name: int(t) for name, t in zip(self._ordered, reply[1:], strict=True)}
+        return True, max(self._tokens.values())
+
+    def _try_acquire_in_order(self, owner: str, reserve: bool) -> tuple[bool, int]:
+        """Redis Cluster: one lease per name in key order; on a busy name give back the rest."""
+        base = self._conn.scripts
+        tokens: dict[str, int] = {}
+        for keys, name in zip(self._keys, self._ordered, strict=True):
+            holder = [b"name", encode_name(name), *self._describe_holder(named=False)]
+            taken, value = self._conn.call(
+                base.acquire, keys.lock, keys.fence, owner, self._ttl_ms,
+                self._max_hold_ms, FENCE_TTL_MS, holder, waiting=reserve,
+            )  # fmt: skip
+            if not taken:
+                for done in self._keys[: len(tokens)]:
+                    self._conn.call(base.release, done.lock, owner, 0, done.channel)
+                return False, value
+            tokens[name] = value
+        self._tokens = tokens
+        return True, max(tokens.values())
+
+    def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
+        return release_holder(
+            self._conn, self.names, task_id=task_id, pid=pid, host=host, delay=delay
+        )
+
+    def _release(self, owner: str, delay_ms: int, token: str = "") -> int:
+        if is_cluster(self._conn.redis):
+            codes = [
+                self._conn.call(self._conn.scripts.release, k.lock, owner, delay_ms, k.channel)
+                for k in self._keys
+            ]
+            return TAKEN if TAKEN in codes else GONE if GONE in codes else 1
+        return int(
+            self._conn.call(
+                self._scripts.release,
+                keys=[k.lock for k in self._keys],
+                args=[owner, delay_ms, token, *(k.channel for k in self._keys)],
+            )
+        )
+
+    @classmethod
+    def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:
+        keys: list[bytes] = []
+        args: list[Any] = []
+        for handle, owner, ttl_ms in entries:
+            keys += (k.lock for k in handle._keys)
+            args += (len(handle._keys), owner, ttl_ms)
+        return scripts(conn).renew, keys, args
+
+    def _renew_units(self, owner: str, ttl_ms: int) -> list[RenewUnit]:
+        # A script may touch one slot only: each name is renewed as a lease is.
+        return [(renew_lease_keys, k.lock, (k.lock, owner, ttl_ms)) for k in self._keys]
+
+    @contextmanager
+    def _listening(self) -> Iterator[threading.Event]:
+        """One Event woken by a release of any of the names."""
+        notifier = self._conn.notifier
+        event = threading.Event()
+        channels = [k.channel for k in self._keys]
+        try:
+            confirmed = [notifier._add(channel, event) for channel in channels]
+            for done in confirmed:
+                done.wait(SUBSCRIBE_TIMEOUT)
+            yield event
+        finally:
+            for channel in channels:
+                notifier._remove(channel, event)
+
+
+def list_holders(
+    client: Connection | HasConnection, pattern: str | None = None
+) -> list[dict[str, Any]]:
+    """One dict per name held by a multi-key lock under the client's prefix whose name
+    matches the glob ``pattern`` (None: all); ``owner`` tells which names are held together."""
+    from .intervals import decode_holder
+
+    conn = connection_of(client)
+    redis = conn.redis
+    found = conn.call(lambda: list(redis.scan_iter(match=lock_pattern(conn.prefix))))
+    pipe = redis.pipeline(transaction=False)
+    for key in found:
+        pipe.hgetall(key)
+        pipe.pttl(key)
+    replies = conn.call(pipe.execute)
+    holders = []
+    for fields, pttl in zip(replies[::2], replies[1::2], strict=True):
+        if fields.get(b"kind") != b"multi" or not fields.get(b"owner"):
+            continue
+        record = decode_holder(fields, pttl)
+        if pattern is None or fnmatch.fnmatchcase(record["name"], pattern):
+            holders.append(record)
+    return holders
+
+
+def clear_holder(
+    client: Connection | HasConnection, name: str, owner: str, token: int | None = None
+) -> bool:
+    """Free ``name`` if the multi-key holder ``owner`` (with fencing ``token``, when given)
+    still holds it, atomically, and wake its waiters. The holder's other names stay held
+    until its next heartbeat finds this one gone and stops renewing them."""
+    conn = connection_of(client)
+    keys = conn.keys(validate.check_name(name))
+    owner = validate.check_text(owner, "owner")
+    token = validate.check_optional_token(token)
+    code = conn.call(
+        scripts(conn).release,
+        keys=[keys.lock],
+        args=[owner, 0, "" if token is None else str(token), keys.channel],
+    )
+    return int(code) == 1
+
+
+def release_holder(
+    client: Connection | HasConnection,
+    names: Iterable[str],
+    *,
+    task_id: str,
+    pid: int,
+    host: str | None = None,
+    delay: float = 0.0,
+) -> bool:
+    """Release (after ``delay`` seconds of delay-after) every one of ``names`` that task
+    ``task_id`` in process ``pid`` on ``host`` (default: this machine) holds: for a
+    supervisor whose child can no longer release. True if a name was released."""
+    checked = check_names(names)
+    task_id = validate.check_text(task_id, "task_id")
+    pid = validate.check_pid(pid)
+    host = validate.check_host(host, HOSTNAME)
+    delay = validate.check_delay(delay)
+    # Every name, also after one found free: each is a hash of its own.
+    conn = connection_of(client)
+    freed = [
+        release_lease_holder(conn, name, task_id=task_id, pid=pid, host=host, delay=delay)
+        for name in checked
+    ]
+    return any(freed)
