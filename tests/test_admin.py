@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from celery_singleton_lock import LockClient, LockError, LockExpired, admin, output
+from celery_singleton_lock.core import scan
 from celery_singleton_lock.heartbeat import heartbeat
 from celery_singleton_lock.output import to_json
 
@@ -125,8 +126,44 @@ def test_listing_scans_and_pipelines(
 
     for method in ("keys", "hgetall", "pttl", "hget", "hmget"):
         monkeypatch.setattr(lock_client.redis, method, forbidden)
-    monkeypatch.setattr(admin, "BATCH", 7)  # several SCAN pages and pipelines
+    monkeypatch.setattr(scan, "BATCH", 7)  # several SCAN pages and pipelines
     assert sorted(by_name(lock_client)) == sorted(f"many-{i}" for i in range(30))
+
+
+def test_a_listing_scans_each_keyspace_once(
+    lock_client: LockClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handles = [
+        lock_client.lease("scan-lease", heartbeat=False),
+        lock_client.multi(["scan-m1", "scan-m2"], heartbeat=False),
+        lock_client.rwlock("scan-rw").read(heartbeat=False),
+        lock_client.range_lock("scan-range").write(0, 1, heartbeat=False),
+    ]
+    for handle in handles:
+        assert handle.acquire()
+    scan_iter = lock_client.redis.scan_iter
+    matches: list[Any] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        matches.append(kwargs.get("match"))
+        return scan_iter(*args, **kwargs)
+
+    monkeypatch.setattr(lock_client.redis, "scan_iter", counted)
+    assert sorted((info.name, info.kind) for info in lock_client.locks()) == [
+        ("scan-lease", "lease"),
+        ("scan-m1", "multi"),
+        ("scan-m2", "multi"),
+        ("scan-range", "range"),
+        ("scan-rw", "read"),
+    ]
+    # Leases and multi-key locks share the lease keys: three keyspaces, each scanned once.
+    assert len(matches) == len(set(matches)) == 3
+    matches.clear()
+    # A pattern naming one lock reads its lease key directly: only the interval keyspaces.
+    assert [info.kind for info in lock_client.locks("scan-m1")] == ["multi"]
+    assert len(matches) == len(set(matches)) == 2
+    for handle in handles:
+        handle.release()
 
 
 def test_stale_when_the_holders_heartbeat_stopped(

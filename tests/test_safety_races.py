@@ -254,7 +254,7 @@ def test_client_clear_says_when_the_heartbeat_resumed(
         heartbeat().tick()  # the holder wakes up between the read and the clear
         return infos
 
-    monkeypatch.setattr(admin, "list_locks", list_then_resume)
+    monkeypatch.setattr(admin.inspect, "list_locks", list_then_resume)
     with pytest.raises(LockError, match="heartbeat resumed"):
         lock_client.clear("cool")
     assert_still_held(lock_client, lease)

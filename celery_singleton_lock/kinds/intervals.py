@@ -29,6 +29,7 @@ from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle import HOSTNAME, LockHandle
 from ..core.heartbeat import RenewEntry
 from ..core.keys import FENCE_TTL_MS, escape_glob, name_tag
+from ..core.scan import Record, read_hashes, scan
 from ..core.scripts import ScriptCall, bound_to, register, source
 from ..exceptions import ConfigurationError, LockError, LockNotHeld
 
@@ -221,18 +222,21 @@ def list_holders(
     """Every holder of every ``family`` interval lock under the client's prefix whose name
     matches the glob ``pattern`` (None: all), decoded."""
     conn = connection_of(client)
-    match = escape_glob(conn.prefix.encode()) + b"{*}:" + family + b":h:*"
-    redis = conn.redis
-    keys = list(conn.call(lambda: list(redis.scan_iter(match=match, count=1000))))
-    pipe = redis.pipeline(transaction=False)
-    for key in keys:
-        pipe.hgetall(key)
-        pipe.pttl(key)
-    replies = conn.call(pipe.execute)
+    return holders_of(read_hashes(conn, holder_keys(conn, family)), family, pattern)
+
+
+def holder_keys(client: Connection | HasConnection, family: bytes) -> list[bytes]:
+    """The holder hashes (``B h:<owner>``) of every ``family`` interval lock under the
+    client's prefix (one SCAN)."""
+    conn = connection_of(client)
+    return scan(conn, escape_glob(conn.prefix.encode()) + b"{*}:" + family + b":h:*")
+
+
+def holders_of(records: list[Record], family: bytes, pattern: str | None) -> list[dict[str, Any]]:
+    """The ``family`` holders among holder-hash ``records`` whose lock name matches the
+    glob ``pattern`` (None: all), decoded."""
     holders = []
-    for fields, pttl in zip(replies[::2], replies[1::2], strict=True):
-        if not fields:
-            continue
+    for fields, pttl in records:
         record = decode_holder(fields, pttl)
         if family == b"rw":
             record["kind"] = MODE_NAMES.get(record.get("mode", ""), record.get("kind"))
@@ -296,6 +300,27 @@ def clear_hold(
         "" if token is None else str(token),
         "" if renewed_ms is None else str(int(renewed_ms)),
     )
+
+
+def clear_listed(client: Connection | HasConnection, family: bytes, holder: dict[str, Any]) -> int:
+    """Clear one listed hold of an interval lock by its owner and fencing token (so a holder
+    that left and came back under the same owner is left alone) and, when the holder dict
+    has a ``renewed_ms``, only if not renewed since; a code of :func:`clear_hold`."""
+    token = holder.get("token")
+    return clear_hold(
+        client,
+        family,
+        _text(holder["name"]),
+        _text(holder.get("owner") or ""),
+        token=None if token is None else int(token),
+        renewed_ms=holder.get("renewed_ms"),
+    )
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogatepass")
+    return str(value)
 
 
 def release_hold(

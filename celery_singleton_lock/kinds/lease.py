@@ -5,14 +5,17 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from fnmatch import fnmatchcase
 from typing import Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle import HOSTNAME, LockHandle, hint_seconds, log
 from ..core.heartbeat import RenewEntry, RenewUnit
-from ..core.keys import FENCE_TTL_MS
-from ..core.scripts import ScriptCall, fair_keys
+from ..core.keys import FENCE_TTL_MS, lock_keys, lock_pattern
+from ..core.patterns import literal_name
+from ..core.scan import Record, read_hashes, scan
+from ..core.scripts import ScriptCall, fair_keys, register, source
 from ..exceptions import LockBackendError
 
 #: A fair waiter's registration lasts this long unless refreshed: a waiter that died is
@@ -182,3 +185,64 @@ def release_holder(
     return conn.call(
         conn.scripts.release_holder, keys.lock, task_id, pid, host, delay_ms, keys.channel
     )
+
+
+# -- the admin side: listing and clearing holders ----------------------------------------------
+
+
+def lease_keys(client: Connection | HasConnection, pattern: str | None) -> list[bytes]:
+    """The lease keys (``P{T}:lock``) a listing of ``pattern`` reads: every one under the
+    prefix (one SCAN), or only the key of the one name a literal ``pattern`` spells. Multi-key
+    locks hold their names in these keys too."""
+    conn = connection_of(client)
+    name = None if pattern is None else literal_name(pattern)
+    if name is not None:
+        return [lock_keys(conn.prefix, name).lock]
+    return scan(conn, lock_pattern(conn.prefix))
+
+
+def lease_holders(records: list[Record], pattern: str | None = None) -> list[dict[str, Any]]:
+    """The lease holders among lease ``records`` (and every delay-after left on a lease key,
+    whoever left it) whose name matches the glob ``pattern``: a dict of the hash's fields
+    (str keys, values as stored) plus ``kind`` and ``pttl_ms``."""
+    holders: list[dict[str, Any]] = []
+    for fields, pttl in records:
+        holder = {_text(k): v for k, v in fields.items()}
+        kind = _text(holder.get("kind", b"lease"))
+        cooling = not holder.get("owner") and _text(holder.get("state", b"")) == "cooldown"
+        if kind != "lease" and not cooling:
+            continue  # a name held by a multi-key lock: multi.py lists its holders
+        holder["kind"] = kind
+        holder["pttl_ms"] = pttl
+        if pattern is None or fnmatchcase(_text(holder.get("name", b"")), pattern):
+            holders.append(holder)
+    return holders
+
+
+def list_holders(
+    client: Connection | HasConnection, pattern: str | None = None
+) -> list[dict[str, Any]]:
+    """Every lease holder under the client's prefix whose name matches the glob ``pattern``
+    (None: all); see :func:`lease_holders`."""
+    conn = connection_of(client)
+    return lease_holders(read_hashes(conn, lease_keys(conn, pattern)), pattern)
+
+
+def clear_holder(client: Connection | HasConnection, holder: dict[str, Any]) -> int:
+    """Delete the lease (or one name of a multi-key lock, or the delay-after any holder left
+    on a lease key) if it still carries the listed fencing token and, when the holder dict
+    has a ``renewed_ms``, was not renewed since (clear.lua); a code of clear.lua: 1 cleared,
+    0 gone, -1 taken by another holder, -2 renewed since."""
+    conn = connection_of(client)
+    keys = lock_keys(conn.prefix, _text(holder["name"]))
+    # Registering computes a SHA, no I/O; admin calls are rare enough to do it per call.
+    script = register(conn.redis, source("clear"))
+    renewed = holder.get("renewed_ms")
+    args = (str(holder["token"]), keys.channel, "" if renewed is None else str(renewed))
+    return int(conn.call(script, keys=(keys.lock,), args=args))
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogatepass")
+    return str(value)

@@ -24,13 +24,15 @@ from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle import HOSTNAME, LockHandle
 from ..core.heartbeat import RenewEntry, RenewUnit
-from ..core.keys import FENCE_TTL_MS, LockKeys, encode_name, lock_pattern
+from ..core.keys import FENCE_TTL_MS, LockKeys, encode_name
 from ..core.notifier import SUBSCRIBE_TIMEOUT
 from ..core.redis_urls import is_cluster
+from ..core.scan import Record, read_hashes
 from ..core.scripts import GONE, TAKEN, ScriptCall, bound_to, register, source
 from ..exceptions import ConfigurationError
+from .intervals import decode_holder
+from .lease import lease_keys, renew_lease_keys
 from .lease import release_holder as release_lease_holder
-from .lease import renew_lease_keys
 
 if TYPE_CHECKING:
     from redis.commands.core import Script
@@ -174,18 +176,15 @@ def list_holders(
 ) -> list[dict[str, Any]]:
     """One dict per name held by a multi-key lock under the client's prefix whose name
     matches the glob ``pattern`` (None: all); ``owner`` tells which names are held together."""
-    from .intervals import decode_holder
-
     conn = connection_of(client)
-    redis = conn.redis
-    found = conn.call(lambda: list(redis.scan_iter(match=lock_pattern(conn.prefix))))
-    pipe = redis.pipeline(transaction=False)
-    for key in found:
-        pipe.hgetall(key)
-        pipe.pttl(key)
-    replies = conn.call(pipe.execute)
+    return multi_holders(read_hashes(conn, lease_keys(conn, pattern)), pattern)
+
+
+def multi_holders(records: list[Record], pattern: str | None = None) -> list[dict[str, Any]]:
+    """The names held by multi-key locks among lease ``records`` (the names live in lease
+    keys), decoded, whose name matches the glob ``pattern`` (None: all)."""
     holders = []
-    for fields, pttl in zip(replies[::2], replies[1::2], strict=True):
+    for fields, pttl in records:
         if fields.get(b"kind") != b"multi" or not fields.get(b"owner"):
             continue
         record = decode_holder(fields, pttl)

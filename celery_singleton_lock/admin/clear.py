@@ -1,0 +1,113 @@
+"""Clearing what a listing found, safely: holder-checked and atomic, so a lock taken again
+since it was listed is left alone; and releasing what a dead task held, for a supervisor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core import validate
+from ..core.connection import Connection, HasConnection, connection_of
+from ..core.patterns import escape
+from ..exceptions import ConfigurationError, LockError
+from ..kinds.registry import LEASES, family_of
+from . import inspect
+from .inspect import COOLDOWN, LIVE, STALE, Holder, LockInfo
+
+__all__ = [
+    "CLEARED", "GONE", "RESUMED", "TAKEN", "clear", "clear_info", "clear_listed",
+    "release_holder",
+]  # fmt: skip
+
+#: What clearing a listed holder did (the clear scripts' codes).
+CLEARED = 1
+#: Released, expired or taken again since it was listed: nothing to clear.
+GONE = 0
+#: Another holder has it now.
+TAKEN = -1
+#: Listed stale, renewed since: its heartbeat resumed (a paused process, a prompt left open).
+RESUMED = -2
+
+
+# -- clearing --------------------------------------------------------------------------------
+
+
+def clear_info(client: Connection | HasConnection, info: LockInfo) -> bool:
+    """Clear the listed holder ``info`` if it still holds (token/owner-checked, atomic), and,
+    if it was listed stale, only if it was not renewed since: True if cleared, False if it
+    was gone, the name has another holder now, or its heartbeat resumed."""
+    return clear_listed(client, info) == CLEARED
+
+
+def clear_listed(client: Connection | HasConnection, info: LockInfo, *, force: bool = False) -> int:
+    """Clear the listed holder ``info`` in one atomic step that checks it is still that
+    holder (its fencing token) and, unless ``force``, that a holder listed stale is still
+    stale: not renewed since it was listed. CLEARED, GONE, TAKEN or RESUMED."""
+    conn = connection_of(client)
+    holder: Holder = {"name": info.name, "kind": info.kind, "owner": info.owner or ""}
+    holder.update(token=info.token, lo=info.lo, hi=info.hi)
+    if info.state == STALE and not force and info.renewed_ms is not None:
+        holder["renewed_ms"] = info.renewed_ms
+    if info.state == COOLDOWN and info.kind in ("lease", "multi"):
+        return LEASES.clear_holder(conn, holder)  # an ownerless hash on a lease key
+    family = family_of(info.kind)
+    return GONE if family is None else family.clear_holder(conn, holder)
+
+
+def clear(
+    client: Connection | HasConnection,
+    name: str,
+    *,
+    token: int | None = None,
+    force: bool = False,
+) -> bool:
+    """Clear every holder of lock ``name`` (only the one with fencing ``token``, if given).
+
+    Refuses, clearing nothing, with :class:`LockError` if one of them is live (its
+    heartbeat is fresh, or it has no heartbeat) and ``force`` is false. Returns True if
+    something was cleared; a lock re-acquired since it was read is left alone. Without
+    ``force``, a holder read as stale whose heartbeat resumed before the clear is left alone
+    too, and :class:`LockError` says so (after the other holders were cleared).
+    """
+    name = validate.check_name(name)
+    token = validate.check_optional_token(token)
+    force = validate.check_bool(force, "force")
+    conn = connection_of(client)
+    infos = [
+        info
+        for info in inspect.list_locks(conn, escape(name))
+        if info.name == name and (token is None or info.token == token)
+    ]
+    live = [info for info in infos if info.state == LIVE]
+    if live and not force:
+        raise LockError(
+            f"lock {name!r} is live ({live[0].evidence}); clear it with force=True", name=name
+        )
+    codes = [clear_listed(conn, info, force=force) for info in infos]
+    if RESUMED in codes:
+        raise LockError(
+            f"lock {name!r} left alone: heartbeat resumed since it was listed stale", name=name
+        )
+    return CLEARED in codes
+
+
+def release_holder(
+    client: Connection | HasConnection,
+    kind: str,
+    name: Any,
+    *,
+    task_id: str,
+    pid: int,
+    host: str | None = None,
+    delay: float = 0.0,
+) -> bool:
+    """Release (after ``delay`` seconds of delay-after) what task ``task_id`` running in
+    process ``pid`` on ``host`` (default: this machine) holds of the ``kind`` lock ``name``
+    (for ``multi``: a collection of names); for a supervisor whose child can no longer
+    release. True if something was released."""
+    family = family_of(kind)
+    if family is None:
+        kinds = ", ".join(inspect.KINDS)
+        raise ConfigurationError("kind", f"must be one of {kinds}, got {kind!r}")
+    return family.release_holder(
+        connection_of(client), name, task_id=task_id, pid=pid, host=host, delay=delay
+    )

@@ -1,0 +1,43 @@
+"""Listing keys: one SCAN helper and one batched reader for every lock kind's holders.
+
+On a Redis Cluster client ``scan_iter`` walks every primary, so a listing sees the keys of
+every node.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+#: Keys asked for per SCAN page, and read per pipeline round trip.
+BATCH = 500
+
+#: One key as read by :func:`read_hashes`: its fields and its PTTL (ms; < 0: no expiry).
+Record = tuple[dict[bytes, Any], int]
+
+
+def scan(conn: Connection, match: bytes) -> list[bytes]:
+    """Every key matching the glob ``match``, each once (SCAN may return a key twice)."""
+    redis = conn.redis
+    found = conn.call(lambda: list(redis.scan_iter(match=match, count=BATCH)))
+    return list(dict.fromkeys(found))
+
+
+def read_hashes(conn: Connection, keys: list[bytes]) -> list[Record]:
+    """HGETALL and PTTL of each of ``keys``, ``BATCH`` keys per pipeline round trip, in
+    order; keys gone since they were listed (empty hashes) are left out."""
+    records: list[Record] = []
+    for start in range(0, len(keys), BATCH):
+        pipe = conn.redis.pipeline(transaction=False)
+        for key in keys[start : start + BATCH]:
+            pipe.hgetall(key)
+            pipe.pttl(key)
+        replies = conn.call(pipe.execute)
+        records += [
+            (fields, int(pttl))
+            for fields, pttl in zip(replies[::2], replies[1::2], strict=True)
+            if fields
+        ]
+    return records
