@@ -458,8 +458,11 @@ def renew_calls(
     # (renewer, slot) -> [(entry index, what the renewer takes)]
     groups: dict[tuple[Renewer, int], list[tuple[int, Any]]] = {}
     if not redis_urls.is_cluster(conn.redis):
+        # Grouped by class first: this runs on every tick, for every handle held.
+        by_kind: dict[Any, list[tuple[int, Any]]] = {}  # handle class -> its entries
         for i, entry in enumerate(entries):
-            groups.setdefault((type(entry[0])._renew_script_call, 0), []).append((i, entry))
+            by_kind.setdefault(type(entry[0]), []).append((i, entry))
+        groups = {(kind._renew_script_call, 0): group for kind, group in by_kind.items()}
     else:
         slot = conn.redis.keyslot
         for i, (handle, owner, ttl_ms) in enumerate(entries):

@@ -1,4 +1,4 @@
-"""Listing keys: one SCAN helper and one batched reader for every lock kind's holders.
+"""Listing keys: one SCAN function and one batched reader for every lock kind's holders.
 
 On a Redis Cluster client ``scan_iter`` walks every primary, so a listing sees the keys of
 every node.
