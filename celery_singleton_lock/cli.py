@@ -74,7 +74,7 @@ class Session:
     def checks(self) -> list[Check]:
         if self.app is None:
             return []
-        from .evidence import backend_check, worker_check
+        from .celery.evidence import backend_check, worker_check
 
         found = [worker_check(self.app, timeout=self.timeout), backend_check(self.app)]
         return [check for check in found if check is not None]
@@ -83,7 +83,7 @@ class Session:
 def app_session(app: Any, *, timeout: float, no_color: bool) -> Session:
     """Where a Celery app's locks live: ``singleton_lock_url`` (else a Redis broker URL) and
     ``singleton_lock_prefix``, read exactly as the app's tasks read them (config.py)."""
-    from .config import AppSettings
+    from .celery.options import AppSettings
     from .exceptions import ConfigurationError
 
     try:

@@ -1,5 +1,5 @@
 """Old path of :class:`celery_singleton_lock.worker.SingletonRequest`, kept for one release."""
 
-from .worker import SingletonRequest
+from .celery.worker import SingletonRequest
 
 __all__ = ["SingletonRequest"]

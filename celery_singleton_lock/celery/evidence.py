@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .admin import CLAIMED, LIVE, NO_EVIDENCE, STALE, Check, LockInfo
+from ..admin import CLAIMED, LIVE, NO_EVIDENCE, STALE, Check, LockInfo
 from .claims import FINISHED_STATES
 
 log = logging.getLogger("celery_singleton_lock.admin")

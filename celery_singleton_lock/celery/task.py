@@ -19,14 +19,18 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Ignore, Retry
 
+from ..client import LockClient
+from ..core import validate
+from ..exceptions import ConfigurationError, LockBackendError, LockError, LockLost, LockTimeout
+from ..handle import LockHandle
+from ..lease import Lease
 from . import enqueue, holders
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
 # before a worker starts, which always imports its tasks first).
 from . import events as _events  # noqa: F401
 from .claims import claim_owner
-from .client import LockClient
-from .config import (
+from .options import (
     DEBOUNCE,
     UNTIL_START,
     AppSettings,
@@ -34,10 +38,6 @@ from .config import (
     check_lease_within_ttl,
     check_task_options,
 )
-from .core import validate
-from .exceptions import ConfigurationError, LockBackendError, LockError, LockLost, LockTimeout
-from .handle import LockHandle
-from .lease import Lease
 from .signals import lock_acquired, lock_lost, lock_released, lock_skipped
 from .task_keys import TaskKey
 
@@ -143,7 +143,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     #: Redis unreachable: "fail" (default: raise LockBackendError) or "run" (run unlocked).
     lock_backend_down: str | None = None
 
-    Request = "celery_singleton_lock.worker:SingletonRequest"
+    Request = "celery_singleton_lock.celery.worker:SingletonRequest"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .exceptions import ConfigurationError
+from ..exceptions import ConfigurationError
 
 KeyFunction = Callable[[tuple[Any, ...], dict[str, Any]], str]
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 
-from .client import LockClient
-from .embedded import RedisServer
+from ..client import LockClient
+from ..embedded import RedisServer
 
 #: Every key the fixtures make starts with this, so a shared Redis shows what tests left.
 TEST_PREFIX = "csltest:"

@@ -29,9 +29,9 @@ from celery.worker.components import Pool
 from celery.worker.request import Request
 from kombu.asynchronous import get_event_loop
 
-from .exceptions import LockError
-from .handle import HOSTNAME
-from .heartbeat import heartbeat
+from ..exceptions import LockError
+from ..handle import HOSTNAME
+from ..heartbeat import heartbeat
 
 log = logging.getLogger("celery_singleton_lock.task")
 #: The bootstep's own logger name, as before the worker side was one module.
@@ -118,8 +118,8 @@ class SingletonLockStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def start(self, worker: Any) -> None:
         """Stop the worker (by raising :class:`ConfigurationError`) on settings or task
         options that can never work; only warn when Redis is merely down right now."""
-        from .config import AppSettings
-        from .exceptions import ConfigurationError, LockError
+        from ..exceptions import ConfigurationError, LockError
+        from .options import AppSettings
         from .task import SingletonTask, lock_client_for
 
         app = worker.app

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .client import mask_password
-from .config import AppSettings
-from .exceptions import ConfigurationError
-from .handle import LockHandle
+from ..client import mask_password
+from ..exceptions import ConfigurationError
+from ..handle import LockHandle
+from .options import AppSettings
 from .task import is_skipped
 
 

@@ -11,12 +11,12 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
+from ..exceptions import LockBackendError
+from ..handle import LockHandle
+from ..intervals import IntervalHandle
+from ..lease import Lease
+from ..multi import MultiLease
 from .claims import CLAIM_PREFIX
-from .exceptions import LockBackendError
-from .handle import LockHandle
-from .intervals import IntervalHandle
-from .lease import Lease
-from .multi import MultiLease
 
 _FIELDS = ("owner", "task_id", "state")
 

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .core import redis_urls, validate
-from .core.keys import DEFAULT_PREFIX
-from .exceptions import ConfigurationError
+from ..core import redis_urls, validate
+from ..core.keys import DEFAULT_PREFIX
+from ..exceptions import ConfigurationError
 
 CONFLICT_POLICIES = ("skip", "retry", "raise")
 BACKEND_DOWN_POLICIES = ("fail", "run")
@@ -240,7 +240,7 @@ class AppSettings:
     client_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:
-        from .client import mask_password
+        from ..client import mask_password
 
         return (
             f"AppSettings(url={mask_password(self.url)!r}, prefix={self.prefix!r}, "
@@ -309,7 +309,7 @@ class AppSettings:
 
 
 def _safe(url: Any) -> str:
-    from .client import mask_password
+    from ..client import mask_password
 
     return mask_password(url) if isinstance(url, str) else repr(url)
 

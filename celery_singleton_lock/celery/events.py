@@ -38,7 +38,7 @@ from typing import Any
 
 from celery.signals import task_postrun, worker_init, worker_process_shutdown, worker_shutdown
 
-from .exceptions import LockError, LockLost
+from ..exceptions import LockError, LockLost
 from .signals import lock_acquired, lock_lost, lock_released, lock_skipped
 
 log = logging.getLogger("celery_singleton_lock.events")

@@ -27,11 +27,11 @@ from celery.backends.base import DisabledBackend
 from celery.result import AsyncResult
 from celery.utils import uuid
 
+from ..exceptions import DuplicateTask
+from ..lease import Lease
 from . import holders
 from .claims import FINISHED_STATES, claim_owner
-from .config import DEBOUNCE, UNTIL_START
-from .exceptions import DuplicateTask
-from .lease import Lease
+from .options import DEBOUNCE, UNTIL_START
 
 log = logging.getLogger("celery_singleton_lock.task")
 

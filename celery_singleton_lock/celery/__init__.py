@@ -1,0 +1,1 @@
+"""The Celery layer: SingletonTask and what a worker needs around it."""
