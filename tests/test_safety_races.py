@@ -28,8 +28,8 @@ from click.testing import CliRunner, Result
 from support.waiting import start_celery_worker, wait_for
 
 from celery_singleton_lock import LockClient, LockError, SingletonTask, admin, cli
-from celery_singleton_lock.celery.evidence import worker_check
 from celery_singleton_lock.core.scripts import run_batch
+from celery_singleton_lock.evidence import worker_check
 from celery_singleton_lock.heartbeat import heartbeat, renew_calls
 
 #: The delay-after the tests release with, and the least PTTL that shows it is intact.
