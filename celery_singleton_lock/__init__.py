@@ -63,7 +63,7 @@ __all__ = [
 
 _CELERY_LAYER = {
     "SingletonTask": "celery.task",
-    "is_skipped": "celery.task",
+    "is_skipped": "celery.results",
     "install": "celery.worker",
     "lock_acquired": "celery.signals",
     "lock_skipped": "celery.signals",

@@ -1,4 +1,5 @@
-"""Old path of the worker step (:mod:`celery_singleton_lock.worker`), kept for one release."""
+"""Old path of the worker step (:mod:`celery_singleton_lock.celery.worker`), kept for one
+release."""
 
 from .celery.worker import SingletonLockStep, install
 

@@ -1,4 +1,5 @@
-"""Old path of :class:`celery_singleton_lock.worker.SingletonRequest`, kept for one release."""
+"""Old path of :class:`celery_singleton_lock.celery.worker.SingletonRequest`, kept for one
+release."""
 
 from .celery.worker import SingletonRequest
 

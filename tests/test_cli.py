@@ -22,7 +22,8 @@ from celery.bin.base import CLIContext
 from celery.contrib.testing.worker import start_worker
 from click.testing import CliRunner, Result
 
-from celery_singleton_lock import LockClient, admin, cli, output
+from celery_singleton_lock import LockClient, admin, cli
+from celery_singleton_lock.cli import commands, output
 from celery_singleton_lock.embedded import RedisServer
 
 TESTS = Path(__file__).parent
@@ -207,7 +208,7 @@ def test_clear_typed_confirmation(
     lock_prefix: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(cli, "_interactive", lambda: True)
+    monkeypatch.setattr(commands, "_interactive", lambda: True)
     make_stale(lock_client, hold(lock_client, "dead", heartbeat=False))
     declined = run_plain(lock_redis_url, lock_prefix, "clear", "dead", input="y\n")
     assert declined.exit_code == 1 and "Type 'yes'" in declined.output
@@ -231,7 +232,7 @@ def test_clear_leaves_a_lock_taken_again_while_asking(
         taken.append(hold(lock_client, "contested"))
         return "yes"
 
-    monkeypatch.setattr(cli, "_interactive", lambda: True)
+    monkeypatch.setattr(commands, "_interactive", lambda: True)
     monkeypatch.setattr(click, "prompt", prompt_while_someone_takes_it)
     result = run_plain(lock_redis_url, lock_prefix, "clear", "contested")
     assert result.exit_code == 1 and "left contested" in result.stdout
@@ -242,13 +243,13 @@ def test_clear_leaves_a_lock_taken_again_while_asking(
 def test_color_only_on_a_terminal_without_no_color(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
-    assert cli._color(cli.Session(url=None, prefix="p:"))
-    assert not cli._color(cli.Session(url=None, prefix="p:", no_color=True))
+    assert commands._color(cli.Session(url=None, prefix="p:"))
+    assert not commands._color(cli.Session(url=None, prefix="p:", no_color=True))
     monkeypatch.setenv("NO_COLOR", "1")
-    assert not cli._color(cli.Session(url=None, prefix="p:"))
+    assert not commands._color(cli.Session(url=None, prefix="p:"))
     monkeypatch.delenv("NO_COLOR")
     monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
-    assert not cli._color(cli.Session(url=None, prefix="p:"))
+    assert not commands._color(cli.Session(url=None, prefix="p:"))
 
 
 # -- celery locks ----------------------------------------------------------------------------

@@ -27,8 +27,7 @@ from celery_singleton_lock import (
     rangelock,
     rwlock,
 )
-from celery_singleton_lock.celery.claims import claim_owner
-from celery_singleton_lock.celery.task import lock_client_for
+from celery_singleton_lock.claims import claim_owner
 from celery_singleton_lock.core.keys import lock_keys
 from celery_singleton_lock.embedded import RedisServer, free_port
 from celery_singleton_lock.exceptions import LockExpired
@@ -37,6 +36,7 @@ from celery_singleton_lock.heartbeat import Heartbeat, heartbeat
 from celery_singleton_lock.intervals import IntervalHandle
 from celery_singleton_lock.lease import Lease
 from celery_singleton_lock.multi import MultiLease
+from celery_singleton_lock.task import lock_client_for
 
 
 def script_calls(client: LockClient) -> int:

@@ -34,8 +34,8 @@ from celery.worker.components import Pool
 from support.waiting import start_celery_worker, wait_for
 
 from celery_singleton_lock import LockClient, SingletonTask, lock_released
-from celery_singleton_lock.celery.worker import SingletonLockStep, install
 from celery_singleton_lock.core.keys import lock_keys
+from celery_singleton_lock.worker import SingletonLockStep, install
 
 TIMEOUT = 30.0
 

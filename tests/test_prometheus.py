@@ -21,8 +21,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from support.waiting import TESTS
 
 from celery_singleton_lock import SingletonTask, lock_lost
-from celery_singleton_lock.celery.prometheus import LockMetrics, register_metrics
-from celery_singleton_lock.celery.testing import TaskLocks
+from celery_singleton_lock.prometheus import LockMetrics, register_metrics
+from celery_singleton_lock.testing import TaskLocks
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
 

@@ -28,8 +28,9 @@ from click.testing import CliRunner, Result
 from support.waiting import start_celery_worker, wait_for
 
 from celery_singleton_lock import LockClient, LockError, SingletonTask, admin, cli
-from celery_singleton_lock.celery.evidence import worker_check
+from celery_singleton_lock.cli import commands
 from celery_singleton_lock.core.scripts import run_batch
+from celery_singleton_lock.evidence import worker_check
 from celery_singleton_lock.heartbeat import heartbeat, renew_calls
 
 #: The delay-after the tests release with, and the least PTTL that shows it is intact.
@@ -225,13 +226,13 @@ def test_cli_clear_stale_after_the_heartbeat_resumed(
     lease = make_handle(lock_client, "lease")
     assert lease.acquire()
     pause_heartbeat(lock_client, lease)
-    confirm = cli._confirm
+    confirm = commands._confirm
 
     def confirm_slowly(ctx: Any, infos: Any, *, yes: bool, color: bool) -> None:
         confirm(ctx, infos, yes=yes, color=color)
         heartbeat().tick()  # while the operator read the list, the holder woke up
 
-    monkeypatch.setattr(cli, "_confirm", confirm_slowly)
+    monkeypatch.setattr(commands, "_confirm", confirm_slowly)
     result = run_plain(lock_client, lock_redis_url, "clear", "--stale", "--yes")
     assert result.exit_code == 1, result.output
     assert "left cool (lease, token" in result.stdout

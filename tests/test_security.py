@@ -37,13 +37,13 @@ from celery_singleton_lock import (
     LockLost,
     SingletonTask,
 )
-from celery_singleton_lock.celery.options import (
+from celery_singleton_lock.cli import Session
+from celery_singleton_lock.config import (
     TASK_OPTIONS,
     AppSettings,
     TaskLockOptions,
     check_task_options,
 )
-from celery_singleton_lock.cli import Session
 from celery_singleton_lock.core.keys import encode_name, lock_keys
 from celery_singleton_lock.embedded import RedisServer
 from celery_singleton_lock.heartbeat import heartbeat

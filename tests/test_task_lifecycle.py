@@ -16,9 +16,8 @@ from celery import Celery, chain, chord, group
 from celery.signals import task_postrun, task_retry, task_revoked
 from celery.utils import uuid
 
-from celery_singleton_lock import SingletonTask, admin, is_skipped
-from celery_singleton_lock.celery import enqueue, evidence
-from celery_singleton_lock.celery.testing import TaskLocks
+from celery_singleton_lock import SingletonTask, admin, enqueue, evidence, is_skipped
+from celery_singleton_lock.testing import TaskLocks
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
 

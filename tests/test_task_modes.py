@@ -13,7 +13,7 @@ import pytest
 from celery import Celery
 
 from celery_singleton_lock import ConfigurationError, SingletonTask
-from celery_singleton_lock.celery.testing import TaskLocks
+from celery_singleton_lock.testing import TaskLocks
 
 TIMEOUT = 30
 

@@ -30,10 +30,10 @@ from celery.utils.nodenames import host_format
 from support.waiting import start_celery_worker, wait_for
 
 from celery_singleton_lock import LockClient, intervals, rangelock, rwlock
-from celery_singleton_lock.celery.testing import TaskLocks
 from celery_singleton_lock.core.keys import lock_keys
 from celery_singleton_lock.handle import LockHandle
 from celery_singleton_lock.intervals import interval_keys
+from celery_singleton_lock.testing import TaskLocks
 
 TESTS = Path(__file__).resolve().parent
 TIMEOUT = 30.0

@@ -95,7 +95,7 @@ def singleton_lock_app(celery_app: Any, lock_redis_url: str, lock_prefix: str) -
     """Celery's ``celery_app`` fixture with this test's own lock prefix (the same as
     ``lock_client``'s), and its locks on the test Redis unless ``celery_config`` names a
     ``singleton_lock_url``. Its lock client is closed after the test."""
-    from .task import close_lock_client
+    from .app_client import close_lock_client
 
     conf = celery_app.conf
     if not conf.get("singleton_lock_url"):

@@ -22,9 +22,3 @@ lock_skipped = Signal(name="lock_skipped")
 lock_lost = Signal(name="lock_lost")
 #: A task run released its lock (or handed it to its retry).
 lock_released = Signal(name="lock_released")
-
-
-# The worker's receivers (release at shutdown, free revoked claims) connect as these signals
-# are imported, as they always have; their old names here stay for one release.
-from .worker import free_revoked_claim as free_revoked_claim  # noqa: E402
-from .worker import release_all_held as release_all_held  # noqa: E402

@@ -21,7 +21,7 @@ from celery.exceptions import Ignore, Retry
 
 from ..client import LockClient
 from ..core import validate
-from ..exceptions import ConfigurationError, LockBackendError, LockError, LockLost, LockTimeout
+from ..exceptions import LockBackendError, LockError, LockLost, LockTimeout
 from ..handle import LockHandle
 from ..lease import Lease
 from . import enqueue, holders
@@ -29,6 +29,8 @@ from . import enqueue, holders
 # Connects the receivers that turn our signals into Celery task events (and must be in place
 # before a worker starts, which always imports its tasks first).
 from . import events as _events  # noqa: F401
+from .app_client import close_lock_client as close_lock_client
+from .app_client import lock_client_for
 from .claims import claim_owner
 from .options import (
     DEBOUNCE,
@@ -38,31 +40,17 @@ from .options import (
     check_lease_within_ttl,
     check_task_options,
 )
+from .results import SKIPPED as SKIPPED
+from .results import is_skipped as is_skipped
+from .results import skipped_result
 from .signals import lock_acquired, lock_lost, lock_released, lock_skipped
 from .task_keys import TaskKey
 
+# Importing the task connects the worker's receivers of Celery's signals (release at shutdown,
+# free revoked claims), as importing the signals did before.
+from .worker import install
+
 log = logging.getLogger("celery_singleton_lock.task")
-
-#: The ``status`` of the result a skipped run returns.
-SKIPPED = "skipped"
-_RESULT_MARK = "__singleton_lock__"
-
-
-def skipped_result(name: str, holder_task_id: str | None, reason: str = "") -> dict[str, Any]:
-    """What a skipped run returns: a JSON-friendly dict that :func:`is_skipped` recognises.
-    ``reason`` says what stood in the way, as the log line does (``held by task <id>``,
-    ``cooling down until <time>``, ...)."""
-    return {
-        _RESULT_MARK: SKIPPED,
-        "lock": name,
-        "holder_task_id": holder_task_id,
-        "reason": reason,
-    }
-
-
-def is_skipped(result: Any) -> bool:
-    """True if ``result`` (a task's return value) says the run was skipped for its lock."""
-    return isinstance(result, dict) and result.get(_RESULT_MARK) == SKIPPED
 
 
 def worker_node(request: Any) -> str | None:
@@ -80,34 +68,6 @@ def worker_node(request: Any) -> str | None:
         if active.id == request.id:
             return str(active.hostname)
     return None
-
-
-def lock_client_for(app: Any) -> LockClient:
-    """The app's :class:`LockClient` (one per app; safe across fork)."""
-    client: LockClient | None = getattr(app, "_singleton_lock_client", None)
-    if client is None:
-        settings = AppSettings.for_app(app)
-        try:
-            client = LockClient.from_url(
-                settings.url, prefix=settings.prefix, **settings.client_kwargs
-            )
-        except ConfigurationError as exc:
-            # The URL passed its checks: the client keywords are what it refused.
-            raise ConfigurationError(
-                "singleton_lock_client_kwargs",
-                f"bad configuration: {str(exc).partition(': ')[2]}; it takes redis-py "
-                "client keyword arguments only",
-            ) from None
-        app._singleton_lock_client = client
-    return client
-
-
-def close_lock_client(app: Any) -> None:
-    """Close the app's :class:`LockClient`, if it made one; the next lock makes a new one
-    from the app's settings as they are then (test fixtures change them per test)."""
-    client: LockClient | None = vars(app).pop("_singleton_lock_client", None)
-    if client is not None:
-        client.close()
 
 
 class SingletonTask(Task):  # type: ignore[misc]
@@ -158,8 +118,6 @@ class SingletonTask(Task):  # type: ignore[misc]
     @classmethod
     def on_bound(cls, app: Any) -> None:
         super().on_bound(app)
-        from .worker import install
-
         install(app)
 
     # -- resolved configuration --------------------------------------------------------------

@@ -16,7 +16,7 @@ from ..client import mask_password
 from ..exceptions import ConfigurationError
 from ..handle import LockHandle
 from .options import AppSettings
-from .task import is_skipped
+from .results import is_skipped
 
 
 class TaskLocks:

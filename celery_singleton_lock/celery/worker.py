@@ -29,9 +29,11 @@ from celery.worker.components import Pool
 from celery.worker.request import Request
 from kombu.asynchronous import get_event_loop
 
-from ..exceptions import LockError
+from ..exceptions import ConfigurationError, LockError
 from ..handle import HOSTNAME
 from ..heartbeat import heartbeat
+from .app_client import lock_client_for
+from .options import AppSettings
 
 log = logging.getLogger("celery_singleton_lock.task")
 #: The bootstep's own logger name, as before the worker side was one module.
@@ -118,15 +120,13 @@ class SingletonLockStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def start(self, worker: Any) -> None:
         """Stop the worker (by raising :class:`ConfigurationError`) on settings or task
         options that can never work; only warn when Redis is merely down right now."""
-        from ..exceptions import ConfigurationError, LockError
-        from .options import AppSettings
-        from .task import SingletonTask, lock_client_for
-
         app = worker.app
         settings = AppSettings.for_app(app)
         for task in list(app.tasks.values()):
-            if isinstance(task, SingletonTask):
-                task.check_lock_configuration()
+            # SingletonTask's check, found by name: the task module imports this one.
+            check = getattr(task, "check_lock_configuration", None)
+            if callable(check):
+                check()
         try:
             client = lock_client_for(app)
             client.ping()

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 from celery.bin.base import CeleryCommand, CeleryOption, handle_preload_options
 
-from .core.keys import DEFAULT_PREFIX
+from ..core.keys import DEFAULT_PREFIX
 
 if TYPE_CHECKING:
-    from .admin import Check, LockInfo
-    from .client import LockClient
+    from ..admin import Check, LockInfo
+    from ..client import LockClient
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -52,13 +52,13 @@ class Session:
     client_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:
-        from .client import mask_password
+        from ..client import mask_password
 
         url = None if self.url is None else mask_password(self.url)
         return f"Session(url={url!r}, prefix={self.prefix!r}, app={self.app!r})"
 
     def connect(self) -> LockClient:
-        from .client import LockClient
+        from ..client import LockClient
 
         if not self.url:
             raise click.UsageError(
@@ -74,7 +74,7 @@ class Session:
     def checks(self) -> list[Check]:
         if self.app is None:
             return []
-        from .celery.evidence import backend_check, worker_check
+        from ..celery.evidence import backend_check, worker_check
 
         found = [worker_check(self.app, timeout=self.timeout), backend_check(self.app)]
         return [check for check in found if check is not None]
@@ -83,8 +83,8 @@ class Session:
 def app_session(app: Any, *, timeout: float, no_color: bool) -> Session:
     """Where a Celery app's locks live: ``singleton_lock_url`` (else a Redis broker URL) and
     ``singleton_lock_prefix``, read exactly as the app's tasks read them (config.py)."""
-    from .celery.options import AppSettings
-    from .exceptions import ConfigurationError
+    from ..celery.options import AppSettings
+    from ..exceptions import ConfigurationError
 
     try:
         settings = AppSettings.from_conf(app.conf)
@@ -109,7 +109,7 @@ def _session(ctx: click.Context) -> Session:
 def _connected(ctx: click.Context) -> Iterator[tuple[Session, LockClient]]:
     """The session and a client; lock errors end the command with exit 2 and a message
     naming the server (without its password)."""
-    from .exceptions import LockError
+    from ..exceptions import LockError
 
     session = _session(ctx)
     try:
@@ -169,7 +169,8 @@ def list_locks(ctx: click.Context, pattern: str | None, stale: bool, as_json: bo
 
     Exit 1 when no lock matched.
     """
-    from . import admin, output
+    from .. import admin
+    from . import output
 
     with _connected(ctx) as (session, client):
         infos = admin.list_locks(client, pattern, checks=session.checks())
@@ -244,7 +245,8 @@ def clear_locks(
     Exit 1 when nothing matched (or the prompt was declined), 2 when a live lock would need
     --force or there is no terminal to confirm on and no --yes.
     """
-    from . import admin, output
+    from .. import admin
+    from . import output
 
     if (1 if names else 0) + stale + all_ != 1:
         raise click.UsageError("give lock NAMEs, --stale or --all (exactly one of them)")
@@ -284,7 +286,7 @@ def _named(
     client: LockClient, names: tuple[str, ...] | list[str], checks: list[Check]
 ) -> list[LockInfo]:
     """Holders of exactly these names (read by key, no SCAN for leases), then checked."""
-    from . import admin
+    from .. import admin
 
     infos = [
         info

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import click
 
-from .admin import CLEARED, COOLDOWN, LIVE, RESUMED, STALE, LockInfo
+from ..admin import CLEARED, COOLDOWN, LIVE, RESUMED, STALE, LockInfo
 
 #: Color and boldness of each state.
 STATE_STYLES = {LIVE: ("green", False), STALE: ("red", True), COOLDOWN: ("yellow", False)}

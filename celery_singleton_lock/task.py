@@ -1,0 +1,3 @@
+"""Old path of :mod:`celery_singleton_lock.celery.task`, kept for one release."""
+
+from .celery.task import *  # noqa: F403

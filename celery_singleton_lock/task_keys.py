@@ -1,0 +1,3 @@
+"""Old path of :mod:`celery_singleton_lock.celery.task_keys`, kept for one release."""
+
+from .celery.task_keys import *  # noqa: F403
