@@ -34,6 +34,7 @@ from .app_client import lock_client_for
 from .claims import claim_owner
 from .options import (
     DEBOUNCE,
+    OPTIONS,
     UNTIL_START,
     AppSettings,
     TaskLockOptions,
@@ -74,34 +75,20 @@ class SingletonTask(Task):  # type: ignore[misc]
     """A task that never runs twice at once for the same key. Options (task attributes or
     ``@app.task`` keywords; None means: the app setting, else the default):"""
 
-    #: Hard cap in seconds on how long one run may hold its lock (default 3600).
-    lock_ttl: float | None = None
-    #: Heartbeat-renewed lease in seconds: a dead worker frees the lock within it (default 30).
-    lock_lease: float | None = None
-    #: None (task name + bound arguments), a format string such as ``"report:{day}"``, a list
-    #: of argument names, or a callable ``(args, kwargs) -> str``.
-    lock_key: Any = None
-    #: Seconds a run waits for a busy lock (default 0).
-    lock_wait: float | None = None
-    #: What a run that cannot get its lock does: "skip" (default), "retry" or "raise".
-    lock_conflict: str | None = None
-    #: Countdown in seconds of the retry that ``lock_conflict="retry"`` schedules (default 10).
-    lock_retry_countdown: float | None = None
-    #: Seconds the key stays locked after the run ends (delay-after; default 0).
-    lock_release_delay: float | None = None
-    #: Also refuse duplicates at ``apply_async``/``delay`` (default False): True keeps the
-    #: key locked from enqueue to the end of the run; "until_start" keeps at most one queued
-    #: call, freed when it starts, beside the running one; "debounce" is "until_start" where
-    #: a new call replaces the queued one.
-    lock_on_enqueue: bool | str | None = None
-    #: "exclusive" (default), "read", "upgradable" or "write".
-    lock_mode: str | None = None
-    #: Two argument names bounding a range lock on the resource named by ``lock_key``.
-    lock_range: tuple[str, str] | None = None
-    #: Key templates (or a callable) for a multi-key lock.
-    lock_keys: Any = None
-    #: Redis unreachable: "fail" (default: raise LockBackendError) or "run" (run unlocked).
-    lock_backend_down: str | None = None
+    # The options, typed for the type checker; each is None here (unset) and documented in
+    # its declaration, options.OPTIONS, from which the class gets its values below.
+    lock_ttl: float | None
+    lock_lease: float | None
+    lock_key: Any
+    lock_wait: float | None
+    lock_conflict: str | None
+    lock_retry_countdown: float | None
+    lock_release_delay: float | None
+    lock_on_enqueue: bool | str | None
+    lock_mode: str | None
+    lock_range: tuple[str, str] | None
+    lock_keys: Any
+    lock_backend_down: str | None
 
     Request = "celery_singleton_lock.celery.worker:SingletonRequest"
 
@@ -495,3 +482,11 @@ class SingletonTask(Task):  # type: ignore[misc]
         arguments) holds for its queued message, if it still holds it: the message will not
         run (revoked, expired). True if a claim was freed."""
         return enqueue.free_claim(self, args, kwargs, task_id=task_id, attempt=attempt) == 1
+
+
+for _option in OPTIONS:
+    setattr(SingletonTask, _option.name, None)
+SingletonTask.__doc__ = (SingletonTask.__doc__ or "") + "".join(
+    f"\n\n    ``{option.name}``: {option.doc}" for option in OPTIONS
+)
+del _option
