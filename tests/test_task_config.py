@@ -4,6 +4,7 @@ Celery workers; Redis merely down at start is not a configuration error."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import ssl
@@ -22,7 +23,13 @@ from celery.worker import state
 from support.redis_topologies import SENTINEL_MASTER, SentinelSet, TLSServer, running
 
 from celery_singleton_lock import ConfigurationError, LockClient, SingletonTask, install
-from celery_singleton_lock.config import AppSettings
+from celery_singleton_lock.config import (
+    APP_SETTINGS,
+    OPTIONS,
+    TASK_OPTIONS,
+    AppSettings,
+    TaskLockOptions,
+)
 from celery_singleton_lock.embedded import RedisServer, free_port
 from celery_singleton_lock.task import lock_client_for
 
@@ -453,3 +460,23 @@ def test_the_admin_command_connects_as_the_tasks_do(tls: TLSServer, lock_prefix:
         lease.release()
     finally:
         client.close()
+
+
+def test_each_task_option_is_declared_once_and_the_rest_follows_it() -> None:
+    names = [option.name for option in OPTIONS]
+    assert len(set(names)) == len(names) and all(name.startswith("lock_") for name in names)
+    assert list(TASK_OPTIONS) == names
+    assert [TASK_OPTIONS[option.name] for option in OPTIONS] == [
+        (option.default, option.check) for option in OPTIONS
+    ]
+    # The typed attributes of SingletonTask and fields of TaskLockOptions are spelled out for
+    # the type checker: they must be exactly the declared options, in their order.
+    assert list(SingletonTask.__annotations__) == names
+    assert all(getattr(SingletonTask, name) is None for name in names)
+    assert [field.name for field in dataclasses.fields(TaskLockOptions)] == [
+        option.field for option in OPTIONS
+    ]
+    settings = [f"singleton_{option.name}" for option in OPTIONS if not option.per_task_only]
+    assert [name for name in APP_SETTINGS if name in settings] == settings
+    for option in OPTIONS:
+        assert f"``{option.name}``: {option.doc}" in (SingletonTask.__doc__ or "")

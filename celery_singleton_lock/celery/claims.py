@@ -1,13 +1,44 @@
 """Claims: a lock held on behalf of a queued message rather than a running process.
 
-A claim is an ordinary lock hash whose owner token is derived from the task id and attempt
-number. It is taken at enqueue (``lock_on_enqueue``) or handed over when a task retries, and
-the worker that runs exactly that attempt takes it over (acquire.lua, ARGV[5]), so no other
-run of the key slips in between. A redelivered copy of the same attempt finds the claim
-already consumed. A claim that is never run expires by itself.
+A claim is an ordinary lock hash whose owner token, :func:`claim_owner`, is derived from the
+task id and the attempt number (``request.retries``) instead of a process. Its whole life:
+
+1. **Taken at enqueue** (``lock_on_enqueue``, enqueue.py): ``apply_async`` takes a claim for
+   attempt 0 before it sends the message (:func:`claim_lease`), under :func:`claim_name`:
+   the run's own lock name with ``lock_on_enqueue=True``, or :func:`queue_name` of it with
+   ``"until_start"`` and ``"debounce"``. A claim whose task the result backend says is over
+   (:func:`finished_claim`), or any queued claim under ``"debounce"``, is taken over,
+   owner-checked, by the new call.
+2. **Handed over on retry**: ``Task.retry`` turns the run's lock into a claim for the next
+   attempt before the retry message is sent (:func:`hand_over`), so no other run of the key
+   slips in between; if no retry is sent after all, the claim goes as the run's lock would
+   (:func:`release_handed_over`).
+3. **Taken over by its run**: the worker that runs exactly that attempt takes the claim over
+   as it acquires (:func:`take_over_at_run`; acquire.lua, ARGV[5]). A redelivered copy of the
+   same attempt finds the claim already consumed. An ``until_start`` or ``debounce`` run frees
+   its queue claim as it starts (:func:`free_claim`); a ``debounce`` run whose queue claim was
+   taken over by a later call is skipped in favour of it (:func:`replaced_by`).
+4. **Freed on revoke**: a message revoked or expired before it ran never takes its claim
+   over; the worker's ``task_revoked`` receiver frees it (:func:`free_claim`, via
+   ``SingletonTask.free_claim``). A claim that is never run and never freed expires by itself
+   (its countdown plus ``lock_ttl``).
+
+Only exclusive single-key locks (:class:`Lease`) take claims.
 """
 
 from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
+
+from celery.backends.base import DisabledBackend
+
+from ..core import validate
+from ..lease import Lease
+from .options import DEBOUNCE, UNTIL_START
+
+log = logging.getLogger("celery_singleton_lock.task")
 
 #: Result states after which a task holds nothing any more, and a claim of it is stale.
 FINISHED_STATES = ("SUCCESS", "FAILURE", "REVOKED")
@@ -19,3 +50,126 @@ CLAIM_PREFIX = "claim:"
 def claim_owner(task_id: str, attempt: int) -> str:
     """The owner token of the claim for attempt ``attempt`` (``request.retries``) of a task."""
     return f"{CLAIM_PREFIX}{task_id}:{attempt}"
+
+
+# -- names -------------------------------------------------------------------------------------
+
+
+def queue_name(name: str) -> str:
+    """The name an ``until_start`` claim for lock ``name`` is held under."""
+    return f"{name}#queued"
+
+
+def claim_name(task: Any, args: Any, kwargs: Any) -> str:
+    """The lock name a queued call of ``task`` with these arguments claims."""
+    name: str = task.lock_name(args, kwargs)
+    return queue_name(name) if task.lock_options.on_enqueue in (UNTIL_START, DEBOUNCE) else name
+
+
+# -- 1. taken at enqueue -----------------------------------------------------------------------
+
+
+def claim_lease(
+    task: Any, name: str, task_id: str, ttl: float, takeover: str | None = None
+) -> Lease:
+    """The (not yet acquired) claim of attempt 0 of ``task_id`` on ``name``, for ``ttl``
+    seconds; with ``takeover``, it replaces the claim of that owner token if still there."""
+    claim: Lease = task.lock_client.lease(
+        name,
+        ttl=ttl,
+        heartbeat=False,
+        owner_info={"task_name": task.name, "task_id": task_id, "state": "queued"},
+    )
+    claim._claim_as = claim_owner(task_id, 0)
+    claim._takeover = takeover or ""
+    return claim
+
+
+class _Holder(Protocol):
+    @property
+    def task_id(self) -> str | None: ...
+
+    @property
+    def claimed(self) -> bool: ...
+
+
+H = TypeVar("H", bound=_Holder)
+
+
+def finished_claim(task: Any, found: Sequence[H]) -> H | None:
+    """The claim among ``found`` (holders.Holder) whose task the result backend says is over
+    (finished, failed or revoked): a message that will never run under it. None if there is
+    none, or no result backend to ask."""
+    claims = [holder for holder in found if holder.claimed and holder.task_id]
+    if not claims:
+        return None
+    try:
+        if isinstance(task.backend, DisabledBackend):
+            return None
+    except Exception as exc:  # a misconfigured backend: no evidence from it
+        log.warning("result backend unusable: %s", exc)
+        return None
+    for holder in claims:
+        try:
+            state = task.AsyncResult(holder.task_id).state
+        except Exception as exc:  # no evidence from a backend that does not answer
+            log.warning("result backend did not answer for %s: %s", holder.task_id, exc)
+            continue
+        if state in FINISHED_STATES:
+            return holder
+    return None
+
+
+# -- 2. handed over on retry -------------------------------------------------------------------
+
+
+def hand_over(task: Any, lease: Lease, task_id: str, attempt: int, ttl: float) -> str:
+    """Turn the run's held ``lease`` into the claim of attempt ``attempt`` of ``task_id``,
+    held for ``ttl`` seconds; returns the claim's owner token. Raises LockError if the lease
+    is lost already or Redis is unreachable."""
+    owner = claim_owner(task_id, attempt)
+    lease._hand_over(owner, ttl, {"task_id": task_id, "task_name": task.name, "state": "retry"})
+    return owner
+
+
+def release_handed_over(task: Any, name: str, owner: str, delay: float) -> None:
+    """Release the claim ``owner`` on ``name`` that :func:`hand_over` made, after ``delay``
+    seconds (delay-after), as the run's own lock would have been: no retry was sent."""
+    client = task.lock_client
+    keys = client._keys(name)
+    delay_ms = validate.seconds_to_ms(delay)
+    client._call(client._scripts.release, keys.lock, owner, delay_ms, keys.channel)
+
+
+# -- 3. taken over by its run ------------------------------------------------------------------
+
+
+def take_over_at_run(lease: Lease, task_id: str, attempt: int) -> None:
+    """Let the run of attempt ``attempt`` of ``task_id`` take over its claim (taken at
+    enqueue or handed over by the previous attempt), if there is one, as ``lease`` acquires."""
+    lease._takeover = claim_owner(task_id, attempt)
+
+
+def free_claim(task: Any, args: Any, kwargs: Any, *, task_id: str, attempt: int) -> int:
+    """Free the claim attempt ``attempt`` of task ``task_id`` holds for its queued message, if
+    it still holds it. As release.lua: 1 freed, 0 nothing held, -1 another call holds it.
+
+    Attempt 0 is claimed at enqueue (under :func:`claim_name`); a later attempt holds the run
+    lock its previous attempt handed over to it (``Task.retry``), whatever ``lock_on_enqueue``.
+    """
+    options = task.lock_options
+    if options.mode != "exclusive" or options.keys is not None or options.range is not None:
+        return 0  # only exclusive single-key locks take claims
+    client = task.lock_client
+    name = claim_name(task, args, kwargs) if attempt == 0 else task.lock_name(args, kwargs)
+    keys = client._keys(name)
+    owner = claim_owner(task_id, attempt)
+    return int(client._call(client._scripts.release, keys.lock, owner, 0, keys.channel))
+
+
+def replaced_by(task: Any, args: Any, kwargs: Any) -> str | None:
+    """``debounce``: the task id of the call that replaced this one in the queue, if any."""
+    client = task.lock_client
+    keys = client._keys(claim_name(task, args, kwargs))
+    value = client._call(client.redis.hget, keys.lock, "task_id")
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,5 +1,5 @@
 """Enqueue-time locking (``lock_on_enqueue``): a claim per queued call, taken in
-``apply_async`` before the message is sent (see claims.py for what a claim is).
+``apply_async`` before the message is sent (claims.py: what a claim is, its whole life).
 
 With ``lock_on_enqueue=True`` the claim is on the run's own lock name and the worker that
 runs the message takes it over, so the key stays locked from enqueue to the end of the run.
@@ -23,32 +23,23 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from celery.backends.base import DisabledBackend
 from celery.result import AsyncResult
 from celery.utils import uuid
 
 from ..exceptions import DuplicateTask
 from ..lease import Lease
 from . import holders
-from .claims import FINISHED_STATES, claim_owner
-from .options import DEBOUNCE, UNTIL_START
+from .claims import claim_lease, claim_name, finished_claim
+from .claims import free_claim as free_claim
+from .claims import queue_name as queue_name
+from .claims import replaced_by as replaced_by
+from .options import DEBOUNCE
 
 log = logging.getLogger("celery_singleton_lock.task")
 
 #: Options that make a message part of a canvas: callbacks, the rest of a chain, a chord's
 #: body, or membership of a group.
 _CANVAS_OPTIONS = ("link", "link_error", "chain", "chord", "group_id")
-
-
-def queue_name(name: str) -> str:
-    """The name an ``until_start`` claim for lock ``name`` is held under."""
-    return f"{name}#queued"
-
-
-def claim_name(task: Any, args: Any, kwargs: Any) -> str:
-    """The lock name a queued call of ``task`` with these arguments claims."""
-    name: str = task.lock_name(args, kwargs)
-    return queue_name(name) if task.lock_options.on_enqueue in (UNTIL_START, DEBOUNCE) else name
 
 
 def is_retry(task: Any, task_id: str | None, options: dict[str, Any]) -> bool:
@@ -77,17 +68,17 @@ def send_once(
     task_id = task_id or uuid()
     name = claim_name(task, args, kwargs)
     ttl = seconds_until(options.get("eta"), options.get("countdown")) + lock.ttl
-    claim = _claim(task, name, task_id, ttl)
+    claim = claim_lease(task, name, task_id, ttl)
     if claim.acquire(0):
         return _send_claimed(claim, send, args, kwargs, task_id, options)
     found = holders.holders_of(claim)
-    stale = _finished_claim(task, found)
+    stale = finished_claim(task, found)
     if stale is None and lock.on_enqueue == DEBOUNCE:
         stale = next((holder for holder in found if holder.claimed), None)
     if stale is not None:
         # Its task finished or was revoked without running it (or without freeing it): take
         # the claim over, only if it is still that one (owner-checked, atomic).
-        claim = _claim(task, name, task_id, ttl, takeover=stale.owner)
+        claim = claim_lease(task, name, task_id, ttl, takeover=stale.owner)
         if claim.acquire(0):
             log.info("%s[%s] took over the claim of %s", task.name, task_id, stale.task_id)
             return _send_claimed(claim, send, args, kwargs, task_id, options)
@@ -111,43 +102,6 @@ def send_once(
     return AsyncResult(holder, app=task.app)
 
 
-def free_claim(task: Any, args: Any, kwargs: Any, *, task_id: str, attempt: int) -> int:
-    """Free the claim attempt ``attempt`` of task ``task_id`` holds for its queued message, if
-    it still holds it. As release.lua: 1 freed, 0 nothing held, -1 another call holds it.
-
-    Attempt 0 is claimed at enqueue (under :func:`claim_name`); a later attempt holds the run
-    lock its previous attempt handed over to it (``Task.retry``), whatever ``lock_on_enqueue``.
-    """
-    options = task.lock_options
-    if options.mode != "exclusive" or options.keys is not None or options.range is not None:
-        return 0  # only exclusive single-key locks take claims
-    client = task.lock_client
-    name = claim_name(task, args, kwargs) if attempt == 0 else task.lock_name(args, kwargs)
-    keys = client._keys(name)
-    owner = claim_owner(task_id, attempt)
-    return int(client._call(client._scripts.release, keys.lock, owner, 0, keys.channel))
-
-
-def replaced_by(task: Any, args: Any, kwargs: Any) -> str | None:
-    """``debounce``: the task id of the call that replaced this one in the queue, if any."""
-    client = task.lock_client
-    keys = client._keys(claim_name(task, args, kwargs))
-    value = client._call(client.redis.hget, keys.lock, "task_id")
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _claim(task: Any, name: str, task_id: str, ttl: float, takeover: str | None = None) -> Lease:
-    claim: Lease = task.lock_client.lease(
-        name,
-        ttl=ttl,
-        heartbeat=False,
-        owner_info={"task_name": task.name, "task_id": task_id, "state": "queued"},
-    )
-    claim._claim_as = claim_owner(task_id, 0)
-    claim._takeover = takeover or ""
-    return claim
-
-
 def _send_claimed(
     claim: Lease,
     send: Callable[..., Any],
@@ -161,30 +115,6 @@ def _send_claimed(
     except BaseException:
         claim.release()
         raise
-
-
-def _finished_claim(task: Any, found: list[holders.Holder]) -> holders.Holder | None:
-    """The claim among ``found`` whose task the result backend says is over (finished, failed
-    or revoked): a message that will never run under it. None if there is none, or no result
-    backend to ask."""
-    claims = [holder for holder in found if holder.claimed and holder.task_id]
-    if not claims:
-        return None
-    try:
-        if isinstance(task.backend, DisabledBackend):
-            return None
-    except Exception as exc:  # a misconfigured backend: no evidence from it
-        log.warning("result backend unusable: %s", exc)
-        return None
-    for holder in claims:
-        try:
-            state = task.AsyncResult(holder.task_id).state
-        except Exception as exc:  # no evidence from a backend that does not answer
-            log.warning("result backend did not answer for %s: %s", holder.task_id, exc)
-            continue
-        if state in FINISHED_STATES:
-            return holder
-    return None
 
 
 def seconds_until(eta: datetime.datetime | str | None, countdown: float | None) -> float:

@@ -92,24 +92,111 @@ def _keys(value: Any, argument: str) -> Any:
     )
 
 
-#: option -> (built-in default, checker). Every ``lock_*`` attribute must be one of these.
+@dataclass(frozen=True)
+class Option:
+    """One task option, declared once: its built-in default, the checker its values go
+    through, what it does (the documentation of SingletonTask's attribute), and whether it has
+    an app-wide setting too."""
+
+    name: str
+    default: Any
+    check: Callable[[Any, str], Any]
+    doc: str
+    per_task_only: bool = False
+
+    @property
+    def field(self) -> str:
+        """Its field of :class:`TaskLockOptions`: ``lock_ttl`` -> ``ttl``."""
+        return self.name.removeprefix("lock_")
+
+
+#: Every task option, in the order SingletonTask documents them. Every ``lock_*`` attribute
+#: must be one of these; the app settings, the checks, :class:`TaskLockOptions` and
+#: SingletonTask's attributes follow from this list.
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "lock_ttl",
+        3600.0,
+        _seconds,
+        "Hard cap in seconds on how long one run may hold its lock (default 3600).",
+    ),
+    Option(
+        "lock_lease",
+        30.0,
+        _seconds,
+        "Heartbeat-renewed lease in seconds: a dead worker frees the lock within it (default 30).",
+    ),
+    Option(
+        "lock_key",
+        None,
+        _any,
+        'None (task name + bound arguments), a format string such as ``"report:{day}"``, '
+        "a list of argument names, or a callable ``(args, kwargs) -> str``.",
+        per_task_only=True,
+    ),
+    Option("lock_wait", 0.0, _wait, "Seconds a run waits for a busy lock (default 0)."),
+    Option(
+        "lock_conflict",
+        "skip",
+        _choice(CONFLICT_POLICIES),
+        'What a run that cannot get its lock does: "skip" (default), "retry" or "raise".',
+    ),
+    Option(
+        "lock_retry_countdown",
+        10.0,
+        _delay,
+        'Countdown in seconds of the retry that ``lock_conflict="retry"`` schedules (default 10).',
+    ),
+    Option(
+        "lock_release_delay",
+        0.0,
+        _delay,
+        "Seconds the key stays locked after the run ends (delay-after; default 0).",
+    ),
+    Option(
+        "lock_on_enqueue",
+        False,
+        _on_enqueue,
+        "Also refuse duplicates at ``apply_async``/``delay`` (default False): True keeps the "
+        'key locked from enqueue to the end of the run; "until_start" keeps at most one '
+        'queued call, freed when it starts, beside the running one; "debounce" is '
+        '"until_start" where a new call replaces the queued one.',
+    ),
+    Option(
+        "lock_mode",
+        "exclusive",
+        _choice(LOCK_MODES),
+        '"exclusive" (default), "read", "upgradable" or "write".',
+    ),
+    Option(
+        "lock_range",
+        None,
+        _range,
+        "Two argument names bounding a range lock on the resource named by ``lock_key``.",
+        per_task_only=True,
+    ),
+    Option(
+        "lock_keys",
+        None,
+        _keys,
+        "Key templates (or a callable) for a multi-key lock.",
+        per_task_only=True,
+    ),
+    Option(
+        "lock_backend_down",
+        "fail",
+        _choice(BACKEND_DOWN_POLICIES),
+        'Redis unreachable: "fail" (default: raise LockBackendError) or "run" (run unlocked).',
+    ),
+)
+
+#: option -> (built-in default, checker), from :data:`OPTIONS`.
 TASK_OPTIONS: dict[str, tuple[Any, Callable[[Any, str], Any]]] = {
-    "lock_ttl": (3600.0, _seconds),
-    "lock_lease": (30.0, _seconds),
-    "lock_key": (None, _any),
-    "lock_wait": (0.0, _wait),
-    "lock_conflict": ("skip", _choice(CONFLICT_POLICIES)),
-    "lock_retry_countdown": (10.0, _delay),
-    "lock_release_delay": (0.0, _delay),
-    "lock_on_enqueue": (False, _on_enqueue),
-    "lock_mode": ("exclusive", _choice(LOCK_MODES)),
-    "lock_range": (None, _range),
-    "lock_keys": (None, _keys),
-    "lock_backend_down": ("fail", _choice(BACKEND_DOWN_POLICIES)),
+    option.name: (option.default, option.check) for option in OPTIONS
 }
 
 #: Options with no app-wide setting: they only make sense per task.
-PER_TASK_ONLY = ("lock_key", "lock_range", "lock_keys")
+PER_TASK_ONLY = tuple(option.name for option in OPTIONS if option.per_task_only)
 
 #: The lease a task gets when neither it nor the app sets one, unless ``lock_ttl`` is
 #: shorter than three of them: then a third of ``lock_ttl``.
@@ -166,7 +253,8 @@ def check_task_options(task_name: str, attrs: dict[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class TaskLockOptions:
-    """The resolved lock options of one task."""
+    """The resolved lock options of one task: a field per entry of :data:`OPTIONS`, in its
+    order (typed here for the type checker; tests/test_task_config.py checks the two agree)."""
 
     ttl: float
     lease: float
@@ -185,21 +273,19 @@ class TaskLockOptions:
     def resolve(cls, task_name: str, task: Any, conf: Any) -> TaskLockOptions:
         values: dict[str, Any] = {}
         sources: dict[str, str] = {}
-        for option, (default, check) in TASK_OPTIONS.items():
+        for option in OPTIONS:
             # Static lookup: a callable lock_key stored on the class must not become a method.
-            value = inspect.getattr_static(task, option, None)
+            value = inspect.getattr_static(task, option.name, None)
             if isinstance(value, staticmethod):
                 value = value.__func__
-            where = f"{task_name}.{option}"
-            if value is None and option not in PER_TASK_ONLY:
-                where = setting_name(option)
+            where = f"{task_name}.{option.name}"
+            if value is None and not option.per_task_only:
+                where = setting_name(option.name)
                 value = conf.get(where, None)
             if value is None:
-                value, where = default, _BUILT_IN
-            sources[option] = where
-            values[option.removeprefix("lock_")] = (
-                check(value, where) if value is not None else None
-            )
+                value, where = option.default, _BUILT_IN
+            sources[option.name] = where
+            values[option.field] = option.check(value, where) if value is not None else None
         if sources["lock_lease"] == _BUILT_IN:
             values["lease"] = default_lease(values["ttl"])
         else:
@@ -340,14 +426,14 @@ def check_setting_values(conf: Any) -> None:
     """Check every task-option setting the app sets, and that an app-wide lease fits in
     the app-wide ttl, so a bad value stops the worker at start rather than failing runs."""
     values: dict[str, Any] = {}
-    for option, (_, check) in TASK_OPTIONS.items():
-        if option in PER_TASK_ONLY:
+    for option in OPTIONS:
+        if option.per_task_only:
             continue
-        name = setting_name(option)
+        name = setting_name(option.name)
         value = conf.get(name, None)
         if value is not None:
             try:
-                values[option] = check(value, name)
+                values[option.name] = option.check(value, name)
             except ConfigurationError as exc:
                 problem = str(exc).partition(": ")[2]
                 raise ConfigurationError(name, f"bad configuration: {problem}") from None

@@ -20,20 +20,19 @@ from celery import Task
 from celery.exceptions import Ignore, Retry
 
 from ..client import LockClient
-from ..core import validate
 from ..exceptions import LockBackendError, LockError, LockLost, LockTimeout
 from ..handle import LockHandle
 from ..lease import Lease
-from . import enqueue, holders
+from . import claims, enqueue, holders
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
 # before a worker starts, which always imports its tasks first).
 from . import events as _events  # noqa: F401
 from .app_client import close_lock_client as close_lock_client
 from .app_client import lock_client_for
-from .claims import claim_owner
 from .options import (
     DEBOUNCE,
+    OPTIONS,
     UNTIL_START,
     AppSettings,
     TaskLockOptions,
@@ -74,34 +73,20 @@ class SingletonTask(Task):  # type: ignore[misc]
     """A task that never runs twice at once for the same key. Options (task attributes or
     ``@app.task`` keywords; None means: the app setting, else the default):"""
 
-    #: Hard cap in seconds on how long one run may hold its lock (default 3600).
-    lock_ttl: float | None = None
-    #: Heartbeat-renewed lease in seconds: a dead worker frees the lock within it (default 30).
-    lock_lease: float | None = None
-    #: None (task name + bound arguments), a format string such as ``"report:{day}"``, a list
-    #: of argument names, or a callable ``(args, kwargs) -> str``.
-    lock_key: Any = None
-    #: Seconds a run waits for a busy lock (default 0).
-    lock_wait: float | None = None
-    #: What a run that cannot get its lock does: "skip" (default), "retry" or "raise".
-    lock_conflict: str | None = None
-    #: Countdown in seconds of the retry that ``lock_conflict="retry"`` schedules (default 10).
-    lock_retry_countdown: float | None = None
-    #: Seconds the key stays locked after the run ends (delay-after; default 0).
-    lock_release_delay: float | None = None
-    #: Also refuse duplicates at ``apply_async``/``delay`` (default False): True keeps the
-    #: key locked from enqueue to the end of the run; "until_start" keeps at most one queued
-    #: call, freed when it starts, beside the running one; "debounce" is "until_start" where
-    #: a new call replaces the queued one.
-    lock_on_enqueue: bool | str | None = None
-    #: "exclusive" (default), "read", "upgradable" or "write".
-    lock_mode: str | None = None
-    #: Two argument names bounding a range lock on the resource named by ``lock_key``.
-    lock_range: tuple[str, str] | None = None
-    #: Key templates (or a callable) for a multi-key lock.
-    lock_keys: Any = None
-    #: Redis unreachable: "fail" (default: raise LockBackendError) or "run" (run unlocked).
-    lock_backend_down: str | None = None
+    # The options, typed for the type checker; each is None here (unset) and documented in
+    # its declaration, options.OPTIONS, from which the class gets its values below.
+    lock_ttl: float | None
+    lock_lease: float | None
+    lock_key: Any
+    lock_wait: float | None
+    lock_conflict: str | None
+    lock_retry_countdown: float | None
+    lock_release_delay: float | None
+    lock_on_enqueue: bool | str | None
+    lock_mode: str | None
+    lock_range: tuple[str, str] | None
+    lock_keys: Any
+    lock_backend_down: str | None
 
     Request = "celery_singleton_lock.celery.worker:SingletonRequest"
 
@@ -259,7 +244,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         )
         name = lease.name
         if isinstance(lease, Lease):
-            lease._takeover = claim_owner(task_id, request.retries or 0)
+            claims.take_over_at_run(lease, task_id, request.retries or 0)
         if options.on_enqueue in (UNTIL_START, DEBOUNCE) and not self._leave_queue(args, kwargs):
             return self._replaced(lease, args, kwargs)
         started = time.monotonic()
@@ -289,7 +274,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         if request.retries:
             return True  # a retry holds the run lock handed to it, never a queue claim
         try:
-            code = enqueue.free_claim(self, args, kwargs, task_id=request.id, attempt=0)
+            code = claims.free_claim(self, args, kwargs, task_id=request.id, attempt=0)
         except LockError as exc:  # the claim runs out by itself
             log.warning("%s[%s] could not free its queue claim: %s", self.name, request.id, exc)
             return True
@@ -299,7 +284,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         request, name = self.request, lease.name
         self._ignore_copy_of_self(lease, holders.holders_of(lease))  # it left the queue already
         try:
-            latest = enqueue.replaced_by(self, args, kwargs)
+            latest = claims.replaced_by(self, args, kwargs)
         except LockError:
             latest = None
         why = f"replaced by queued task {latest}"
@@ -417,13 +402,10 @@ class SingletonTask(Task):  # type: ignore[misc]
             self._release(lease)
             return self._celery_retry(args, kwargs, *call, **options)
         assert isinstance(lease, Lease)
-        next_owner = claim_owner(request.id, (request.retries or 0) + 1)
         delay = self._retry_delay(eta, countdown)
         try:
-            lease._hand_over(
-                next_owner,
-                delay + self.lock_options.ttl,
-                {"task_id": request.id, "task_name": self.name, "state": "retry"},
+            next_owner = claims.hand_over(
+                self, lease, request.id, (request.retries or 0) + 1, delay + self.lock_options.ttl
             )
         except LockError as exc:
             # Lost already, or Redis unreachable: nothing to hand over; the retried run
@@ -438,10 +420,9 @@ class SingletonTask(Task):  # type: ignore[misc]
         except BaseException:
             # No retry was sent (max_retries reached, broker error): this run was the last,
             # so its claim goes as the run's own lock would, delay-after included.
-            client = self.lock_client
-            keys = client._keys(lease.name)
-            delay_ms = validate.seconds_to_ms(self.lock_options.release_delay)
-            client._call(client._scripts.release, keys.lock, next_owner, delay_ms, keys.channel)
+            claims.release_handed_over(
+                self, lease.name, next_owner, self.lock_options.release_delay
+            )
             raise
 
     def _celery_retry(
@@ -494,4 +475,12 @@ class SingletonTask(Task):  # type: ignore[misc]
         """Free the claim that attempt ``attempt`` of task ``task_id`` (a call with these
         arguments) holds for its queued message, if it still holds it: the message will not
         run (revoked, expired). True if a claim was freed."""
-        return enqueue.free_claim(self, args, kwargs, task_id=task_id, attempt=attempt) == 1
+        return claims.free_claim(self, args, kwargs, task_id=task_id, attempt=attempt) == 1
+
+
+for _option in OPTIONS:
+    setattr(SingletonTask, _option.name, None)
+SingletonTask.__doc__ = (SingletonTask.__doc__ or "") + "".join(
+    f"\n\n    ``{option.name}``: {option.doc}" for option in OPTIONS
+)
+del _option

@@ -82,7 +82,7 @@ class Session:
 
 def app_session(app: Any, *, timeout: float, no_color: bool) -> Session:
     """Where a Celery app's locks live: ``singleton_lock_url`` (else a Redis broker URL) and
-    ``singleton_lock_prefix``, read exactly as the app's tasks read them (config.py)."""
+    ``singleton_lock_prefix``, read exactly as the app's tasks read them (celery/options.py)."""
     from ..celery.options import AppSettings
     from ..exceptions import ConfigurationError
 
