@@ -3,28 +3,24 @@ async views) that take or inspect the same locks Celery tasks hold."""
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-import redis
 import redis.asyncio
-from redis.exceptions import RedisClusterException
 
 from ..admin import LockInfo
 from ..client import DEFAULT_SOCKET_TIMEOUT, mask_password
 from ..core import redis_urls, validate
-from ..core.keys import DEFAULT_PREFIX, LockKeys, lock_keys
+from ..core.keys import DEFAULT_PREFIX, LockKeys
 from ..core.scripts import Scripts
-from ..exceptions import ConfigurationError, LockBackendError
+from ..exceptions import ConfigurationError
 from . import admin
+from .connection import AsyncConnection
 from .intervals import AsyncRangeLock, AsyncRWLock
 from .lease import AsyncLease
 from .multi import AsyncMultiLease
 from .notifier import AsyncNotifier
-from .scripts import LeaseScripts, run_script
+from .scripts import LeaseScripts
 
 T = TypeVar("T")
 
@@ -46,22 +42,23 @@ class AsyncLockClient:
     """
 
     def __init__(self, redis_client: Any, *, prefix: str = DEFAULT_PREFIX) -> None:
-        validate.check_prefix(prefix)
-        execute = getattr(type(redis_client), "execute_command", None)
-        if not hasattr(redis_client, "register_script") or not inspect.iscoroutinefunction(execute):
-            raise ConfigurationError(
-                "redis_client",
-                f"must be a redis.asyncio client, got {type(redis_client).__name__}",
-            )
-        self.redis = redis_client
-        self.prefix = prefix
-        self.url = redis_urls.safe_url(redis_client)
-        # Both only compute SHAs here: the scripts are sent by SHA, see scripts.py.
-        self._scripts = Scripts(redis_client)  # the renew call's layout, shared with the sync
-        self._lease_scripts = LeaseScripts(redis_client)
-        self._notifiers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncNotifier] = (
-            weakref.WeakKeyDictionary()
-        )
+        #: What the handles and the admin functions work through.
+        self.connection = AsyncConnection(redis_client, prefix)
+
+    @property
+    def redis(self) -> Any:
+        """The ``redis.asyncio`` client."""
+        return self.connection.redis
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix of every lock of this client."""
+        return self.connection.prefix
+
+    @property
+    def url(self) -> str:
+        """The server, with no password."""
+        return self.connection.url
 
     @classmethod
     def from_url(
@@ -165,54 +162,41 @@ class AsyncLockClient:
 
     async def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""
-        seconds, micros = await self._server_clock()
-        return seconds + micros / 1_000_000
+        return await self.connection.server_time()
 
     async def server_ms(self) -> int:
         """The Redis server's clock in ms (the clock every lock time is written with)."""
-        seconds, micros = await self._server_clock()
-        return seconds * 1000 + micros // 1000
-
-    async def _server_clock(self) -> tuple[int, int]:
-        seconds, micros = await self._call(self.redis.time)
-        return int(seconds), int(micros)
+        return await self.connection.server_ms()
 
     async def ping(self) -> bool:
         """True if Redis answers; raises :class:`LockBackendError` if not."""
-        return bool(await self._call(self.redis.ping))
+        return await self.connection.ping()
 
     async def close(self) -> None:
         """Stop this client's waiter listeners and close its connections."""
-        for notifier in list(self._notifiers.values()):
-            await notifier.close()
-        self._notifiers.clear()
-        # aclose() since redis-py 5.0.1; close() before it (deprecated after).
-        close = getattr(self.redis, "aclose", None) or self.redis.close
-        await close()
+        await self.connection.close()
 
     def __repr__(self) -> str:
         return f"<AsyncLockClient {self.url} prefix={self.prefix!r}>"
 
-    # -- internals shared by the handles -----------------------------------------------------
+    # -- what the handles reach for, now on the connection ----------------------------------
+
+    @property
+    def _scripts(self) -> Scripts:
+        return self.connection.scripts
+
+    @property
+    def _lease_scripts(self) -> LeaseScripts:
+        return self.connection.lease_scripts
 
     def _keys(self, name: str) -> LockKeys:
-        return lock_keys(self.prefix, validate.check_name(name))
+        return self.connection.keys(name)
 
     def _notifier(self) -> AsyncNotifier:
-        """The waiter listener of the running event loop."""
-        loop = asyncio.get_running_loop()
-        notifier = self._notifiers.get(loop)
-        if notifier is None:
-            notifier = self._notifiers[loop] = AsyncNotifier(self.redis)
-        return notifier
+        return self.connection.notifier()
 
     async def _call(self, function: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Await one Redis operation; Redis failures become :class:`LockBackendError`."""
-        try:
-            return await function(*args)
-        except (redis.RedisError, RedisClusterException, OSError) as exc:
-            raise LockBackendError(f"Redis at {self.url}: {exc}") from exc
+        return await self.connection.call(function, *args)
 
     async def _script(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """One script call by SHA (loaded on NOSCRIPT)."""
-        return await self._call(run_script, self.redis, script, keys, args)
+        return await self.connection.script(script, keys, args)
