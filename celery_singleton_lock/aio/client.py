@@ -3,26 +3,21 @@ async views) that take or inspect the same locks Celery tasks hold."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import redis.asyncio
 
 from ..admin import LockInfo
 from ..client import DEFAULT_SOCKET_TIMEOUT, mask_password
 from ..core import redis_urls, validate
-from ..core.keys import DEFAULT_PREFIX, LockKeys
-from ..core.scripts import Scripts
+from ..core.keys import DEFAULT_PREFIX
 from ..exceptions import ConfigurationError
 from . import admin
 from .connection import AsyncConnection
 from .intervals import AsyncRangeLock, AsyncRWLock
 from .lease import AsyncLease
 from .multi import AsyncMultiLease
-from .notifier import AsyncNotifier
-from .scripts import LeaseScripts
-
-T = TypeVar("T")
 
 #: URL schemes the asyncio client does not take yet (pass a ``redis.asyncio`` client made
 #: your own way instead, e.g. ``redis.asyncio.sentinel.Sentinel(...).master_for(name)``).
@@ -101,7 +96,7 @@ class AsyncLockClient:
         """An exclusive lease on ``name`` (not yet acquired); options as
         :meth:`LockClient.lease`. ``on_lost`` may be a plain or a coroutine function."""
         return AsyncLease(
-            self,
+            self.connection,
             name,
             ttl=ttl,
             heartbeat=heartbeat,
@@ -113,12 +108,12 @@ class AsyncLockClient:
 
     def rwlock(self, name: str) -> AsyncRWLock:
         """A reader-writer lock on ``name``: ``.read()``, ``.upgradable()``, ``.write()``."""
-        return AsyncRWLock(self, name)
+        return AsyncRWLock(self.connection, name)
 
     def range_lock(self, name: str) -> AsyncRangeLock:
         """A range lock on ``name``: ``.read(lo, hi)``, ``.upgradable(lo, hi)``,
         ``.write(lo, hi)``."""
-        return AsyncRangeLock(self, name)
+        return AsyncRangeLock(self.connection, name)
 
     def multi(
         self,
@@ -133,7 +128,7 @@ class AsyncLockClient:
     ) -> AsyncMultiLease:
         """Exclusive leases on all of ``names``, taken all or nothing (not yet acquired)."""
         return AsyncMultiLease(
-            self,
+            self.connection,
             names,
             ttl=ttl,
             heartbeat=heartbeat,
@@ -148,7 +143,7 @@ class AsyncLockClient:
         with its holder and whether it is live, stale or in delay-after (docs/admin.md)."""
         if pattern is not None:
             validate.check_name(pattern, "pattern")
-        return await admin.list_locks(self, pattern)
+        return await admin.list_locks(self.connection, pattern)
 
     async def clear(self, name: str, *, token: int | None = None, force: bool = False) -> bool:
         """Clear lock ``name`` (only its holder with fencing ``token``, if given): atomic and
@@ -158,7 +153,7 @@ class AsyncLockClient:
         if token is not None and (isinstance(token, bool) or not isinstance(token, int)):
             raise ConfigurationError("token", f"must be an int or None, got {token!r}")
         validate.check_bool(force, "force")
-        return await admin.clear(self, name, token=token, force=force)
+        return await admin.clear(self.connection, name, token=token, force=force)
 
     async def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""
@@ -178,25 +173,3 @@ class AsyncLockClient:
 
     def __repr__(self) -> str:
         return f"<AsyncLockClient {self.url} prefix={self.prefix!r}>"
-
-    # -- what the handles reach for, now on the connection ----------------------------------
-
-    @property
-    def _scripts(self) -> Scripts:
-        return self.connection.scripts
-
-    @property
-    def _lease_scripts(self) -> LeaseScripts:
-        return self.connection.lease_scripts
-
-    def _keys(self, name: str) -> LockKeys:
-        return self.connection.keys(name)
-
-    def _notifier(self) -> AsyncNotifier:
-        return self.connection.notifier()
-
-    async def _call(self, function: Callable[..., Awaitable[T]], *args: Any) -> T:
-        return await self.connection.call(function, *args)
-
-    async def _script(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        return await self.connection.script(script, keys, args)
