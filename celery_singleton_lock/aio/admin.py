@@ -13,11 +13,9 @@ from typing import Any
 from ..admin import (
     BATCH,
     CLEARED,
-    COOLDOWN,
     GONE,
     LIVE,
     RESUMED,
-    STALE,
     LockInfo,
     escape,
     literal_name,
@@ -25,9 +23,10 @@ from ..admin import (
 )
 from ..core.keys import lock_keys, lock_pattern
 from ..exceptions import LockError
-from ..intervals import MODE_NAMES, decode_holder, interval_keys
+from ..intervals import interval_keys
 from ..rangelock import FAMILY as RANGE_FAMILY
 from ..rwlock import FAMILY as RW_FAMILY
+from . import wire
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
 from .intervals import release_hold
 
@@ -65,27 +64,16 @@ async def _lock_hash_holders(conn: AsyncConnection, pattern: str | None) -> list
         keys = await _scan(conn, lock_pattern(conn.prefix))
     holders: list[Holder] = []
     for fields, pttl in await _read(conn, keys):
-        kind = fields.get(b"kind", b"lease").decode()
-        cooling = not fields.get(b"owner") and fields.get(b"state") == COOLDOWN.encode()
-        if kind == "multi" and fields.get(b"owner"):
-            holders.append(decode_holder(fields, pttl))
-        elif kind == "lease" or cooling:
-            holder = {k.decode(): v for k, v in fields.items()}
-            holder.update(kind=kind, pttl_ms=pttl)
+        holder = wire.lock_hash_holder(fields, pttl)
+        if holder is not None:
             holders.append(holder)
     return holders
 
 
 async def _interval_holders(conn: AsyncConnection, family: bytes) -> list[Holder]:
-    # lock_pattern is "<escaped prefix>{*}:lock": the holder hashes are "...{*}:<family>:h:*".
-    match = lock_pattern(conn.prefix).removesuffix(b"lock") + family + b":h:*"
-    holders = []
-    for fields, pttl in await _read(conn, await _scan(conn, match)):
-        record = decode_holder(fields, pttl)
-        if family == RW_FAMILY:
-            record["kind"] = MODE_NAMES.get(record.get("mode", ""), record.get("kind"))
-        holders.append(record)
-    return holders
+    match = wire.interval_holder_pattern(conn.prefix, family)
+    found = await _read(conn, await _scan(conn, match))
+    return [wire.interval_holder(fields, pttl, family) for fields, pttl in found]
 
 
 async def list_locks(
@@ -110,10 +98,7 @@ async def clear_listed(
     (its fencing token) and, unless ``force``, that a holder listed stale was not renewed since
     (see :func:`..admin.clear_listed`): CLEARED, GONE, TAKEN or RESUMED."""
     conn = async_connection_of(client)
-    token = "" if info.token is None else str(info.token)
-    renewed = ""
-    if info.state == STALE and not force and info.renewed_ms is not None:
-        renewed = str(info.renewed_ms)
+    token, renewed = wire.clear_guards(info, force)
     if info.kind in ("lease", "multi"):
         # A multi-key lock holds each name in a lease's hash: cleared by its fencing token,
         # one name at a time.

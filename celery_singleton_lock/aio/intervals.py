@@ -9,7 +9,6 @@ import math
 from typing import Any
 
 from ..core import validate
-from ..core.keys import FENCE_TTL_MS
 from ..core.scripts import ScriptCall, bound_to
 from ..exceptions import ConfigurationError, LockError, LockNotHeld
 from ..handle import lost_error
@@ -23,10 +22,10 @@ from ..intervals import (
     IntervalScripts,
     check_interval,
     interval_keys,
-    score,
 )
 from ..rangelock import FAMILY as RANGE_FAMILY
 from ..rwlock import FAMILY as RW_FAMILY
+from . import wire
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
 from .handle import AsyncLockHandle, RenewEntry
 
@@ -48,7 +47,7 @@ async def release_hold(
     code = await conn.script(
         interval_scripts(conn).release,
         keys.all(owner)[:11],
-        (owner, delay_ms, keys.channel, token, renewed_ms),
+        wire.interval_release_args(owner, delay_ms, keys.channel, token, renewed_ms),
     )
     return int(code)
 
@@ -88,10 +87,9 @@ class AsyncIntervalHandle(AsyncLockHandle):
         code, value = await self._conn.script(
             interval_scripts(self._conn).acquire,
             self._keys.all(owner),
-            (
-                owner, self.mode, score(self.lo), score(self.hi), self._ttl_ms,
-                self._max_hold_ms, FENCE_TTL_MS, queue, parent, self._keys.channel,
-                *self._describe_holder(),
+            wire.interval_acquire_args(
+                owner, self.mode, self.lo, self.hi, self._ttl_ms, self._max_hold_ms, queue,
+                parent, self._keys.channel, self._describe_holder(),
             ),
         )  # fmt: skip
         code, value = int(code), int(value)
@@ -103,9 +101,7 @@ class AsyncIntervalHandle(AsyncLockHandle):
             )
         if code == 1:
             return True, value
-        if queue:
-            value = min(value, RESERVATION_MS // 3)  # wake in time to renew the reservation
-        return False, value
+        return False, wire.interval_wait_hint(value, queued=bool(queue))
 
     async def _abandon(self, owner: str) -> None:
         if self.mode == "w":
@@ -123,7 +119,7 @@ class AsyncIntervalHandle(AsyncLockHandle):
         code, value = await self._conn.script(
             interval_scripts(self._conn).change,
             self._keys.all(owner)[:11],
-            (op, owner, score(lo), score(hi), reserve, self._keys.channel),
+            wire.interval_change_args(op, owner, lo, hi, reserve, self._keys.channel),
         )
         return int(code), int(value)
 
@@ -170,7 +166,7 @@ class AsyncRWLockHandle(AsyncIntervalHandle):
             code, value = await self._change("upgrade", reserve=RESERVATION_MS if reserve else 0)
             if code == PARENT_GONE:
                 raise self._changed_lost("upgrade")
-            return code == 1, min(value, RESERVATION_MS // 3) if reserve else value
+            return code == 1, wire.interval_wait_hint(value, queued=reserve)
 
         done, _ = await attempt()
         if not done and reserve:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.keys import FENCE_TTL_MS, LockKeys, encode_name
+from ..core.keys import LockKeys
 from ..core.scripts import ScriptCall, bound_to
 from ..multi import MultiLease, MultiScripts, check_names
+from . import wire
 from .connection import AsyncConnection, HasAsyncConnection
 from .handle import AsyncLockHandle, RenewEntry
 
@@ -45,22 +46,19 @@ class AsyncMultiLease(AsyncLockHandle):
         return dict(self._tokens)
 
     async def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
-        # multi_acquire.lua: KEYS locks then fences; ARGV owner, ttl, max-hold, fence ttl,
-        # wait mode ('1': mark the busy holders so their release publishes), the names, then
-        # the holder fields.
+        # multi_acquire.lua: KEYS locks then fences.
         reply = await self._conn.script(
             multi_scripts(self._conn).acquire,
             [k.lock for k in self._keys] + [k.fence for k in self._keys],
-            (
-                owner, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS, "1" if reserve else "",
-                *(encode_name(name) for name in self._ordered),
-                *self._describe_holder(named=False),
+            wire.multi_acquire_args(
+                owner, self._ttl_ms, self._max_hold_ms, reserve, self._ordered,
+                self._describe_holder(named=False),
             ),
         )  # fmt: skip
-        if int(reply[0]) != 1:
-            return False, int(reply[1])
-        self._tokens = {name: int(t) for name, t in zip(self._ordered, reply[1:], strict=True)}
-        return True, max(self._tokens.values())
+        taken, value, tokens = wire.multi_acquired(self._ordered, reply)
+        if taken:
+            self._tokens = tokens
+        return taken, value
 
     async def _release(self, owner: str, delay_ms: int) -> int:
         return int(
