@@ -65,7 +65,7 @@ class AsyncLockClient:
         if not isinstance(url, str) or not url:
             raise ConfigurationError("url", f"must be a non-empty str, got {url!r}")
         validate.check_prefix(prefix)
-        scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+        scheme = redis_urls._scheme(url)  # read as LockClient.from_url reads it
         if scheme in UNSUPPORTED_SCHEMES:
             raise ConfigurationError(
                 "url",
