@@ -92,7 +92,7 @@ def test_a_frozen_server_does_not_cost_the_leases_on_another(
             restartable_redis.url, prefix="frozen:", socket_timeout=1.5
         )
         in_flight, most = 0, 0
-        call = frozen._call
+        call = frozen.connection.call
 
         async def counted(*args: Any) -> Any:
             nonlocal in_flight, most
@@ -103,7 +103,7 @@ def test_a_frozen_server_does_not_cost_the_leases_on_another(
             finally:
                 in_flight -= 1
 
-        frozen._call = counted  # type: ignore[method-assign]
+        frozen.connection.call = counted  # type: ignore[method-assign]
         b_lost = asyncio.Event()
         lease_a = healthy.lease("healthy", ttl=ttl)
         lease_b = frozen.lease("frozen", ttl=ttl, on_lost=lambda _: b_lost.set())

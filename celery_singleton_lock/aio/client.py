@@ -3,30 +3,21 @@ async views) that take or inspect the same locks Celery tasks hold."""
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import weakref
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any
 
-import redis
 import redis.asyncio
-from redis.exceptions import RedisClusterException
 
 from ..admin import LockInfo
 from ..client import DEFAULT_SOCKET_TIMEOUT, mask_password
 from ..core import redis_urls, validate
-from ..core.keys import DEFAULT_PREFIX, LockKeys, lock_keys
-from ..core.scripts import Scripts
-from ..exceptions import ConfigurationError, LockBackendError
+from ..core.keys import DEFAULT_PREFIX
+from ..exceptions import ConfigurationError
 from . import admin
+from .connection import AsyncConnection
 from .intervals import AsyncRangeLock, AsyncRWLock
 from .lease import AsyncLease
 from .multi import AsyncMultiLease
-from .notifier import AsyncNotifier
-from .scripts import LeaseScripts, run_script
-
-T = TypeVar("T")
 
 #: URL schemes the asyncio client does not take yet (pass a ``redis.asyncio`` client made
 #: your own way instead, e.g. ``redis.asyncio.sentinel.Sentinel(...).master_for(name)``).
@@ -46,22 +37,23 @@ class AsyncLockClient:
     """
 
     def __init__(self, redis_client: Any, *, prefix: str = DEFAULT_PREFIX) -> None:
-        validate.check_prefix(prefix)
-        execute = getattr(type(redis_client), "execute_command", None)
-        if not hasattr(redis_client, "register_script") or not inspect.iscoroutinefunction(execute):
-            raise ConfigurationError(
-                "redis_client",
-                f"must be a redis.asyncio client, got {type(redis_client).__name__}",
-            )
-        self.redis = redis_client
-        self.prefix = prefix
-        self.url = redis_urls.safe_url(redis_client)
-        # Both only compute SHAs here: the scripts are sent by SHA, see scripts.py.
-        self._scripts = Scripts(redis_client)  # the renew call's layout, shared with the sync
-        self._lease_scripts = LeaseScripts(redis_client)
-        self._notifiers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncNotifier] = (
-            weakref.WeakKeyDictionary()
-        )
+        #: What the handles and the admin functions work through.
+        self.connection = AsyncConnection(redis_client, prefix)
+
+    @property
+    def redis(self) -> Any:
+        """The ``redis.asyncio`` client."""
+        return self.connection.redis
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix of every lock of this client."""
+        return self.connection.prefix
+
+    @property
+    def url(self) -> str:
+        """The server, with no password."""
+        return self.connection.url
 
     @classmethod
     def from_url(
@@ -73,7 +65,7 @@ class AsyncLockClient:
         if not isinstance(url, str) or not url:
             raise ConfigurationError("url", f"must be a non-empty str, got {url!r}")
         validate.check_prefix(prefix)
-        scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+        scheme = redis_urls._scheme(url)  # read as LockClient.from_url reads it
         if scheme in UNSUPPORTED_SCHEMES:
             raise ConfigurationError(
                 "url",
@@ -104,7 +96,7 @@ class AsyncLockClient:
         """An exclusive lease on ``name`` (not yet acquired); options as
         :meth:`LockClient.lease`. ``on_lost`` may be a plain or a coroutine function."""
         return AsyncLease(
-            self,
+            self.connection,
             name,
             ttl=ttl,
             heartbeat=heartbeat,
@@ -116,12 +108,12 @@ class AsyncLockClient:
 
     def rwlock(self, name: str) -> AsyncRWLock:
         """A reader-writer lock on ``name``: ``.read()``, ``.upgradable()``, ``.write()``."""
-        return AsyncRWLock(self, name)
+        return AsyncRWLock(self.connection, name)
 
     def range_lock(self, name: str) -> AsyncRangeLock:
         """A range lock on ``name``: ``.read(lo, hi)``, ``.upgradable(lo, hi)``,
         ``.write(lo, hi)``."""
-        return AsyncRangeLock(self, name)
+        return AsyncRangeLock(self.connection, name)
 
     def multi(
         self,
@@ -136,7 +128,7 @@ class AsyncLockClient:
     ) -> AsyncMultiLease:
         """Exclusive leases on all of ``names``, taken all or nothing (not yet acquired)."""
         return AsyncMultiLease(
-            self,
+            self.connection,
             names,
             ttl=ttl,
             heartbeat=heartbeat,
@@ -151,7 +143,7 @@ class AsyncLockClient:
         with its holder and whether it is live, stale or in delay-after (docs/admin.md)."""
         if pattern is not None:
             validate.check_name(pattern, "pattern")
-        return await admin.list_locks(self, pattern)
+        return await admin.list_locks(self.connection, pattern)
 
     async def clear(self, name: str, *, token: int | None = None, force: bool = False) -> bool:
         """Clear lock ``name`` (only its holder with fencing ``token``, if given): atomic and
@@ -161,58 +153,23 @@ class AsyncLockClient:
         if token is not None and (isinstance(token, bool) or not isinstance(token, int)):
             raise ConfigurationError("token", f"must be an int or None, got {token!r}")
         validate.check_bool(force, "force")
-        return await admin.clear(self, name, token=token, force=force)
+        return await admin.clear(self.connection, name, token=token, force=force)
 
     async def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""
-        seconds, micros = await self._server_clock()
-        return seconds + micros / 1_000_000
+        return await self.connection.server_time()
 
     async def server_ms(self) -> int:
         """The Redis server's clock in ms (the clock every lock time is written with)."""
-        seconds, micros = await self._server_clock()
-        return seconds * 1000 + micros // 1000
-
-    async def _server_clock(self) -> tuple[int, int]:
-        seconds, micros = await self._call(self.redis.time)
-        return int(seconds), int(micros)
+        return await self.connection.server_ms()
 
     async def ping(self) -> bool:
         """True if Redis answers; raises :class:`LockBackendError` if not."""
-        return bool(await self._call(self.redis.ping))
+        return await self.connection.ping()
 
     async def close(self) -> None:
         """Stop this client's waiter listeners and close its connections."""
-        for notifier in list(self._notifiers.values()):
-            await notifier.close()
-        self._notifiers.clear()
-        # aclose() since redis-py 5.0.1; close() before it (deprecated after).
-        close = getattr(self.redis, "aclose", None) or self.redis.close
-        await close()
+        await self.connection.close()
 
     def __repr__(self) -> str:
         return f"<AsyncLockClient {self.url} prefix={self.prefix!r}>"
-
-    # -- internals shared by the handles -----------------------------------------------------
-
-    def _keys(self, name: str) -> LockKeys:
-        return lock_keys(self.prefix, validate.check_name(name))
-
-    def _notifier(self) -> AsyncNotifier:
-        """The waiter listener of the running event loop."""
-        loop = asyncio.get_running_loop()
-        notifier = self._notifiers.get(loop)
-        if notifier is None:
-            notifier = self._notifiers[loop] = AsyncNotifier(self.redis)
-        return notifier
-
-    async def _call(self, function: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Await one Redis operation; Redis failures become :class:`LockBackendError`."""
-        try:
-            return await function(*args)
-        except (redis.RedisError, RedisClusterException, OSError) as exc:
-            raise LockBackendError(f"Redis at {self.url}: {exc}") from exc
-
-    async def _script(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """One script call by SHA (loaded on NOSCRIPT)."""
-        return await self._call(run_script, self.redis, script, keys, args)

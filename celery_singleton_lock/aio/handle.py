@@ -2,7 +2,8 @@
 (held, lost, check, the wait loop, the lost-lock bookkeeping) with awaitable round trips.
 
 A subclass supplies them: ``_try_acquire(owner, reserve)``, ``_release(owner, delay_ms)``
-and the classmethod ``_renew_script_call(client, entries)`` the heartbeat batches. A handle
+and the classmethod ``_renew_script_call(conn, entries)`` the heartbeat batches. A handle
+works through an :class:`AsyncConnection` (given one, or an ``AsyncLockClient``), and
 belongs to the event loop that acquired it: its loop's heartbeat task renews it.
 """
 
@@ -18,7 +19,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from ..core import validate
 from ..core.scripts import MAX_HOLD_REACHED, ScriptCall
@@ -32,11 +33,8 @@ from ..exceptions import (
 )
 from ..handle import hint_seconds, holder_fields, lost_error
 from ..heartbeat import renew_calls
+from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
 from .heartbeat import AsyncHeartbeat, heartbeat
-from .scripts import run_batch
-
-if TYPE_CHECKING:
-    from .client import AsyncLockClient
 
 log = logging.getLogger("celery_singleton_lock.lease")
 lost_log = logging.getLogger("celery_singleton_lock.lost")
@@ -65,7 +63,7 @@ class AsyncLockHandle:
 
     def __init__(
         self,
-        client: AsyncLockClient,
+        client: AsyncConnection | HasAsyncConnection,
         name: str,
         *,
         ttl: float = 30.0,
@@ -88,7 +86,7 @@ class AsyncLockHandle:
         #: code whose check() or extend() found it; a coroutine function's result is run as
         #: a task of the handle's loop.
         self.on_lost = validate.check_callable(on_lost, "on_lost")
-        self._client = client
+        self._conn = async_connection_of(client)
         self._ttl_ms = validate.seconds_to_ms(self.ttl)
         self._max_hold_ms = 0 if self.max_hold is None else validate.seconds_to_ms(self.max_hold)
         self._owner: str | None = None
@@ -115,7 +113,7 @@ class AsyncLockHandle:
         raise NotImplementedError
 
     @classmethod
-    def _renew_script_call(cls, client: AsyncLockClient, entries: list[RenewEntry]) -> ScriptCall:
+    def _renew_script_call(cls, conn: AsyncConnection, entries: list[RenewEntry]) -> ScriptCall:
         """One script call renewing ``entries``; its reply has one code per entry."""
         raise NotImplementedError
 
@@ -203,7 +201,7 @@ class AsyncLockHandle:
         deadline = time.monotonic() + wait
         done = False
         try:
-            async with self._client._notifier().listening(self._channels) as woken:
+            async with self._conn.notifier().listening(self._channels) as woken:
                 while True:
                     taken, value = await attempt()
                     if taken:
@@ -284,9 +282,8 @@ class AsyncLockHandle:
         assert owner is not None
         ttl_ms = validate.seconds_to_ms(ttl)
         sent_at = time.monotonic()
-        client = self._client
-        calls, decode = renew_calls(client, [(self, owner, ttl_ms)])  # type: ignore[arg-type]
-        (code,) = decode(await client._call(run_batch, client.redis, calls))
+        calls, decode = renew_calls(self._conn, [(self, owner, ttl_ms)])  # type: ignore[arg-type]
+        (code,) = decode(await self._conn.batch(calls))
         if code == MAX_HOLD_REACHED:
             return max(0.0, self._expires_at - time.monotonic())
         if code <= 0:

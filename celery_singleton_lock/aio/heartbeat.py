@@ -18,25 +18,37 @@ import functools
 import logging
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import redis
 
 from ..exceptions import LockBackendError
 from ..heartbeat import renew_calls
-from .scripts import run_batch
-
-if TYPE_CHECKING:
-    from .handle import AsyncLockHandle
+from .connection import AsyncConnection
 
 log = logging.getLogger("celery_singleton_lock.heartbeat")
+
+
+class Renewable(Protocol):
+    """What the heartbeat needs of a handle (:class:`.handle.AsyncLockHandle` is one): its
+    ttl, connection and owner, and where to report each renewal. Its class supplies the
+    script call renewing it (``_renew_script_call``, see :func:`..heartbeat.renew_calls`)."""
+
+    ttl: float
+    _conn: AsyncConnection
+    _owner: str | None
+    _ttl_ms: int
+
+    def _renewed(self, owner: str | None, code: int, sent_at: float) -> None: ...
+
+    def _renewal_failed(self, owner: str | None, error: LockBackendError) -> None: ...
 
 
 class AsyncHeartbeat:
     """The registry of one event loop's async handles to renew, and the task renewing them."""
 
     def __init__(self) -> None:
-        self._leases: dict[int, weakref.ReferenceType[AsyncLockHandle]] = {}
+        self._leases: dict[int, weakref.ReferenceType[Renewable]] = {}
         self._task: asyncio.Task[None] | None = None
         # Made per run of the task: an Event remembers its loop, and this object must not
         # keep a closed loop alive.
@@ -45,7 +57,7 @@ class AsyncHeartbeat:
         self._in_flight: dict[int, asyncio.Task[None]] = {}
         self.ticks = 0
 
-    def add(self, handle: AsyncLockHandle) -> None:
+    def add(self, handle: Renewable) -> None:
         """Renew ``handle`` from now on (again, if its ttl changed)."""
         key = id(handle)
 
@@ -62,15 +74,15 @@ class AsyncHeartbeat:
         elif self._wake is not None and (self._period is None or handle.ttl / 3 < self._period):
             self._wake.set()
 
-    def remove(self, handle: AsyncLockHandle) -> None:
+    def remove(self, handle: Renewable) -> None:
         """Stop renewing ``handle`` (released, lost, or past its max-hold)."""
         self._leases.pop(id(handle), None)
 
-    def holds(self, handle: AsyncLockHandle) -> bool:
+    def holds(self, handle: Renewable) -> bool:
         ref = self._leases.get(id(handle))
         return ref is not None and ref() is handle
 
-    def leases(self) -> list[AsyncLockHandle]:
+    def leases(self) -> list[Renewable]:
         """The live handles being renewed."""
         return [h for h in (ref() for ref in list(self._leases.values())) if h is not None]
 
@@ -106,9 +118,9 @@ class AsyncHeartbeat:
         await self._tick(wait=True)
 
     async def _tick(self, *, wait: bool) -> None:
-        by_client: dict[int, list[AsyncLockHandle]] = {}
+        by_client: dict[int, list[Renewable]] = {}
         for handle in self.leases():
-            by_client.setdefault(id(handle._client), []).append(handle)
+            by_client.setdefault(id(handle._conn), []).append(handle)
         self.ticks += 1
         started = []
         for key, handles in by_client.items():
@@ -128,7 +140,7 @@ class AsyncHeartbeat:
         if self._in_flight.get(key) is batch:
             del self._in_flight[key]
 
-    async def _renew(self, handles: list[AsyncLockHandle]) -> None:
+    async def _renew(self, handles: list[Renewable]) -> None:
         """One round trip: the script calls of every kind batched in a pipeline."""
         # A handle released since the tick listed it has no owner token any more: renewing
         # it with an empty one would renew its ownerless delay-after instead.
@@ -137,13 +149,13 @@ class AsyncHeartbeat:
             return
         handles = [handle for handle, _ in held]
         owners: list[str | None] = [owner for _, owner in held]
-        client = handles[0]._client
+        conn = handles[0]._conn
         entries = [(h, owner, h._ttl_ms) for h, owner in held]
-        calls, decode = renew_calls(client, entries)  # type: ignore[arg-type]
+        calls, decode = renew_calls(conn, entries)  # type: ignore[arg-type]
         sent_at = time.monotonic()
         try:
             try:
-                replies = await client._call(run_batch, client.redis, calls)
+                replies = await conn.batch(calls)
             except LockBackendError as exc:
                 # redis.asyncio hands out a pooled connection the server has closed (after a
                 # restart) and fails on it once, where the sync client reconnects. A renewal
@@ -152,7 +164,7 @@ class AsyncHeartbeat:
                 if not isinstance(exc.__cause__, redis.ConnectionError):
                     raise
                 sent_at = time.monotonic()
-                replies = await client._call(run_batch, client.redis, calls)
+                replies = await conn.batch(calls)
             codes = decode(replies)
         except LockBackendError as exc:
             log.warning("heartbeat could not reach Redis: %s", exc)

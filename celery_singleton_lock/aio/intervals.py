@@ -6,10 +6,9 @@ shrink, writes nested in an upgradable range."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core import validate
-from ..core.keys import FENCE_TTL_MS
 from ..core.scripts import ScriptCall, bound_to
 from ..exceptions import ConfigurationError, LockError, LockNotHeld
 from ..handle import lost_error
@@ -23,23 +22,21 @@ from ..intervals import (
     IntervalScripts,
     check_interval,
     interval_keys,
-    score,
 )
 from ..rangelock import FAMILY as RANGE_FAMILY
 from ..rwlock import FAMILY as RW_FAMILY
+from . import wire
+from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
 from .handle import AsyncLockHandle, RenewEntry
 
-if TYPE_CHECKING:
-    from .client import AsyncLockClient
 
-
-def interval_scripts(client: AsyncLockClient) -> IntervalScripts:
-    """The interval scripts of ``client`` (registered on first use, no I/O)."""
-    return bound_to(client, IntervalScripts)
+def interval_scripts(conn: AsyncConnection) -> IntervalScripts:
+    """The interval scripts of ``conn`` (registered on first use, no I/O)."""
+    return bound_to(conn, IntervalScripts)
 
 
 async def release_hold(
-    client: AsyncLockClient,
+    conn: AsyncConnection,
     keys: IntervalKeys,
     owner: str,
     delay_ms: int,
@@ -47,10 +44,10 @@ async def release_hold(
     renewed_ms: str = "",
 ) -> int:
     """One run of interval_release.lua (see :func:`..intervals.release_hold`)."""
-    code = await client._script(
-        interval_scripts(client).release,
+    code = await conn.script(
+        interval_scripts(conn).release,
         keys.all(owner)[:11],
-        (owner, delay_ms, keys.channel, token, renewed_ms),
+        wire.interval_release_args(owner, delay_ms, keys.channel, token, renewed_ms),
     )
     return int(code)
 
@@ -62,7 +59,7 @@ class AsyncIntervalHandle(AsyncLockHandle):
 
     def __init__(
         self,
-        client: AsyncLockClient,
+        client: AsyncConnection | HasAsyncConnection,
         name: str,
         mode: str,
         lo: float,
@@ -75,7 +72,7 @@ class AsyncIntervalHandle(AsyncLockHandle):
         self.mode = mode
         self.lo, self.hi = lo, hi
         self._parent = parent
-        self._keys = interval_keys(client.prefix, self.name, self._family)
+        self._keys = interval_keys(self._conn.prefix, self.name, self._family)
         self._channels = (self._keys.channel,)
 
     async def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
@@ -87,13 +84,12 @@ class AsyncIntervalHandle(AsyncLockHandle):
                 )
             parent = self._parent._owner
         queue = RESERVATION_MS if reserve and self.mode == "w" else 0
-        code, value = await self._client._script(
-            interval_scripts(self._client).acquire,
+        code, value = await self._conn.script(
+            interval_scripts(self._conn).acquire,
             self._keys.all(owner),
-            (
-                owner, self.mode, score(self.lo), score(self.hi), self._ttl_ms,
-                self._max_hold_ms, FENCE_TTL_MS, queue, parent, self._keys.channel,
-                *self._describe_holder(),
+            wire.interval_acquire_args(
+                owner, self.mode, self.lo, self.hi, self._ttl_ms, self._max_hold_ms, queue,
+                parent, self._keys.channel, self._describe_holder(),
             ),
         )  # fmt: skip
         code, value = int(code), int(value)
@@ -105,16 +101,14 @@ class AsyncIntervalHandle(AsyncLockHandle):
             )
         if code == 1:
             return True, value
-        if queue:
-            value = min(value, RESERVATION_MS // 3)  # wake in time to renew the reservation
-        return False, value
+        return False, wire.interval_wait_hint(value, queued=bool(queue))
 
     async def _abandon(self, owner: str) -> None:
         if self.mode == "w":
             await self._release(owner, 0)
 
     async def _release(self, owner: str, delay_ms: int) -> int:
-        return await release_hold(self._client, self._keys, owner, delay_ms)
+        return await release_hold(self._conn, self._keys, owner, delay_ms)
 
     async def _change(
         self, op: str, lo: float = 0.0, hi: float = 0.0, reserve: int = 0
@@ -122,10 +116,10 @@ class AsyncIntervalHandle(AsyncLockHandle):
         owner = self._owner
         if owner is None or not self._mine():
             raise LockNotHeld(f"lock {self.name!r} is not held", name=self.name)
-        code, value = await self._client._script(
-            interval_scripts(self._client).change,
+        code, value = await self._conn.script(
+            interval_scripts(self._conn).change,
             self._keys.all(owner)[:11],
-            (op, owner, score(lo), score(hi), reserve, self._keys.channel),
+            wire.interval_change_args(op, owner, lo, hi, reserve, self._keys.channel),
         )
         return int(code), int(value)
 
@@ -135,9 +129,9 @@ class AsyncIntervalHandle(AsyncLockHandle):
         return error
 
     @classmethod
-    def _renew_script_call(cls, client: AsyncLockClient, entries: list[RenewEntry]) -> ScriptCall:
+    def _renew_script_call(cls, conn: AsyncConnection, entries: list[RenewEntry]) -> ScriptCall:
         # The same layout as the sync holds: the handles carry the same _keys.
-        return IntervalHandle._renew_script_call(client, entries)  # type: ignore[arg-type]
+        return IntervalHandle._renew_script_call(conn, entries)  # type: ignore[arg-type]
 
 
 class AsyncRWLockHandle(AsyncIntervalHandle):
@@ -146,7 +140,9 @@ class AsyncRWLockHandle(AsyncIntervalHandle):
 
     _family = RW_FAMILY
 
-    def __init__(self, client: AsyncLockClient, name: str, mode: str, **options: Any) -> None:
+    def __init__(
+        self, client: AsyncConnection | HasAsyncConnection, name: str, mode: str, **options: Any
+    ) -> None:
         super().__init__(client, name, mode, -math.inf, math.inf, **options)
         self.kind = MODE_NAMES[mode]
         self._upgraded = False
@@ -170,7 +166,7 @@ class AsyncRWLockHandle(AsyncIntervalHandle):
             code, value = await self._change("upgrade", reserve=RESERVATION_MS if reserve else 0)
             if code == PARENT_GONE:
                 raise self._changed_lost("upgrade")
-            return code == 1, min(value, RESERVATION_MS // 3) if reserve else value
+            return code == 1, wire.interval_wait_hint(value, queued=reserve)
 
         done, _ = await attempt()
         if not done and reserve:
@@ -229,28 +225,28 @@ class AsyncRangeLockHandle(AsyncIntervalHandle):
             raise ConfigurationError(
                 "lo", f"[{lo}, {hi}] is not inside the upgradable [{self.lo}, {self.hi}]"
             )
-        return AsyncRangeLockHandle(self._client, self.name, "w", low, high, parent=self, **options)
+        return AsyncRangeLockHandle(self._conn, self.name, "w", low, high, parent=self, **options)
 
 
 class AsyncRWLock:
     """A reader-writer lock on one name; makes handles (not yet acquired) with the options
     of :meth:`AsyncLockClient.lease`."""
 
-    def __init__(self, client: AsyncLockClient, name: str) -> None:
+    def __init__(self, client: AsyncConnection | HasAsyncConnection, name: str) -> None:
         self.name = validate.check_name(name)
-        self._client = client
+        self._conn = async_connection_of(client)
 
     def read(self, **options: Any) -> AsyncRWLockHandle:
         """A shared hold."""
-        return AsyncRWLockHandle(self._client, self.name, "r", **options)
+        return AsyncRWLockHandle(self._conn, self.name, "r", **options)
 
     def upgradable(self, **options: Any) -> AsyncRWLockHandle:
         """A read hold that excludes other upgradables and can become the writer."""
-        return AsyncRWLockHandle(self._client, self.name, "u", **options)
+        return AsyncRWLockHandle(self._conn, self.name, "u", **options)
 
     def write(self, **options: Any) -> AsyncRWLockHandle:
         """An exclusive hold; preferred over new readers while it waits."""
-        return AsyncRWLockHandle(self._client, self.name, "w", **options)
+        return AsyncRWLockHandle(self._conn, self.name, "w", **options)
 
     def __repr__(self) -> str:
         return f"<AsyncRWLock {self.name!r}>"
@@ -259,9 +255,9 @@ class AsyncRWLock:
 class AsyncRangeLock:
     """A range lock on one name; makes handles (not yet acquired) on closed intervals."""
 
-    def __init__(self, client: AsyncLockClient, name: str) -> None:
+    def __init__(self, client: AsyncConnection | HasAsyncConnection, name: str) -> None:
         self.name = validate.check_name(name)
-        self._client = client
+        self._conn = async_connection_of(client)
 
     def read(self, lo: float, hi: float, **options: Any) -> AsyncRangeLockHandle:
         """A shared hold on [lo, hi]."""
@@ -279,7 +275,7 @@ class AsyncRangeLock:
         self, mode: str, lo: float, hi: float, options: dict[str, Any]
     ) -> AsyncRangeLockHandle:
         low, high = check_interval(lo, hi)
-        return AsyncRangeLockHandle(self._client, self.name, mode, low, high, **options)
+        return AsyncRangeLockHandle(self._conn, self.name, mode, low, high, **options)
 
     def __repr__(self) -> str:
         return f"<AsyncRangeLock {self.name!r}>"

@@ -3,14 +3,12 @@ scripts, so it excludes the sync lease and SingletonTask runs of the same name."
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core.keys import FENCE_TTL_MS
 from ..core.scripts import ScriptCall
+from .connection import AsyncConnection, HasAsyncConnection
 from .handle import AsyncLockHandle, RenewEntry
-
-if TYPE_CHECKING:
-    from .client import AsyncLockClient
 
 
 class AsyncLease(AsyncLockHandle):
@@ -18,20 +16,22 @@ class AsyncLease(AsyncLockHandle):
 
     kind = "lease"
 
-    def __init__(self, client: AsyncLockClient, name: str, **options: Any) -> None:
+    def __init__(
+        self, client: AsyncConnection | HasAsyncConnection, name: str, **options: Any
+    ) -> None:
         """Options as for :meth:`AsyncLockClient.lease`."""
         super().__init__(client, name, **options)
-        self._keys = client._keys(self.name)
+        self._keys = self._conn.keys(self.name)
         self._channels = (self._keys.channel,)
 
     async def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
-        client = self._client
+        conn = self._conn
         keys = self._keys
         # acquire.lua: ARGV owner, ttl, max-hold, fence ttl, takeover ('' none), wait mode
         # ('1': a waiter, whose failed attempt marks the holder so its release publishes),
         # fair registration ms (unused here), holder...
-        taken, value = await client._script(
-            client._lease_scripts.acquire,
+        taken, value = await conn.script(
+            conn.lease_scripts.acquire,
             (keys.lock, keys.fence),
             (
                 owner, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS, "",
@@ -41,17 +41,17 @@ class AsyncLease(AsyncLockHandle):
         return bool(taken), int(value)
 
     async def _release(self, owner: str, delay_ms: int) -> int:
-        client = self._client
+        conn = self._conn
         return int(
-            await client._script(
-                client._lease_scripts.release,
+            await conn.script(
+                conn.lease_scripts.release,
                 (self._keys.lock,),
                 (owner, delay_ms, self._keys.channel, FENCE_TTL_MS),
             )
         )
 
     @classmethod
-    def _renew_script_call(cls, client: AsyncLockClient, entries: list[RenewEntry]) -> ScriptCall:
-        return client._scripts.renew_call(
+    def _renew_script_call(cls, conn: AsyncConnection, entries: list[RenewEntry]) -> ScriptCall:
+        return conn.scripts.renew_call(
             [(lease._keys.lock, owner, ttl_ms) for lease, owner, ttl_ms in entries]
         )

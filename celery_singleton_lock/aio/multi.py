@@ -3,20 +3,19 @@ atomically by one script, so no deadlock) with awaitable round trips."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..core.keys import FENCE_TTL_MS, LockKeys, encode_name
+from ..core.keys import LockKeys
 from ..core.scripts import ScriptCall, bound_to
 from ..multi import MultiLease, MultiScripts, check_names
+from . import wire
+from .connection import AsyncConnection, HasAsyncConnection
 from .handle import AsyncLockHandle, RenewEntry
 
-if TYPE_CHECKING:
-    from .client import AsyncLockClient
 
-
-def multi_scripts(client: AsyncLockClient) -> MultiScripts:
-    """The multi-key scripts of ``client`` (registered on first use, no I/O)."""
-    return bound_to(client, MultiScripts)
+def multi_scripts(conn: AsyncConnection) -> MultiScripts:
+    """The multi-key scripts of ``conn`` (registered on first use, no I/O)."""
+    return bound_to(conn, MultiScripts)
 
 
 class AsyncMultiLease(AsyncLockHandle):
@@ -26,12 +25,15 @@ class AsyncMultiLease(AsyncLockHandle):
 
     kind = "multi"
 
-    def __init__(self, client: AsyncLockClient, names: object, **options: Any) -> None:
+    def __init__(
+        self, client: AsyncConnection | HasAsyncConnection, names: object, **options: Any
+    ) -> None:
         checked = check_names(names)
         super().__init__(client, " + ".join(checked), **options)
         #: The names held, sorted.
         self.names = tuple(checked)
-        pairs = sorted(((client._keys(name), name) for name in checked), key=lambda p: p[0].lock)
+        keyed = ((self._conn.keys(name), name) for name in checked)
+        pairs = sorted(keyed, key=lambda p: p[0].lock)
         self._keys: list[LockKeys] = [keys for keys, _ in pairs]
         self._ordered = [name for _, name in pairs]  # the names in key order
         # Woken by a release of any of the names.
@@ -44,33 +46,30 @@ class AsyncMultiLease(AsyncLockHandle):
         return dict(self._tokens)
 
     async def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
-        # multi_acquire.lua: KEYS locks then fences; ARGV owner, ttl, max-hold, fence ttl,
-        # wait mode ('1': mark the busy holders so their release publishes), the names, then
-        # the holder fields.
-        reply = await self._client._script(
-            multi_scripts(self._client).acquire,
+        # multi_acquire.lua: KEYS locks then fences.
+        reply = await self._conn.script(
+            multi_scripts(self._conn).acquire,
             [k.lock for k in self._keys] + [k.fence for k in self._keys],
-            (
-                owner, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS, "1" if reserve else "",
-                *(encode_name(name) for name in self._ordered),
-                *self._describe_holder(named=False),
+            wire.multi_acquire_args(
+                owner, self._ttl_ms, self._max_hold_ms, reserve, self._ordered,
+                self._describe_holder(named=False),
             ),
         )  # fmt: skip
-        if int(reply[0]) != 1:
-            return False, int(reply[1])
-        self._tokens = {name: int(t) for name, t in zip(self._ordered, reply[1:], strict=True)}
-        return True, max(self._tokens.values())
+        taken, value, tokens = wire.multi_acquired(self._ordered, reply)
+        if taken:
+            self._tokens = tokens
+        return taken, value
 
     async def _release(self, owner: str, delay_ms: int) -> int:
         return int(
-            await self._client._script(
-                multi_scripts(self._client).release,
+            await self._conn.script(
+                multi_scripts(self._conn).release,
                 [k.lock for k in self._keys],
                 (owner, delay_ms, "", *self._channels),
             )
         )
 
     @classmethod
-    def _renew_script_call(cls, client: AsyncLockClient, entries: list[RenewEntry]) -> ScriptCall:
+    def _renew_script_call(cls, conn: AsyncConnection, entries: list[RenewEntry]) -> ScriptCall:
         # The same layout as the sync multi-lease: the handles carry the same _keys.
-        return MultiLease._renew_script_call(client, entries)  # type: ignore[arg-type]
+        return MultiLease._renew_script_call(conn, entries)  # type: ignore[arg-type]

@@ -1,0 +1,136 @@
+"""The pure halves of the script calls and reads the asyncio kinds and admin make: script
+arguments built, replies decoded, holder records read and key patterns, with no I/O.
+
+The sync kinds build the same arguments and read the same replies inline (``multi.py``,
+``intervals.py``, ``admin.py``). Nothing here does I/O or takes a client, so the sync side
+can share these once it may import them (beside the constants they use, below ``aio``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..admin import COOLDOWN, STALE, LockInfo
+from ..core.keys import FENCE_TTL_MS, encode_name, lock_pattern
+from ..intervals import MODE_NAMES, RESERVATION_MS, decode_holder, score
+from ..rwlock import FAMILY as RW_FAMILY
+
+Holder = dict[str, Any]
+
+
+# -- multi-key locks -------------------------------------------------------------------------
+
+
+def multi_acquire_args(
+    owner: str,
+    ttl_ms: int,
+    max_hold_ms: int,
+    reserve: bool,
+    ordered: Sequence[str],
+    holder: Sequence[Any],
+) -> tuple[Any, ...]:
+    """ARGV of multi_acquire.lua: owner, ttl, max-hold, fence ttl, wait mode ('1': mark the
+    busy holders so their release publishes), the names in key order, the holder fields."""
+    return (
+        owner, ttl_ms, max_hold_ms, FENCE_TTL_MS, "1" if reserve else "",
+        *(encode_name(name) for name in ordered), *holder,
+    )  # fmt: skip
+
+
+def multi_acquired(
+    ordered: Sequence[str], reply: Sequence[Any]
+) -> tuple[bool, int, dict[str, int]]:
+    """multi_acquire.lua's reply for the names in key order ``ordered``: (True, largest
+    token, the token of each name) or (False, ms a waiter may sleep, {})."""
+    if int(reply[0]) != 1:
+        return False, int(reply[1]), {}
+    tokens = {name: int(t) for name, t in zip(ordered, reply[1:], strict=True)}
+    return True, max(tokens.values()), tokens
+
+
+# -- interval locks (reader-writer and range) ------------------------------------------------
+
+
+def interval_acquire_args(
+    owner: str,
+    mode: str,
+    lo: float,
+    hi: float,
+    ttl_ms: int,
+    max_hold_ms: int,
+    queue_ms: int,
+    parent: str,
+    channel: bytes,
+    holder: Sequence[Any],
+) -> tuple[Any, ...]:
+    """ARGV of interval_acquire.lua; ``queue_ms`` > 0 reserves a waiting writer's place for
+    that long, ``parent`` is the owner of the upgradable hold a nested write is inside."""
+    return (
+        owner, mode, score(lo), score(hi), ttl_ms, max_hold_ms, FENCE_TTL_MS, queue_ms, parent,
+        channel, *holder,
+    )  # fmt: skip
+
+
+def interval_wait_hint(hint_ms: int, queued: bool) -> int:
+    """How long a waiter whose interval acquire failed may sleep: a queued writer wakes in
+    time to renew its reservation."""
+    return min(hint_ms, RESERVATION_MS // 3) if queued else hint_ms
+
+
+def interval_change_args(
+    op: str, owner: str, lo: float, hi: float, reserve: int, channel: bytes
+) -> tuple[Any, ...]:
+    """ARGV of interval_change.lua (shrink, upgrade, downgrade, unreserve)."""
+    return (op, owner, score(lo), score(hi), reserve, channel)
+
+
+def interval_release_args(
+    owner: str, delay_ms: int, channel: bytes, token: str = "", renewed_ms: str = ""
+) -> tuple[Any, ...]:
+    """ARGV of interval_release.lua: only if the fencing token is ``token`` and the last
+    renewal ``renewed_ms``, when they are given."""
+    return (owner, delay_ms, channel, token, renewed_ms)
+
+
+def interval_holder_pattern(prefix: str, family: bytes) -> bytes:
+    """SCAN pattern matching every holder hash of the ``family`` interval locks under
+    ``prefix``."""
+    # lock_pattern is "<escaped prefix>{*}:lock": the holder hashes are "...{*}:<family>:h:*".
+    return lock_pattern(prefix).removesuffix(b"lock") + family + b":h:*"
+
+
+def interval_holder(fields: dict[bytes, bytes], pttl: int, family: bytes) -> Holder:
+    """An interval holder hash as a holder record; a reader-writer hold's kind is its mode."""
+    record = decode_holder(fields, pttl)
+    if family == RW_FAMILY:
+        record["kind"] = MODE_NAMES.get(record.get("mode", ""), record.get("kind"))
+    return record
+
+
+# -- the admin view --------------------------------------------------------------------------
+
+
+def lock_hash_holder(fields: dict[bytes, bytes], pttl: int) -> Holder | None:
+    """A ``P{T}:lock`` hash as a holder record: a lease, a delay-after, or one name of a
+    multi-key lock; None for what is none of them (a multi-key name with no owner)."""
+    kind = fields.get(b"kind", b"lease").decode()
+    cooling = not fields.get(b"owner") and fields.get(b"state") == COOLDOWN.encode()
+    if kind == "multi" and fields.get(b"owner"):
+        return decode_holder(fields, pttl)
+    if kind == "lease" or cooling:
+        holder: Holder = {k.decode(): v for k, v in fields.items()}
+        holder.update(kind=kind, pttl_ms=pttl)
+        return holder
+    return None
+
+
+def clear_guards(info: LockInfo, force: bool) -> tuple[str, str]:
+    """The (fencing token, renewal ms) a clearing script checks for the listed holder
+    ``info``: the renewal only for a holder listed stale and not ``force``d, so one whose
+    heartbeat resumed since it was listed is left alone ('' where nothing is checked)."""
+    token = "" if info.token is None else str(info.token)
+    renewed = ""
+    if info.state == STALE and not force and info.renewed_ms is not None:
+        renewed = str(info.renewed_ms)
+    return token, renewed
