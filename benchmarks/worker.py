@@ -23,8 +23,10 @@ between); their sum, less the plain task's median, is what the lock layer adds. 
 client's connections (``singleton_lock_client_kwargs``: ``connection_class``) count their
 writes (one write per request or pipeline, so writes = round trips) and time their socket
 I/O (the request's write and the wait for and parsing of its reply); *Python* is the added
-time less that I/O. The lock store's ``INFO commandstats`` (before and after the timed
-tasks; INFO itself left out) counts the commands the server ran.
+time less that I/O; *CPU* the worker thread's CPU time (``time.thread_time_ns``) over the
+same spans, which leaves out the time the thread waited for a CPU. The lock store's
+``INFO commandstats`` (before and after the timed tasks; INFO itself left out) counts the
+commands the server ran.
 """
 
 from __future__ import annotations
@@ -126,6 +128,7 @@ class Samples:
 
     before_ns: list[int] = field(default_factory=list)
     after_ns: list[int] = field(default_factory=list)
+    cpu_ns: list[int] = field(default_factory=list)  # the worker thread's CPU time, both
     io_ns: list[int] = field(default_factory=list)
     round_trips: list[int] = field(default_factory=list)
     commands: list[float] = field(default_factory=list)  # server-side, per task, per round
@@ -133,6 +136,9 @@ class Samples:
 
     def total_us(self) -> list[float]:
         return [(b + a) / 1000 for b, a in zip(self.before_ns, self.after_ns, strict=True)]
+
+    def cpu_us(self) -> list[float]:
+        return [cpu / 1000 for cpu in self.cpu_ns]
 
     def python_us(self) -> list[float]:
         return [
@@ -144,7 +150,8 @@ class Samples:
 class Recorder:
     """Timestamps one task's runs in the worker thread; only the ``armed`` runs count.
 
-    The mark of each point is (perf_counter_ns, lock writes, lock I/O ns), taken as the last
+    The mark of each point is (perf_counter_ns, thread_time_ns, lock writes, lock I/O ns),
+    taken as the last
     thing of the prerun receiver and of the body's start, the first of the body's end and of
     the postrun receiver."""
 
@@ -158,7 +165,7 @@ class Recorder:
         self.probe: redis.Redis | None = None  # the lock store, for commandstats
         self._stats0: dict[str, int] = {}
         self._commands: dict[str, int] = {}
-        self._marks: list[tuple[int, int, int]] = []
+        self._marks: list[tuple[int, int, int, int]] = []
         self.profiler: Any = None
         task_prerun.connect(self._prerun, weak=False)
         task_postrun.connect(self._postrun, weak=False)
@@ -177,8 +184,8 @@ class Recorder:
         return self.skip <= 0 and self.left > 0
 
     @staticmethod
-    def mark() -> tuple[int, int, int]:
-        return (time.perf_counter_ns(), COUNTERS.writes, COUNTERS.io_ns)
+    def mark() -> tuple[int, int, int, int]:
+        return (time.perf_counter_ns(), time.thread_time_ns(), COUNTERS.writes, COUNTERS.io_ns)
 
     def _prerun(self, sender: Any = None, **_: Any) -> None:
         if getattr(sender, "name", None) != self.task_name:
@@ -208,11 +215,12 @@ class Recorder:
             return
         if self.left <= 0:
             return
-        (t0, w0, io0), (t1, w1, io1), (t2, w2, io2) = self._marks
-        t3, w3, io3 = end
+        (t0, c0, w0, io0), (t1, c1, w1, io1), (t2, c2, w2, io2) = self._marks
+        t3, c3, w3, io3 = end
         s = self.samples
         s.before_ns.append(t1 - t0)
         s.after_ns.append(t3 - t2)
+        s.cpu_ns.append((c1 - c0) + (c3 - c2))
         s.io_ns.append((io1 - io0) + (io3 - io2))
         s.round_trips.append((w1 - w0) + (w3 - w2))
         self.left -= 1
@@ -408,12 +416,13 @@ def tables(result: WorkerResult) -> list[Table]:
             "lock I/O µs",
             "added Python µs",
             "p95",
+            "added CPU µs",
             "round trips/task",
             "max",
             "server commands/task",
             "enqueue round trips/call",
         ],
-        numeric=frozenset(range(1, 12)),
+        numeric=frozenset(range(1, 13)),
     )
     plain_total = median(base.total_us())
     plain_python = median(base.python_us())
@@ -429,6 +438,7 @@ def tables(result: WorkerResult) -> list[Table]:
             us(median([io / 1000 for io in s.io_ns])),
             "" if key == "plain" else us(python),
             "" if key == "plain" else us(percentile(py, 95) - plain_python),
+            "" if key == "plain" else us(median(s.cpu_us()) - median(base.cpu_us())),
             f"{median(s.round_trips):g}",
             f"{max(s.round_trips)}",
             f"{median(s.commands):g}" if s.commands else "",
@@ -443,6 +453,11 @@ def tables(result: WorkerResult) -> list[Table]:
         "lock I/O: time the lock client's connections spent writing requests and waiting for"
         " and parsing replies; Python: before+after less that I/O, less the plain task's;"
         f" a bare PING round trip on the lock store took {result.ping_us:.1f} µs (median)"
+    )
+    out.notes.append(
+        "CPU: the worker thread's CPU time before+after (time.thread_time_ns: user and"
+        " kernel, the socket calls' included) less the plain task's: what the thread"
+        " computed, without the time it waited for Redis or for a CPU (a busy machine)"
     )
     out.notes.append(
         "round trips: the lock client's socket writes from prerun to postrun (a pipeline is"
