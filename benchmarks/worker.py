@@ -124,7 +124,8 @@ class LockConnection(redis.Connection):
 
 @dataclass
 class Samples:
-    """Per timed task: nanoseconds and lock-client writes before and after the body."""
+    """Per timed task: nanoseconds, CPU time, lock I/O and lock round trips, before and after
+    the body together; per round: server commands per task and round trips per enqueue."""
 
     before_ns: list[int] = field(default_factory=list)
     after_ns: list[int] = field(default_factory=list)
@@ -151,9 +152,8 @@ class Recorder:
     """Timestamps one task's runs in the worker thread; only the ``armed`` runs count.
 
     The mark of each point is (perf_counter_ns, thread_time_ns, lock writes, lock I/O ns),
-    taken as the last
-    thing of the prerun receiver and of the body's start, the first of the body's end and of
-    the postrun receiver."""
+    taken as the last thing of the prerun receiver and of the body's start, the first of the
+    body's end and of the postrun receiver."""
 
     def __init__(self) -> None:
         self.task_name = ""
@@ -164,7 +164,6 @@ class Recorder:
         self.done = threading.Event()
         self.probe: redis.Redis | None = None  # the lock store, for commandstats
         self._stats0: dict[str, int] = {}
-        self._commands: dict[str, int] = {}
         self._marks: list[tuple[int, int, int, int]] = []
         self.profiler: Any = None
         task_prerun.connect(self._prerun, weak=False)
