@@ -1,11 +1,11 @@
-"""The package's layers, measured from its imports (parsed with ``ast``, nothing imported).
+"""The package's floors, measured from its imports (parsed with ``ast``, nothing imported).
 
-The bottom floor, ``celery_singleton_lock.core``, may import only itself and the errors
-module: nothing of Celery, the admin view, the CLI or the lock kinds above it. The lock kinds
-(``kinds/``) import only the core, the errors and each other; ``admin`` only those and
-itself; none of them the client, the CLI, the async client or the Celery layer; and the core,
-the kinds, admin and ``client.py`` together form no import cycle. Every import counts,
-including type-only ones and the ones made lazily inside a function.
+From the bottom: the errors; ``core/`` (Redis, keys, validation, the Connection, the handle
+contract, the heartbeat); ``kinds/`` (the lock kinds); ``admin/`` (listing and clearing);
+the Celery layer (``celery/``); the front ends (``client.py``, ``aio/``, ``cli/``). Each
+floor imports only floors below it, and the whole package, old-path re-exports included,
+has no import circle. Every import counts, type-only ones and the ones made lazily inside a
+function too.
 """
 
 from __future__ import annotations
@@ -18,10 +18,23 @@ import celery_singleton_lock
 
 PACKAGE = Path(celery_singleton_lock.__file__).resolve().parent
 NAME = "celery_singleton_lock"
-#: What the core may import from the package beside itself.
-CORE_MAY_IMPORT = {f"{NAME}.exceptions"}
-#: Third-party packages of the layers above the core.
+ERRORS = f"{NAME}.exceptions"
+CORE = f"{NAME}.core"
+KINDS = f"{NAME}.kinds"
+ADMIN = f"{NAME}.admin"
+CELERY_LAYER = f"{NAME}.celery"
+AIO = f"{NAME}.aio"
+CLI = f"{NAME}.cli"
+#: Third-party packages of the Celery layer and the command line.
 UPPER_LIBRARIES = {"celery", "kombu", "billiard", "click"}
+#: Module paths of earlier releases, kept as re-exports of their new homes.
+OLD_PATHS = (
+    "arguments", "bootsteps", "claims", "config", "deployment", "enqueue", "events",
+    "evidence", "handle", "heartbeat", "holders", "intervals", "keys", "lease", "multi",
+    "naming", "notifier", "output", "prometheus", "pytest_plugin", "rangelock", "redis_urls",
+    "request", "rwlock", "scripts", "signals", "task", "task_keys", "testing", "validate",
+    "waiting", "worker",
+)  # fmt: skip
 
 
 def module_name(path: Path) -> str:
@@ -52,65 +65,10 @@ def package_modules() -> dict[str, set[str]]:
     return {module_name(path): imports_of(path) for path in PACKAGE.rglob("*.py")}
 
 
-def test_the_core_imports_only_itself_and_the_errors() -> None:
-    modules = package_modules()
-    core = {name for name in modules if name.startswith(f"{NAME}.core")}
-    assert {f"{NAME}.core.keys", f"{NAME}.core.scripts", f"{NAME}.core.notifier"} <= core
-    upward = {
-        name: sorted(
-            target
-            for target in modules[name]
-            if target in modules
-            and target not in core
-            and target not in CORE_MAY_IMPORT
-            and target != NAME
-        )
-        for name in core
-    }
-    assert {name: found for name, found in upward.items() if found} == {}
-
-
-def test_the_core_imports_nothing_of_celery_or_the_cli() -> None:
-    modules = package_modules()
-    libraries = {
-        name: sorted(target for target in found if target.partition(".")[0] in UPPER_LIBRARIES)
-        for name, found in modules.items()
-        if name.startswith(f"{NAME}.core")
-    }
-    assert {name: found for name, found in libraries.items() if found} == {}
-
-
-def test_relative_imports_resolve_to_the_module_they_name() -> None:
-    # Else a relative import out of the core (``from ..x import y``) would pass unseen.
-    assert f"{NAME}.exceptions.ConfigurationError" in imports_of(PACKAGE / "core" / "validate.py")
-    assert f"{NAME}.core.redis_urls" in imports_of(PACKAGE / "core" / "notifier.py")
-
-
-# -- the floors above the core: lock kinds, admin, and the client over them -----------------
-
-KINDS = f"{NAME}.kinds"
-ADMIN = f"{NAME}.admin"
-ERRORS = f"{NAME}.exceptions"
-#: Modules of the Celery layer and the front ends: nothing in core, kinds or admin imports them.
-UPPER_MODULES = {
-    f"{NAME}.{name}"
-    for name in (
-        "client", "cli", "output", "aio", "embedded", "__main__", "task", "config",
-        "task_keys", "claims", "enqueue", "holders", "worker", "signals", "events",
-        "prometheus", "evidence", "testing", "pytest_plugin",
-    )
-}  # fmt: skip
-
-
-def in_floor(module: str, floor: str) -> bool:
-    return module == floor or module.startswith(floor + ".")
-
-
 def edges_of(path: Path, modules: set[str]) -> set[str]:
-    """The package modules ``path`` imports, each import resolved to the module it loads:
-    ``from . import x`` to the submodule ``x`` when there is one (not to the package, whose
-    ``__init__`` Python runs first for every submodule anyway), ``from p import name`` to
-    ``p``. Every import counts, type-only and in-function ones too."""
+    """The package modules ``path`` loads: ``from . import x`` the submodule ``x`` when there
+    is one (not the package, whose ``__init__`` Python runs first for any submodule anyway),
+    ``from p import name`` the module ``p``."""
     module = module_name(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
@@ -126,18 +84,37 @@ def edges_of(path: Path, modules: set[str]) -> set[str]:
             for alias in node.names:
                 submodule = f"{target}.{alias.name}"
                 found.add(submodule if submodule in modules else target)
-    return {name for name in found if name in modules}
+    return {name for name in found if name in modules} - {module}
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Every package module -> the package modules it imports (see :func:`edges_of`)."""
+    """Every package module -> the package modules it loads (see :func:`edges_of`)."""
     paths = {module_name(path): path for path in PACKAGE.rglob("*.py")}
-    names = set(paths)
-    return {name: edges_of(path, names) for name, path in paths.items()}
+    return {name: edges_of(path, set(paths)) for name, path in paths.items()}
+
+
+def in_floor(module: str, floor: str) -> bool:
+    """``module`` is ``floor`` or inside it (``cli`` does not contain ``client``)."""
+    return module == floor or module.startswith(floor + ".")
+
+
+def upward(floor: str, allowed: Callable[[str], bool]) -> dict[str, list[str]]:
+    """For each module of ``floor``, the package modules it imports that ``allowed`` refuses."""
+    found = {
+        name: sorted(target for target in targets if not allowed(target))
+        for name, targets in import_graph().items()
+        if in_floor(name, floor)
+    }
+    return {name: targets for name, targets in found.items() if targets}
+
+
+def within(*floors: str) -> Callable[[str], bool]:
+    return lambda module: any(in_floor(module, floor) for floor in floors)
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One cycle of ``graph`` as [a, b, ..., a], or None if it has none (depth-first)."""
+    """One circle of ``graph`` (module -> modules it imports) as ``[a, b, ..., a]``, or
+    None. Edges to names that are not keys of ``graph`` are not followed."""
     done: set[str] = set()
     path: list[str] = []
     on_path: set[str] = set()
@@ -145,13 +122,13 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     def visit(node: str) -> list[str] | None:
         path.append(node)
         on_path.add(node)
-        for target in sorted(graph.get(node, ())):
+        for target in sorted(graph[node]):
             if target in on_path:
                 return path[path.index(target) :] + [target]
-            if target not in done:
-                cycle = visit(target)
-                if cycle is not None:
-                    return cycle
+            if target in graph and target not in done:
+                found = visit(target)
+                if found is not None:
+                    return found
         path.pop()
         on_path.discard(node)
         done.add(node)
@@ -159,80 +136,119 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
     for start in sorted(graph):
         if start not in done:
-            cycle = visit(start)
-            if cycle is not None:
-                return cycle
+            found = visit(start)
+            if found is not None:
+                return found
     return None
 
 
-def upward(floor_of: Callable[[str], bool], allowed: Callable[[str], bool]) -> dict[str, list[str]]:
-    """For each module of a floor, what it imports of the package that ``allowed`` refuses."""
-    graph = import_graph()
-    found = {
-        name: sorted(target for target in targets if not allowed(target))
-        for name, targets in graph.items()
-        if floor_of(name)
-    }
-    return {name: targets for name, targets in found.items() if targets}
+def is_reexport(path: Path) -> bool:
+    """A module made of nothing but imports (and ``__all__``): it runs no code of its own."""
+    body = ast.parse(path.read_text(encoding="utf-8")).body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    return all(
+        isinstance(node, (ast.Import, ast.ImportFrom))
+        or (
+            isinstance(node, ast.Assign)
+            and [getattr(target, "id", None) for target in node.targets] == ["__all__"]
+        )
+        for node in body
+    )
 
 
-def test_the_floor_finders_see_the_floors_and_their_imports() -> None:
+# -- the measuring tools measure ---------------------------------------------------------------
+
+
+def test_find_cycle_finds_a_circle_and_only_a_circle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"a"}}) == ["a", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"b"}}) == ["b", "c", "b"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set(), "d": {"a"}}) is None
+    # Two paths to one module are not a circle; an edge out of the graph is not followed.
+    assert find_cycle({"a": {"b", "c"}, "b": {"d"}, "c": {"d"}, "d": {"x"}}) is None
+
+
+def test_is_reexport_tells_a_shim_from_a_module(tmp_path: Path) -> None:
+    shim = tmp_path / "shim.py"
+    shim.write_text('"""Old path."""\n\nfrom .x import *\nfrom .x import y\n\n__all__ = ["y"]\n')
+    module = tmp_path / "module.py"
+    module.write_text('"""A module."""\n\nfrom .x import y\n\nZ = y()\n')
+    assert is_reexport(shim)
+    assert not is_reexport(module)
+
+
+def test_the_graph_sees_every_kind_of_import() -> None:
     graph = import_graph()
-    assert {f"{KINDS}.lease", f"{KINDS}.multi", f"{KINDS}.intervals"} <= set(graph)
-    assert any(in_floor(name, ADMIN) for name in graph)
-    assert f"{NAME}.core.handle" in graph[f"{KINDS}.lease"]
+    # Relative imports resolve to the module they name, so ``from ..x import y`` out of the
+    # core could not pass unseen.
+    assert ERRORS in graph[f"{CORE}.validate"]
+    assert f"{CORE}.redis_urls" in graph[f"{CORE}.notifier"]
+    assert f"{CORE}.handle" in graph[f"{KINDS}.lease"]
     # ``from . import intervals`` loads the submodule, not the package's __init__.
     assert f"{KINDS}.intervals" in graph[f"{KINDS}.rwlock"]
     assert KINDS not in graph[f"{KINDS}.rwlock"]
     # A lazy import inside a function counts as well.
-    assert f"{NAME}.core.heartbeat" in graph[f"{NAME}.core.handle"]
+    assert f"{CORE}.heartbeat" in graph[f"{CORE}.handle"]
+    assert f"{CELERY_LAYER}.options" in graph[f"{CELERY_LAYER}.task"]
+
+
+# -- each floor imports only floors below it ----------------------------------------------------
+
+
+def test_the_core_imports_only_itself_and_the_errors() -> None:
+    assert {f"{CORE}.keys", f"{CORE}.connection", f"{CORE}.heartbeat"} <= set(import_graph())
+    assert upward(CORE, within(CORE, ERRORS)) == {}
 
 
 def test_the_kinds_import_only_the_core_the_errors_and_other_kinds() -> None:
-    def allowed(target: str) -> bool:
-        return in_floor(target, f"{NAME}.core") or in_floor(target, KINDS) or target == ERRORS
-
-    assert upward(lambda name: in_floor(name, KINDS), allowed) == {}
+    assert upward(KINDS, within(CORE, ERRORS, KINDS)) == {}
 
 
 def test_admin_imports_only_the_core_the_errors_the_kinds_and_itself() -> None:
-    def allowed(target: str) -> bool:
-        return any(in_floor(target, floor) for floor in (f"{NAME}.core", KINDS, ADMIN, ERRORS))
-
-    assert upward(lambda name: in_floor(name, ADMIN), allowed) == {}
+    assert upward(ADMIN, within(CORE, ERRORS, KINDS, ADMIN)) == {}
 
 
-def test_core_kinds_and_admin_import_no_client_cli_async_or_celery_layer() -> None:
-    def lower(name: str) -> bool:
-        return any(in_floor(name, floor) for floor in (f"{NAME}.core", KINDS, ADMIN))
+def test_the_celery_layer_imports_no_front_end_but_the_client() -> None:
+    # LockClient is the facade the layer makes its app's lock client with.
+    assert upward(CELERY_LAYER, lambda target: not within(AIO, CLI)(target)) == {}
 
-    def allowed(target: str) -> bool:
-        return not any(in_floor(target, upper) for upper in UPPER_MODULES)
 
-    assert upward(lower, allowed) == {}
+def test_nothing_below_the_celery_layer_imports_celery_or_the_command_line() -> None:
+    lower = within(CORE, KINDS, ADMIN, ERRORS)
     libraries = {
         name: sorted(target for target in found if target.partition(".")[0] in UPPER_LIBRARIES)
         for name, found in package_modules().items()
         if lower(name)
     }
     assert {name: found for name, found in libraries.items() if found} == {}
+    assert upward(CORE, lambda t: not within(CELERY_LAYER, CLI, AIO, f"{NAME}.client")(t)) == {}
 
 
-def test_the_cycle_finder_finds_a_cycle_and_only_a_cycle() -> None:
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
-    assert find_cycle({"a": {"a"}}) == ["a", "a"]
-    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set(), "d": {"a"}}) is None
-
-
-def test_core_kinds_admin_and_the_client_form_no_import_cycle() -> None:
-    def member(name: str) -> bool:
-        floors = (f"{NAME}.core", KINDS, ADMIN, f"{NAME}.client")
-        return any(in_floor(name, floor) for floor in floors)
-
-    graph = {
-        name: {target for target in targets if member(target)}
-        for name, targets in import_graph().items()
-        if member(name)
+def test_only_the_package_imports_aio_and_inside_it_only_its_init_the_client() -> None:
+    graph = import_graph()
+    outside = {
+        name: sorted(t for t in found if in_floor(t, AIO))
+        for name, found in graph.items()
+        if name != NAME and not in_floor(name, AIO)
     }
-    assert f"{NAME}.client" in graph
+    assert {name: found for name, found in outside.items() if found} == {}
+    importers = sorted(
+        name for name, found in graph.items() if in_floor(name, AIO) and f"{AIO}.client" in found
+    )
+    assert importers == [AIO]
+
+
+# -- no circles ---------------------------------------------------------------------------------
+
+
+def test_the_whole_package_imports_in_no_circle() -> None:
+    graph = import_graph()
+    assert len(graph) > 80  # every module, shims and package __init__s included
     assert find_cycle(graph) is None
+
+
+def test_old_module_paths_only_reexport() -> None:
+    for old in OLD_PATHS:
+        path = PACKAGE / f"{old}.py"
+        assert is_reexport(path), f"{NAME}.{old} should only re-export its new home"
