@@ -13,11 +13,12 @@ from . import admin
 from .admin import LockInfo
 from .core import redis_urls
 from .core.connection import Connection
+from .core.handle import HolderRecord
 from .core.keys import DEFAULT_PREFIX, LockKeys
 from .core.notifier import Notifier
 from .core.scripts import Scripts
 from .exceptions import ConfigurationError, LockBackendError
-from .kinds.lease import Lease, release_holder
+from .kinds.lease import Lease, ReleaseResult, read_lease_holders, release_holder, release_owner
 from .kinds.multi import MultiLease
 from .kinds.rangelock import RangeLock
 from .kinds.rwlock import RWLock
@@ -78,9 +79,15 @@ class LockClient:
         owner_info: dict[str, Any] | None = None,
         on_lost: Callable[[Lease], object] | None = None,
         fair: bool = False,
+        owner: str | None = None,
+        take_over: str | None = None,
     ) -> Lease:
         """An exclusive lease on ``name`` (not yet acquired). See :class:`Lease`; ``fair``:
-        blocked acquires are handed the lease by releases, oldest first."""
+        blocked acquires are handed the lease by releases, oldest first. ``owner``: hold it
+        under this owner token instead of a fresh random one per acquisition (a claim for a
+        queued message); ``take_over``: an acquire also succeeds when the name is held under
+        this owner token, taking that hold over (a claim made for this run, see
+        :meth:`Lease.hand_over`)."""
         return Lease(
             self,
             name,
@@ -91,6 +98,8 @@ class LockClient:
             owner_info=owner_info,
             on_lost=on_lost,
             fair=fair,
+            owner=owner,
+            take_over=take_over,
         )
 
     def rwlock(self, name: str) -> RWLock:
@@ -144,6 +153,17 @@ class LockClient:
         return release_holder(
             self.connection, name, task_id=task_id, pid=pid, host=host, delay=delay
         )
+
+    def release_owner(self, name: str, owner: str, *, delay: float = 0.0) -> ReleaseResult:
+        """Release lease ``name`` (after ``delay`` seconds of delay-after) if the owner token
+        ``owner`` holds it: a claim (see :meth:`Lease.hand_over`) no handle holds. Says what it
+        did: released, nothing held, or held by another owner (left alone)."""
+        return release_owner(self.connection, name, owner, delay=delay)
+
+    def holders(self, name: str) -> list[HolderRecord]:
+        """Who holds lease ``name`` now (a holder, or a delay-after), as
+        :meth:`Lease.holders`; empty when it is free."""
+        return read_lease_holders(self.connection, [self.connection.keys(name).lock])
 
     def locks(self, pattern: str | None = None) -> list[LockInfo]:
         """Every lock under this client's prefix whose name matches the glob ``pattern``,

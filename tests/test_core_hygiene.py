@@ -268,7 +268,7 @@ def test_release_holder_leaves_the_claim_of_the_next_attempt(lock_client: LockCl
     lease = held_by_task(lock_client, "lease", "t-retry")
     assert isinstance(lease, Lease)
     claim = claim_owner("t-retry", 1)
-    lease._hand_over(claim, 60.0, {"task_id": "t-retry", "state": "retry"})
+    lease.hand_over(claim, ttl=60.0, owner_info={"task_id": "t-retry", "state": "retry"})
     key = lease._keys.lock
     assert lock_client.redis.hget(key, "owner") == claim.encode()
 

@@ -23,9 +23,9 @@ from ..admin import (
 )
 from ..core.keys import lock_keys, lock_pattern
 from ..exceptions import LockError
-from ..intervals import interval_keys
-from ..rangelock import FAMILY as RANGE_FAMILY
-from ..rwlock import FAMILY as RW_FAMILY
+from ..kinds.intervals import interval_keys
+from ..kinds.rangelock import FAMILY as RANGE_FAMILY
+from ..kinds.rwlock import FAMILY as RW_FAMILY
 from . import wire
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
 from .intervals import release_hold

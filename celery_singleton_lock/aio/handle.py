@@ -22,6 +22,8 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ..core import validate
+from ..core.handle import hint_seconds, holder_fields, lost_error
+from ..core.heartbeat import renew_calls
 from ..core.scripts import MAX_HOLD_REACHED, ScriptCall
 from ..exceptions import (
     LockBackendError,
@@ -31,8 +33,6 @@ from ..exceptions import (
     LockNotHeld,
     LockTimeout,
 )
-from ..handle import hint_seconds, holder_fields, lost_error
-from ..heartbeat import renew_calls
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
 from .heartbeat import AsyncHeartbeat, heartbeat
 

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 import redis
 
+from ..core.heartbeat import renew_calls
 from ..exceptions import LockBackendError
-from ..heartbeat import renew_calls
 from .connection import AsyncConnection
 
 log = logging.getLogger("celery_singleton_lock.heartbeat")

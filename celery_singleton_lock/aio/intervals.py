@@ -9,10 +9,10 @@ import math
 from typing import Any
 
 from ..core import validate
+from ..core.handle import lost_error
 from ..core.scripts import ScriptCall, bound_to
 from ..exceptions import ConfigurationError, LockError, LockNotHeld
-from ..handle import lost_error
-from ..intervals import (
+from ..kinds.intervals import (
     MODE_NAMES,
     NOT_INSIDE,
     PARENT_GONE,
@@ -23,8 +23,8 @@ from ..intervals import (
     check_interval,
     interval_keys,
 )
-from ..rangelock import FAMILY as RANGE_FAMILY
-from ..rwlock import FAMILY as RW_FAMILY
+from ..kinds.rangelock import FAMILY as RANGE_FAMILY
+from ..kinds.rwlock import FAMILY as RW_FAMILY
 from . import wire
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
 from .handle import AsyncLockHandle, RenewEntry

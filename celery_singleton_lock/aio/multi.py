@@ -7,7 +7,7 @@ from typing import Any
 
 from ..core.keys import LockKeys
 from ..core.scripts import ScriptCall, bound_to
-from ..multi import MultiLease, MultiScripts, check_names
+from ..kinds.multi import MultiLease, MultiScripts, check_names
 from . import wire
 from .connection import AsyncConnection, HasAsyncConnection
 from .handle import AsyncLockHandle, RenewEntry

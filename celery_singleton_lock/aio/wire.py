@@ -13,8 +13,8 @@ from typing import Any
 
 from ..admin import COOLDOWN, STALE, LockInfo
 from ..core.keys import FENCE_TTL_MS, encode_name, lock_pattern
-from ..intervals import MODE_NAMES, RESERVATION_MS, decode_holder, score
-from ..rwlock import FAMILY as RW_FAMILY
+from ..kinds.intervals import MODE_NAMES, RESERVATION_MS, decode_holder, score
+from ..kinds.rwlock import FAMILY as RW_FAMILY
 
 Holder = dict[str, Any]
 

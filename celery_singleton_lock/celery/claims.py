@@ -34,8 +34,7 @@ from typing import Any, Protocol, TypeVar
 
 from celery.backends.base import DisabledBackend
 
-from ..core import validate
-from ..lease import Lease
+from ..kinds.lease import Lease
 from .options import DEBOUNCE, UNTIL_START
 
 log = logging.getLogger("celery_singleton_lock.task")
@@ -79,9 +78,9 @@ def claim_lease(
         ttl=ttl,
         heartbeat=False,
         owner_info={"task_name": task.name, "task_id": task_id, "state": "queued"},
+        owner=claim_owner(task_id, 0),
+        take_over=takeover or None,
     )
-    claim._claim_as = claim_owner(task_id, 0)
-    claim._takeover = takeover or ""
     return claim
 
 
@@ -128,17 +127,15 @@ def hand_over(task: Any, lease: Lease, task_id: str, attempt: int, ttl: float) -
     held for ``ttl`` seconds; returns the claim's owner token. Raises LockError if the lease
     is lost already or Redis is unreachable."""
     owner = claim_owner(task_id, attempt)
-    lease._hand_over(owner, ttl, {"task_id": task_id, "task_name": task.name, "state": "retry"})
+    info = {"task_id": task_id, "task_name": task.name, "state": "retry"}
+    lease.hand_over(owner, ttl=ttl, owner_info=info)
     return owner
 
 
 def release_handed_over(task: Any, name: str, owner: str, delay: float) -> None:
     """Release the claim ``owner`` on ``name`` that :func:`hand_over` made, after ``delay``
     seconds (delay-after), as the run's own lock would have been: no retry was sent."""
-    client = task.lock_client
-    keys = client._keys(name)
-    delay_ms = validate.seconds_to_ms(delay)
-    client._call(client._scripts.release, keys.lock, owner, delay_ms, keys.channel)
+    task.lock_client.release_owner(name, owner, delay=delay)
 
 
 # -- 3. taken over by its run ------------------------------------------------------------------
@@ -147,7 +144,7 @@ def release_handed_over(task: Any, name: str, owner: str, delay: float) -> None:
 def take_over_at_run(lease: Lease, task_id: str, attempt: int) -> None:
     """Let the run of attempt ``attempt`` of ``task_id`` take over its claim (taken at
     enqueue or handed over by the previous attempt), if there is one, as ``lease`` acquires."""
-    lease._takeover = claim_owner(task_id, attempt)
+    lease.take_over = claim_owner(task_id, attempt)
 
 
 def free_claim(task: Any, args: Any, kwargs: Any, *, task_id: str, attempt: int) -> int:
@@ -160,16 +157,11 @@ def free_claim(task: Any, args: Any, kwargs: Any, *, task_id: str, attempt: int)
     options = task.lock_options
     if options.mode != "exclusive" or options.keys is not None or options.range is not None:
         return 0  # only exclusive single-key locks take claims
-    client = task.lock_client
     name = claim_name(task, args, kwargs) if attempt == 0 else task.lock_name(args, kwargs)
-    keys = client._keys(name)
-    owner = claim_owner(task_id, attempt)
-    return int(client._call(client._scripts.release, keys.lock, owner, 0, keys.channel))
+    return int(task.lock_client.release_owner(name, claim_owner(task_id, attempt)))
 
 
 def replaced_by(task: Any, args: Any, kwargs: Any) -> str | None:
     """``debounce``: the task id of the call that replaced this one in the queue, if any."""
-    client = task.lock_client
-    keys = client._keys(claim_name(task, args, kwargs))
-    value = client._call(client.redis.hget, keys.lock, "task_id")
-    return value.decode() if isinstance(value, bytes) else value
+    found = task.lock_client.holders(claim_name(task, args, kwargs))
+    return next((holder.task_id for holder in found if holder.task_id), None)

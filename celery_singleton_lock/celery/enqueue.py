@@ -27,7 +27,7 @@ from celery.result import AsyncResult
 from celery.utils import uuid
 
 from ..exceptions import DuplicateTask
-from ..lease import Lease
+from ..kinds.lease import Lease
 from . import holders
 from .claims import claim_lease, claim_name, finished_claim
 from .claims import free_claim as free_claim

@@ -20,9 +20,9 @@ from celery import Task
 from celery.exceptions import Ignore, Retry
 
 from ..client import LockClient
+from ..core.handle import LockHandle
 from ..exceptions import LockBackendError, LockError, LockLost, LockTimeout
-from ..handle import LockHandle
-from ..lease import Lease
+from ..kinds.lease import Lease
 from . import claims, enqueue, holders
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
@@ -204,7 +204,9 @@ class SingletonTask(Task):  # type: ignore[misc]
         Holders are matched by task id, pid and host, so no owner token is needed; a claim
         handed over to the task's next attempt is left alone. True if something was released."""
         handle = self.make_lock(args, kwargs)
-        return handle._release_holder(task_id, pid, host, self.lock_options.release_delay)
+        return handle.release_holder(
+            task_id=task_id, pid=pid, host=host, delay=self.lock_options.release_delay
+        )
 
     @property
     def lock(self) -> LockHandle | None:

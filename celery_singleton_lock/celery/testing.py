@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..client import mask_password
+from ..core.handle import LockHandle
 from ..exceptions import ConfigurationError
-from ..handle import LockHandle
 from .options import AppSettings
 from .results import is_skipped
 

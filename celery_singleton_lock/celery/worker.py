@@ -29,9 +29,9 @@ from celery.worker.components import Pool
 from celery.worker.request import Request
 from kombu.asynchronous import get_event_loop
 
+from ..core.handle import HOSTNAME
+from ..core.heartbeat import heartbeat
 from ..exceptions import ConfigurationError, LockError
-from ..handle import HOSTNAME
-from ..heartbeat import heartbeat
 from .app_client import lock_client_for
 from .options import AppSettings
 

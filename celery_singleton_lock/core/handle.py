@@ -22,6 +22,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -43,6 +44,21 @@ from .scripts import GONE, MAX_HOLD_REACHED, TAKEN, ScriptCall, run_batch
 
 log = logging.getLogger("celery_singleton_lock.lease")
 lost_log = logging.getLogger("celery_singleton_lock.lost")
+
+
+@dataclass(frozen=True)
+class HolderRecord:
+    """One holder of what a handle locks, as Redis has it (see :meth:`LockHandle.holders`)."""
+
+    #: The holder's owner token (None: a delay-after, which no one owns).
+    owner: str | None
+    #: The ``task_id`` of its holder record, if it has one.
+    task_id: str | None
+    #: Server time (ms) at which a delay-after ends; None when this is not a delay-after.
+    cooldown_until_ms: int | None = None
+    #: A writer waiting for its turn: it holds nothing yet but keeps new readers out.
+    waiting: bool = False
+
 
 HOSTNAME = socket.gethostname()
 
@@ -156,6 +172,23 @@ class LockHandle(ABC):
         holds of this lock (not through this handle: for a supervisor whose child died
         holding it); True if released."""
 
+    @abstractmethod
+    def holders(self) -> list[HolderRecord]:
+        """Who holds what this handle locks now (every name of a multi-key lock, every hold
+        of a reader-writer or range lock, a delay-after), in no set order; empty when it is
+        free. A read of a round trip or two, for the conflict path (who is in the way).
+        Raises :class:`LockBackendError` if Redis does not answer."""
+
+    def release_holder(
+        self, *, task_id: str, pid: int, host: str | None = None, delay: float = 0.0
+    ) -> bool:
+        """Release what run ``task_id`` in process ``pid`` on ``host`` (default: this
+        machine) holds of this lock, after ``delay`` seconds of delay-after, whoever made the
+        handle it holds through: for a supervisor (the worker's main process) whose child
+        died holding it. A claim handed over to the task's next attempt is left alone. True
+        if something was released."""
+        return self._release_holder(task_id, pid, host, delay)
+
     @property
     def _client(self) -> Connection:
         """The Connection (the Celery layer's old name for it)."""
@@ -169,6 +202,13 @@ class LockHandle(ABC):
         this name across every acquisition by anyone. Pass it to storage that rejects writes
         carrying a smaller token than it has seen."""
         return self._token
+
+    @property
+    def owner(self) -> str | None:
+        """The owner token this handle holds the lock under, None when it holds nothing: the
+        token a holder record names (``celery locks``), a fixed one given as ``owner``, or a
+        fresh random one per acquisition."""
+        return self._owner if self._mine() else None
 
     @property
     def held(self) -> bool:
@@ -459,7 +499,15 @@ def holder_fields(handle: Any, *, pid: int, thread: str, named: bool = True) -> 
         # Whether a renewal age means anything to the admin listing.
         b"heartbeat", 1 if handle.heartbeat else 0,
     ]  # fmt: skip
-    extra = dict(handle.owner_info)
+    return fields + info_fields(handle.owner_info)
+
+
+def info_fields(owner_info: dict[str, str]) -> list[Any]:
+    """Field, value pairs that store ``owner_info`` on a holder record: the keys the admin
+    view reads as fields of their own (``OWN_INFO_FIELDS``), the rest as one JSON ``info``
+    field, so no key of it can overwrite a field the scripts rely on (``owner``, ``token``)."""
+    fields: list[Any] = []
+    extra = dict(owner_info)
     for key in OWN_INFO_FIELDS:
         if key in extra:
             fields += (key, extra.pop(key))

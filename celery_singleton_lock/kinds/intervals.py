@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
-from ..core.handle import HOSTNAME, LockHandle
+from ..core.handle import HOSTNAME, HolderRecord, LockHandle
 from ..core.heartbeat import RenewEntry
 from ..core.keys import FENCE_TTL_MS, escape_glob, name_tag
 from ..core.scan import Record, read_hashes, scan
@@ -176,6 +176,33 @@ class IntervalHandle(LockHandle):
 
     def _release(self, owner: str, delay_ms: int) -> int:
         return release_hold(self._conn, self._keys, owner, delay_ms)
+
+    def holders(self) -> list[HolderRecord]:
+        conn, keys = self._conn, self._keys
+
+        def read_owners() -> list[Any]:
+            pipe = conn.redis.pipeline(transaction=False)
+            pipe.zrange(keys.indexes[0], 0, -1)  # every holder, by expiry
+            pipe.zrange(keys.queue[2], 0, -1)  # waiting writers' reservations
+            return list(pipe.execute())
+
+        def read_task_ids(owners: list[bytes]) -> list[Any]:
+            pipe = conn.redis.pipeline(transaction=False)
+            for owner in owners:
+                pipe.hmget(keys.base + b"h:" + owner, "task_id")
+            return list(pipe.execute())
+
+        owners, writers = conn.call(read_owners)
+        replies = conn.call(read_task_ids, owners) if owners else []
+        holders = [
+            HolderRecord(owner=_text(owner), task_id=None if task_id is None else _text(task_id))
+            for owner, (task_id,) in zip(owners, replies, strict=True)
+        ]
+        # A writer waiting for its turn holds new readers back without holding anything yet.
+        holders += [
+            HolderRecord(owner=_text(owner), task_id=None, waiting=True) for owner in writers
+        ]
+        return holders
 
     def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
         return release_holder(

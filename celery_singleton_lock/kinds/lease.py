@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import math
 import time
 from collections.abc import Callable
@@ -10,13 +11,13 @@ from typing import Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
-from ..core.handle import HOSTNAME, LockHandle, hint_seconds, log
+from ..core.handle import HOSTNAME, HolderRecord, LockHandle, hint_seconds, info_fields, log
 from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.keys import FENCE_TTL_MS, lock_keys, lock_pattern
 from ..core.patterns import literal_name
 from ..core.scan import Record, read_hashes, scan
 from ..core.scripts import ScriptCall, fair_keys, register, source
-from ..exceptions import LockBackendError
+from ..exceptions import LockBackendError, LockError
 
 #: A fair waiter's registration lasts this long unless refreshed: a waiter that died is
 #: skipped by releases (not handed the lease) at most this long after it died.
@@ -38,7 +39,14 @@ class Lease(LockHandle):
     kind = "lease"
 
     def __init__(
-        self, client: Connection | HasConnection, name: str, *, fair: bool = False, **options: Any
+        self,
+        client: Connection | HasConnection,
+        name: str,
+        *,
+        fair: bool = False,
+        owner: str | None = None,
+        take_over: str | None = None,
+        **options: Any,
     ) -> None:
         """Options as for :meth:`LockClient.lease`."""
         super().__init__(client, name, **options)
@@ -48,13 +56,43 @@ class Lease(LockHandle):
         self._queued = ""  # the owner token a fair acquire waits in the queue with
         self._keys = self._conn.keys(self.name)
         self._channel = self._keys.channel
-        # Claims (see claims.py): hold the name as this fixed owner token instead of a fresh
-        # one, and/or take over a claim held under this token.
-        self._claim_as: str | None = None
-        self._takeover = ""
+        # Claims (celery/claims.py): hold the name as this fixed owner token instead of a
+        # fresh one, and/or take over a claim held under that token.
+        self._fixed_owner = None if owner is None else validate.check_text(owner, "owner")
+        self._takeover = "" if take_over is None else validate.check_text(take_over, "take_over")
+
+    @property
+    def take_over(self) -> str | None:
+        """The owner token whose hold an acquire takes over, as if the name were free (a
+        claim made for this run by :meth:`hand_over` or at enqueue), or None. Settable
+        while the lease is not held."""
+        return self._takeover or None
+
+    @take_over.setter
+    def take_over(self, owner: str | None) -> None:
+        owner = None if owner is None else validate.check_text(owner, "take_over")
+        if self._mine():
+            raise LockError(f"lease on {self.name!r} is held: take_over applies to an acquire")
+        self._takeover = owner or ""
+
+    def hand_over(
+        self, owner: str, *, ttl: float, owner_info: dict[str, Any] | None = None
+    ) -> None:
+        """Pass the held name to the owner token ``owner`` (a claim a later run takes over
+        with ``take_over``) for ``ttl`` seconds, with ``owner_info`` as its holder record,
+        without freeing it in between; this handle holds nothing afterwards (no heartbeat
+        renews the claim). Raises :class:`LockLost` if Redis no longer has it as this
+        handle's, :class:`LockNotHeld` if it is not held, :class:`LockBackendError` if Redis
+        does not answer (the lease then runs out by itself)."""
+        owner = validate.check_text(owner, "owner")
+        ttl = validate.check_positive(ttl, "ttl")
+        self._hand_over(owner, ttl, info_fields(validate.check_owner_info(owner_info)))
+
+    def holders(self) -> list[HolderRecord]:
+        return read_lease_holders(self._conn, [self._keys.lock])
 
     def _new_owner(self) -> str:
-        owner = self._claim_as or super()._new_owner()
+        owner = self._fixed_owner or super()._new_owner()
         self._queued = owner
         return owner
 
@@ -139,11 +177,11 @@ class Lease(LockHandle):
             self._conn, self.name, task_id=task_id, pid=pid, host=host, delay=delay
         )
 
-    def _hand_over(self, new_owner: str, ttl: float, fields: dict[str, str]) -> None:
-        """Pass the held name to ``new_owner`` (a claim) without freeing it in between; this
-        handle no longer holds it afterwards. Raises LockLost if it was lost already."""
+    def _hand_over(self, new_owner: str, ttl: float, flat: list[Any]) -> None:
+        """Pass the held name to ``new_owner`` (a claim) with the holder ``flat`` field, value
+        pairs, without freeing it in between; this handle no longer holds it afterwards.
+        Raises LockLost if it was lost already."""
         owner = self._forget()
-        flat = [item for pair in fields.items() for item in pair]
         code = self._conn.call(
             self._conn.scripts.handover,
             self._keys.lock,
@@ -154,6 +192,62 @@ class Lease(LockHandle):
         )
         if code != 1:
             raise self._lost_error(code, "hand over")
+
+
+class ReleaseResult(enum.IntEnum):
+    """What :meth:`LockClient.release_owner` did (release.lua's reply)."""
+
+    #: Released (or put in delay-after).
+    RELEASED = 1
+    #: Nothing was held under the name.
+    NOT_HELD = 0
+    #: Another owner holds the name; it was left alone.
+    HELD_BY_ANOTHER = -1
+
+
+def release_owner(
+    client: Connection | HasConnection, name: str, owner: str, *, delay: float = 0.0
+) -> ReleaseResult:
+    """Release lease ``name`` if the owner token ``owner`` holds it (a claim: see
+    :meth:`Lease.hand_over`), after ``delay`` seconds of delay-after. One round trip."""
+    conn = connection_of(client)
+    keys = conn.keys(name)
+    owner = validate.check_text(owner, "owner")
+    delay = validate.check_delay(delay)
+    delay_ms = validate.seconds_to_ms(delay) if delay > 0 else 0
+    code = conn.call(conn.scripts.release, keys.lock, owner, delay_ms, keys.channel)
+    return ReleaseResult(int(code))
+
+
+def read_lease_holders(conn: Connection, keys: list[bytes]) -> list[HolderRecord]:
+    """The holders of lease keys ``keys`` (a lease's, or each name of a multi-key lock):
+    one pipelined read, and a TIME only when a delay-after needs its end on the server clock
+    (a Cluster pipeline refuses TIME)."""
+    fields = ("owner", "task_id", "state")
+
+    def read() -> list[Any]:
+        pipe = conn.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.hmget(key, *fields)
+            pipe.pttl(key)
+        return list(pipe.execute())
+
+    replies = conn.call(read)
+    found: list[tuple[str | None, str | None, int | None]] = []
+    for values, pttl in zip(replies[::2], replies[1::2], strict=True):
+        owner, task_id, state = (None if v is None else _text(v) for v in values)
+        if owner is None and task_id is None:
+            continue  # this name is free now
+        cooling = not owner and state == "cooldown"
+        found.append((owner or None, task_id, max(0, int(pttl)) if cooling else None))
+    now_ms = conn.server_ms() if any(left is not None for _, _, left in found) else 0
+    holders: list[HolderRecord] = []
+    for owner, task_id, left in found:
+        until = None if left is None else now_ms + left
+        holder = HolderRecord(owner=owner, task_id=task_id, cooldown_until_ms=until)
+        if holder not in holders:
+            holders.append(holder)
+    return holders
 
 
 def renew_lease_keys(conn: Connection, units: list[tuple[bytes, str, int]]) -> ScriptCall:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
-from ..core.handle import HOSTNAME, LockHandle
+from ..core.handle import HOSTNAME, HolderRecord, LockHandle
 from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.keys import FENCE_TTL_MS, LockKeys, encode_name
 from ..core.notifier import SUBSCRIBE_TIMEOUT
@@ -31,7 +31,7 @@ from ..core.scan import Record, read_hashes
 from ..core.scripts import GONE, TAKEN, ScriptCall, bound_to, register, source
 from ..exceptions import ConfigurationError
 from .intervals import decode_holder
-from .lease import lease_keys, renew_lease_keys
+from .lease import lease_keys, read_lease_holders, renew_lease_keys
 from .lease import release_holder as release_lease_holder
 
 if TYPE_CHECKING:
@@ -121,6 +121,9 @@ class MultiLease(LockHandle):
             tokens[name] = value
         self._tokens = tokens
         return True, max(tokens.values())
+
+    def holders(self) -> list[HolderRecord]:
+        return read_lease_holders(self._conn, [keys.lock for keys in self._keys])
 
     def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
         return release_holder(
