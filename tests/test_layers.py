@@ -11,7 +11,7 @@ function too.
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import celery_singleton_lock
@@ -42,22 +42,30 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(path: Path) -> set[str]:
-    """Every module ``path`` imports (absolute names; ``from x import y`` counts as x.y too)."""
+def import_statements(path: Path) -> Iterator[tuple[str, list[str]]]:
+    """Each import of ``path`` as (the absolute module named, the names taken from it):
+    ``import a.b`` gives ("a.b", []), ``from ..x import y`` ("<package>.x", ["y"])."""
     module = module_name(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            for alias in node.names:
+                yield alias.name, []
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            found.add(target)
-            found.update(f"{target}.{alias.name}" for alias in node.names)
+            yield target, [alias.name for alias in node.names]
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module ``path`` imports (absolute names; ``from x import y`` counts as x.y too)."""
+    found: set[str] = set()
+    for target, names in import_statements(path):
+        found.add(target)
+        found.update(f"{target}.{name}" for name in names)
     return found
 
 
@@ -69,22 +77,13 @@ def edges_of(path: Path, modules: set[str]) -> set[str]:
     """The package modules ``path`` loads: ``from . import x`` the submodule ``x`` when there
     is one (not the package, whose ``__init__`` Python runs first for any submodule anyway),
     ``from p import name`` the module ``p``."""
-    module = module_name(path)
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            for alias in node.names:
-                submodule = f"{target}.{alias.name}"
-                found.add(submodule if submodule in modules else target)
-    return {name for name in found if name in modules} - {module}
+    for target, names in import_statements(path):
+        submodules = {f"{target}.{name}" for name in names} & modules
+        found |= submodules
+        if len(submodules) < len(names) or not names:
+            found.add(target)  # a name defined in ``target`` (or a plain ``import target``)
+    return (found & modules) - {module_name(path)}
 
 
 def import_graph() -> dict[str, set[str]]:

@@ -44,14 +44,14 @@ __all__ = [
 KINDS = tuple(kind for family in FAMILIES for kind in family.kinds)
 LIVE, STALE, COOLDOWN = "live", "stale", "cooldown"
 
-#: Evidence the lock core decides on; the Celery layer adds its own (see evidence.py).
+#: Evidence the lock core decides on; the Celery layer adds its own (see celery/evidence.py).
 DELAY_AFTER = "delay-after"
 HEARTBEAT_STOPPED = "heartbeat stopped"
 HEARTBEAT_FRESH = "heartbeat fresh"
 NO_EVIDENCE = "no evidence"
 CLAIMED = "claim for a queued message"
 
-#: Owner tokens of claims (claims.py): a lock held for a queued message, not a process, so
+#: Owner tokens of claims (celery/claims.py): a lock held for a queued message, not a process, so
 #: neither its heartbeat nor its task's absence from the workers says anything.
 CLAIM_OWNER_PREFIX = "claim:"
 
