@@ -22,7 +22,7 @@ from celery.exceptions import Ignore, Retry
 from ..client import LockClient
 from ..core.handle import LockHandle
 from ..exceptions import LockBackendError, LockError, LockLost, LockTimeout
-from ..kinds.lease import Lease
+from ..kinds.lease import Lease, LeaseTemplate
 from . import claims, enqueue, holders
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
@@ -186,8 +186,19 @@ class SingletonTask(Task):  # type: ignore[misc]
             method = "write" if mode == "exclusive" else mode
             return getattr(ranges, method)(lo, hi, **handle_options)  # type: ignore[no-any-return]
         if mode == "exclusive":
-            return client.lease(name, **handle_options)
+            template = self._lease_template(client, options)
+            return template.lease(name, owner_info=owner_info, on_lost=on_lost)
         return getattr(client.rwlock(name), mode)(**handle_options)  # type: ignore[no-any-return]
+
+    def _lease_template(self, client: LockClient, options: TaskLockOptions) -> LeaseTemplate:
+        """The task's leases with its ttl and max-hold checked once, not on every run (kept
+        while the app's lock client and the resolved options stay the same objects)."""
+        cached = self.__dict__.get("_lock_lease_template")
+        if cached is None or cached[0] is not client or cached[1] is not options:
+            template = LeaseTemplate(client, ttl=options.lease, max_hold=options.ttl)
+            cached = (client, options, template)
+            self.__dict__["_lock_lease_template"] = cached
+        return cached[2]
 
     def release_holder(
         self,
