@@ -27,7 +27,7 @@ from . import claims, enqueue, holders
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
 # before a worker starts, which always imports its tasks first).
-from . import events as _events  # noqa: F401
+from . import events as _events
 from .app_client import close_lock_client as close_lock_client
 from .app_client import lock_client_for
 from .options import (
@@ -277,7 +277,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         waited = time.monotonic() - started
         if not acquired:
             return self._conflict(lease, options, waited)
-        lock_acquired.send(sender=self, name=name, task_id=task_id, lease=lease, wait=waited)
+        if _events.would_act(lock_acquired, self, task_id):
+            lock_acquired.send(sender=self, name=name, task_id=task_id, lease=lease, wait=waited)
         return self._run_holding(lease, args, kwargs)
 
     def _leave_queue(self, args: Any, kwargs: Any) -> bool:
@@ -362,7 +363,9 @@ class SingletonTask(Task):  # type: ignore[misc]
                 "%s[%s] could not release %r: %s", self.name, self.request.id, lease.name, exc
             )
             return
-        lock_released.send(sender=self, name=lease.name, task_id=self.request.id, lease=lease)
+        task_id = self.request.id
+        if _events.would_act(lock_released, self, task_id):
+            lock_released.send(sender=self, name=lease.name, task_id=task_id, lease=lease)
 
     def _lease_lost(self, lease: LockHandle, task_id: str) -> None:
         lock_lost.send(sender=self, name=lease.name, task_id=task_id, lease=lease)
