@@ -227,6 +227,33 @@ def _forget_run(task_id: str | None = None, **_: Any) -> None:
         _announced.pop(task_id, None)
 
 
+def would_act(signal: Any, task: Any, task_id: str) -> bool:
+    """Whether sending ``signal`` (one of our lock signals) about run ``task_id`` of ``task``
+    could do anything. False when nothing receives it, or when its only receiver is this
+    module's and would return at once: a run that sends no task events (no ``-E``) acquires
+    and releases without an event. Celery's ``Signal.send`` costs more than this check on
+    every run; a receiver connected by anyone else always gets its send."""
+    receivers = signal.receivers
+    if not receivers:
+        return False
+    own = _OWN_RECEIVERS.get(id(signal))
+    if own is None or any(entry[1] is not own for entry in receivers):
+        return True
+    if signal is lock_acquired:
+        return _event_hostname(task) is not None
+    if signal is lock_released:
+        return task_id in _announced
+    return True
+
+
+#: Each lock signal's receiver in this module, by the signal's id.
+_OWN_RECEIVERS: dict[int, Any] = {
+    id(lock_acquired): _on_acquired,
+    id(lock_skipped): _on_skipped,
+    id(lock_lost): _on_lost,
+    id(lock_released): _on_released,
+}
+
 worker_init.connect(_remember_worker, weak=False)
 task_postrun.connect(_forget_run, weak=False)
 lock_acquired.connect(_on_acquired, weak=False)

@@ -22,12 +22,12 @@ from celery.exceptions import Ignore, Retry
 from ..client import LockClient
 from ..core.handle import LockHandle
 from ..exceptions import LockBackendError, LockError, LockLost, LockTimeout
-from ..kinds.lease import Lease
+from ..kinds.lease import Lease, LeaseTemplate
 from . import claims, enqueue, holders
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
 # before a worker starts, which always imports its tasks first).
-from . import events as _events  # noqa: F401
+from . import events as _events
 from .app_client import close_lock_client as close_lock_client
 from .app_client import lock_client_for
 from .options import (
@@ -186,8 +186,19 @@ class SingletonTask(Task):  # type: ignore[misc]
             method = "write" if mode == "exclusive" else mode
             return getattr(ranges, method)(lo, hi, **handle_options)  # type: ignore[no-any-return]
         if mode == "exclusive":
-            return client.lease(name, **handle_options)
+            template = self._lease_template(client, options)
+            return template.lease(name, owner_info=owner_info, on_lost=on_lost)
         return getattr(client.rwlock(name), mode)(**handle_options)  # type: ignore[no-any-return]
+
+    def _lease_template(self, client: LockClient, options: TaskLockOptions) -> LeaseTemplate:
+        """The task's leases with its ttl and max-hold checked once, not on every run (kept
+        while the app's lock client and the resolved options stay the same objects)."""
+        cached = self.__dict__.get("_lock_lease_template")
+        if cached is None or cached[0] is not client or cached[1] is not options:
+            template = LeaseTemplate(client, ttl=options.lease, max_hold=options.ttl)
+            cached = (client, options, template)
+            self.__dict__["_lock_lease_template"] = cached
+        return cached[2]
 
     def release_holder(
         self,
@@ -266,7 +277,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         waited = time.monotonic() - started
         if not acquired:
             return self._conflict(lease, options, waited)
-        lock_acquired.send(sender=self, name=name, task_id=task_id, lease=lease, wait=waited)
+        if _events.would_act(lock_acquired, self, task_id):
+            lock_acquired.send(sender=self, name=name, task_id=task_id, lease=lease, wait=waited)
         return self._run_holding(lease, args, kwargs)
 
     def _leave_queue(self, args: Any, kwargs: Any) -> bool:
@@ -351,7 +363,9 @@ class SingletonTask(Task):  # type: ignore[misc]
                 "%s[%s] could not release %r: %s", self.name, self.request.id, lease.name, exc
             )
             return
-        lock_released.send(sender=self, name=lease.name, task_id=self.request.id, lease=lease)
+        task_id = self.request.id
+        if _events.would_act(lock_released, self, task_id):
+            lock_released.send(sender=self, name=lease.name, task_id=task_id, lease=lease)
 
     def _lease_lost(self, lease: LockHandle, task_id: str) -> None:
         lock_lost.send(sender=self, name=lease.name, task_id=task_id, lease=lease)

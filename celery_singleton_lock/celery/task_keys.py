@@ -81,6 +81,17 @@ class TaskKey:
         except (TypeError, ValueError):
             self.signature = None
         params = set(self.signature.parameters) if self.signature else set()
+        #: The parameter names, in order, when every parameter is a plain positional-or-keyword
+        #: one without a default: then a call's bound arguments are just its values by name,
+        #: with no need for Signature.bind and apply_defaults (which cost more than the rest
+        #: of the key). None when the signature has anything else (defaults, *args, **kwargs,
+        #: positional- or keyword-only parameters).
+        self._plain_names: tuple[str, ...] | None = None
+        if self.signature is not None and all(
+            p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.default is p.empty
+            for p in self.signature.parameters.values()
+        ):
+            self._plain_names = tuple(self.signature.parameters)
         option = f"{task_name}.lock_key"
         if spec is None or callable(spec):
             pass
@@ -170,6 +181,23 @@ class TaskKey:
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """The call's arguments by parameter name, defaults applied."""
+        names = self._plain_names
+        if names is not None:
+            if not kwargs:
+                if len(args) == len(names):
+                    return dict(zip(names, args, strict=True))
+            elif len(args) + len(kwargs) == len(names):
+                # As Signature.bind orders them: by parameter, whichever way each was passed.
+                rest = names[len(args) :]
+                if all(name in kwargs for name in rest):
+                    bound = dict(zip(names, args, strict=False))
+                    for name in rest:
+                        bound[name] = kwargs[name]
+                    return bound
+            # Anything else (missing, extra or doubled arguments) is Signature.bind's to judge.
+        return self._bind_signature(args, kwargs)
+
+    def _bind_signature(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         if self.signature is None:
             return {"args": list(args), "kwargs": dict(kwargs)}
         try:

@@ -60,6 +60,24 @@ class HolderRecord:
     waiting: bool = False
 
 
+@dataclass(frozen=True)
+class Timing:
+    """A handle's checked lease length and max-hold, in seconds and in the scripts' ms."""
+
+    ttl: float
+    ttl_ms: int
+    max_hold: float | None
+    max_hold_ms: int
+
+    @classmethod
+    def check(cls, ttl: float, max_hold: object) -> Timing:
+        """From a ``ttl`` already checked by ``check_positive`` and a ``max_hold`` to check;
+        raises ConfigurationError as a handle's constructor does."""
+        hold = validate.check_max_hold(max_hold, ttl)
+        hold_ms = 0 if hold is None else validate.seconds_to_ms(hold)
+        return cls(ttl, validate.seconds_to_ms(ttl), hold, hold_ms)
+
+
 HOSTNAME = socket.gethostname()
 
 
@@ -110,21 +128,47 @@ class LockHandle(ABC):
         owner_info: dict[str, Any] | None = None,
         on_lost: Callable[[Any], object] | None = None,
     ) -> None:
-        self.name = validate.check_name(name)
+        name = validate.check_name(name)
+        ttl = validate.check_positive(ttl, "ttl")
+        heartbeat = validate.check_bool(heartbeat, "heartbeat")
+        self._setup(
+            name,
+            Timing.check(ttl, max_hold),
+            heartbeat=heartbeat,
+            wait=validate.check_wait(wait),
+            owner_info=validate.check_owner_info(owner_info),
+            on_lost=validate.check_callable(on_lost, "on_lost"),
+            conn=connection_of(client),
+        )
+
+    def _setup(
+        self,
+        name: str,
+        timing: Timing,
+        *,
+        heartbeat: bool,
+        wait: float,
+        owner_info: dict[str, str],
+        on_lost: Callable[[Any], object] | None,
+        conn: Connection,
+    ) -> None:
+        """Set a new handle's state from checked values: ``__init__``, or a kind's constructor
+        for values checked once for many handles (the Celery layer's per-run lease)."""
+        self.name = name
         #: Seconds the lock lasts unless renewed; the heartbeat renews it to this length.
-        self.ttl = validate.check_positive(ttl, "ttl")
-        self.heartbeat = validate.check_bool(heartbeat, "heartbeat")
+        self.ttl = timing.ttl
+        self.heartbeat = heartbeat
         #: Seconds after acquisition past which the lock is no longer renewed (None: never).
-        self.max_hold = validate.check_max_hold(max_hold, self.ttl)
+        self.max_hold = timing.max_hold
         #: Default seconds ``acquire`` waits for a busy lock (``math.inf``: forever).
-        self.wait = validate.check_wait(wait)
-        self.owner_info = validate.check_owner_info(owner_info)
+        self.wait = wait
+        self.owner_info = owner_info
         #: Called with this handle when it is found lost: from a heartbeat thread, or from the
         #: thread whose check() or extend() found it.
-        self.on_lost = validate.check_callable(on_lost, "on_lost")
-        self._conn = connection_of(client)
-        self._ttl_ms = validate.seconds_to_ms(self.ttl)
-        self._max_hold_ms = 0 if self.max_hold is None else validate.seconds_to_ms(self.max_hold)
+        self.on_lost = on_lost
+        self._conn = conn
+        self._ttl_ms = timing.ttl_ms
+        self._max_hold_ms = timing.max_hold_ms
         self._state = threading.Lock()
         self._owner: str | None = None
         self._pid = 0

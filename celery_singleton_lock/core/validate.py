@@ -103,6 +103,11 @@ def check_owner_info(value: object) -> dict[str, str]:
     """Free-form facts about the holder, shown by the admin command."""
     if value is None:
         return {}
+    if type(value) is dict and all(
+        type(key) is str and type(item) is str and key and key.isascii() and item.isascii()
+        for key, item in value.items()
+    ):
+        return dict(value)  # ASCII text only (task names and ids): nothing more to check
     if not isinstance(value, Mapping):
         raise ConfigurationError("owner_info", f"must be a mapping, got {type(value).__name__}")
     info: dict[str, str] = {}

@@ -11,7 +11,15 @@ from typing import Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
-from ..core.handle import HOSTNAME, HolderRecord, LockHandle, hint_seconds, info_fields, log
+from ..core.handle import (
+    HOSTNAME,
+    HolderRecord,
+    LockHandle,
+    Timing,
+    hint_seconds,
+    info_fields,
+    log,
+)
 from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.keys import FENCE_TTL_MS, lock_keys, lock_pattern
 from ..core.patterns import literal_name
@@ -50,16 +58,48 @@ class Lease(LockHandle):
     ) -> None:
         """Options as for :meth:`LockClient.lease`."""
         super().__init__(client, name, **options)
+        fair = validate.check_bool(fair, "fair")
+        owner = None if owner is None else validate.check_text(owner, "owner")
+        take_over = None if take_over is None else validate.check_text(take_over, "take_over")
+        self._setup_lease(fair, owner, take_over)
+
+    @classmethod
+    def _checked(
+        cls,
+        conn: Connection,
+        name: str,
+        timing: Timing,
+        owner_info: dict[str, str],
+        on_lost: Callable[[Any], object] | None,
+    ) -> Lease:
+        """A lease (heartbeat on, no wait, not fair, no fixed owner) from values checked
+        already: ``name`` by ``check_name``, ``timing`` by :meth:`Timing.check`,
+        ``owner_info`` by ``check_owner_info``, ``on_lost`` callable or None (see
+        :class:`LeaseTemplate`)."""
+        lease = cls.__new__(cls)
+        lease._setup(
+            name,
+            timing,
+            heartbeat=True,
+            wait=0.0,
+            owner_info=owner_info,
+            on_lost=on_lost,
+            conn=conn,
+        )
+        lease._setup_lease(False, None, None)
+        return lease
+
+    def _setup_lease(self, fair: bool, owner: str | None, take_over: str | None) -> None:
         #: A blocked acquire queues, and a release hands the lease straight to the oldest
         #: live waiter: first come, first served, and no second round trip to take it.
-        self.fair = validate.check_bool(fair, "fair")
+        self.fair = fair
         self._queued = ""  # the owner token a fair acquire waits in the queue with
         self._keys = self._conn.keys(self.name)
         self._channel = self._keys.channel
         # Claims (celery/claims.py): hold the name as this fixed owner token instead of a
         # fresh one, and/or take over a claim held under that token.
-        self._fixed_owner = None if owner is None else validate.check_text(owner, "owner")
-        self._takeover = "" if take_over is None else validate.check_text(take_over, "take_over")
+        self._fixed_owner = owner
+        self._takeover = take_over or ""
 
     @property
     def take_over(self) -> str | None:
@@ -192,6 +232,41 @@ class Lease(LockHandle):
         )
         if code != 1:
             raise self._lost_error(code, "hand over")
+
+
+class LeaseTemplate:
+    """Leases on any name with one ``ttl`` and ``max_hold``, checked once here rather than by
+    every lease: for code that makes a fresh lease per job, as the Celery layer does per task
+    run. Each lease has the heartbeat on, no default wait, no fixed owner, and is not fair
+    (what :meth:`LockClient.lease` makes by default)."""
+
+    def __init__(
+        self,
+        client: Connection | HasConnection,
+        *,
+        ttl: float = 30.0,
+        max_hold: float | None = None,
+    ) -> None:
+        self.ttl = validate.check_positive(ttl, "ttl")
+        self._timing = Timing.check(self.ttl, max_hold)
+        self.max_hold = self._timing.max_hold
+        self._conn = connection_of(client)
+
+    def lease(
+        self,
+        name: str,
+        *,
+        owner_info: dict[str, Any] | None = None,
+        on_lost: Callable[[Lease], object] | None = None,
+    ) -> Lease:
+        """A lease on ``name`` (not yet acquired), as ``LockClient.lease(name, ttl=...,
+        max_hold=..., owner_info=..., on_lost=...)`` makes it; bad arguments raise
+        ConfigurationError the same way."""
+        name = validate.check_name(name)
+        info = validate.check_owner_info(owner_info)
+        return Lease._checked(
+            self._conn, name, self._timing, info, validate.check_callable(on_lost, "on_lost")
+        )
 
 
 class ReleaseResult(enum.IntEnum):

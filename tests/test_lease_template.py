@@ -1,0 +1,104 @@
+"""LeaseTemplate: leases with a ttl and max-hold checked once make the same leases as
+LockClient.lease, and bad input still raises ConfigurationError before any Redis call."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from celery_singleton_lock import ConfigurationError, LockClient
+from celery_singleton_lock.embedded import free_port
+from celery_singleton_lock.kinds.lease import LeaseTemplate
+
+
+@pytest.fixture
+def dead_client() -> Iterator[LockClient]:
+    """A client of a port where nothing listens: a ConfigurationError proves the argument
+    was checked before any Redis call (which would raise LockBackendError)."""
+    client = LockClient.from_url(f"redis://:pw@127.0.0.1:{free_port()}/0", prefix="dead:")
+    yield client
+    client.close()
+
+
+BAD_TIMING: list[tuple[str, dict[str, Any]]] = [
+    *[("ttl", {"ttl": value}) for value in [0, -1, math.nan, math.inf, True, "1", 1e300]],
+    ("max_hold", {"ttl": 10, "max_hold": 5}),
+    ("max_hold", {"max_hold": 0}),
+    ("max_hold", {"max_hold": math.inf}),
+    ("max_hold", {"max_hold": "60"}),
+]
+
+BAD_PER_LEASE: list[tuple[str, dict[str, Any]]] = [
+    ("name", {"name": ""}),
+    ("name", {"name": None}),
+    ("name", {"name": b"bytes"}),
+    ("owner_info", {"owner_info": "task"}),
+    ("owner_info", {"owner_info": {1: "x"}}),
+    ("owner_info", {"owner_info": {"": "x"}}),
+    ("owner_info", {"owner_info": {"task_id": None}}),
+    ("owner_info", {"owner_info": {"task_id": True}}),
+    ("owner_info", {"owner_info": {"task_id": "lone \ud800 surrogate"}}),
+    ("owner_info", {"owner_info": {"bad \udfff key": "x"}}),
+    ("on_lost", {"on_lost": "print"}),
+]
+
+
+@pytest.mark.parametrize(("argument", "kwargs"), BAD_TIMING)
+def test_a_bad_ttl_or_max_hold_is_refused_by_the_template(
+    dead_client: LockClient, argument: str, kwargs: dict[str, Any]
+) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        LeaseTemplate(dead_client, **kwargs)
+    assert info.value.argument == argument
+    with pytest.raises(ConfigurationError) as same:
+        dead_client.lease("job", **kwargs)
+    assert str(same.value) == str(info.value)
+
+
+@pytest.mark.parametrize(("argument", "kwargs"), BAD_PER_LEASE)
+def test_a_bad_name_owner_info_or_callback_is_refused_per_lease(
+    dead_client: LockClient, argument: str, kwargs: dict[str, Any]
+) -> None:
+    kwargs = {"name": "job", **kwargs}
+    name = kwargs.pop("name")
+    with pytest.raises(ConfigurationError) as info:
+        LeaseTemplate(dead_client, ttl=5, max_hold=60).lease(name, **kwargs)
+    assert info.value.argument == argument
+    with pytest.raises(ConfigurationError) as same:
+        dead_client.lease(name, ttl=5, max_hold=60, **kwargs)
+    assert str(same.value) == str(info.value)
+
+
+STATE = ("name", "ttl", "max_hold", "heartbeat", "wait", "owner_info", "fair", "take_over")
+STATE += ("on_lost", "_ttl_ms", "_max_hold_ms", "_keys", "_channel", "_fixed_owner", "_conn")
+
+
+@pytest.mark.parametrize("max_hold", [None, 7.5])
+@pytest.mark.parametrize(
+    "owner_info", [None, {"task_name": "t", "task_id": "ïd", "n": 3, "x": 1.5}, {"a": "b"}]
+)
+def test_a_template_lease_is_the_lease_the_client_makes(
+    lock_client: LockClient, max_hold: float | None, owner_info: dict[str, Any] | None
+) -> None:
+    def on_lost(_: Any) -> None: ...
+
+    made = LeaseTemplate(lock_client, ttl=2.0001, max_hold=max_hold).lease(
+        "job:é", owner_info=owner_info, on_lost=on_lost
+    )
+    expected = lock_client.lease("job:é", ttl=2.0001, max_hold=max_hold, owner_info=owner_info)
+    expected.on_lost = on_lost
+    assert type(made) is type(expected)
+    assert {a: getattr(made, a) for a in STATE} == {a: getattr(expected, a) for a in STATE}
+    assert made.acquire()
+    try:
+        assert not expected.acquire()
+        (holder,) = made.holders()
+        assert holder.owner == made.owner
+        assert holder.task_id == (owner_info or {}).get("task_id")
+    finally:
+        made.release()
+    assert expected.acquire()
+    expected.release()
