@@ -186,17 +186,18 @@ class IntervalHandle(LockHandle):
             pipe.zrange(keys.queue[2], 0, -1)  # waiting writers' reservations
             return list(pipe.execute())
 
-        def read_task_ids(owners: list[bytes]) -> list[Any]:
+        def read_task_ids(owners: list[str]) -> list[Any]:
             pipe = conn.redis.pipeline(transaction=False)
             for owner in owners:
-                pipe.hmget(keys.base + b"h:" + owner, "task_id")
+                pipe.hget(keys.holder(owner), "task_id")
             return list(pipe.execute())
 
-        owners, writers = conn.call(read_owners)
-        replies = conn.call(read_task_ids, owners) if owners else []
+        held, writers = conn.call(read_owners)
+        owners = [_text(owner) for owner in held]
+        task_ids = conn.call(read_task_ids, owners) if owners else []
         holders = [
-            HolderRecord(owner=_text(owner), task_id=None if task_id is None else _text(task_id))
-            for owner, (task_id,) in zip(owners, replies, strict=True)
+            HolderRecord(owner=owner, task_id=None if task_id is None else _text(task_id))
+            for owner, task_id in zip(owners, task_ids, strict=True)
         ]
         # A writer waiting for its turn holds new readers back without holding anything yet.
         holders += [

@@ -296,25 +296,21 @@ def release_owner(
 
 def read_lease_holders(conn: Connection, keys: list[bytes]) -> list[HolderRecord]:
     """The holders of lease keys ``keys`` (a lease's, or each name of a multi-key lock):
-    one pipelined read, and a TIME only when a delay-after needs its end on the server clock
-    (a Cluster pipeline refuses TIME)."""
-    fields = ("owner", "task_id", "state")
-
-    def read() -> list[Any]:
-        pipe = conn.redis.pipeline(transaction=False)
-        for key in keys:
-            pipe.hmget(key, *fields)
-            pipe.pttl(key)
-        return list(pipe.execute())
-
-    replies = conn.call(read)
+    one pipelined read (:func:`read_hashes`), and a TIME only when a delay-after needs its
+    end on the server clock (a Cluster pipeline refuses TIME)."""
     found: list[tuple[str | None, str | None, int | None]] = []
-    for values, pttl in zip(replies[::2], replies[1::2], strict=True):
-        owner, task_id, state = (None if v is None else _text(v) for v in values)
+    for fields, pttl in read_hashes(conn, keys):
+        owner, task_id, state = (fields.get(field) for field in (b"owner", b"task_id", b"state"))
         if owner is None and task_id is None:
             continue  # this name is free now
-        cooling = not owner and state == "cooldown"
-        found.append((owner or None, task_id, max(0, int(pttl)) if cooling else None))
+        cooling = not owner and state == b"cooldown"
+        found.append(
+            (
+                _text(owner) if owner else None,
+                None if task_id is None else _text(task_id),
+                max(0, pttl) if cooling else None,
+            )
+        )
     now_ms = conn.server_ms() if any(left is not None for _, _, left in found) else 0
     holders: list[HolderRecord] = []
     for owner, task_id, left in found:
