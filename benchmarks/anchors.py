@@ -158,9 +158,9 @@ class OurScripts:
     the same arguments. Not a public API: it shows what the Lua scripts alone cost."""
 
     def __init__(self, client: redis.Redis, prefix: str, name: str, ttl: float) -> None:
-        lease = LockClient(client, prefix=prefix).lease(name, ttl=ttl, heartbeat=False)
-        self._lease = lease
-        self._scripts = lease._client._scripts
+        ours = LockClient(client, prefix=prefix)
+        self._lease = ours.lease(name, ttl=ttl, heartbeat=False)
+        self._scripts = ours.connection.scripts
         self._owner = ""
 
     def try_acquire(self) -> bool:
