@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from .admin import LockInfo
 from .client import LockClient
+from .core.handle import HolderRecord
 from .exceptions import (
     ConfigurationError,
     DuplicateTask,
@@ -19,7 +20,7 @@ from .exceptions import (
     LockTaken,
     LockTimeout,
 )
-from .kinds.lease import Lease
+from .kinds.lease import Lease, ReleaseResult
 from .kinds.multi import MultiLease
 from .kinds.rangelock import RangeLock, RangeLockHandle
 from .kinds.rwlock import RWLock, RWLockHandle
@@ -31,6 +32,9 @@ __all__ = [
     # the lock core
     "LockClient",
     "Lease",
+    # what release_owner and holders() return (docs/lease.md, "Claims")
+    "ReleaseResult",
+    "HolderRecord",
     # the same on redis.asyncio (docs/asyncio.md)
     "AsyncLockClient",
     # reader-writer, range and multi-key locks

@@ -15,14 +15,14 @@ import pytest
 
 from celery_singleton_lock import (
     ConfigurationError,
+    HolderRecord,
     LockClient,
     LockError,
     LockLost,
     LockNotHeld,
+    ReleaseResult,
 )
-from celery_singleton_lock.core.handle import HolderRecord
 from celery_singleton_lock.embedded import free_port
-from celery_singleton_lock.kinds.lease import ReleaseResult
 
 
 @pytest.fixture
