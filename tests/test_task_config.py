@@ -244,6 +244,8 @@ def test_a_database_the_server_lacks_fails_runs_as_configuration(lock_redis_url:
     result = job.apply()
     assert isinstance(result.result, ConfigurationError), result.result
     assert "configuration" in str(result.result) and "database" in str(result.result)
+    # The error names the setting to fix, not the client's argument.
+    assert result.result.argument == "singleton_lock_url"
 
 
 def test_default_lease_adapts_to_a_short_ttl(

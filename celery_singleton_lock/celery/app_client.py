@@ -28,6 +28,9 @@ def lock_client_for(app: Any) -> LockClient:
                 f"bad configuration: {str(exc).partition(': ')[2]}; it takes redis-py "
                 "client keyword arguments only",
             ) from None
+        # A database the server lacks is found at the first call, wherever that is (a task,
+        # apply_async): the error then names the setting, not the client's argument.
+        client.connection.url_argument = settings.url_setting
         app._singleton_lock_client = client
     return client
 

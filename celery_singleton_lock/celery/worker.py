@@ -121,7 +121,7 @@ class SingletonLockStep(bootsteps.StartStopStep):  # type: ignore[misc]
         """Stop the worker (by raising :class:`ConfigurationError`) on settings or task
         options that can never work; only warn when Redis is merely down right now."""
         app = worker.app
-        settings = AppSettings.for_app(app)
+        AppSettings.for_app(app)  # refuses bad or unknown singleton_lock_* settings first
         for task in list(app.tasks.values()):
             # SingletonTask's check, found by name: the task module imports this one.
             check = getattr(task, "check_lock_configuration", None)
@@ -130,11 +130,8 @@ class SingletonLockStep(bootsteps.StartStopStep):  # type: ignore[misc]
         try:
             client = lock_client_for(app)
             client.ping()
-        except ConfigurationError as exc:
-            if exc.argument != "url":
-                raise
-            # The server refused the URL itself (a database it does not have).
-            raise ConfigurationError(settings.url_setting, str(exc).partition(": ")[2]) from exc
+        except ConfigurationError:
+            raise  # a database the server does not have: the error names the URL's setting
         except LockError as exc:
             step_log.warning("singleton locks: Redis not reachable at start: %s", exc)
             return

@@ -39,6 +39,9 @@ class Connection:
         self.prefix = prefix
         #: The server(s), with no password: what error messages name.
         self.url = redis_urls.safe_url(redis_client)
+        #: What a configuration error calls the URL: the argument, or the setting it came
+        #: from (a Celery app's ``singleton_lock_url``), so the message names what to fix.
+        self.url_argument = "url"
         self.scripts = Scripts(redis_client)
         self.notifier = Notifier(redis_client)
 
@@ -54,7 +57,7 @@ class Connection:
             if "DB index is out of range" in str(exc):
                 # Retrying cannot help: the URL names a database this server does not have.
                 raise ConfigurationError(
-                    "url",
+                    self.url_argument,
                     f"bad configuration: {self.url}: the server has no such database "
                     "(its 'databases' setting is lower); use a database number it has",
                 ) from exc
