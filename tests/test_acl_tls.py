@@ -195,6 +195,15 @@ def test_tls_with_acl_login(tls: TLSServer, prefix: str) -> None:
             "sentinel://127.0.0.1:26379;sentinel://127.0.0.1:26380?master_name=mymaster",
             "sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster/0",
         ),
+        (
+            # Kombu's form: whole URLs joined by ';', each with the login and the path.
+            "sentinel://:pw@127.0.0.1:26379/mymaster/1;sentinel://:pw@127.0.0.1:26380/mymaster/1",
+            "sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster/1",
+        ),
+        (
+            "sentinel://127.0.0.1:26379/0;redis+sentinel://:pw@[::1]:26380/0?master_name=m",
+            "sentinel://127.0.0.1:26379,::1:26380/m/0",
+        ),
         ("redis+sentinel://[::1]/mymaster", "sentinel://::1:26379/mymaster/0"),
         ("rediss+sentinel://:pw@10.0.0.1:5000/m", "rediss+sentinel://10.0.0.1:5000/m/0"),
     ],
@@ -216,7 +225,15 @@ def test_sentinel_url_forms(url: str, expected: str) -> None:
 
 
 def test_multi_host_url_errors() -> None:
-    for bad in ("redis+cluster://", "sentinel://h:x/m", "sentinel://h/m/0/extra"):
+    for bad in (
+        "redis+cluster://",
+        "sentinel://h:x/m",
+        "sentinel://h/m/0/extra",
+        # Two logins, or two masters, in one Kombu list: which applies is not ours to guess.
+        "sentinel://:a@h1/m;sentinel://:b@h2/m",
+        "sentinel://h1/m1;sentinel://h2/m2",
+        "sentinel://h1/m;redis://h2/m",
+    ):
         with pytest.raises(ConfigurationError):
             LockClient.from_url(bad)
     assert redis_urls.is_cluster(redis.Redis()) is False

@@ -11,8 +11,9 @@ URL forms (``[user[:password]@]`` is an ACL login, or ``:password@`` for ``requi
     sentinel://[user:password@]host:port[,host:port...]/master-name[/db]   Sentinel
     rediss+sentinel://...                                      Sentinel, TLS to master and sentinels
 
-``redis+sentinel://`` is accepted for ``sentinel://``, ``;sentinel://`` between sentinels
-(Kombu's spelling) for ``,``, and ``?master_name=NAME`` for the path. Query options
+``redis+sentinel://`` is accepted for ``sentinel://``; Kombu's spelling of a sentinel list,
+whole URLs joined by ``;`` (``sentinel://:pw@h1:26379/0;sentinel://:pw@h2:26379/0``), for the
+``,`` list; and ``?master_name=NAME`` for the path. Query options
 (``socket_timeout``, ``ssl_cert_reqs``, ...) are redis-py's. The login of a Sentinel URL is
 the master's; sentinels that need their own go in ``sentinel_kwargs``.
 """
@@ -91,8 +92,8 @@ def _check_db_path(path: str) -> None:
 def _split(url: str) -> tuple[str, list[tuple[str, int]], str, dict[str, str]]:
     """(login with its ``@`` or "", [(host, port)], path, query) of a multi-host URL."""
     rest = url.split("://", 1)[1]
-    # Kombu separates sentinels with ";sentinel://"; so may we.
-    rest = rest.replace(";sentinel://", ",").replace(";redis+sentinel://", ",")
+    if ";" in rest:
+        rest = _join_kombu_hosts(rest)
     rest, _, query = rest.partition("?")
     netloc, slash, path = rest.partition("/")
     login, at, hosts = netloc.rpartition("@")
@@ -115,6 +116,32 @@ def _split(url: str) -> tuple[str, list[tuple[str, int]], str, dict[str, str]]:
     if not nodes:
         raise ValueError("no host")
     return login + at, nodes, slash + path, dict(parse_qsl(query))
+
+
+def _join_kombu_hosts(rest: str) -> str:
+    """Kombu's host list (a broker URL we reuse) as ours: Kombu joins whole URLs with ``;``,
+    each with its own login, path and query (``sentinel://:pw@h1:26379/0;sentinel://:pw@h2``).
+    The hosts become one comma list; a login, path or query is taken from whichever URL has
+    it, and two that differ are an error rather than a guess which one applies."""
+    hosts: list[str] = []
+    shared = {"login": "", "path": "", "query": ""}
+    for number, piece in enumerate(rest.split(";")):
+        if number:
+            scheme, sep, tail = piece.partition("://")
+            if sep and scheme.lower() not in SENTINEL_SCHEMES:
+                raise ValueError(f"{scheme + '://'!r} after ';': only sentinels are listed so")
+            piece = tail if sep else piece
+        piece, question, query = piece.partition("?")
+        netloc, slash, path = piece.partition("/")
+        login, at, host = netloc.rpartition("@")
+        hosts.append(host)
+        for part, value in (("login", login + at), ("path", slash + path), ("query", query)):
+            if value.strip("/") and shared[part].strip("/") and value != shared[part]:
+                raise ValueError(f"the hosts separated by ';' have different {part}s")
+            if value.strip("/"):
+                shared[part] = value
+    query = shared["query"]
+    return shared["login"] + ",".join(hosts) + shared["path"] + ("?" + query if query else "")
 
 
 def _options(tls: bool, login: str, path: str, query: dict[str, str]) -> dict[str, Any]:
