@@ -446,8 +446,8 @@ def check_setting_values(conf: Any) -> None:
 def _is_broker_redis(broker: Any) -> bool:
     if not isinstance(broker, str):
         return False
-    scheme = broker.split("://", 1)[0].lower() if "://" in broker else ""
-    if scheme in ("redis", "rediss", "unix"):
+    scheme = redis_urls.url_scheme(broker)
+    if scheme in redis_urls.SINGLE_SCHEMES:
         return True
     # A Sentinel broker names its master in transport options (Kombu) or in the URL.
     return scheme in redis_urls.SENTINEL_SCHEMES
