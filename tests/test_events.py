@@ -176,7 +176,7 @@ def test_a_lost_lock_is_an_event(events_app: Celery, in_process_worker: WorkerFa
     @events_app.task(base=SingletonTask, shared=False, bind=True, lock_lease=0.3)
     def long_job(self: Any) -> str:
         client = self.lock_client
-        client.redis.delete(client._keys(self.lock.name).lock)  # an admin cleared it
+        client.redis.delete(client.connection.keys(self.lock.name).lock)  # an admin cleared it
         assert lost.wait(TIMEOUT)
         return "stopped early"
 

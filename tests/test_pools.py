@@ -96,7 +96,7 @@ def gate(celery_lock_app: Celery) -> Iterator[Gate]:
 
 
 def holder_task_id(client: LockClient, name: str) -> str | None:
-    value = client.redis.hget(client._keys(name).lock, "task_id")
+    value = client.redis.hget(client.connection.keys(name).lock, "task_id")
     return value.decode() if value is not None else None
 
 

@@ -97,7 +97,7 @@ def test_a_lost_lock_is_counted(
     @celery_lock_app.task(base=SingletonTask, shared=False, bind=True, lock_lease=0.3)
     def long_job(self: Any) -> str:
         client = self.lock_client
-        client.redis.delete(client._keys(self.lock.name).lock)  # an admin cleared it
+        client.redis.delete(client.connection.keys(self.lock.name).lock)  # an admin cleared it
         assert lost.wait(TIMEOUT)
         return "stopped early"
 

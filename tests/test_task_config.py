@@ -423,7 +423,7 @@ def test_a_sentinel_broker_lends_master_name_and_sentinel_kwargs(
         held = client.lease("sentinel-job", ttl=5, heartbeat=False)
         assert held.acquire()
         # The lock is on the master the sentinel names, and the task's runs meet it there.
-        assert master.exists(client._keys("sentinel-job").lock)
+        assert master.exists(client.connection.keys("sentinel-job").lock)
         skipped = job.apply().get()
         assert skipped["lock"] == "sentinel-job" and skipped["holder_task_id"] is None
         held.release()

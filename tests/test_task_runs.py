@@ -311,7 +311,7 @@ def test_lost_lock_is_seen_by_the_running_task(celery_lock_app: Celery) -> None:
     @celery_lock_app.task(base=SingletonTask, shared=False, bind=True, lock_lease=0.3)
     def long_job(self: Any) -> str:
         client = self.lock_client
-        client.redis.delete(client._keys(self.lock.name).lock)  # an admin cleared it
+        client.redis.delete(client.connection.keys(self.lock.name).lock)  # an admin cleared it
         assert lost.wait(TIMEOUT)
         with pytest.raises(LockLost):
             self.lock.check()
@@ -339,7 +339,7 @@ def test_retry_after_the_lock_was_lost_still_retries(
     def job(self: Any) -> int:
         if self.request.retries == 0:
             client = self.lock_client
-            client.redis.delete(client._keys(self.lock.name).lock)  # cleared under it
+            client.redis.delete(client.connection.keys(self.lock.name).lock)  # cleared under it
             raise self.retry(countdown=0)
         return int(self.request.retries)
 
