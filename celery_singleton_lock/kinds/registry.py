@@ -62,8 +62,11 @@ class KindFamily:
         return self.holders(read_hashes(conn, self.keys(conn, pattern)), pattern)
 
 
-def _interval_family(name: str, family: bytes, kinds: tuple[str, ...]) -> KindFamily:
+def _interval_family(
+    name: str, admin: intervals.IntervalFamilyAdmin, kinds: tuple[str, ...]
+) -> KindFamily:
     """A family of interval locks (``rw`` or ``range``): its holder hashes are its keyspace."""
+    family = admin.family
 
     def keys(conn: Connection, pattern: str | None) -> list[bytes]:
         return intervals.holder_keys(conn, family)
@@ -74,8 +77,7 @@ def _interval_family(name: str, family: bytes, kinds: tuple[str, ...]) -> KindFa
     def clear_holder(conn: Connection, holder: Holder) -> int:
         return intervals.clear_listed(conn, family, holder)
 
-    release = rwlock.release_holder if family == rwlock.FAMILY else rangelock.release_holder
-    return KindFamily(name, kinds, name, keys, holders, clear_holder, release)
+    return KindFamily(name, kinds, name, keys, holders, clear_holder, admin.release_holder)
 
 
 LEASES = KindFamily(
@@ -90,8 +92,8 @@ LEASES = KindFamily(
 
 FAMILIES: tuple[KindFamily, ...] = (
     LEASES,
-    _interval_family("rw", rwlock.FAMILY, ("read", "write", "upgradable")),
-    _interval_family("range", rangelock.FAMILY, ("range",)),
+    _interval_family("rw", rwlock.ADMIN, ("read", "write", "upgradable")),
+    _interval_family("range", rangelock.ADMIN, ("range",)),
     # A multi-key lock holds each name in a lease's hash: listed from the lease keys, and
     # cleared as leases are, by fencing token, one name at a time.
     KindFamily(
