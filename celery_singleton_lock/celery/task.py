@@ -21,8 +21,10 @@ from celery.exceptions import Ignore, Retry
 
 from ..client import LockClient
 from ..core.handle import LockHandle
-from ..exceptions import LockBackendError, LockError, LockLost, LockTimeout
-from ..kinds.lease import Lease, LeaseTemplate
+from ..exceptions import ConfigurationError, LockBackendError, LockError, LockLost, LockTimeout
+from ..kinds import registry
+from ..kinds.lease import Lease
+from ..kinds.registry import HandleFactory, LockTarget
 from . import claims, enqueue, holders
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
@@ -32,6 +34,7 @@ from .app_client import close_lock_client as close_lock_client
 from .app_client import lock_client_for
 from .options import (
     DEBOUNCE,
+    LOCK_MODES,
     OPTIONS,
     UNTIL_START,
     AppSettings,
@@ -169,36 +172,46 @@ class SingletonTask(Task):  # type: ignore[misc]
         args, kwargs = tuple(args or ()), dict(kwargs or {})
         options = self.lock_options
         mode = mode or options.mode
-        client = self.lock_client
-        handle_options: dict[str, Any] = {
-            "ttl": options.lease,
-            "max_hold": options.ttl,
-            "owner_info": owner_info,
-            "on_lost": on_lost,
-        }
-        if options.keys is not None:
-            names = self.lock_naming.names(options.keys, args, kwargs)
-            return client.multi(names, **handle_options)
-        name = self.lock_name(args, kwargs)
-        if options.range is not None:
-            lo, hi = self.lock_naming.bounds(options.range, args, kwargs)
-            ranges = client.range_lock(name)
-            method = "write" if mode == "exclusive" else mode
-            return getattr(ranges, method)(lo, hi, **handle_options)  # type: ignore[no-any-return]
-        if mode == "exclusive":
-            template = self._lease_template(client, options)
-            return template.lease(name, owner_info=owner_info, on_lost=on_lost)
-        return getattr(client.rwlock(name), mode)(**handle_options)  # type: ignore[no-any-return]
+        make = self._handle_factory(self.lock_client, options, mode)
+        return make(self._lock_target(options, args, kwargs), mode, owner_info, on_lost)
 
-    def _lease_template(self, client: LockClient, options: TaskLockOptions) -> LeaseTemplate:
-        """The task's leases with its ttl and max-hold checked once, not on every run (kept
-        while the app's lock client and the resolved options stay the same objects)."""
-        cached = self.__dict__.get("_lock_lease_template")
+    def _lock_target(
+        self, options: TaskLockOptions, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> LockTarget:
+        """What a call with these arguments locks: each part the task's options define."""
+        naming = self.lock_naming
+        if options.keys is not None:
+            names = tuple(naming.names(options.keys, args, kwargs))
+            return LockTarget(" + ".join(sorted(names)), names)
+        name = naming.name(args, kwargs, exclude=options.range or ())
+        if options.range is None:
+            return LockTarget(name)
+        return LockTarget(name, bounds=naming.bounds(options.range, args, kwargs))
+
+    def _handle_factory(
+        self, client: LockClient, options: TaskLockOptions, mode: str
+    ) -> HandleFactory:
+        """The handle factory of the task's lock family in ``mode``, with its ttl and
+        max-hold checked once, not on every run (kept while the app's lock client and the
+        resolved options stay the same objects)."""
+        cached = self.__dict__.get("_lock_handle_factories")
         if cached is None or cached[0] is not client or cached[1] is not options:
-            template = LeaseTemplate(client, ttl=options.lease, max_hold=options.ttl)
-            cached = (client, options, template)
-            self.__dict__["_lock_lease_template"] = cached
-        return cached[2]
+            cached = (client, options, {})
+            self.__dict__["_lock_handle_factories"] = cached
+        factories: dict[str, HandleFactory] = cached[2]
+        make = factories.get(mode)
+        if make is None:
+            if mode not in LOCK_MODES:
+                raise ConfigurationError("mode", f"must be one of {list(LOCK_MODES)}, got {mode!r}")
+            family = registry.family_named(options.kind(mode))
+            if mode not in family.modes:
+                raise ConfigurationError(
+                    "mode",
+                    f"a {family.family} lock's modes are {list(family.modes)}, not {mode!r}",
+                )
+            make = family.handles(client.connection, options.lease, options.ttl)
+            factories[mode] = make
+        return make
 
     def release_holder(
         self,

@@ -1,19 +1,25 @@
-"""The registry of lock kinds: what the admin side needs of each family of kinds, so it reads
-this table instead of importing each kind.
+"""The registry of lock kinds: what the admin side and the makers of handles need of each
+family of kinds, so they read this table instead of importing each kind.
 
 A family is listed from a *keyspace*: the keys one listing reads (one SCAN, or the one key a
 literal pattern names). Families sharing a keyspace (leases and multi-key locks both live
 in lease keys) share one read of it in a listing.
+
+A family also makes its handles from a :class:`LockTarget` (what is locked: a name, names,
+an interval) and a mode, through a :class:`HandleFactory` whose ttl and max-hold are checked
+once: the Celery layer picks the family from a task's options and makes one handle per run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ..core.connection import Connection, HasConnection
+from ..core.handle import LockHandle
 from ..core.scan import Record, read_hashes
+from ..exceptions import ConfigurationError
 from . import intervals, lease, multi, rangelock, rwlock
 
 #: One holder of one lock, as a kind's lister returns it (see admin.inspect for the fields).
@@ -38,6 +44,29 @@ class ReleaseHolder(Protocol):
     ) -> bool: ...
 
 
+class LockTarget(NamedTuple):
+    """What one handle locks: lock ``name`` (a range lock: the resource), the ``names`` of a
+    multi-key lock, the ``bounds`` (lo, hi) of a range hold. A family reads what it needs."""
+
+    name: str
+    names: tuple[str, ...] = ()
+    bounds: tuple[float, float] | None = None
+
+
+class HandleFactory(Protocol):
+    """Makes handles (not yet acquired) of one family, with the ttl and max-hold it was made
+    for: a handle in ``mode`` (one of the family's ``modes``) on ``target``."""
+
+    def __call__(
+        self,
+        target: LockTarget,
+        mode: str,
+        owner_info: dict[str, Any] | None,
+        on_lost: Callable[[Any], object] | None,
+        /,
+    ) -> LockHandle: ...
+
+
 @dataclass(frozen=True)
 class KindFamily:
     """How one family of lock kinds is listed, cleared and released for a dead holder."""
@@ -56,14 +85,93 @@ class KindFamily:
     #: ``renewed_ms``, was not renewed since): 1 cleared, 0 gone, -1 taken, -2 renewed.
     clear_holder: Callable[[Connection, Holder], int]
     release_holder: ReleaseHolder
+    #: The modes its handles are made in (``exclusive``: one holder, no sharing).
+    modes: tuple[str, ...]
+    #: ``handles(conn, ttl, max_hold)``: its handle factory for leases of ``ttl`` seconds
+    #: held at most ``max_hold`` seconds (checked here, once, not per handle).
+    handles: Callable[[Connection, float, float | None], HandleFactory]
 
     def list_holders(self, conn: Connection, pattern: str | None) -> list[Holder]:
         """The family's holders whose name matches the glob ``pattern`` (None: all)."""
         return self.holders(read_hashes(conn, self.keys(conn, pattern)), pattern)
 
 
+def _lease_handles(conn: Connection, ttl: float, max_hold: float | None) -> HandleFactory:
+    """Leases through a LeaseTemplate: the ttl and max-hold are checked here, not per lease
+    (a default task makes one lease per run)."""
+    template = lease.LeaseTemplate(conn, ttl=ttl, max_hold=max_hold)
+    make = template.lease
+
+    def handle(
+        target: LockTarget,
+        mode: str,
+        owner_info: dict[str, Any] | None,
+        on_lost: Callable[[Any], object] | None,
+        /,
+    ) -> LockHandle:
+        return make(target.name, owner_info=owner_info, on_lost=on_lost)
+
+    return handle
+
+
+#: Makes one handle of a family on ``target`` in ``mode``, with the handle keywords ``ttl``,
+#: ``max_hold``, ``owner_info`` and ``on_lost``.
+MakeHandle = Callable[[Connection, LockTarget, str, dict[str, Any]], LockHandle]
+
+
+def _handles(make: MakeHandle) -> Callable[[Connection, float, float | None], HandleFactory]:
+    """A family's ``handles`` from its ``make``: the handle checks its own options."""
+
+    def handles(conn: Connection, ttl: float, max_hold: float | None) -> HandleFactory:
+        def handle(
+            target: LockTarget,
+            mode: str,
+            owner_info: dict[str, Any] | None,
+            on_lost: Callable[[Any], object] | None,
+            /,
+        ) -> LockHandle:
+            options = {
+                "ttl": ttl,
+                "max_hold": max_hold,
+                "owner_info": owner_info,
+                "on_lost": on_lost,
+            }
+            return make(conn, target, mode, options)
+
+        return handle
+
+    return handles
+
+
+def _multi_handle(
+    conn: Connection, target: LockTarget, mode: str, options: dict[str, Any]
+) -> LockHandle:
+    return multi.MultiLease(conn, target.names, **options)
+
+
+def _rw_handle(
+    conn: Connection, target: LockTarget, mode: str, options: dict[str, Any]
+) -> LockHandle:
+    make: Callable[..., LockHandle] = getattr(rwlock.RWLock(conn, target.name), mode)
+    return make(**options)
+
+
+def _range_handle(
+    conn: Connection, target: LockTarget, mode: str, options: dict[str, Any]
+) -> LockHandle:
+    if target.bounds is None:
+        raise ConfigurationError("bounds", f"a range lock on {target.name!r} needs bounds")
+    lock = rangelock.RangeLock(conn, target.name)
+    make: Callable[..., LockHandle] = getattr(lock, "write" if mode == "exclusive" else mode)
+    return make(*target.bounds, **options)
+
+
 def _interval_family(
-    name: str, admin: intervals.IntervalFamilyAdmin, kinds: tuple[str, ...]
+    name: str,
+    admin: intervals.IntervalFamilyAdmin,
+    kinds: tuple[str, ...],
+    modes: tuple[str, ...],
+    handles: Callable[[Connection, float, float | None], HandleFactory],
 ) -> KindFamily:
     """A family of interval locks (``rw`` or ``range``): its holder hashes are its keyspace."""
     family = admin.family
@@ -77,8 +185,12 @@ def _interval_family(
     def clear_holder(conn: Connection, holder: Holder) -> int:
         return intervals.clear_listed(conn, family, holder)
 
-    return KindFamily(name, kinds, name, keys, holders, clear_holder, admin.release_holder)
+    release = admin.release_holder
+    return KindFamily(name, kinds, name, keys, holders, clear_holder, release, modes, handles)
 
+
+#: The modes of reader-writer holds: shared, shared but upgradable, exclusive.
+MODES = ("read", "upgradable", "write")
 
 LEASES = KindFamily(
     family="lease",
@@ -88,12 +200,19 @@ LEASES = KindFamily(
     holders=lease.lease_holders,
     clear_holder=lease.clear_holder,
     release_holder=lease.release_holder,
+    modes=("exclusive",),
+    handles=_lease_handles,
 )
 
 FAMILIES: tuple[KindFamily, ...] = (
     LEASES,
-    _interval_family("rw", rwlock.ADMIN, ("read", "write", "upgradable")),
-    _interval_family("range", rangelock.ADMIN, ("range",)),
+    _interval_family(
+        "rw", rwlock.ADMIN, ("read", "write", "upgradable"), MODES, _handles(_rw_handle)
+    ),
+    # "exclusive" on a range is a write hold.
+    _interval_family(
+        "range", rangelock.ADMIN, ("range",), ("exclusive", *MODES), _handles(_range_handle)
+    ),
     # A multi-key lock holds each name in a lease's hash: listed from the lease keys, and
     # cleared as leases are, by fencing token, one name at a time.
     KindFamily(
@@ -104,6 +223,8 @@ FAMILIES: tuple[KindFamily, ...] = (
         holders=multi.multi_holders,
         clear_holder=lease.clear_holder,
         release_holder=multi.release_holder,
+        modes=("exclusive",),
+        handles=_handles(_multi_handle),
     ),
 )
 
@@ -114,3 +235,12 @@ def family_of(kind: str) -> KindFamily | None:
         if kind in family.kinds:
             return family
     return None
+
+
+def family_named(family: str) -> KindFamily:
+    """The family called ``family`` (``lease``, ``multi``, ``rw``, ``range``)."""
+    for found in FAMILIES:
+        if found.family == family:
+            return found
+    known = ", ".join(found.family for found in FAMILIES)
+    raise ConfigurationError("family", f"no lock family {family!r} (known: {known})")
