@@ -99,19 +99,10 @@ class KindFamily:
 def _lease_handles(conn: Connection, ttl: float, max_hold: float | None) -> HandleFactory:
     """Leases through a LeaseTemplate: the ttl and max-hold are checked here, not per lease
     (a default task makes one lease per run)."""
-    template = lease.LeaseTemplate(conn, ttl=ttl, max_hold=max_hold)
-    make = template.lease
-
-    def handle(
-        target: LockTarget,
-        mode: str,
-        owner_info: dict[str, Any] | None,
-        on_lost: Callable[[Any], object] | None,
-        /,
-    ) -> LockHandle:
-        return make(target.name, owner_info=owner_info, on_lost=on_lost)
-
-    return handle
+    make = lease.LeaseTemplate(conn, ttl=ttl, max_hold=max_hold).lease
+    return lambda target, mode, owner_info, on_lost: make(
+        target.name, owner_info=owner_info, on_lost=on_lost
+    )
 
 
 #: Makes one handle of a family on ``target`` in ``mode``, with the handle keywords ``ttl``,
