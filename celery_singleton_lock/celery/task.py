@@ -24,7 +24,7 @@ from ..core.handle import LockHandle
 from ..exceptions import ConfigurationError, LockBackendError, LockError, LockLost, LockTimeout
 from ..kinds import registry
 from ..kinds.lease import Lease
-from ..kinds.registry import HandleFactory, LockTarget
+from ..kinds.registry import HandleFactory
 from . import claims, enqueue, holders
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
@@ -173,20 +173,16 @@ class SingletonTask(Task):  # type: ignore[misc]
         options = self.lock_options
         mode = mode or options.mode
         make = self._handle_factory(self.lock_client, options, mode)
-        return make(self._lock_target(options, args, kwargs), mode, owner_info, on_lost)
-
-    def _lock_target(
-        self, options: TaskLockOptions, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> LockTarget:
-        """What a call with these arguments locks: each part the task's options define."""
-        naming = self.lock_naming
+        # What the call locks, in the parts the options define: names, else a name (and the
+        # bounds of a range).
         if options.keys is not None:
-            names = tuple(naming.names(options.keys, args, kwargs))
-            return LockTarget(" + ".join(sorted(names)), names)
-        name = naming.name(args, kwargs, exclude=options.range or ())
+            names = tuple(self.lock_naming.names(options.keys, args, kwargs))
+            return make(" + ".join(sorted(names)), mode, owner_info, on_lost, names)
+        name = self.lock_name(args, kwargs)
         if options.range is None:
-            return LockTarget(name)
-        return LockTarget(name, bounds=naming.bounds(options.range, args, kwargs))
+            return make(name, mode, owner_info, on_lost)
+        bounds = self.lock_naming.bounds(options.range, args, kwargs)
+        return make(name, mode, owner_info, on_lost, (), bounds)
 
     def _handle_factory(
         self, client: LockClient, options: TaskLockOptions, mode: str
