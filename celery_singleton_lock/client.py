@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -14,16 +14,12 @@ from .admin import LockInfo
 from .core import redis_urls
 from .core.connection import Connection
 from .core.handle import HolderRecord
-from .core.keys import DEFAULT_PREFIX, LockKeys
-from .core.notifier import Notifier
-from .core.scripts import Scripts
+from .core.keys import DEFAULT_PREFIX
 from .exceptions import ConfigurationError, LockBackendError
 from .kinds.lease import Lease, ReleaseResult, read_lease_holders, release_holder, release_owner
 from .kinds.multi import MultiLease
 from .kinds.rangelock import RangeLock
 from .kinds.rwlock import RWLock
-
-T = TypeVar("T")
 
 #: Seconds a Redis call made through ``LockClient.from_url`` may take (connect or reply).
 DEFAULT_SOCKET_TIMEOUT = 5.0
@@ -187,7 +183,7 @@ class LockClient:
 
     def ping(self) -> bool:
         """True if Redis answers; raises :class:`LockBackendError` if not."""
-        return bool(self._call(self.redis.ping))
+        return bool(self.connection.call(self.redis.ping))
 
     def close(self) -> None:
         """Stop this client's waiter listener and close its connections."""
@@ -195,23 +191,6 @@ class LockClient:
 
     def __repr__(self) -> str:
         return f"<LockClient {self.url} prefix={self.prefix!r}>"
-
-    # -- internals the Celery layer, the async client and tests still reach for ----------------
-
-    @property
-    def _scripts(self) -> Scripts:
-        return self.connection.scripts
-
-    @property
-    def _notifier(self) -> Notifier:
-        return self.connection.notifier
-
-    def _keys(self, name: str) -> LockKeys:
-        return self.connection.keys(name)
-
-    def _call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run one Redis operation; Redis failures become :class:`LockBackendError`."""
-        return self.connection.call(function, *args, **kwargs)
 
 
 def mask_password(url: str) -> str:

@@ -61,7 +61,7 @@ def exercise(client: LockClient) -> None:
     thread.start()
     # The waiter is subscribed once Redis counts its subscriber on the lock's channel.
     probe = client.redis
-    channel = client._keys("acl-job").channel
+    channel = client.connection.keys("acl-job").channel
     deadline = time.monotonic() + 5
     while probe.pubsub_numsub(channel)[0][1] == 0:
         assert time.monotonic() < deadline, "the waiter never subscribed"

@@ -182,7 +182,7 @@ def test_stale_when_the_holders_heartbeat_stopped(
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         token = int(child.stdout.readline())  # type: ignore[union-attr]
-        keys = lock_client._keys("nightly")
+        keys = lock_client.connection.keys("nightly")
         deadline = time.monotonic() + 10
         while lock_client.redis.hget(keys.lock, "renewed_ms") == lock_client.redis.hget(
             keys.lock, "acquired_ms"

@@ -48,7 +48,7 @@ def names_on_every_node(client: LockClient, per_node: int = 1, stem: str = "n") 
     while len(found) < 3 or min(len(v) for v in found.values()) < per_node:
         name = f"{stem}{i}"
         i += 1
-        bucket = found.setdefault(node_port(client, client._keys(name).lock), [])
+        bucket = found.setdefault(node_port(client, client.connection.keys(name).lock), [])
         if len(bucket) < per_node:
             bucket.append(name)
     return [name for names in found.values() for name in names]
@@ -81,7 +81,7 @@ def test_client_forms_and_url(cluster: Cluster, client: LockClient) -> None:
 
 def test_one_lock_one_slot(client: LockClient) -> None:
     for name in ("plain", "x" * 300, "{braced}", "#hash", "ünï"):
-        keys = client._keys(name)
+        keys = client.connection.keys(name)
         rw, rng = (
             interval_keys(client.prefix, name, b"rw"),
             interval_keys(client.prefix, name, b"range"),
@@ -99,7 +99,7 @@ def test_one_lock_one_slot(client: LockClient) -> None:
 
 def test_lease_on_every_node_with_waiters_woken_across_nodes(client: LockClient) -> None:
     names = names_on_every_node(client)
-    assert len({node_port(client, client._keys(n).lock) for n in names}) == 3
+    assert len({node_port(client, client.connection.keys(n).lock) for n in names}) == 3
     for name in names:
         holder = client.lease(name, ttl=10)
         assert holder.acquire()
@@ -109,7 +109,9 @@ def test_lease_on_every_node_with_waiters_woken_across_nodes(client: LockClient)
         thread = threading.Thread(target=lambda w=waiter, g=got: g.append(w.acquire(wait=20)))
         thread.start()
         # Subscribed once some node counts the waiter on this channel.
-        wait_until(lambda n=name: subscribed(client, client._keys(n).channel), 5, "subscribe")
+        wait_until(
+            lambda n=name: subscribed(client, client.connection.keys(n).channel), 5, "subscribe"
+        )
         started = time.monotonic()
         holder.release()
         thread.join(20)
@@ -128,14 +130,15 @@ def test_fair_lease_is_handed_over_on_every_node(client: LockClient) -> None:
         got: list[bool] = []
         thread = threading.Thread(target=lambda w=waiter, g=got: g.append(w.acquire(wait=20)))
         thread.start()
-        queue = client._keys(name).base + b"queue"
+        queue = client.connection.keys(name).base + b"queue"
         wait_until(lambda q=queue: client.redis.llen(q) == 1, 5, "the waiter to queue")
         started = time.monotonic()
         holder.release()
         thread.join(20)
         assert got == [True], name
         assert time.monotonic() - started < 2.0, "handed the lease, not found at its hint"
-        assert client.redis.hget(client._keys(name).lock, "owner") == waiter._owner.encode()  # type: ignore[union-attr]
+        owner = client.redis.hget(client.connection.keys(name).lock, "owner")
+        assert owner == waiter._owner.encode()  # type: ignore[union-attr]
         assert waiter.token is not None and holder.token is not None
         assert waiter.token > holder.token
         waiter.release()
@@ -174,7 +177,7 @@ def test_rwlock_and_range_lock(client: LockClient) -> None:
 
 def test_multi_spans_nodes_all_or_nothing(client: LockClient) -> None:
     names = names_on_every_node(client, stem="m")
-    assert len({node_port(client, client._keys(n).lock) for n in names}) == 3
+    assert len({node_port(client, client.connection.keys(n).lock) for n in names}) == 3
     blocker = client.lease(names[-1], ttl=10)
     assert blocker.acquire()
     refused = client.multi(names, ttl=5)
@@ -254,7 +257,7 @@ def test_heartbeat_renews_in_one_round_trip_per_node(
     after = evalsha_calls(cluster)
     assert set(writes) == set(cluster.ports) and set(writes.values()) == {1}, writes
     # One renew script per lock kind and slot (each lease name here has its own slot).
-    slots = {client.redis.keyslot(client._keys(n).lock) for n in names}
+    slots = {client.redis.keyslot(client.connection.keys(n).lock) for n in names}
     assert sum(after[p] - before[p] for p in cluster.ports) >= len(slots)
     # Held well past their ttl by the background heartbeat, every kind, every node.
     deadline = time.monotonic() + 3.0
@@ -272,7 +275,7 @@ def test_heartbeat_marks_a_multi_lost_when_one_name_is_taken(client: LockClient)
     lost = threading.Event()
     held = client.multi(names, ttl=0.9, on_lost=lambda _: lost.set())
     assert held.acquire()
-    victim = client._keys(names[1])
+    victim = client.connection.keys(names[1])
     client.redis.hset(victim.lock, "owner", "somebody-else")
     assert lost.wait(5)
     with pytest.raises(LockTaken):

@@ -67,7 +67,7 @@ def names_on(
     while len(names) < count:
         name = f"{stem}{i}"
         i += 1
-        key = client._keys(name).lock
+        key = client.connection.keys(name).lock
         if node_port(client, key) == cluster.ports[index]:
             assert first <= client.redis.keyslot(key) <= last
             names.append(name)
@@ -130,7 +130,7 @@ def test_synced_lease_is_kept_renewed_and_listed_across_the_failover(
     cluster: Cluster, client: LockClient
 ) -> None:
     (name,) = names_on(client, cluster, 0, "kept")
-    key = client._keys(name).lock
+    key = client.connection.keys(name).lock
     lost = threading.Event()
     lease = client.lease(name, ttl=KEPT_TTL, on_lost=lambda _: lost.set())
     assert lease.acquire()
@@ -200,7 +200,7 @@ def test_short_lease_is_reported_lost_and_new_acquires_get_larger_tokens(
     cluster: Cluster, client: LockClient
 ) -> None:
     name, fresh_name = names_on(client, cluster, 0, "short", count=2)
-    key = client._keys(name).lock
+    key = client.connection.keys(name).lock
     earlier = client.lease(fresh_name, ttl=10)
     assert earlier.acquire() and earlier.token is not None
     earlier.release()
@@ -233,7 +233,7 @@ def test_short_lease_is_reported_lost_and_new_acquires_get_larger_tokens(
         # the promoted node, with a larger fencing token than before the failover.
         fresh = acquire_eventually(client, fresh_name)
         assert fresh.token > earlier.token  # type: ignore[attr-defined]
-        fresh_key = client._keys(fresh_name).lock
+        fresh_key = client.connection.keys(fresh_name).lock
         assert node_port(client, fresh_key) == new_port
         assert promoted.hget(fresh_key, "owner") == fresh._owner.encode()  # type: ignore[attr-defined]
         # And the lost name goes to a new holder, whose token beats the lost one's.
@@ -297,7 +297,7 @@ def test_waiter_is_woken_by_a_release_after_the_failover(
     # that look would meet the dead node, and acquire would raise LockBackendError at once,
     # as it does when a single server goes down.)
     (name,) = names_on(client, cluster, lock_master, "wake")
-    channel = client._keys(name).channel
+    channel = client.connection.keys(name).channel
     holder = client.lease(name, ttl=30)  # its expiry, the waiter's fallback, is far away
     assert holder.acquire() and holder.token is not None
     waiter = client.lease(name, ttl=10)
@@ -346,4 +346,4 @@ def test_a_lease_on_a_surviving_master_works_while_another_master_is_down(
     cluster.servers[0].kill()  # master 0 down, its replica not promoted yet
     assert lease.extend() == pytest.approx(30, abs=0.5)
     lease.release()  # release.lua was never run on master 1: loaded there, now
-    assert direct(cluster.ports[1]).exists(client._keys(name).lock) == 0
+    assert direct(cluster.ports[1]).exists(client.connection.keys(name).lock) == 0

@@ -506,7 +506,7 @@ def test_close_after_a_waiting_acquire_is_quiet_and_stops_the_listener(
         thread = threading.Thread(target=wait)
         thread.start()
         wait_for_subscriber(client, waiter._channel)
-        listener = client._notifier._thread
+        listener = client.connection.notifier._thread
         assert listener is not None and listener.is_alive()
         if close_while == "after-acquire":
             holder.release()

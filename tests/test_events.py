@@ -4,11 +4,7 @@ event receiver on the broker, as Flower reads them."""
 from __future__ import annotations
 
 import logging
-import os
 import queue
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,9 +16,11 @@ import pytest
 from apps.worker_app import make_app
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
-from support.waiting import TESTS, wait_for_subscriber
+from support.lost_lock import task_losing_its_lock
+from support.waiting import wait_for_subscriber
+from support.workers import WorkerPrograms
 
-from celery_singleton_lock import SingletonTask, is_skipped, lock_acquired, lock_lost, lock_skipped
+from celery_singleton_lock import SingletonTask, is_skipped, lock_acquired, lock_skipped
 from celery_singleton_lock import events as events_module
 from celery_singleton_lock.embedded import RedisServer, free_port
 from celery_singleton_lock.events import EVENT_TYPES, EventSender, lock_fields, send_lock_event
@@ -171,26 +169,14 @@ def test_a_skipped_run_names_the_holder(
 
 
 def test_a_lost_lock_is_an_event(events_app: Celery, in_process_worker: WorkerFactory) -> None:
-    lost = threading.Event()
-
-    @events_app.task(base=SingletonTask, shared=False, bind=True, lock_lease=0.3)
-    def long_job(self: Any) -> str:
-        client = self.lock_client
-        client.redis.delete(client._keys(self.lock.name).lock)  # an admin cleared it
-        assert lost.wait(TIMEOUT)
-        return "stopped early"
-
-    def on_lost(**_: Any) -> None:
-        lost.set()
-
-    lock_lost.connect(on_lost, sender=long_job, weak=False)
-    try:
-        with receiving(events_app) as events, in_process_worker(events_app):
-            result = long_job.delay()
-            assert result.get(timeout=TIMEOUT) == "stopped early"
-            event = events.wait_for("task-lock-lost", result.id)
-    finally:
-        lock_lost.disconnect(on_lost, sender=long_job)
+    with (
+        task_losing_its_lock(events_app) as long_job,
+        receiving(events_app) as events,
+        in_process_worker(events_app),
+    ):
+        result = long_job.delay()
+        assert result.get(timeout=TIMEOUT) == "stopped early"
+        event = events.wait_for("task-lock-lost", result.id)
     assert event["lock_reason"] == "expired"
     assert event["lock_holder"] == result.id
     assert event["lock_name"] == long_job.lock_name()
@@ -320,35 +306,18 @@ def test_a_run_whose_release_failed_is_forgotten(
 def test_a_prefork_worker_started_with_events_sends_them_from_its_child(
     lock_redis_url: str, lock_prefix: str, tmp_path: Path
 ) -> None:
-    queue = f"{lock_prefix}events"
-    app = make_app(lock_redis_url, lock_prefix, queue)
-    env = {
-        **os.environ,
-        "CSL_WORKER_REDIS_URL": lock_redis_url,
-        "CSL_WORKER_PREFIX": lock_prefix,
-        "CSL_WORKER_QUEUE": queue,
-    }
-    command = [sys.executable, "-m", "celery", "-A", "apps.worker_app", "worker", "-P", "prefork"]
-    command += ["-c", "1", "-E", "-Q", queue, "-n", f"events-{lock_prefix[-13:-1]}@%h"]
-    command += ["--without-mingle", "--without-gossip", "-l", "INFO"]
-    with receiving(app) as events, (tmp_path / "worker.log").open("wb") as log:
-        worker = subprocess.Popen(
-            command,
-            cwd=TESTS,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            result = app.tasks["worker_app.short_lease"].delay("events", 0)
+    workers = WorkerPrograms(
+        "apps.worker_app", make_app, lock_redis_url, lock_prefix, tmp_path, "events"
+    )
+    try:
+        with receiving(workers.app) as events:
+            worker = workers.launch("events", [workers.queue("events")], concurrency=1, args=["-E"])
+            result = workers.app.tasks["worker_app.short_lease"].delay("events", 0)
             token = result.get(timeout=60)
             acquired = events.wait_for("task-lock-acquired", result.id)
             released = events.wait_for("task-lock-released", result.id)
-        finally:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait(TIMEOUT)
+    finally:
+        workers.close()
     assert acquired["lock_name"] == released["lock_name"] == "job:events"
     assert acquired["lock_token"] == released["lock_token"] == token
     assert acquired["pid"] != worker.pid  # sent by the pool child that ran the task

@@ -27,14 +27,14 @@ def holder(lock_client: LockClient) -> Lease:
 def queue_up(client: LockClient, lease: Lease, owner: str, thread: str) -> tuple[bool, int]:
     """One queued attempt of fair waiter ``owner`` (as its acquire makes while blocked)."""
     fields = [b"name", b"fair", b"kind", b"lease", b"thread", thread]
-    return client._scripts.acquire(
+    return client.connection.scripts.acquire(
         lease._keys.lock, lease._keys.fence, owner, 20_000, 0, FENCE_TTL_MS, fields,
         waiting=True, fair_ms=FAIR_REGISTRATION_MS,
     )  # fmt: skip
 
 
 def release(client: LockClient, lease: Lease, owner: str, delay_ms: int = 0) -> int:
-    return client._scripts.release(lease._keys.lock, owner, delay_ms, lease._keys.channel)
+    return client.connection.scripts.release(lease._keys.lock, owner, delay_ms, lease._keys.channel)
 
 
 def holder_of(client: LockClient, lease: Lease) -> dict[bytes, bytes]:
@@ -104,7 +104,7 @@ def test_nobody_left_alive_frees_the_name(lock_client: LockClient, holder: Lease
 
 def test_waiter_that_gives_up_leaves_the_queue(lock_client: LockClient, holder: Lease) -> None:
     queue_up(lock_client, holder, "a", "t")
-    assert lock_client._scripts.fair_abandon(holder._keys.lock, "a") == 0
+    assert lock_client.connection.scripts.fair_abandon(holder._keys.lock, "a") == 0
     queue, registration, _ = fair_keys(holder._keys.base, "a")
     assert not lock_client.redis.exists(queue, registration)
     assert holder._owner is not None
@@ -118,7 +118,7 @@ def test_waiter_giving_up_while_being_handed_the_lease_keeps_it(
     queue_up(lock_client, holder, "a", "t")
     assert holder._owner is not None
     assert release(lock_client, holder, holder._owner) == 1  # handed over...
-    token = lock_client._scripts.fair_abandon(holder._keys.lock, "a")  # ...as it gave up
+    token = lock_client.connection.scripts.fair_abandon(holder._keys.lock, "a")  # ...as it gave up
     record = holder_of(lock_client, holder)
     assert record[b"owner"] == b"a" and token == int(record[b"token"])
     assert handed(lock_client, holder, "a") == []

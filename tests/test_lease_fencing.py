@@ -50,7 +50,7 @@ def test_many_acquisitions_within_one_millisecond_get_increasing_tokens(
     lease = lock_client.lease("burst", heartbeat=False)
     with lease:  # loads the scripts
         first = lease.token
-    scripts = lock_client._scripts
+    scripts = lock_client.connection.scripts
     keys = lease._keys
     pipe = lock_client.redis.pipeline(transaction=False)
     for i in range(300):

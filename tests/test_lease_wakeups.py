@@ -66,14 +66,14 @@ def attempt(
     client: LockClient, lease: Lease, owner: str, *, waiting: bool, takeover: str = ""
 ) -> Any:
     """One run of acquire.lua for ``owner`` on ``lease``'s name."""
-    return client._scripts.acquire(
+    return client.connection.scripts.acquire(
         lease._keys.lock, lease._keys.fence, owner, 30_000, 0, FENCE_TTL_MS,
         lease._describe_holder(), takeover, waiting=waiting,
     )  # fmt: skip
 
 
 def release(client: LockClient, lease: Lease, owner: str, delay_ms: int = 0) -> int:
-    return client._scripts.release(lease._keys.lock, owner, delay_ms, lease._keys.channel)
+    return client.connection.scripts.release(lease._keys.lock, owner, delay_ms, lease._keys.channel)
 
 
 def marked(client: LockClient, lease: Lease) -> bool:
@@ -188,7 +188,7 @@ def test_multi_waiter_marks_a_lease_holder(
     assert not both._try_acquire("multi-owner", True)[0]
     assert marked(lock_client, lease)
     # The free name was left alone, unmarked and not created.
-    assert not lock_client.redis.exists(lock_client._keys("other").lock)
+    assert not lock_client.redis.exists(lock_client.connection.keys("other").lock)
     lease.release()
     assert channel.published() == [b"released"]
 

@@ -9,29 +9,24 @@ CPU-bound body under gevent/eventlet that starves the heartbeat.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import json
 import os
 import signal
-import subprocess
 import threading
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
-from apps.pool_app import LEASE, RECORD_TTL, gate_key, make_app, records_key
+from apps.pool_app import LEASE, RECORD_TTL, gate_key, make_app
 from celery import Celery
 from celery._state import _set_task_join_will_block
 from celery.contrib.testing.worker import TestWorkController, setup_app_for_worker, start_worker
-from celery.utils.nodenames import host_format
 from celery.worker.components import Pool
-from support.waiting import start_celery_worker, wait_for
+from support.waiting import wait_for
+from support.workers import WorkerProgram as PoolWorker
+from support.workers import WorkerPrograms
 
 from celery_singleton_lock import LockClient, SingletonTask, lock_released
 from celery_singleton_lock.core.keys import lock_keys
@@ -96,7 +91,7 @@ def gate(celery_lock_app: Celery) -> Iterator[Gate]:
 
 
 def holder_task_id(client: LockClient, name: str) -> str | None:
-    value = client.redis.hget(client._keys(name).lock, "task_id")
+    value = client.redis.hget(client.connection.keys(name).lock, "task_id")
     return value.decode() if value is not None else None
 
 
@@ -196,103 +191,25 @@ def test_start_worker_exit_leaves_a_running_threads_task_its_lock(
 POOLS = ["prefork", "threads", "solo", "gevent", "eventlet"]
 #: Pools whose tasks are greenlets: the heartbeat runs only when a task body yields.
 GREEN = {"gevent", "eventlet"}
-#: How long a worker may take to answer its first ping.
-START_TIMEOUT = 60.0
 
 
-@dataclass
-class PoolWorker:
-    """One ``celery worker -P <pool>`` program, in a process group of its own."""
-
-    pool: str
-    name: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def log_text(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(TIMEOUT)
-
-
-class PoolWorkers:
+class PoolWorkers(WorkerPrograms):
     """``pool_app`` workers on the test Redis under one lock prefix and queue, and a twin
     app to send their tasks."""
 
     def __init__(self, url: str, prefix: str, log_dir: Path) -> None:
-        self.url = url
-        self.prefix = prefix
-        self.tag = uuid.uuid4().hex[:8]
-        self.queue = f"csltest-{self.tag}-pools"
-        self.log_dir = log_dir
-        self.app: Celery = make_app(url, prefix, self.queue)
-        self.redis = redis.Redis.from_url(url)
-        self.workers: list[PoolWorker] = []
+        super().__init__("apps.pool_app", make_app, url, prefix, log_dir, "pools")
 
     def start(self, pool: str, label: str, concurrency: int = 2) -> PoolWorker:
-        log = self.log_dir / f"{label}-{self.tag}.log"
-        env = {
-            **os.environ,
-            "CSL_WORKER_REDIS_URL": self.url,
-            "CSL_WORKER_PREFIX": self.prefix,
-            "CSL_WORKER_QUEUE": self.queue,
-            # The shutdown messages go to stdout, which is a file here: unbuffered, so the
-            # test sees them when they are written.
-            "PYTHONUNBUFFERED": "1",
-        }
-        node = f"{label}-{self.tag}@%h"
-        process = start_celery_worker(
-            "apps.pool_app", queues=[self.queue], name=node, env=env, log=log,
-            concurrency=concurrency, pool=pool,
-        )  # fmt: skip
-        worker = PoolWorker(pool, host_format(node), process, log)
-        self.workers.append(worker)
-        return worker
-
-    def wait_ready(self, *workers: PoolWorker) -> None:
-        """Until every one of ``workers`` answers a ping."""
-        deadline = time.monotonic() + START_TIMEOUT
-        pending = {worker.name: worker for worker in workers}
-        while pending:
-            for worker in pending.values():
-                if worker.process.poll() is not None:
-                    pytest.fail(f"worker {worker.name} exited:\n{worker.log_text()[-3000:]}")
-            for reply in self.app.control.ping(destination=list(pending), timeout=0.5):
-                for name in reply:
-                    pending.pop(name, None)
-            if pending and time.monotonic() > deadline:
-                pytest.fail(f"workers {sorted(pending)} did not answer in {START_TIMEOUT} s")
-
-    def close(self) -> None:
-        for worker in self.workers:
-            worker.kill()
-        for key in self.redis.scan_iter(match=f"*csltest-{self.tag}-*", count=1000):
-            self.redis.delete(key)
-        client = getattr(self.app, "_singleton_lock_client", None)
-        if client is not None:
-            client.close()
-        self.redis.close()
+        # The shutdown messages go to stdout, which is a file here: unbuffered, so the test
+        # sees them when they are written.
+        env = {"PYTHONUNBUFFERED": "1"}
+        return self.launch(
+            label, [self.queue("pools")], pool=pool, concurrency=concurrency, env=env
+        )
 
     def send(self, task: str, *args: Any) -> Any:
         return self.app.tasks[f"pool_app.{task}"].apply_async(args)
-
-    def records(self, **match: Any) -> list[dict[str, Any]]:
-        entries = [json.loads(raw) for raw in self.redis.lrange(records_key(self.prefix), 0, -1)]
-        return [entry for entry in entries if all(entry.get(k) == v for k, v in match.items())]
-
-    def wait_record(self, **match: Any) -> dict[str, Any]:
-        return wait_for(lambda: self.records(**match), TIMEOUT, f"a record with {match}")[0]
 
     def open_gate(self, key: str) -> None:
         self.redis.set(gate_key(self.prefix, key), 1, ex=RECORD_TTL)

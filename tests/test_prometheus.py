@@ -3,10 +3,6 @@ worker, read back from a prometheus_client registry."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -18,9 +14,10 @@ from apps.worker_app import make_app
 from celery import Celery
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
-from support.waiting import TESTS
+from support.lost_lock import task_losing_its_lock
+from support.workers import WorkerPrograms
 
-from celery_singleton_lock import SingletonTask, lock_lost
+from celery_singleton_lock import SingletonTask
 from celery_singleton_lock.prometheus import LockMetrics, register_metrics
 from celery_singleton_lock.testing import TaskLocks
 
@@ -92,24 +89,8 @@ def test_wait_time_lands_in_the_histogram(
 def test_a_lost_lock_is_counted(
     celery_lock_app: Celery, in_process_worker: WorkerFactory, metrics: LockMetrics
 ) -> None:
-    lost = threading.Event()
-
-    @celery_lock_app.task(base=SingletonTask, shared=False, bind=True, lock_lease=0.3)
-    def long_job(self: Any) -> str:
-        client = self.lock_client
-        client.redis.delete(client._keys(self.lock.name).lock)  # an admin cleared it
-        assert lost.wait(TIMEOUT)
-        return "stopped early"
-
-    def on_lost(**_: Any) -> None:
-        lost.set()
-
-    lock_lost.connect(on_lost, sender=long_job, weak=False)
-    try:
-        with in_process_worker(celery_lock_app):
-            assert long_job.delay().get(timeout=TIMEOUT) == "stopped early"
-    finally:
-        lock_lost.disconnect(on_lost, sender=long_job)
+    with task_losing_its_lock(celery_lock_app) as long_job, in_process_worker(celery_lock_app):
+        assert long_job.delay().get(timeout=TIMEOUT) == "stopped early"
     assert value(metrics, "celery_singleton_lock_lost_total", task=long_job.name) == 1
 
 
@@ -146,38 +127,20 @@ def test_a_prefork_worker_counts_in_multiprocess_mode(
 ) -> None:
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
-    queue = f"{lock_prefix}metrics"
-    app = make_app(lock_redis_url, lock_prefix, queue)
-    env = {
-        **os.environ,
-        "CSL_WORKER_REDIS_URL": lock_redis_url,
-        "CSL_WORKER_PREFIX": lock_prefix,
-        "CSL_WORKER_QUEUE": queue,
-        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
-    }
-    command = [sys.executable, "-m", "celery", "-A", "apps.metrics_app", "worker", "-P", "prefork"]
-    command += ["-c", "2", "-Q", queue, "-n", f"metrics-{lock_prefix[-13:-1]}@%h"]
-    command += ["--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "INFO"]
-    short_lease = app.tasks["worker_app.short_lease"]
-    long_lease = app.tasks["worker_app.long_lease"]
-    with (tmp_path / "worker.log").open("wb") as log:
-        worker = subprocess.Popen(
-            command,
-            cwd=TESTS,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            task_locks.assert_ran(short_lease.delay("a", 0), timeout=60)
-            task_locks.assert_ran(short_lease.delay("b", 0), timeout=60)
-            with task_locks.hold(long_lease, "c", 0):
-                task_locks.assert_skipped(long_lease.delay("c", 0), timeout=60)
-        finally:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait(TIMEOUT)
+    workers = WorkerPrograms(
+        "apps.metrics_app", make_app, lock_redis_url, lock_prefix, tmp_path, "metrics"
+    )
+    short_lease = workers.app.tasks["worker_app.short_lease"]
+    long_lease = workers.app.tasks["worker_app.long_lease"]
+    try:
+        env = {"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+        workers.launch("metrics", [workers.queue("metrics")], env=env)
+        task_locks.assert_ran(short_lease.delay("a", 0), timeout=60)
+        task_locks.assert_ran(short_lease.delay("b", 0), timeout=60)
+        with task_locks.hold(long_lease, "c", 0):
+            task_locks.assert_skipped(long_lease.delay("c", 0), timeout=60)
+    finally:
+        workers.close()
 
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(metrics_dir))

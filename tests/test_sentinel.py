@@ -89,7 +89,7 @@ def test_client_follows_a_failover(sentinels: SentinelSet, prefix: str) -> None:
         got: list[bool] = []
         thread = threading.Thread(target=lambda: got.append(waiter.acquire(wait=20)))
         thread.start()
-        channel = client._keys("after-failover").channel
+        channel = client.connection.keys("after-failover").channel
         wait_until(lambda: client.redis.pubsub_numsub(channel)[0][1], 10, "the waiter")
         started = time.monotonic()
         fresh.release()  # type: ignore[attr-defined]
@@ -143,7 +143,7 @@ def test_failover_can_lose_a_fresh_lock_and_fencing_tokens_tell(
         stale = first.lease("report", ttl=10, on_lost=lambda _: lost.set())
         assert stale.acquire()
         assert stale.token is not None
-        assert replica.exists(first._keys("report").lock) == 0  # not replicated
+        assert replica.exists(first.connection.keys("report").lock) == 0  # not replicated
         fail_over(sentinels)
         # The new master never saw the lock: a second client takes the same name.
         fresh = acquire_eventually(second, "report")

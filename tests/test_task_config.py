@@ -25,12 +25,15 @@ from support.redis_topologies import SENTINEL_MASTER, SentinelSet, TLSServer, ru
 from celery_singleton_lock import ConfigurationError, LockClient, SingletonTask, install
 from celery_singleton_lock.config import (
     APP_SETTINGS,
+    KIND_OPTIONS,
+    MODE_KINDS,
     OPTIONS,
     TASK_OPTIONS,
     AppSettings,
     TaskLockOptions,
 )
 from celery_singleton_lock.embedded import RedisServer, free_port
+from celery_singleton_lock.kinds.registry import family_named
 from celery_singleton_lock.task import lock_client_for
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
@@ -425,7 +428,7 @@ def test_a_sentinel_broker_lends_master_name_and_sentinel_kwargs(
         held = client.lease("sentinel-job", ttl=5, heartbeat=False)
         assert held.acquire()
         # The lock is on the master the sentinel names, and the task's runs meet it there.
-        assert master.exists(client._keys("sentinel-job").lock)
+        assert master.exists(client.connection.keys("sentinel-job").lock)
         skipped = job.apply().get()
         assert skipped["lock"] == "sentinel-job" and skipped["holder_task_id"] is None
         held.release()
@@ -482,3 +485,15 @@ def test_each_task_option_is_declared_once_and_the_rest_follows_it() -> None:
     assert [name for name in APP_SETTINGS if name in settings] == settings
     for option in OPTIONS:
         assert f"``{option.name}``: {option.doc}" in (SingletonTask.__doc__ or "")
+
+
+def test_every_lock_family_a_task_can_select_is_in_the_kind_registry() -> None:
+    # An option that selects a family, and each lock_mode, name a family of the registry
+    # that takes that mode: make_lock makes its handles through it.
+    for option, _, kind in KIND_OPTIONS:
+        assert kind is not None and family_named(kind).handles is not None, option
+    for mode, kind in MODE_KINDS.items():
+        assert mode in family_named(kind).modes, (mode, kind)
+    with pytest.raises(ConfigurationError) as info:
+        family_named("semaphore")
+    assert info.value.argument == "family"

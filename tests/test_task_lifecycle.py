@@ -27,7 +27,7 @@ TIMEOUT = 30
 def lock_fields(task: Any, *args: Any) -> dict[str, str]:
     """The lock hash a call of ``task`` with these arguments takes, decoded."""
     client = task.lock_client
-    raw = client.redis.hgetall(client._keys(task.lock_name(args)).lock)
+    raw = client.redis.hgetall(client.connection.keys(task.lock_name(args)).lock)
     return {key.decode(): value.decode() for key, value in raw.items()}
 
 
@@ -377,7 +377,7 @@ def test_until_start_keeps_one_queued_copy_beside_the_running_one(
     def queue_claimed() -> bool:
         client = rebuild.lock_client
         name = enqueue.queue_name(rebuild.lock_name(("products",)))
-        return bool(client.redis.exists(client._keys(name).lock))
+        return bool(client.redis.exists(client.connection.keys(name).lock))
 
     # Two threads: one runs, one waits in the worker for the run-time lock; a third call then
     # stays in the queue (prefetched, not started), holding the queue claim.

@@ -12,7 +12,15 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_singleton_lock import ConfigurationError, SingletonTask
+from celery_singleton_lock import (
+    ConfigurationError,
+    Lease,
+    MultiLease,
+    RangeLockHandle,
+    RWLockHandle,
+    SingletonTask,
+)
+from celery_singleton_lock.core.handle import LockHandle
 from celery_singleton_lock.testing import TaskLocks
 
 TIMEOUT = 30
@@ -192,3 +200,58 @@ def test_bad_mode_options_are_refused(
     with pytest.raises(ConfigurationError) as info:
         job.lock_naming  # noqa: B018
     assert info.value.argument == argument
+
+
+@pytest.mark.parametrize(
+    ("options", "mode", "handle_type", "kind"),
+    [
+        ({}, None, Lease, "lease"),
+        ({"lock_mode": "read"}, None, RWLockHandle, "read"),
+        ({"lock_mode": "upgradable"}, None, RWLockHandle, "upgradable"),
+        ({"lock_mode": "write"}, None, RWLockHandle, "write"),
+        ({}, "write", RWLockHandle, "write"),  # the task_locks fixture's override
+        ({"lock_key": "res", "lock_range": ("start", "end")}, None, RangeLockHandle, "range"),
+        ({"lock_keys": ["a:{start}", "b:{end}"]}, None, MultiLease, "multi"),
+    ],
+)
+def test_make_lock_makes_the_handle_of_the_family_the_options_select(
+    celery_lock_app: Celery,
+    options: dict[str, Any],
+    mode: str | None,
+    handle_type: type[LockHandle],
+    kind: str,
+) -> None:
+    @celery_lock_app.task(
+        base=SingletonTask, shared=False, name="modes.made", lock_ttl=600, lock_lease=20, **options
+    )
+    def job(start: int, end: int) -> None: ...
+
+    info = {"task_name": "modes.made", "task_id": "t-1"}
+    for _ in range(2):  # a fresh factory, then the task's cached one
+        handle = job.make_lock((2,), {"end": 5}, mode=mode, owner_info=info)
+        assert type(handle) is handle_type and handle.kind == kind
+        assert (handle.ttl, handle.max_hold, handle.owner_info) == (20, 600, info)
+        assert not handle.held and handle.name == job.lock_name((2,), {"end": 5})
+    if isinstance(handle, RangeLockHandle):
+        assert (handle.name, handle.mode, handle.lo, handle.hi) == ("res", "w", 2.0, 5.0)
+    if isinstance(handle, MultiLease):
+        assert handle.names == ("a:2", "b:5")
+
+
+@pytest.mark.parametrize(
+    ("options", "mode"),
+    [
+        ({}, "shared"),
+        ({"lock_keys": ["a:{start}"]}, "read"),
+        ({"lock_keys": ["a:{start}"]}, "write"),
+    ],
+)
+def test_make_lock_refuses_a_mode_the_lock_family_has_not(
+    celery_lock_app: Celery, options: dict[str, Any], mode: str
+) -> None:
+    @celery_lock_app.task(base=SingletonTask, shared=False, name="modes.refused", **options)
+    def job(start: int) -> None: ...
+
+    with pytest.raises(ConfigurationError) as info:
+        job.make_lock((1,), mode=mode)
+    assert info.value.argument == "mode"

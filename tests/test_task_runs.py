@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from support.lost_lock import task_losing_its_lock
 
 from celery_singleton_lock import (
     DuplicateTask,
@@ -19,7 +20,6 @@ from celery_singleton_lock import (
     SingletonTask,
     is_skipped,
     lock_acquired,
-    lock_lost,
     lock_released,
     lock_skipped,
 )
@@ -306,25 +306,12 @@ def test_backend_down_fail_and_run(celery_lock_app: Celery) -> None:
 
 
 def test_lost_lock_is_seen_by_the_running_task(celery_lock_app: Celery) -> None:
-    lost = threading.Event()
-
-    @celery_lock_app.task(base=SingletonTask, shared=False, bind=True, lock_lease=0.3)
-    def long_job(self: Any) -> str:
-        client = self.lock_client
-        client.redis.delete(client._keys(self.lock.name).lock)  # an admin cleared it
-        assert lost.wait(TIMEOUT)
+    def check_fails(task: Any) -> None:
         with pytest.raises(LockLost):
-            self.lock.check()
-        return "stopped early"
+            task.lock.check()
 
-    def on_lost(**_: Any) -> None:
-        lost.set()
-
-    lock_lost.connect(on_lost, sender=long_job, weak=False)
-    try:
+    with task_losing_its_lock(celery_lock_app, after_lost=check_fails) as long_job:
         assert long_job.apply().get(timeout=TIMEOUT) == "stopped early"
-    finally:
-        lock_lost.disconnect(on_lost, sender=long_job)
 
 
 def test_skipped_result_is_recognisable() -> None:
@@ -339,7 +326,7 @@ def test_retry_after_the_lock_was_lost_still_retries(
     def job(self: Any) -> int:
         if self.request.retries == 0:
             client = self.lock_client
-            client.redis.delete(client._keys(self.lock.name).lock)  # cleared under it
+            client.redis.delete(client.connection.keys(self.lock.name).lock)  # cleared under it
             raise self.retry(countdown=0)
         return int(self.request.retries)
 

@@ -10,12 +10,8 @@ fails, the tail of each worker's log is added to its report.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
-import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,11 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
-from apps.worker_app import make_app, records_key, ticks_key
-from celery import Celery
-from celery.utils.nodenames import host_format
-from support.waiting import start_celery_worker, wait_for
+from apps.worker_app import make_app, ticks_key
+from support.waiting import wait_for
+from support.workers import WorkerProgram as Worker
+from support.workers import WorkerPrograms
 
 from celery_singleton_lock import LockClient, intervals, rangelock, rwlock
 from celery_singleton_lock.core.keys import lock_keys
@@ -37,38 +32,9 @@ from celery_singleton_lock.testing import TaskLocks
 
 TESTS = Path(__file__).resolve().parent
 TIMEOUT = 30.0
-#: How long a worker may take to answer its first ping.
-START_TIMEOUT = 60.0
 
 
 # -- workers ------------------------------------------------------------------------------------
-
-
-@dataclass
-class Worker:
-    """One ``celery worker`` program: a main process and its prefork children, in a process
-    group of their own."""
-
-    name: str
-    queues: tuple[str, ...]
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def log_text(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group: the main process and its pool children."""
-        with contextlib.suppress(ProcessLookupError):  # all of the group exited already
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(TIMEOUT)
 
 
 class WorkerLogs:
@@ -88,23 +54,13 @@ class WorkerLogs:
         return report
 
 
-class Cluster:
+class Cluster(WorkerPrograms):
     """Workers of ``worker_app`` on one Redis and lock prefix, and a twin app (same tasks) to
     send their tasks and read what they recorded."""
 
     def __init__(self, url: str, prefix: str, log_dir: Path, logs: WorkerLogs) -> None:
-        self.url = url
-        self.prefix = prefix
-        self.tag = uuid.uuid4().hex[:8]
-        self.log_dir = log_dir
+        super().__init__("apps.worker_app", make_app, url, prefix, log_dir, "default")
         self.logs = logs
-        self.app: Celery = make_app(url, prefix, self.queue("default"))
-        self.redis = redis.Redis.from_url(url)
-        self.workers: list[Worker] = []
-
-    def queue(self, name: str) -> str:
-        """A queue of this cluster (not under the lock prefix: queues never expire)."""
-        return f"csltest-{self.tag}-{name}"
 
     def task(self, name: str) -> Any:
         return self.app.tasks[f"worker_app.{name}"]
@@ -113,34 +69,9 @@ class Cluster:
 
     def start(self, label: str, *queues: str) -> Worker:
         """Start ``celery worker`` (prefork, two children) consuming ``queues``."""
-        log = self.log_dir / f"{label}-{self.tag}.log"
-        env = {
-            **os.environ,
-            "CSL_WORKER_REDIS_URL": self.url,
-            "CSL_WORKER_PREFIX": self.prefix,
-            "CSL_WORKER_QUEUE": queues[0],
-        }
-        process = start_celery_worker(
-            "apps.worker_app", queues=queues, name=f"{label}-{self.tag}@%h", env=env, log=log
-        )
-        worker = Worker(host_format(f"{label}-{self.tag}@%h"), queues, process, log)
-        self.workers.append(worker)
+        worker = self.launch(label, queues)
         self.logs.workers.append(worker)
         return worker
-
-    def wait_ready(self, *workers: Worker, timeout: float = START_TIMEOUT) -> None:
-        """Until every one of ``workers`` answers a ping."""
-        deadline = time.monotonic() + timeout
-        pending = {worker.name: worker for worker in workers}
-        while pending:
-            for worker in pending.values():
-                if worker.process.poll() is not None:
-                    pytest.fail(f"worker {worker.name} exited ({worker.process.returncode})")
-            for reply in self.app.control.ping(destination=list(pending), timeout=0.5):
-                for name in reply:
-                    pending.pop(name, None)
-            if pending and time.monotonic() > deadline:
-                pytest.fail(f"workers {sorted(pending)} did not answer within {timeout} s")
 
     def stop(self, worker: Worker) -> None:
         worker.kill()
@@ -150,25 +81,9 @@ class Cluster:
     def close(self) -> None:
         for worker in self.workers:
             self.stop(worker)
-        self.workers.clear()
-        # The broker's keys for this cluster's queues (bindings, lists): they never expire.
-        for key in self.redis.scan_iter(match=f"*csltest-{self.tag}-*", count=1000):
-            self.redis.delete(key)
-        client = getattr(self.app, "_singleton_lock_client", None)
-        if client is not None:
-            client.close()
-        self.redis.close()
+        super().close()
 
     # -- what the tasks recorded, and the locks --
-
-    def records(self, **match: Any) -> list[dict[str, Any]]:
-        """The records the tasks made whose fields equal ``match``, in the order made."""
-        entries = [json.loads(raw) for raw in self.redis.lrange(records_key(self.prefix), 0, -1)]
-        return [entry for entry in entries if all(entry.get(k) == v for k, v in match.items())]
-
-    def wait_record(self, timeout: float = TIMEOUT, **match: Any) -> dict[str, Any]:
-        found = wait_for(lambda: self.records(**match), timeout, f"a record with {match}")
-        return found[0]
 
     def lock_key(self, key: str) -> bytes:
         return lock_keys(self.prefix, f"job:{key}").lock

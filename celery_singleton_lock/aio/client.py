@@ -65,7 +65,7 @@ class AsyncLockClient:
         if not isinstance(url, str) or not url:
             raise ConfigurationError("url", f"must be a non-empty str, got {url!r}")
         validate.check_prefix(prefix)
-        scheme = redis_urls._scheme(url)  # read as LockClient.from_url reads it
+        scheme = redis_urls.url_scheme(url)  # read as LockClient.from_url reads it
         if scheme in UNSUPPORTED_SCHEMES:
             raise ConfigurationError(
                 "url",

@@ -17,10 +17,14 @@ from typing import Any
 from ..core import redis_urls, validate
 from ..core.keys import DEFAULT_PREFIX
 from ..exceptions import ConfigurationError
+from ..kinds import registry
 
 CONFLICT_POLICIES = ("skip", "retry", "raise")
 BACKEND_DOWN_POLICIES = ("fail", "run")
-LOCK_MODES = ("exclusive", "read", "upgradable", "write")
+#: The lock family (kinds/registry.py) a task takes in each ``lock_mode``, unless an option
+#: with a ``kind`` (``lock_range``, ``lock_keys``) selects another.
+MODE_KINDS = {"exclusive": "lease", "read": "rw", "upgradable": "rw", "write": "rw"}
+LOCK_MODES = tuple(MODE_KINDS)
 
 
 def _seconds(value: Any, argument: str) -> float:
@@ -95,14 +99,16 @@ def _keys(value: Any, argument: str) -> Any:
 @dataclass(frozen=True)
 class Option:
     """One task option, declared once: its built-in default, the checker its values go
-    through, what it does (the documentation of SingletonTask's attribute), and whether it has
-    an app-wide setting too."""
+    through, what it does (the documentation of SingletonTask's attribute), whether it has
+    an app-wide setting too, and the lock family (kinds/registry.py) a task takes when it is
+    set, if it selects one."""
 
     name: str
     default: Any
     check: Callable[[Any, str], Any]
     doc: str
     per_task_only: bool = False
+    kind: str | None = None
 
     @property
     def field(self) -> str:
@@ -174,6 +180,7 @@ OPTIONS: tuple[Option, ...] = (
         _range,
         "Two argument names bounding a range lock on the resource named by ``lock_key``.",
         per_task_only=True,
+        kind="range",
     ),
     Option(
         "lock_keys",
@@ -181,6 +188,7 @@ OPTIONS: tuple[Option, ...] = (
         _keys,
         "Key templates (or a callable) for a multi-key lock.",
         per_task_only=True,
+        kind="multi",
     ),
     Option(
         "lock_backend_down",
@@ -194,6 +202,9 @@ OPTIONS: tuple[Option, ...] = (
 TASK_OPTIONS: dict[str, tuple[Any, Callable[[Any, str], Any]]] = {
     option.name: (option.default, option.check) for option in OPTIONS
 }
+
+#: The options that select a lock family when set: (option, its TaskLockOptions field, family).
+KIND_OPTIONS = tuple((option.name, option.field, option.kind) for option in OPTIONS if option.kind)
 
 #: Options with no app-wide setting: they only make sense per task.
 PER_TASK_ONLY = tuple(option.name for option in OPTIONS if option.per_task_only)
@@ -293,23 +304,37 @@ class TaskLockOptions:
                 sources["lock_lease"], values["lease"], sources["lock_ttl"], values["ttl"]
             )
         options = cls(**values)
-        if options.on_enqueue and (
-            options.mode != "exclusive" or options.range is not None or options.keys is not None
-        ):
+        if options.on_enqueue and options.kind() != "lease":
             raise ConfigurationError(
                 f"{task_name}.lock_on_enqueue", "works with exclusive single-key locks only"
             )
-        if options.range is not None and options.keys is not None:
-            raise ConfigurationError(f"{task_name}.lock_keys", "cannot be combined with lock_range")
-        if options.keys is not None and options.mode != "exclusive":
+        selected = [name for name, field, _ in KIND_OPTIONS if values[field] is not None]
+        if len(selected) > 1:
             raise ConfigurationError(
-                f"{task_name}.lock_mode", "multi-key locks (lock_keys) are exclusive"
+                f"{task_name}.{selected[1]}", f"cannot be combined with {selected[0]}"
+            )
+        family = registry.family_named(options.kind())
+        if options.mode not in family.modes:
+            made_by = f"{selected[0]} makes" if selected else "makes"
+            raise ConfigurationError(
+                f"{task_name}.lock_mode",
+                f"{made_by} a {family.family} lock, whose modes are {list(family.modes)}"
+                f", not {options.mode!r}",
             )
         if math.isinf(options.wait) and options.conflict == "retry":
             raise ConfigurationError(
                 f"{task_name}.lock_conflict", "'retry' makes no sense with an infinite lock_wait"
             )
         return options
+
+    def kind(self, mode: str | None = None) -> str:
+        """The lock family a run takes (``lease``, ``rw``, ``range``, ``multi``): the one the
+        first set option with a ``kind`` selects, else the one of ``mode`` (default: the
+        task's ``lock_mode``) in :data:`MODE_KINDS`."""
+        for _, selecting, kind in KIND_OPTIONS:
+            if getattr(self, selecting) is not None:
+                return str(kind)
+        return MODE_KINDS[mode or self.mode]
 
 
 @dataclass(frozen=True)
@@ -446,8 +471,8 @@ def check_setting_values(conf: Any) -> None:
 def _is_broker_redis(broker: Any) -> bool:
     if not isinstance(broker, str):
         return False
-    scheme = broker.split("://", 1)[0].lower() if "://" in broker else ""
-    if scheme in ("redis", "rediss", "unix"):
+    scheme = redis_urls.url_scheme(broker)
+    if scheme in redis_urls.SINGLE_SCHEMES:
         return True
     # A Sentinel broker names its master in transport options (Kombu) or in the URL.
     return scheme in redis_urls.SENTINEL_SCHEMES

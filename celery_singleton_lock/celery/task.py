@@ -21,8 +21,10 @@ from celery.exceptions import Ignore, Retry
 
 from ..client import LockClient
 from ..core.handle import LockHandle
-from ..exceptions import LockBackendError, LockError, LockLost, LockTimeout
-from ..kinds.lease import Lease, LeaseTemplate
+from ..exceptions import ConfigurationError, LockBackendError, LockError, LockLost, LockTimeout
+from ..kinds import registry
+from ..kinds.lease import Lease
+from ..kinds.registry import HandleFactory
 from . import claims, enqueue, holders
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
@@ -32,6 +34,7 @@ from .app_client import close_lock_client as close_lock_client
 from .app_client import lock_client_for
 from .options import (
     DEBOUNCE,
+    LOCK_MODES,
     OPTIONS,
     UNTIL_START,
     AppSettings,
@@ -169,36 +172,42 @@ class SingletonTask(Task):  # type: ignore[misc]
         args, kwargs = tuple(args or ()), dict(kwargs or {})
         options = self.lock_options
         mode = mode or options.mode
-        client = self.lock_client
-        handle_options: dict[str, Any] = {
-            "ttl": options.lease,
-            "max_hold": options.ttl,
-            "owner_info": owner_info,
-            "on_lost": on_lost,
-        }
+        make = self._handle_factory(self.lock_client, options, mode)
+        # What the call locks, in the parts the options define: names, else a name (and the
+        # bounds of a range).
         if options.keys is not None:
-            names = self.lock_naming.names(options.keys, args, kwargs)
-            return client.multi(names, **handle_options)
+            names = tuple(self.lock_naming.names(options.keys, args, kwargs))
+            return make(" + ".join(sorted(names)), mode, owner_info, on_lost, names)
         name = self.lock_name(args, kwargs)
-        if options.range is not None:
-            lo, hi = self.lock_naming.bounds(options.range, args, kwargs)
-            ranges = client.range_lock(name)
-            method = "write" if mode == "exclusive" else mode
-            return getattr(ranges, method)(lo, hi, **handle_options)  # type: ignore[no-any-return]
-        if mode == "exclusive":
-            template = self._lease_template(client, options)
-            return template.lease(name, owner_info=owner_info, on_lost=on_lost)
-        return getattr(client.rwlock(name), mode)(**handle_options)  # type: ignore[no-any-return]
+        if options.range is None:
+            return make(name, mode, owner_info, on_lost)
+        bounds = self.lock_naming.bounds(options.range, args, kwargs)
+        return make(name, mode, owner_info, on_lost, (), bounds)
 
-    def _lease_template(self, client: LockClient, options: TaskLockOptions) -> LeaseTemplate:
-        """The task's leases with its ttl and max-hold checked once, not on every run (kept
-        while the app's lock client and the resolved options stay the same objects)."""
-        cached = self.__dict__.get("_lock_lease_template")
+    def _handle_factory(
+        self, client: LockClient, options: TaskLockOptions, mode: str
+    ) -> HandleFactory:
+        """The handle factory of the task's lock family in ``mode``, with its ttl and
+        max-hold checked once, not on every run (kept while the app's lock client and the
+        resolved options stay the same objects)."""
+        cached = self.__dict__.get("_lock_handle_factories")
         if cached is None or cached[0] is not client or cached[1] is not options:
-            template = LeaseTemplate(client, ttl=options.lease, max_hold=options.ttl)
-            cached = (client, options, template)
-            self.__dict__["_lock_lease_template"] = cached
-        return cached[2]
+            cached = (client, options, {})
+            self.__dict__["_lock_handle_factories"] = cached
+        factories: dict[str, HandleFactory] = cached[2]
+        make = factories.get(mode)
+        if make is None:
+            if mode not in LOCK_MODES:
+                raise ConfigurationError("mode", f"must be one of {list(LOCK_MODES)}, got {mode!r}")
+            family = registry.family_named(options.kind(mode))
+            if mode not in family.modes:
+                raise ConfigurationError(
+                    "mode",
+                    f"a {family.family} lock's modes are {list(family.modes)}, not {mode!r}",
+                )
+            make = family.handles(client.connection, options.lease, options.ttl)
+            factories[mode] = make
+        return make
 
     def release_holder(
         self,

@@ -65,10 +65,6 @@ class Connection:
         except (redis.RedisError, RedisClusterException) as exc:
             raise LockBackendError(f"Redis at {self.url}: {exc}") from exc
 
-    # The Celery layer reaches for ``handle._client._call``; a handle's ``_client`` is its
-    # Connection now, so the old name keeps that code working.
-    _call = call
-
     def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""
         seconds, micros = self._server_clock()

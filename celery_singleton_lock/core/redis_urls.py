@@ -34,7 +34,9 @@ DEFAULT_SENTINEL_PORT = 26379
 SINGLE_SCHEMES = ("redis", "rediss", "unix")
 
 
-def _scheme(url: str) -> str:
+def url_scheme(url: str) -> str:
+    """The scheme of ``url`` in lower case (``redis``, ``rediss+cluster``, ``sentinel``...),
+    "" when it has none: what decides which kind of client :func:`connect` makes."""
     return url.split("://", 1)[0].lower() if "://" in url else ""
 
 
@@ -42,7 +44,7 @@ def connect(url: str, **redis_kwargs: Any) -> Any:
     """The redis-py client for ``url``: ``redis.Redis``, ``redis.cluster.RedisCluster``, or
     a Sentinel-managed master client. ``redis_kwargs`` go to the connections."""
     check_url(url)
-    scheme = _scheme(url)
+    scheme = url_scheme(url)
     if scheme in CLUSTER_SCHEMES:
         return _cluster(url, CLUSTER_SCHEMES[scheme], redis_kwargs)
     if scheme in SENTINEL_SCHEMES:
@@ -62,7 +64,7 @@ def check_url(url: str) -> None:
     """Raise ``ValueError`` (saying how to fix it) if ``url`` can never reach a Redis: no
     or an unknown scheme, a bad host list or port, a database that is not a number >= 0.
     No I/O: whether the server has that many databases is only known when it answers."""
-    scheme = _scheme(url)
+    scheme = url_scheme(url)
     if scheme in CLUSTER_SCHEMES:
         _cluster_parts(url, CLUSTER_SCHEMES[scheme])
         return

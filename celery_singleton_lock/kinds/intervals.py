@@ -413,3 +413,44 @@ def release_holder(
             continue
         released = release_hold(conn, keys, owner, delay_ms, token.decode()) == 1 or released
     return released
+
+
+class IntervalFamilyAdmin:
+    """The admin functions of one family of interval locks (``rw`` or ``range``), which
+    :mod:`.rwlock` and :mod:`.rangelock` publish as their module functions."""
+
+    def __init__(self, family: bytes) -> None:
+        self.family = family
+
+    def list_holders(
+        self, client: Connection | HasConnection, pattern: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Every holder of this family under the client's prefix whose lock name matches
+        the glob ``pattern`` (None: all), decoded: ``kind`` is read, upgradable or write (as
+        it holds now) for a reader-writer lock, range for a range lock (with ``mode``,
+        ``lo`` and ``hi``)."""
+        return list_holders(client, self.family, pattern)
+
+    def clear_holder(
+        self, client: Connection | HasConnection, name: str, owner: str, token: int | None = None
+    ) -> bool:
+        """Remove the holder ``owner`` of lock ``name`` atomically (only if its fencing
+        token is still ``token``, when given) and wake waiters. True if removed."""
+        return clear_holder(client, self.family, name, owner, token)
+
+    def release_holder(
+        self,
+        client: Connection | HasConnection,
+        name: str,
+        *,
+        task_id: str,
+        pid: int,
+        host: str | None = None,
+        delay: float = 0.0,
+    ) -> bool:
+        """Release (after ``delay`` seconds of delay-after) the holds of lock ``name`` that
+        task ``task_id`` in process ``pid`` on ``host`` (default: this machine) has: for a
+        supervisor whose child can no longer release. True if a hold was released."""
+        return release_holder(
+            client, self.family, name, task_id=task_id, pid=pid, host=host, delay=delay
+        )

@@ -1,9 +1,14 @@
-"""The registry of lock kinds: what the admin side needs of each family of kinds, so it reads
-this table instead of importing each kind.
+"""The registry of lock kinds: what the admin side and the makers of handles need of each
+family of kinds, so they read this table instead of importing each kind.
 
 A family is listed from a *keyspace*: the keys one listing reads (one SCAN, or the one key a
 literal pattern names). Families sharing a keyspace (leases and multi-key locks both live
 in lease keys) share one read of it in a listing.
+
+A family also makes its handles from what is locked (a name; the names of a multi-key lock,
+the bounds of a range hold) and a mode, through a :class:`HandleFactory` whose ttl and
+max-hold are checked once: the Celery layer picks the family from a task's options and makes
+one handle per run.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..core.connection import Connection, HasConnection
+from ..core.handle import LockHandle
 from ..core.scan import Record, read_hashes
+from ..exceptions import ConfigurationError
 from . import intervals, lease, multi, rangelock, rwlock
 
 #: One holder of one lock, as a kind's lister returns it (see admin.inspect for the fields).
@@ -38,6 +45,25 @@ class ReleaseHolder(Protocol):
     ) -> bool: ...
 
 
+class HandleFactory(Protocol):
+    """Makes handles (not yet acquired) of one family, with the ttl and max-hold it was made
+    for: a handle in ``mode`` (one of the family's ``modes``) on lock ``name`` (a range lock:
+    the resource; a multi-key lock: its names joined with " + "), on the ``names`` of a
+    multi-key lock, or on the ``bounds`` (lo, hi) of a range hold. A family reads what it
+    needs; positional only, so that a task run pays for no keywords."""
+
+    def __call__(
+        self,
+        name: str,
+        mode: str,
+        owner_info: dict[str, Any] | None,
+        on_lost: Callable[[Any], object] | None,
+        names: tuple[str, ...] = (),
+        bounds: tuple[float, float] | None = None,
+        /,
+    ) -> LockHandle: ...
+
+
 @dataclass(frozen=True)
 class KindFamily:
     """How one family of lock kinds is listed, cleared and released for a dead holder."""
@@ -56,14 +82,95 @@ class KindFamily:
     #: ``renewed_ms``, was not renewed since): 1 cleared, 0 gone, -1 taken, -2 renewed.
     clear_holder: Callable[[Connection, Holder], int]
     release_holder: ReleaseHolder
+    #: The modes its handles are made in (``exclusive``: one holder, no sharing).
+    modes: tuple[str, ...]
+    #: ``handles(conn, ttl, max_hold)``: its handle factory for leases of ``ttl`` seconds
+    #: held at most ``max_hold`` seconds (checked here, once, not per handle).
+    handles: Callable[[Connection, float, float | None], HandleFactory]
 
     def list_holders(self, conn: Connection, pattern: str | None) -> list[Holder]:
         """The family's holders whose name matches the glob ``pattern`` (None: all)."""
         return self.holders(read_hashes(conn, self.keys(conn, pattern)), pattern)
 
 
-def _interval_family(name: str, family: bytes, kinds: tuple[str, ...]) -> KindFamily:
+def _lease_handles(conn: Connection, ttl: float, max_hold: float | None) -> HandleFactory:
+    """Leases through a LeaseTemplate: the ttl and max-hold are checked here, not per lease
+    (a default task makes one lease per run)."""
+    make = lease.LeaseTemplate(conn, ttl=ttl, max_hold=max_hold).lease
+    return lambda name, mode, owner_info, on_lost, names=(), bounds=None: make(
+        name, owner_info=owner_info, on_lost=on_lost
+    )
+
+
+#: The bounds (lo, hi) of a range hold; None for other kinds.
+Bounds = tuple[float, float] | None
+
+#: Makes one handle of a family (as a :class:`HandleFactory` does, on a connection), with the
+#: handle keywords ``ttl``, ``max_hold``, ``owner_info`` and ``on_lost`` in a dict.
+MakeHandle = Callable[[Connection, str, str, tuple[str, ...], Bounds, dict[str, Any]], LockHandle]
+
+
+def _handles(make: MakeHandle) -> Callable[[Connection, float, float | None], HandleFactory]:
+    """A family's ``handles`` from its ``make``: the handle checks its own options."""
+
+    def handles(conn: Connection, ttl: float, max_hold: float | None) -> HandleFactory:
+        def options(owner_info: Any, on_lost: Any) -> dict[str, Any]:
+            return {"ttl": ttl, "max_hold": max_hold, "owner_info": owner_info, "on_lost": on_lost}
+
+        return lambda name, mode, owner_info, on_lost, names=(), bounds=None: make(
+            conn, name, mode, names, bounds, options(owner_info, on_lost)
+        )
+
+    return handles
+
+
+def _multi_handle(
+    conn: Connection,
+    name: str,
+    mode: str,
+    names: tuple[str, ...],
+    bounds: Bounds,
+    options: dict[str, Any],
+) -> LockHandle:
+    return multi.MultiLease(conn, names, **options)
+
+
+def _rw_handle(
+    conn: Connection,
+    name: str,
+    mode: str,
+    names: tuple[str, ...],
+    bounds: Bounds,
+    options: dict[str, Any],
+) -> LockHandle:
+    make: Callable[..., LockHandle] = getattr(rwlock.RWLock(conn, name), mode)
+    return make(**options)
+
+
+def _range_handle(
+    conn: Connection,
+    name: str,
+    mode: str,
+    names: tuple[str, ...],
+    bounds: Bounds,
+    options: dict[str, Any],
+) -> LockHandle:
+    if bounds is None:
+        raise ConfigurationError("bounds", f"a range lock on {name!r} needs bounds")
+    lock = rangelock.RangeLock(conn, name)
+    make: Callable[..., LockHandle] = getattr(lock, "write" if mode == "exclusive" else mode)
+    return make(*bounds, **options)
+
+
+def _interval_family(
+    name: str,
+    admin: intervals.IntervalFamilyAdmin,
+    kinds: tuple[str, ...],
+    modes: tuple[str, ...],
+    handles: Callable[[Connection, float, float | None], HandleFactory],
+) -> KindFamily:
     """A family of interval locks (``rw`` or ``range``): its holder hashes are its keyspace."""
+    family = admin.family
 
     def keys(conn: Connection, pattern: str | None) -> list[bytes]:
         return intervals.holder_keys(conn, family)
@@ -74,9 +181,12 @@ def _interval_family(name: str, family: bytes, kinds: tuple[str, ...]) -> KindFa
     def clear_holder(conn: Connection, holder: Holder) -> int:
         return intervals.clear_listed(conn, family, holder)
 
-    release = rwlock.release_holder if family == rwlock.FAMILY else rangelock.release_holder
-    return KindFamily(name, kinds, name, keys, holders, clear_holder, release)
+    release = admin.release_holder
+    return KindFamily(name, kinds, name, keys, holders, clear_holder, release, modes, handles)
 
+
+#: The modes of reader-writer holds: shared, shared but upgradable, exclusive.
+MODES = ("read", "upgradable", "write")
 
 LEASES = KindFamily(
     family="lease",
@@ -86,12 +196,19 @@ LEASES = KindFamily(
     holders=lease.lease_holders,
     clear_holder=lease.clear_holder,
     release_holder=lease.release_holder,
+    modes=("exclusive",),
+    handles=_lease_handles,
 )
 
 FAMILIES: tuple[KindFamily, ...] = (
     LEASES,
-    _interval_family("rw", rwlock.FAMILY, ("read", "write", "upgradable")),
-    _interval_family("range", rangelock.FAMILY, ("range",)),
+    _interval_family(
+        "rw", rwlock.ADMIN, ("read", "write", "upgradable"), MODES, _handles(_rw_handle)
+    ),
+    # "exclusive" on a range is a write hold.
+    _interval_family(
+        "range", rangelock.ADMIN, ("range",), ("exclusive", *MODES), _handles(_range_handle)
+    ),
     # A multi-key lock holds each name in a lease's hash: listed from the lease keys, and
     # cleared as leases are, by fencing token, one name at a time.
     KindFamily(
@@ -102,6 +219,8 @@ FAMILIES: tuple[KindFamily, ...] = (
         holders=multi.multi_holders,
         clear_holder=lease.clear_holder,
         release_holder=multi.release_holder,
+        modes=("exclusive",),
+        handles=_handles(_multi_handle),
     ),
 )
 
@@ -112,3 +231,12 @@ def family_of(kind: str) -> KindFamily | None:
         if kind in family.kinds:
             return family
     return None
+
+
+def family_named(family: str) -> KindFamily:
+    """The family called ``family`` (``lease``, ``multi``, ``rw``, ``range``)."""
+    for found in FAMILIES:
+        if found.family == family:
+            return found
+    known = ", ".join(found.family for found in FAMILIES)
+    raise ConfigurationError("family", f"no lock family {family!r} (known: {known})")

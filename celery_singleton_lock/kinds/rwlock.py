@@ -120,37 +120,11 @@ class RWLock:
         return f"<RWLock {self.name!r}>"
 
 
-def list_holders(
-    client: Connection | HasConnection, pattern: str | None = None
-) -> list[dict[str, Any]]:
-    """Every reader-writer holder under the client's prefix whose lock name matches the glob
-    ``pattern`` (None: all); ``kind`` is read, upgradable or write (as it holds now)."""
-    return intervals.list_holders(client, FAMILY, pattern)
-
-
-def clear_holder(
-    client: Connection | HasConnection, name: str, owner: str, token: int | None = None
-) -> bool:
-    """Remove the holder ``owner`` of reader-writer lock ``name`` atomically (only if its
-    fencing token is still ``token``, when given) and wake waiters. True if removed."""
-    return intervals.clear_holder(client, FAMILY, name, owner, token)
-
-
-def release_holder(
-    client: Connection | HasConnection,
-    name: str,
-    *,
-    task_id: str,
-    pid: int,
-    host: str | None = None,
-    delay: float = 0.0,
-) -> bool:
-    """Release (after ``delay`` seconds of delay-after) the holds of reader-writer lock ``name``
-    that task ``task_id`` in process ``pid`` on ``host`` (default: this machine) has: for a
-    supervisor whose child can no longer release. True if a hold was released."""
-    return intervals.release_holder(
-        client, FAMILY, name, task_id=task_id, pid=pid, host=host, delay=delay
-    )
+#: Listing, clearing and releasing a dead task's holds of reader-writer locks (the admin side).
+ADMIN = intervals.IntervalFamilyAdmin(FAMILY)
+list_holders = ADMIN.list_holders
+clear_holder = ADMIN.clear_holder
+release_holder = ADMIN.release_holder
 
 
 __all__ = ["RWLock", "RWLockHandle", "clear_holder", "list_holders", "release_holder"]

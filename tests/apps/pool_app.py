@@ -1,8 +1,8 @@
 """The Celery app that ``tests/test_pools.py`` runs in ``celery worker -P <pool>`` processes.
 
-Configured from the environment like ``worker_app.py`` (``CSL_WORKER_REDIS_URL``,
-``CSL_WORKER_PREFIX``, ``CSL_WORKER_QUEUE``). Every lock name is ``pool:<key>``, on a 2 s
-lease under a one-hour cap, so a lock that is not renewed is gone within seconds.
+Configured from the environment like ``worker_app.py`` (see ``recording.py``). Every lock
+name is ``pool:<key>``, on a 2 s lease under a one-hour cap, so a lock that is not renewed is
+gone within seconds.
 
 Each task records ``start`` and ``end`` (and ``released``/``lost`` from our signals) on the
 list ``<prefix>runs``, with the server time, the fencing token, the pid and the thread or
@@ -12,8 +12,6 @@ until the test sets the key ``<prefix>gate:<key>``, and the test polls the recor
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
 from typing import Any
@@ -22,14 +20,13 @@ from celery import Celery
 
 from celery_singleton_lock import SingletonTask, lock_lost, lock_released
 
-#: How long the records and gates stay in Redis (every key the tests make expires).
-RECORD_TTL = 600
+from .recording import RECORD_TTL, app_from_environment, busy_for, configured_app, records_key
+from .recording import record as record_event
+
 #: The lease of every task here, seconds.
 LEASE = 2.0
 
-
-def records_key(prefix: str) -> str:
-    return f"{prefix}runs"
+__all__ = ["LEASE", "RECORD_TTL", "app", "gate_key", "make_app", "records_key"]
 
 
 def gate_key(prefix: str, key: str) -> str:
@@ -38,36 +35,10 @@ def gate_key(prefix: str, key: str) -> str:
 
 def make_app(url: str, prefix: str, queue: str = "celery") -> Celery:
     """The app, with its tasks."""
-    app = Celery("pool_app", set_as_current=False)
-    app.conf.update(
-        broker_url=url,
-        result_backend=url,
-        result_expires=RECORD_TTL,
-        singleton_lock_url=url,
-        singleton_lock_prefix=prefix,
-        task_default_queue=queue,
-        worker_prefetch_multiplier=1,
-        broker_connection_retry_on_startup=True,
-    )
+    app = configured_app("pool_app", url, prefix, queue)
 
     def record(task: Any, event: str, key: str, **fields: Any) -> None:
-        redis = task.lock_client.redis
-        seconds, micros = redis.time()
-        lease = task.lock
-        entry = {
-            "event": event,
-            "key": key,
-            "task_id": task.request.id,  # a field of ``fields`` may override it
-            "token": lease.token if lease is not None else None,
-            "pid": os.getpid(),
-            "thread": threading.get_ident(),
-            "time": int(seconds) + int(micros) / 1_000_000,
-            **fields,
-        }
-        pipe = redis.pipeline()
-        pipe.rpush(records_key(prefix), json.dumps(entry))
-        pipe.expire(records_key(prefix), RECORD_TTL)
-        pipe.execute()
+        record_event(task, prefix, event, key, thread=threading.get_ident(), **fields)
 
     @app.task(
         base=SingletonTask, bind=True, shared=False, name="pool_app.hold",
@@ -76,9 +47,7 @@ def make_app(url: str, prefix: str, queue: str = "celery") -> Celery:
     def hold(self: Any, key: str, seconds: float) -> int:
         """Waits up to a minute for the lock, then holds it ``seconds`` (yielding)."""
         record(self, "start", key)
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            time.sleep(0.02)
+        busy_for(seconds)
         record(self, "end", key)
         return int(self.lock.token)
 
@@ -133,8 +102,4 @@ def make_app(url: str, prefix: str, queue: str = "celery") -> Celery:
     return app
 
 
-app = make_app(
-    os.environ.get("CSL_WORKER_REDIS_URL", "redis://127.0.0.1:1/0"),
-    os.environ.get("CSL_WORKER_PREFIX", "csltest:unset:"),
-    os.environ.get("CSL_WORKER_QUEUE", "celery"),
-)
+app = app_from_environment(make_app)

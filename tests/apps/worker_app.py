@@ -1,9 +1,8 @@
 """The Celery app that ``tests/test_task_workers.py`` runs in real ``celery worker`` processes.
 
-``celery -A worker_app worker`` reads its configuration from the environment the test sets:
-``CSL_WORKER_REDIS_URL`` (broker, result backend and locks), ``CSL_WORKER_PREFIX`` (the lock
-key prefix) and ``CSL_WORKER_QUEUE`` (the default queue). The test process builds a twin of
-the app with :func:`make_app` to send the same tasks.
+``celery -A worker_app worker`` reads its configuration from the environment the test sets
+(see ``recording.py``). The test process builds a twin of the app with :func:`make_app` to
+send the same tasks.
 
 Every task records what it did in the test Redis: one JSON entry per event on the list
 ``<prefix>runs`` (``start``, ``end``, ``retry``, and ``released``/``skipped`` from our
@@ -13,8 +12,6 @@ node name. Nothing here sleeps to synchronise with the test: the test polls thes
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import time
 from typing import Any
@@ -23,12 +20,10 @@ from celery import Celery
 
 from celery_singleton_lock import SingletonTask, lock_released, lock_skipped
 
-#: How long the records stay in Redis (every key the tests make expires).
-RECORD_TTL = 600
+from .recording import RECORD_TTL, app_from_environment, busy_for, configured_app, records_key
+from .recording import record as record_event
 
-
-def records_key(prefix: str) -> str:
-    return f"{prefix}runs"
+__all__ = ["app", "make_app", "records_key", "ticks_key"]
 
 
 def ticks_key(prefix: str, key: str) -> str:
@@ -37,44 +32,16 @@ def ticks_key(prefix: str, key: str) -> str:
 
 def make_app(url: str, prefix: str, queue: str = "celery") -> Celery:
     """The app, with its tasks: every lock name is ``job:<key>``, shared by all tasks."""
-    app = Celery("worker_app", set_as_current=False)
-    app.conf.update(
-        broker_url=url,
-        result_backend=url,
-        result_expires=RECORD_TTL,
-        singleton_lock_url=url,
-        singleton_lock_prefix=prefix,
-        task_default_queue=queue,
-        worker_prefetch_multiplier=1,
-        broker_connection_retry_on_startup=True,
-    )
+    app = configured_app("worker_app", url, prefix, queue)
 
     def record(task: Any, event: str, key: str | None, **fields: Any) -> None:
-        redis = task.lock_client.redis
-        seconds, micros = redis.time()
-        lease = task.lock
-        entry = {
-            "event": event,
-            "key": key,
-            "task": task.name,
-            "task_id": task.request.id,
-            "retries": task.request.retries or 0,
-            "token": lease.token if lease is not None else None,
-            "pid": os.getpid(),
-            "worker": task.request.hostname,
-            "time": int(seconds) + int(micros) / 1_000_000,
-            **fields,
-        }
-        pipe = redis.pipeline()
-        pipe.rpush(records_key(prefix), json.dumps(entry))
-        pipe.expire(records_key(prefix), RECORD_TTL)
-        pipe.execute()
+        request = task.request
+        extra = {"task": task.name, "retries": request.retries or 0, "worker": request.hostname}
+        record_event(task, prefix, event, key, **extra, **fields)
 
     def hold(task: Any, key: str, seconds: float) -> int | None:
         record(task, "start", key)
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            time.sleep(0.02)
+        busy_for(seconds)
         record(task, "end", key)
         lease = task.lock
         return lease.token if lease is not None else None
@@ -137,9 +104,7 @@ def make_app(url: str, prefix: str, queue: str = "celery") -> Celery:
         redis = self.lock_client.redis
         ticks = int(redis.get(ticks_key(prefix, key)) or 0)
         record(self, "start", key, ticks=ticks)
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            time.sleep(0.02)
+        busy_for(seconds)
         record(self, "end", key)
         return int(self.lock.token)
 
@@ -192,8 +157,4 @@ def make_app(url: str, prefix: str, queue: str = "celery") -> Celery:
     return app
 
 
-app = make_app(
-    os.environ.get("CSL_WORKER_REDIS_URL", "redis://127.0.0.1:1/0"),
-    os.environ.get("CSL_WORKER_PREFIX", "csltest:unset:"),
-    os.environ.get("CSL_WORKER_QUEUE", "celery"),
-)
+app = app_from_environment(make_app)
