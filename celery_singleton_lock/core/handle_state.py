@@ -144,8 +144,8 @@ class HandleState:
     """The state and the decisions of a lock handle (see the module docstring).
 
     A driver sets the options with :meth:`_configure` and provides ``_state`` (its state
-    lock), ``_new_owner``, and the hooks ``_start_renewing``, ``_stop_renewing`` and
-    ``_call_on_lost``; it calls the ``_begin_*`` methods before a round trip and the methods
+    lock) and the hooks ``_start_renewing``, ``_stop_renewing``, ``_call_on_lost`` and
+    ``_describe_holder``; it calls the ``_begin_*`` methods before a round trip and the methods
     named for a reply (``_took``, ``_released``, ``_extended``, ``_renewed``) after one.
     """
 
@@ -200,6 +200,11 @@ class HandleState:
 
     def _call_on_lost(self) -> None:
         """Run ``on_lost`` (set) for this handle, just found lost."""
+        raise NotImplementedError
+
+    def _describe_holder(self, *, named: bool = True) -> list[Any]:
+        """Field, value pairs the acquire scripts store about the holder (``holder_fields``);
+        without ``name`` when ``named`` is false."""
         raise NotImplementedError
 
     # -- public state ------------------------------------------------------------------------
