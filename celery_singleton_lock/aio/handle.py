@@ -24,7 +24,7 @@ from ..core.handle import holder_fields
 from ..core.handle_state import NO_LOCK, HandleState, _Process, check_options, retry_in
 from ..core.heartbeat import renew_calls
 from ..core.scripts import ScriptCall
-from ..exceptions import LockBackendError, LockLost, LockTimeout
+from ..exceptions import LockBackendError, LockLost
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
 from .heartbeat import AsyncHeartbeat, heartbeat
 
@@ -188,9 +188,7 @@ class AsyncLockHandle(HandleState):
 
     async def __aenter__(self: H) -> H:
         if not await self.acquire():
-            raise LockTimeout(
-                f"lock {self.name!r} not acquired within {self.wait} s", name=self.name
-            )
+            raise self._timed_out()
         return self
 
     async def __aexit__(
@@ -202,9 +200,7 @@ class AsyncLockHandle(HandleState):
         try:
             await self.release()
         except (LockLost, LockBackendError):
-            if exc_type is None:
-                raise
-            log.warning("release of %r failed while handling %r", self.name, exc, exc_info=True)
+            self._exit_release_failed(exc)
 
     # -- the hooks of HandleState ------------------------------------------------------------
 

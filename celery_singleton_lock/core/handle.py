@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ..exceptions import LockBackendError, LockLost, LockTimeout
+from ..exceptions import LockBackendError, LockLost
 from .connection import Connection, HasConnection, connection_of
 from .handle_state import NO_EXPIRY_RECHECK as NO_EXPIRY_RECHECK
 from .handle_state import HandleState, Options, _Process, check_options, retry_in
@@ -254,9 +254,7 @@ class LockHandle(HandleState, ABC):
 
     def __enter__(self: H) -> H:
         if not self.acquire():
-            raise LockTimeout(
-                f"lock {self.name!r} not acquired within {self.wait} s", name=self.name
-            )
+            raise self._timed_out()
         return self
 
     def __exit__(
@@ -268,9 +266,7 @@ class LockHandle(HandleState, ABC):
         try:
             self.release()
         except (LockLost, LockBackendError):
-            if exc_type is None:
-                raise
-            log.warning("release of %r failed while handling %r", self.name, exc, exc_info=True)
+            self._exit_release_failed(exc)
 
     # -- the hooks of HandleState ------------------------------------------------------------
 

@@ -23,7 +23,15 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from ..exceptions import LockBackendError, LockError, LockExpired, LockLost, LockNotHeld, LockTaken
+from ..exceptions import (
+    LockBackendError,
+    LockError,
+    LockExpired,
+    LockLost,
+    LockNotHeld,
+    LockTaken,
+    LockTimeout,
+)
 from . import validate
 from .scripts import GONE, MAX_HOLD_REACHED, TAKEN
 
@@ -394,6 +402,20 @@ class HandleState:
         lost_log.warning("lock %r lost (%s): %s", self.name, error.reason, error)
         if self.on_lost is not None:
             self._call_on_lost()
+
+    # -- context manager ---------------------------------------------------------------------
+
+    def _timed_out(self) -> LockTimeout:
+        """What entering the context raises when the lock was not acquired in time."""
+        return LockTimeout(f"lock {self.name!r} not acquired within {self.wait} s", name=self.name)
+
+    def _exit_release_failed(self, exc: BaseException | None) -> None:
+        """Called in the ``except`` of a release that failed on leaving the context while
+        ``exc`` (None: nothing) was propagating: re-raise the release's error if nothing
+        was, else log it and let ``exc`` go on."""
+        if exc is None:
+            raise  # the release's error, which the caller is handling
+        log.warning("release of %r failed while handling %r", self.name, exc, exc_info=True)
 
     # -- helpers -----------------------------------------------------------------------------
 
