@@ -184,8 +184,8 @@ class HandleState:
         self.owner_info = options.owner_info
         #: Called with this handle when it is found lost (see the driver's docstring).
         self.on_lost = options.on_lost
-        self._ttl_ms = timing.ttl_ms
         self._max_hold_ms = timing.max_hold_ms
+        self._set_ttl(timing.ttl, timing.ttl_ms)
         self._owner: str | None = None
         self._pid = 0
         self._token: int | None = None
@@ -267,12 +267,20 @@ class HandleState:
         state = "lost" if self.lost else "held" if self.held else "free"
         return f"<{type(self).__name__} {self.name!r} {state} token={self._token}>"
 
+    def _set_ttl(self, ttl: float, ttl_ms: int) -> None:
+        """The lease length renewals (and the next acquire) ask for."""
+        self.ttl, self._ttl_ms = ttl, ttl_ms
+        # Seconds the next acquisition holds before its first renewal: worked out here
+        # rather than on every acquire.
+        self._first_lease = min(ttl_ms, self._max_hold_ms or math.inf) / 1000
+
     # -- acquire -----------------------------------------------------------------------------
 
     def _begin_acquire(self, wait: float | None) -> tuple[float, str]:
         """Before an acquire's first attempt: the seconds it may wait, and its owner token."""
         wait = self.wait if wait is None else validate.check_wait(wait)
-        if self._mine() and self._lost is None:
+        # _mine() inlined here and in _forget: both are on every acquire and release.
+        if self._owner is not None and self._pid == _Process.pid and self._lost is None:
             raise LockError(f"lock {self.name!r} is already held by this handle", name=self.name)
         return wait, self._new_owner()
 
@@ -283,7 +291,7 @@ class HandleState:
             self._pid = _Process.pid
             self._token = token
             self._lost = None
-            self._expires_at = sent_at + min(self._ttl_ms, self._max_hold_ms or math.inf) / 1000
+            self._expires_at = sent_at + self._first_lease
         if self.heartbeat:
             self._start_renewing()
 
@@ -301,7 +309,7 @@ class HandleState:
 
     def _forget(self) -> str:
         """Stop renewing and drop the owner token (the first half of every release)."""
-        if not self._mine():
+        if self._owner is None or self._pid != _Process.pid:
             raise LockNotHeld(f"lock {self.name!r} is not held", name=self.name)
         self._stop_renewing()
         with self._state:
@@ -358,7 +366,7 @@ class HandleState:
             if self._lost is not None:  # found lost by the heartbeat meanwhile: stays lost
                 raise self._lost.with_traceback(None)
             self._expires_at = sent_at + code / 1000
-        self.ttl, self._ttl_ms = ttl, ttl_ms
+        self._set_ttl(ttl, ttl_ms)
         if self.heartbeat:
             self._start_renewing()  # the tick period may have changed
         return code / 1000
