@@ -48,17 +48,11 @@ class LockClient:
         Cluster (``redis+cluster://host:port,...``) or Sentinel
         (``sentinel://host:port,.../master-name``), see docs/deployment.md; extra keyword
         arguments go to the redis-py client."""
-        if not isinstance(url, str) or not url:
-            raise ConfigurationError("url", f"must be a non-empty str, got {url!r}")
-        # A Redis that stops answering (paused, partitioned) must not block the heartbeat
-        # thread, which renews every lease of the process, for ever: redis-py before 8 has
-        # no socket timeout by default. A timeout in the URL's query string still wins.
-        redis_kwargs.setdefault("socket_timeout", DEFAULT_SOCKET_TIMEOUT)
-        redis_kwargs.setdefault("socket_connect_timeout", DEFAULT_SOCKET_TIMEOUT)
+        url = check_url(url, redis_kwargs)
         try:
             client = redis_urls.connect(url, **redis_kwargs)
         except ValueError as exc:
-            raise ConfigurationError("url", f"{mask_password(url)}: {exc}") from None
+            raise bad_url(url, exc) from None
         except (redis.RedisError, RedisClusterException) as exc:
             # A Cluster client reads the slot map when it is made.
             raise LockBackendError(f"Redis at {mask_password(url)}: {exc}") from exc
@@ -191,6 +185,24 @@ class LockClient:
 
     def __repr__(self) -> str:
         return f"<LockClient {self.url} prefix={self.prefix!r}>"
+
+
+def check_url(url: object, redis_kwargs: dict[str, Any]) -> str:
+    """The ``url`` of a ``from_url`` (a non-empty str, else ConfigurationError), and its
+    ``redis_kwargs`` given the default socket timeouts."""
+    if not isinstance(url, str) or not url:
+        raise ConfigurationError("url", f"must be a non-empty str, got {url!r}")
+    # A Redis that stops answering (paused, partitioned) must not block the heartbeat
+    # (thread or task), which renews every lease of the process or loop, for ever: redis-py
+    # before 8 has no socket timeout by default. A timeout in the URL's query string wins.
+    redis_kwargs.setdefault("socket_timeout", DEFAULT_SOCKET_TIMEOUT)
+    redis_kwargs.setdefault("socket_connect_timeout", DEFAULT_SOCKET_TIMEOUT)
+    return url
+
+
+def bad_url(url: str, error: ValueError) -> ConfigurationError:
+    """The error for a ``url`` redis-py refused with ``error`` (its password masked)."""
+    return ConfigurationError("url", f"{mask_password(url)}: {error}")
 
 
 def mask_password(url: str) -> str:

@@ -76,6 +76,29 @@ def test_release_after_expiry_with_nobody_holding_raises_expired(
     run_with(side, body)
 
 
+def test_extend_on_a_lost_handle_raises_its_loss_and_renews_nothing(
+    side: Side, lock_client: LockClient
+) -> None:
+    """One state machine for both handles: a handle found lost stays lost, and extend
+    raises the stored LockLost without renewing the key, even while the key is still there
+    with its owner (a renewal that reached Redis too late)."""
+
+    async def body(s: Side) -> None:
+        lease = s.lease("lost-ext", ttl=0.2, heartbeat=False)
+        assert await lease.acquire()
+        assert lock_client.redis.pexpire(lease._keys.lock, 5_000)  # outlives the lease
+        await eventually(lambda: lease.lost, 10, "the lease to run out locally")
+        with pytest.raises(LockExpired) as found:
+            lease.check()
+        with pytest.raises(LockExpired) as extended:
+            await lease.extend(60)
+        assert extended.value is found.value
+        assert lock_client.redis.pttl(lease._keys.lock) <= 5_000  # not renewed to 60 s
+        assert lease.lost
+
+    run_with(side, body)
+
+
 def test_extend_sets_rather_than_adds_and_a_non_owner_changes_nothing(
     side: Side, lock_client: LockClient
 ) -> None:

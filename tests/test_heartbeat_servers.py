@@ -146,10 +146,10 @@ def test_a_tick_with_two_clients_renews_both_concurrently_and_waits_for_them(
             beat.add(lease)
         ran_on = spy_on_renewals(monkeypatch, beat)
         for lease in leases:
-            shorten(lease._client, lease)
+            shorten(lease._conn, lease)
         beat.tick()
         # Applied when tick() returns, both of them.
-        assert all(renewed(lease._client, lease) for lease in leases)
+        assert all(renewed(lease._conn, lease) for lease in leases)
         # One batch on the caller, which waits anyway; the other on a renewal thread.
         assert len(ran_on) == 2 and threading.current_thread() in ran_on, ran_on
         (worker,) = (thread for thread in ran_on if thread is not threading.current_thread())
@@ -167,9 +167,9 @@ def _child(clients: list[LockClient]) -> dict[str, Any]:
     leases = [client.lease("child", ttl=LONG_TTL) for client in clients]
     for lease in leases:
         assert lease.acquire()
-        shorten(lease._client, lease)
+        shorten(lease._conn, lease)
     heartbeat().tick()
-    report["renewed"] = [renewed(lease._client, lease) for lease in leases]
+    report["renewed"] = [renewed(lease._conn, lease) for lease in leases]
     report["pool_made"] = heartbeat()._workers is not None
     for lease in leases:
         lease.release()

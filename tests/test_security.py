@@ -361,7 +361,7 @@ def test_apps_with_different_prefixes_never_block_or_see_each_other(
     finally:
         for client in (one, two):
             for handle in heartbeat().leases():
-                if handle._client is client.connection:
+                if handle._conn is client.connection:
                     heartbeat().remove(handle)
             client.close()
 

@@ -9,7 +9,7 @@ from typing import Any
 import redis.asyncio
 
 from ..admin import LockInfo
-from ..client import DEFAULT_SOCKET_TIMEOUT, mask_password
+from ..client import bad_url, check_url, mask_password
 from ..core import redis_urls, validate
 from ..core.keys import DEFAULT_PREFIX
 from ..exceptions import ConfigurationError
@@ -62,8 +62,7 @@ class AsyncLockClient:
         """A client for the Redis at ``url`` (``redis://``, ``rediss://``, ``unix://``);
         extra keyword arguments go to ``redis.asyncio.Redis.from_url``. No I/O until the
         first lock call."""
-        if not isinstance(url, str) or not url:
-            raise ConfigurationError("url", f"must be a non-empty str, got {url!r}")
+        url = check_url(url, redis_kwargs)
         validate.check_prefix(prefix)
         scheme = redis_urls.url_scheme(url)  # read as LockClient.from_url reads it
         if scheme in UNSUPPORTED_SCHEMES:
@@ -72,14 +71,10 @@ class AsyncLockClient:
                 f"{mask_password(url)}: {scheme}:// is not supported by AsyncLockClient yet;"
                 " pass a redis.asyncio client instead (docs/asyncio.md)",
             )
-        # As LockClient.from_url: a Redis that stops answering must not block the
-        # heartbeat task, which renews every lease of the loop, for ever.
-        redis_kwargs.setdefault("socket_timeout", DEFAULT_SOCKET_TIMEOUT)
-        redis_kwargs.setdefault("socket_connect_timeout", DEFAULT_SOCKET_TIMEOUT)
         try:
             client = redis.asyncio.Redis.from_url(url, **redis_kwargs)
         except ValueError as exc:
-            raise ConfigurationError("url", f"{mask_password(url)}: {exc}") from None
+            raise bad_url(url, exc) from None
         return cls(client, prefix=prefix)
 
     def lease(

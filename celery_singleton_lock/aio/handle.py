@@ -1,5 +1,6 @@
-"""What every async lock handle shares: the state machine of :class:`..handle.LockHandle`
-(held, lost, check, the wait loop, the lost-lock bookkeeping) with awaitable round trips.
+"""The asyncio lock handle: the driver of :class:`..core.handle_state.HandleState` (held,
+lost, check, the lost-lock bookkeeping, the waiter's sleeps, shared with the sync handle)
+with awaitable round trips.
 
 A subclass supplies them: ``_try_acquire(owner, reserve)``, ``_release(owner, delay_ms)``
 and the classmethod ``_renew_script_call(conn, entries)`` the heartbeat batches. A handle
@@ -13,31 +14,21 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import math
-import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ..core import validate
-from ..core.handle import hint_seconds, holder_fields, lost_error
+from ..core.handle import holder_fields
+from ..core.handle_state import NO_LOCK, HandleState, _Process, check_options, retry_in
 from ..core.heartbeat import renew_calls
-from ..core.scripts import MAX_HOLD_REACHED, ScriptCall
-from ..exceptions import (
-    LockBackendError,
-    LockError,
-    LockExpired,
-    LockLost,
-    LockNotHeld,
-    LockTimeout,
-)
+from ..core.scripts import ScriptCall
+from ..exceptions import LockBackendError, LockLost
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
 from .heartbeat import AsyncHeartbeat, heartbeat
 
 log = logging.getLogger("celery_singleton_lock.lease")
-lost_log = logging.getLogger("celery_singleton_lock.lost")
 
 H = TypeVar("H", bound="AsyncLockHandle")
 
@@ -49,7 +40,7 @@ RenewEntry = tuple[Any, str, int]
 _callbacks: set[asyncio.Task[Any]] = set()
 
 
-class AsyncLockHandle:
+class AsyncLockHandle(HandleState):
     """Base of every async lock handle (lease, read/upgradable/write, range, multi).
 
     Made by the factories of :class:`AsyncLockClient`. ``await acquire()`` takes the lock,
@@ -57,9 +48,16 @@ class AsyncLockHandle:
     renews it every ``ttl / 3`` seconds, so a holder whose loop stops frees it within ``ttl``.
     ``async with`` acquires (waiting up to ``wait`` seconds, else raising
     :class:`LockTimeout`) and releases on exit.
+
+    The state and its decisions are :class:`HandleState`'s, as for the sync handle; this
+    class awaits the round trips and the waits. ``on_lost`` is called with the handle from
+    the heartbeat task or the code whose check() or extend() found the lock lost; a
+    coroutine function's result is run as a task of the handle's loop.
     """
 
-    kind = "lease"
+    _stall_causes = "event loop blocked or stopped, Redis unreachable or max_hold reached"
+    #: Every state change runs on the handle's event loop: no lock needed.
+    _state = NO_LOCK
 
     def __init__(
         self,
@@ -73,27 +71,8 @@ class AsyncLockHandle:
         owner_info: dict[str, Any] | None = None,
         on_lost: Callable[[Any], object] | None = None,
     ) -> None:
-        self.name = validate.check_name(name)
-        #: Seconds the lock lasts unless renewed; the heartbeat renews it to this length.
-        self.ttl = validate.check_positive(ttl, "ttl")
-        self.heartbeat = validate.check_bool(heartbeat, "heartbeat")
-        #: Seconds after acquisition past which the lock is no longer renewed (None: never).
-        self.max_hold = validate.check_max_hold(max_hold, self.ttl)
-        #: Default seconds ``acquire`` waits for a busy lock (``math.inf``: forever).
-        self.wait = validate.check_wait(wait)
-        self.owner_info = validate.check_owner_info(owner_info)
-        #: Called with this handle when it is found lost, from the heartbeat task or the
-        #: code whose check() or extend() found it; a coroutine function's result is run as
-        #: a task of the handle's loop.
-        self.on_lost = validate.check_callable(on_lost, "on_lost")
+        self._configure(check_options(name, ttl, heartbeat, max_hold, wait, owner_info, on_lost))
         self._conn = async_connection_of(client)
-        self._ttl_ms = validate.seconds_to_ms(self.ttl)
-        self._max_hold_ms = 0 if self.max_hold is None else validate.seconds_to_ms(self.max_hold)
-        self._owner: str | None = None
-        self._pid = 0
-        self._token: int | None = None
-        self._lost: LockLost | None = None
-        self._expires_at = 0.0  # monotonic; a conservative local view of the server's expiry
         self._beat: AsyncHeartbeat | None = None
 
     # -- what a subclass provides ------------------------------------------------------------
@@ -117,46 +96,6 @@ class AsyncLockHandle:
         """One script call renewing ``entries``; its reply has one code per entry."""
         raise NotImplementedError
 
-    # -- public state ------------------------------------------------------------------------
-
-    @property
-    def token(self) -> int | None:
-        """The fencing token of the current (or last) acquisition: strictly increasing for
-        this name across every acquisition by anyone, sync or async."""
-        return self._token
-
-    @property
-    def held(self) -> bool:
-        """True while this handle holds the lock, as far as this process can tell."""
-        return self._mine() and self._lost is None and time.monotonic() < self._expires_at
-
-    @property
-    def lost(self) -> bool:
-        """True once the lock is known lost: found gone or taken by a renewal, or its time
-        ran out without a renewal (a blocked loop, Redis unreachable, max-hold passed)."""
-        if self._lost is not None:
-            return True
-        return self._mine() and time.monotonic() >= self._expires_at
-
-    def check(self) -> None:
-        """Raise :class:`LockLost` if the lock is lost, :class:`LockNotHeld` if it is not
-        held. No round trip (not a coroutine)."""
-        if self._lost is not None:
-            raise self._lost.with_traceback(None)
-        if not self._mine():
-            raise LockNotHeld(f"lock {self.name!r} is not held", name=self.name)
-        if time.monotonic() >= self._expires_at:
-            self._mark_lost(
-                self._owner,
-                LockExpired(
-                    f"lease on {self.name!r} ran out before it was renewed"
-                    " (event loop blocked or stopped, Redis unreachable or max_hold reached)",
-                    name=self.name,
-                ),
-            )
-            assert self._lost is not None
-            raise self._lost.with_traceback(None)
-
     # -- acquire / release / extend ----------------------------------------------------------
 
     async def acquire(self, wait: float | None = None) -> bool:
@@ -165,10 +104,7 @@ class AsyncLockHandle:
         ``wait`` defaults to the handle's own; ``math.inf`` waits forever. A blocked call is
         woken by a release (pub/sub), or when a conflicting holder's lease could have run out.
         """
-        wait = self.wait if wait is None else validate.check_wait(wait)
-        if self._mine() and self._lost is None:
-            raise LockError(f"lock {self.name!r} is already held by this handle", name=self.name)
-        owner = self._new_owner()
+        wait, owner = self._begin_acquire(wait)
         sent_at = time.monotonic()
         taken, value = await self._try_acquire(owner, wait > 0)
         if not taken:
@@ -185,9 +121,6 @@ class AsyncLockHandle:
                 return False
         self._took(owner, value, sent_at)
         return True
-
-    def _new_owner(self) -> str:
-        return os.urandom(16).hex()
 
     async def _wait_for(
         self,
@@ -207,28 +140,18 @@ class AsyncLockHandle:
                     if taken:
                         done = True
                         return True, value
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
+                    sleep = retry_in(deadline, value)
+                    if sleep is None:
                         return False, value
                     with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(woken.wait(), min(hint_seconds(value), remaining))
+                        await asyncio.wait_for(woken.wait(), sleep)
                     woken.clear()
         finally:
             if not done:
                 try:
                     await abandon()
                 except LockBackendError:
-                    log.warning("could not withdraw the wait of %r", self.name, exc_info=True)
-
-    def _took(self, owner: str, token: int, sent_at: float) -> None:
-        self._owner = owner
-        self._pid = os.getpid()
-        self._token = token
-        self._lost = None
-        self._expires_at = sent_at + min(self._ttl_ms, self._max_hold_ms or math.inf) / 1000
-        if self.heartbeat:
-            self._beat = heartbeat()
-            self._beat.add(self)
+                    self._withdraw_failed()
 
     async def release(self, delay: float = 0.0) -> None:
         """Give the lock back. With ``delay`` seconds > 0 what it covered stays locked, with
@@ -239,71 +162,33 @@ class AsyncLockHandle:
         (:class:`LockBackendError`) the handle still owns the lock, no longer renewed: call
         ``release`` again, or let the lock run out within its ttl.
         """
-        delay = validate.check_delay(delay)
-        owner = self._forget()
+        owner, delay_ms = self._begin_release(delay)
         try:
-            code = await self._release(owner, validate.seconds_to_ms(delay) if delay > 0 else 0)
+            code = await self._release(owner, delay_ms)
         except BaseException:
-            # The release may not have reached Redis (or the task was cancelled while it was
-            # under way): keep the owner token so it can be retried.
-            if self._owner is None:
-                self._owner = owner
+            # Also when the task was cancelled while the release was under way.
+            self._release_unsent(owner)
             raise
-        if code == 1:
-            self._lost = None
-            return
-        error = lost_error(self.name, code, "release")
-        if self._lost is None:
-            # Found lost only now: on_lost fires here, once (see the sync handle).
-            self._lost = error
-            self._announce_lost(error)
-        raise error
-
-    def _forget(self) -> str:
-        """Stop renewing and drop the owner token (the first half of every release)."""
-        if not self._mine():
-            raise LockNotHeld(f"lock {self.name!r} is not held", name=self.name)
-        if self._beat is not None:
-            self._beat.remove(self)
-        owner, self._owner = self._owner, None
-        assert owner is not None
-        return owner
+        self._released(code)
 
     async def extend(self, ttl: float | None = None) -> float:
         """Set the lock's remaining time to ``ttl`` seconds (default: its ttl) and renew it
         to that length from now on. Sets, never adds. Returns the seconds granted: less than
-        asked when ``max_hold`` is near, 0.0 once it has passed."""
-        ttl = self.ttl if ttl is None else validate.check_positive(ttl, "ttl")
-        if self.max_hold is not None and ttl > self.max_hold:
-            ttl = self.max_hold
-        if not self._mine():
-            raise LockNotHeld(f"lock {self.name!r} is not held", name=self.name)
-        owner = self._owner
-        assert owner is not None
-        ttl_ms = validate.seconds_to_ms(ttl)
+        asked when ``max_hold`` is near, 0.0 once it has passed.
+
+        On a handle already found lost it raises that :class:`LockLost` again, with no
+        round trip."""
+        owner, ttl, ttl_ms = self._begin_extend(ttl)
         sent_at = time.monotonic()
         calls, decode = renew_calls(self._conn, [(self, owner, ttl_ms)])  # type: ignore[arg-type]
         (code,) = decode(await self._conn.batch(calls))
-        if code == MAX_HOLD_REACHED:
-            return max(0.0, self._expires_at - time.monotonic())
-        if code <= 0:
-            error = lost_error(self.name, code, "extend")
-            self._mark_lost(owner, error)
-            raise error
-        self.ttl, self._ttl_ms = ttl, ttl_ms
-        self._expires_at = sent_at + code / 1000
-        if self.heartbeat:
-            self._beat = heartbeat()
-            self._beat.add(self)  # the tick period may have changed
-        return code / 1000
+        return self._extended(owner, ttl, ttl_ms, code, sent_at)
 
     # -- context manager ---------------------------------------------------------------------
 
     async def __aenter__(self: H) -> H:
         if not await self.acquire():
-            raise LockTimeout(
-                f"lock {self.name!r} not acquired within {self.wait} s", name=self.name
-            )
+            raise self._timed_out()
         return self
 
     async def __aexit__(
@@ -315,51 +200,20 @@ class AsyncLockHandle:
         try:
             await self.release()
         except (LockLost, LockBackendError):
-            if exc_type is None:
-                raise
-            log.warning("release of %r failed while handling %r", self.name, exc, exc_info=True)
+            self._exit_release_failed(exc)
 
-    def __repr__(self) -> str:
-        state = "lost" if self.lost else "held" if self.held else "free"
-        return f"<{type(self).__name__} {self.name!r} {state} token={self._token}>"
+    # -- the hooks of HandleState ------------------------------------------------------------
 
-    # -- heartbeat callbacks -----------------------------------------------------------------
+    def _start_renewing(self) -> None:
+        self._beat = heartbeat()
+        self._beat.add(self)
 
-    def _renewed(self, owner: str | None, code: int, sent_at: float) -> None:
-        """The heartbeat's result for this handle; ``owner`` is the owner it renewed for."""
-        if code > 0:
-            if self._owner == owner:
-                self._expires_at = sent_at + code / 1000
-        elif code == MAX_HOLD_REACHED:
-            if self._beat is not None:
-                self._beat.remove(self)
-            log.info("lock %r reached max_hold; it runs out within its ttl", self.name)
-        else:
-            self._mark_lost(owner, lost_error(self.name, code, "heartbeat"))
-
-    def _renewal_failed(self, owner: str | None, error: LockBackendError) -> None:
-        """Redis did not answer a tick: keep trying until the lock would have expired."""
-        if time.monotonic() >= self._expires_at:
-            lost = LockExpired(
-                f"lease on {self.name!r} ran out while Redis was unreachable: {error}",
-                name=self.name,
-            )
-            lost.reason = "unreachable"
-            self._mark_lost(owner, lost)
-
-    def _mark_lost(self, owner: str | None, error: LockLost) -> None:
-        if self._owner != owner or self._lost is not None:
-            return
-        self._lost = error
-        self._announce_lost(error)
-
-    def _announce_lost(self, error: LockLost) -> None:
-        """Stop renewing, log, and call ``on_lost`` (the handle was just marked lost)."""
+    def _stop_renewing(self) -> None:
         if self._beat is not None:
             self._beat.remove(self)
-        lost_log.warning("lock %r lost (%s): %s", self.name, error.reason, error)
-        if self.on_lost is None:
-            return
+
+    def _call_on_lost(self) -> None:
+        assert self.on_lost is not None
         try:
             result = self.on_lost(self)
             if inspect.isawaitable(result):
@@ -371,9 +225,6 @@ class AsyncLockHandle:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _mine(self) -> bool:
-        return self._owner is not None and self._pid == os.getpid()
-
     def _describe_holder(self, *, named: bool = True) -> list[Any]:
         """Field, value pairs the scripts store about the holder; ``thread`` names the
         asyncio task that acquired (``thread name/task name``)."""
@@ -381,7 +232,7 @@ class AsyncLockHandle:
         place = threading.current_thread().name
         if task is not None:
             place += "/" + task.get_name()
-        return holder_fields(self, pid=os.getpid(), thread=place, named=named)
+        return holder_fields(self, pid=_Process.pid, thread=place, named=named)
 
 
 def _callback_done(task: asyncio.Task[Any]) -> None:

@@ -9,19 +9,17 @@ import math
 from typing import Any
 
 from ..core import validate
-from ..core.handle import lost_error
 from ..core.scripts import ScriptCall, bound_to
-from ..exceptions import ConfigurationError, LockError, LockNotHeld
+from ..exceptions import ConfigurationError, LockNotHeld
 from ..kinds.intervals import (
     MODE_NAMES,
     NOT_INSIDE,
-    PARENT_GONE,
     RESERVATION_MS,
     IntervalHandle,
+    IntervalHold,
     IntervalKeys,
     IntervalScripts,
     check_interval,
-    interval_keys,
 )
 from ..kinds.rangelock import FAMILY as RANGE_FAMILY
 from ..kinds.rwlock import FAMILY as RW_FAMILY
@@ -52,7 +50,7 @@ async def release_hold(
     return int(code)
 
 
-class AsyncIntervalHandle(AsyncLockHandle):
+class AsyncIntervalHandle(IntervalHold, AsyncLockHandle):
     """A hold on [lo, hi] of an interval lock, in one mode ('r', 'u' or 'w')."""
 
     _family = RW_FAMILY
@@ -69,39 +67,13 @@ class AsyncIntervalHandle(AsyncLockHandle):
         **options: Any,
     ) -> None:
         super().__init__(client, name, **options)
-        self.mode = mode
-        self.lo, self.hi = lo, hi
-        self._parent = parent
-        self._keys = interval_keys(self._conn.prefix, self.name, self._family)
+        self._set_interval(self._conn.prefix, mode, lo, hi, parent)
         self._channels = (self._keys.channel,)
 
     async def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
-        parent = ""
-        if self._parent is not None:
-            if not self._parent._mine() or self._parent._owner is None:
-                raise LockNotHeld(
-                    f"the upgradable hold on {self.name!r} is not held", name=self.name
-                )
-            parent = self._parent._owner
-        queue = RESERVATION_MS if reserve and self.mode == "w" else 0
-        code, value = await self._conn.script(
-            interval_scripts(self._conn).acquire,
-            self._keys.all(owner),
-            wire.interval_acquire_args(
-                owner, self.mode, self.lo, self.hi, self._ttl_ms, self._max_hold_ms, queue,
-                parent, self._keys.channel, self._describe_holder(),
-            ),
-        )  # fmt: skip
-        code, value = int(code), int(value)
-        if code == PARENT_GONE:
-            raise LockNotHeld(
-                f"the upgradable hold on {self.name!r} is gone or does not cover"
-                f" [{self.lo}, {self.hi}]",
-                name=self.name,
-            )
-        if code == 1:
-            return True, value
-        return False, wire.interval_wait_hint(value, queued=bool(queue))
+        keys, args, queued = self._acquire_call(owner, reserve)
+        reply = await self._conn.script(interval_scripts(self._conn).acquire, keys, args)
+        return self._acquired(reply, queued)
 
     async def _abandon(self, owner: str) -> None:
         if self.mode == "w":
@@ -113,20 +85,9 @@ class AsyncIntervalHandle(AsyncLockHandle):
     async def _change(
         self, op: str, lo: float = 0.0, hi: float = 0.0, reserve: int = 0
     ) -> tuple[int, int]:
-        owner = self._owner
-        if owner is None or not self._mine():
-            raise LockNotHeld(f"lock {self.name!r} is not held", name=self.name)
-        code, value = await self._conn.script(
-            interval_scripts(self._conn).change,
-            self._keys.all(owner)[:11],
-            wire.interval_change_args(op, owner, lo, hi, reserve, self._keys.channel),
-        )
+        keys, args = self._change_call(op, lo, hi, reserve)
+        code, value = await self._conn.script(interval_scripts(self._conn).change, keys, args)
         return int(code), int(value)
-
-    def _changed_lost(self, op: str) -> LockError:
-        error = lost_error(self.name, 0, op)
-        self._mark_lost(self._owner, error)
-        return error
 
     @classmethod
     def _renew_script_call(cls, conn: AsyncConnection, entries: list[RenewEntry]) -> ScriptCall:
@@ -155,18 +116,14 @@ class AsyncRWLockHandle(AsyncIntervalHandle):
     async def upgrade(self, wait: float | None = None) -> bool:
         """Become the writer without letting go; True once upgraded, False if ``wait``
         seconds (default: the handle's own) passed first."""
-        if self.mode != "u":
-            raise LockError(f"only an upgradable hold can upgrade ({self.kind})", name=self.name)
-        wait = self.wait if wait is None else validate.check_wait(wait)
+        wait = self._begin_upgrade(wait)
         if self._upgraded:
             return True
         reserve = wait > 0
 
         async def attempt() -> tuple[bool, int]:
             code, value = await self._change("upgrade", reserve=RESERVATION_MS if reserve else 0)
-            if code == PARENT_GONE:
-                raise self._changed_lost("upgrade")
-            return code == 1, wire.interval_wait_hint(value, queued=reserve)
+            return self._upgrade_tried(code, value, reserve)
 
         done, _ = await attempt()
         if not done and reserve:
@@ -204,11 +161,7 @@ class AsyncRangeLockHandle(AsyncIntervalHandle):
 
     async def shrink(self, lo: float, hi: float) -> None:
         """Narrow the held interval to [lo, hi] (inside the current one) without letting go."""
-        low, high = check_interval(lo, hi)
-        if low < self.lo or high > self.hi:
-            raise ConfigurationError(
-                "lo", f"[{lo}, {hi}] is not inside the held [{self.lo}, {self.hi}]"
-            )
+        low, high = self._inside(lo, hi, "held")
         code, _ = await self._change("shrink", low, high)
         if code == NOT_INSIDE:  # pragma: no cover - the check above prevents it
             raise ConfigurationError("lo", f"[{lo}, {hi}] is not inside the held range")
@@ -218,13 +171,7 @@ class AsyncRangeLockHandle(AsyncIntervalHandle):
 
     def write(self, lo: float, hi: float, **options: Any) -> AsyncRangeLockHandle:
         """A write hold (not yet acquired) on [lo, hi] inside this upgradable hold."""
-        if self.mode != "u":
-            raise LockError("only an upgradable range can nest a write", name=self.name)
-        low, high = check_interval(lo, hi)
-        if low < self.lo or high > self.hi:
-            raise ConfigurationError(
-                "lo", f"[{lo}, {hi}] is not inside the upgradable [{self.lo}, {self.hi}]"
-            )
+        low, high = self._nested_write(lo, hi)
         return AsyncRangeLockHandle(self._conn, self.name, "w", low, high, parent=self, **options)
 
 

@@ -2,7 +2,8 @@
 arguments built, replies decoded, holder records read and key patterns, with no I/O.
 
 The sync kinds build the same arguments and read the same replies inline (``multi.py``,
-``intervals.py``, ``admin.py``). Nothing here does I/O or takes a client, so the sync side
+``admin.py``); the interval holds' acquire and change calls are shared already
+(:class:`..kinds.intervals.IntervalHold`). Nothing here does I/O or takes a client, so the sync side
 can share these once it may import them (beside the constants they use, below ``aio``).
 """
 
@@ -13,7 +14,7 @@ from typing import Any
 
 from ..admin import COOLDOWN, STALE, LockInfo
 from ..core.keys import FENCE_TTL_MS, encode_name, lock_pattern
-from ..kinds.intervals import MODE_NAMES, RESERVATION_MS, decode_holder, score
+from ..kinds.intervals import MODE_NAMES, decode_holder
 from ..kinds.rwlock import FAMILY as RW_FAMILY
 
 Holder = dict[str, Any]
@@ -50,39 +51,6 @@ def multi_acquired(
 
 
 # -- interval locks (reader-writer and range) ------------------------------------------------
-
-
-def interval_acquire_args(
-    owner: str,
-    mode: str,
-    lo: float,
-    hi: float,
-    ttl_ms: int,
-    max_hold_ms: int,
-    queue_ms: int,
-    parent: str,
-    channel: bytes,
-    holder: Sequence[Any],
-) -> tuple[Any, ...]:
-    """ARGV of interval_acquire.lua; ``queue_ms`` > 0 reserves a waiting writer's place for
-    that long, ``parent`` is the owner of the upgradable hold a nested write is inside."""
-    return (
-        owner, mode, score(lo), score(hi), ttl_ms, max_hold_ms, FENCE_TTL_MS, queue_ms, parent,
-        channel, *holder,
-    )  # fmt: skip
-
-
-def interval_wait_hint(hint_ms: int, queued: bool) -> int:
-    """How long a waiter whose interval acquire failed may sleep: a queued writer wakes in
-    time to renew its reservation."""
-    return min(hint_ms, RESERVATION_MS // 3) if queued else hint_ms
-
-
-def interval_change_args(
-    op: str, owner: str, lo: float, hi: float, reserve: int, channel: bytes
-) -> tuple[Any, ...]:
-    """ARGV of interval_change.lua (shrink, upgrade, downgrade, unreserve)."""
-    return (op, owner, score(lo), score(hi), reserve, channel)
 
 
 def interval_release_args(

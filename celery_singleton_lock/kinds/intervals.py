@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle import HOSTNAME, HolderRecord, LockHandle
+from ..core.handle_state import HandleState
 from ..core.heartbeat import RenewEntry
 from ..core.keys import FENCE_TTL_MS, escape_glob, name_tag
 from ..core.scan import Record, read_hashes, scan
@@ -114,10 +115,109 @@ def score(value: float) -> str:
     return repr(value)
 
 
-class IntervalHandle(LockHandle):
-    """A hold on [lo, hi] of an interval lock, in one mode ('r', 'u' or 'w')."""
+def wait_hint(hint_ms: int, queued: bool) -> int:
+    """How long a waiter whose interval acquire or upgrade failed may sleep: a queued
+    writer wakes in time to renew its reservation."""
+    return min(hint_ms, RESERVATION_MS // 3) if queued else hint_ms
+
+
+class IntervalHold(HandleState):
+    """A hold on [lo, hi] in one mode ('r', 'u' or 'w'), without I/O: the script arguments
+    of its acquire and changes, and what their replies mean. The sync
+    (:class:`IntervalHandle`) and asyncio handles run the calls."""
 
     _family = b"rw"
+    mode: str
+    lo: float
+    hi: float
+    _parent: IntervalHold | None
+    _keys: IntervalKeys
+
+    def _set_interval(
+        self, prefix: str, mode: str, lo: float, hi: float, parent: IntervalHold | None
+    ) -> None:
+        self.mode = mode
+        self.lo, self.hi = lo, hi
+        self._parent = parent
+        self._keys = interval_keys(prefix, self.name, self._family)
+
+    def _acquire_call(self, owner: str, reserve: bool) -> tuple[list[bytes], list[Any], bool]:
+        """KEYS and ARGV of interval_acquire.lua for ``owner``, and whether it queues a
+        waiting writer's reservation (``reserve``: the caller will wait)."""
+        parent = ""
+        if self._parent is not None:
+            if not self._parent._mine() or self._parent._owner is None:
+                raise LockNotHeld(
+                    f"the upgradable hold on {self.name!r} is not held", name=self.name
+                )
+            parent = self._parent._owner
+        queued = reserve and self.mode == "w"
+        args = [
+            owner, self.mode, score(self.lo), score(self.hi), self._ttl_ms, self._max_hold_ms,
+            FENCE_TTL_MS, RESERVATION_MS if queued else 0, parent, self._keys.channel,
+            *self._describe_holder(),
+        ]  # fmt: skip
+        return self._keys.all(owner), args, queued
+
+    def _acquired(self, reply: Any, queued: bool) -> tuple[bool, int]:
+        """interval_acquire.lua's reply: (True, token) or (False, ms a waiter may sleep)."""
+        code, value = int(reply[0]), int(reply[1])
+        if code == PARENT_GONE:
+            raise LockNotHeld(
+                f"the upgradable hold on {self.name!r} is gone or does not cover"
+                f" [{self.lo}, {self.hi}]",
+                name=self.name,
+            )
+        if code == 1:
+            return True, value
+        return False, wait_hint(value, queued)
+
+    def _change_call(
+        self, op: str, lo: float = 0.0, hi: float = 0.0, reserve: int = 0
+    ) -> tuple[list[bytes], list[Any]]:
+        """KEYS and ARGV of interval_change.lua (shrink, upgrade, downgrade, unreserve)."""
+        owner = self._owner
+        if owner is None or not self._mine():
+            raise LockNotHeld(f"lock {self.name!r} is not held", name=self.name)
+        keys = self._keys.all(owner)[:11]
+        return keys, [op, owner, score(lo), score(hi), reserve, self._keys.channel]
+
+    def _changed_lost(self, op: str) -> LockError:
+        error = self._lost_error(0, op)
+        self._mark_lost(self._owner, error)
+        return error
+
+    def _begin_upgrade(self, wait: float | None) -> float:
+        """Before an upgrade: the seconds it may wait (only an upgradable hold upgrades)."""
+        if self.mode != "u":
+            kind = MODE_NAMES[self.mode]
+            raise LockError(f"only an upgradable hold can upgrade ({kind})", name=self.name)
+        return self.wait if wait is None else validate.check_wait(wait)
+
+    def _upgrade_tried(self, code: int, value: int, reserve: bool) -> tuple[bool, int]:
+        """An upgrade attempt's reply: (upgraded, ms a waiter may sleep)."""
+        if code == PARENT_GONE:
+            raise self._changed_lost("upgrade")
+        return code == 1, wait_hint(value, reserve)
+
+    def _inside(self, lo: object, hi: object, held: str) -> tuple[float, float]:
+        """[lo, hi] checked, and inside this hold (``held`` names it in the error)."""
+        low, high = check_interval(lo, hi)
+        if low < self.lo or high > self.hi:
+            raise ConfigurationError(
+                "lo", f"[{lo}, {hi}] is not inside the {held} [{self.lo}, {self.hi}]"
+            )
+        return low, high
+
+    def _nested_write(self, lo: object, hi: object) -> tuple[float, float]:
+        """[lo, hi] of a write nested in this hold, checked (only in an upgradable one)."""
+        if self.mode != "u":
+            raise LockError("only an upgradable range can nest a write", name=self.name)
+        return self._inside(lo, hi, "upgradable")
+
+
+class IntervalHandle(IntervalHold, LockHandle):
+    """A hold on [lo, hi] of an interval lock, in one mode ('r', 'u' or 'w')."""
 
     def __init__(
         self,
@@ -131,44 +231,13 @@ class IntervalHandle(LockHandle):
         **options: Any,
     ) -> None:
         super().__init__(client, name, **options)
-        self.mode = mode
-        self.lo, self.hi = lo, hi
-        self._parent = parent
-        self._keys = interval_keys(self._conn.prefix, self.name, self._family)
+        self._set_interval(self._conn.prefix, mode, lo, hi, parent)
         self._channel = self._keys.channel
         self._scripts = scripts(self._conn)
 
     def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
-        parent = ""
-        if self._parent is not None:
-            if not self._parent._mine() or self._parent._owner is None:
-                raise LockNotHeld(
-                    f"the upgradable hold on {self.name!r} is not held", name=self.name
-                )
-            parent = self._parent._owner
-        holder = self._describe_holder()
-        code, value = self._conn.call(
-            self._scripts.acquire,
-            keys=self._keys.all(owner),
-            args=[
-                owner, self.mode, score(self.lo), score(self.hi), self._ttl_ms,
-                self._max_hold_ms, FENCE_TTL_MS,
-                RESERVATION_MS if reserve and self.mode == "w" else 0,
-                parent, self._channel, *holder,
-            ],
-        )  # fmt: skip
-        code, value = int(code), int(value)
-        if code == PARENT_GONE:
-            raise LockNotHeld(
-                f"the upgradable hold on {self.name!r} is gone or does not cover"
-                f" [{self.lo}, {self.hi}]",
-                name=self.name,
-            )
-        if code == 1:
-            return True, value
-        if reserve and self.mode == "w":
-            value = min(value, RESERVATION_MS // 3)  # wake in time to renew the reservation
-        return False, value
+        keys, args, queued = self._acquire_call(owner, reserve)
+        return self._acquired(self._conn.call(self._scripts.acquire, keys=keys, args=args), queued)
 
     def _abandon(self, owner: str) -> None:
         if self.mode == "w":
@@ -219,20 +288,9 @@ class IntervalHandle(LockHandle):
     def _change(
         self, op: str, lo: float = 0.0, hi: float = 0.0, reserve: int = 0
     ) -> tuple[int, int]:
-        owner = self._owner
-        if owner is None or not self._mine():
-            raise LockNotHeld(f"lock {self.name!r} is not held", name=self.name)
-        code, value = self._conn.call(
-            self._scripts.change,
-            keys=self._keys.all(owner)[:11],
-            args=[op, owner, score(lo), score(hi), reserve, self._channel],
-        )
+        keys, args = self._change_call(op, lo, hi, reserve)
+        code, value = self._conn.call(self._scripts.change, keys=keys, args=args)
         return int(code), int(value)
-
-    def _changed_lost(self, op: str) -> LockError:
-        error = self._lost_error(0, op)
-        self._mark_lost(self._owner, error)
-        return error
 
     @classmethod
     def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:

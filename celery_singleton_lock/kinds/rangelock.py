@@ -20,7 +20,7 @@ from typing import Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
-from ..exceptions import ConfigurationError, LockError
+from ..exceptions import ConfigurationError
 from . import intervals
 from .intervals import IntervalHandle, check_interval
 
@@ -36,11 +36,7 @@ class RangeLockHandle(IntervalHandle):
     def shrink(self, lo: float, hi: float) -> None:
         """Narrow the held interval to [lo, hi] (inside the current one) without letting go;
         waiters on the freed parts are woken."""
-        low, high = check_interval(lo, hi)
-        if low < self.lo or high > self.hi:
-            raise ConfigurationError(
-                "lo", f"[{lo}, {hi}] is not inside the held [{self.lo}, {self.hi}]"
-            )
+        low, high = self._inside(lo, hi, "held")
         code, _ = self._change("shrink", low, high)
         if code == intervals.NOT_INSIDE:  # pragma: no cover - the check above prevents it
             raise ConfigurationError("lo", f"[{lo}, {hi}] is not inside the held range")
@@ -51,13 +47,7 @@ class RangeLockHandle(IntervalHandle):
     def write(self, lo: float, hi: float, **options: Any) -> RangeLockHandle:
         """A write hold (not yet acquired) on [lo, hi] inside this upgradable hold: it does
         not conflict with this hold, and waits for other owners' overlapping readers."""
-        if self.mode != "u":
-            raise LockError("only an upgradable range can nest a write", name=self.name)
-        low, high = check_interval(lo, hi)
-        if low < self.lo or high > self.hi:
-            raise ConfigurationError(
-                "lo", f"[{lo}, {hi}] is not inside the upgradable [{self.lo}, {self.hi}]"
-            )
+        low, high = self._nested_write(lo, hi)
         return RangeLockHandle(self._conn, self.name, "w", low, high, parent=self, **options)
 
     def __repr__(self) -> str:

@@ -18,9 +18,9 @@ from typing import Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
-from ..exceptions import LockError, LockNotHeld
+from ..exceptions import LockNotHeld
 from . import intervals
-from .intervals import PARENT_GONE, RESERVATION_MS, IntervalHandle
+from .intervals import RESERVATION_MS, IntervalHandle
 
 FAMILY = b"rw"
 
@@ -50,18 +50,14 @@ class RWLockHandle(IntervalHandle):
         """Become the writer without letting go; True once upgraded, False if ``wait``
         seconds (default: the handle's own) passed first. While it waits, new readers wait
         too; readers already in are waited for."""
-        if self.mode != "u":
-            raise LockError(f"only an upgradable hold can upgrade ({self.kind})", name=self.name)
-        wait = self.wait if wait is None else validate.check_wait(wait)
+        wait = self._begin_upgrade(wait)
         if self._upgraded:
             return True
         reserve = wait > 0
 
         def attempt() -> tuple[bool, int]:
             code, value = self._change("upgrade", reserve=RESERVATION_MS if reserve else 0)
-            if code == PARENT_GONE:
-                raise self._changed_lost("upgrade")
-            return code == 1, min(value, RESERVATION_MS // 3) if reserve else value
+            return self._upgrade_tried(code, value, reserve)
 
         done, _ = attempt()
         if not done and reserve:

@@ -1,0 +1,434 @@
+"""The state machine of a lock handle, without I/O: shared by the sync and asyncio handles.
+
+:class:`HandleState` holds what a handle knows (its owner token, the process that took it,
+its fencing token, when its lease runs out locally, whether it was found lost) and makes every
+decision about it: what an acquire reply, a release code, an extend or renewal reply does to
+the state, what to raise, log and announce, how long a waiter sleeps. It never talks to Redis
+and never sleeps: the drivers (:class:`.handle.LockHandle` with threads,
+``aio.handle.AsyncLockHandle`` with asyncio) run the script calls and the waits and feed
+the replies here.
+
+Every change of the state is made under ``self._state``: a ``threading.Lock`` in the sync
+handle, where the heartbeat thread reports renewals while the owner's thread releases or
+extends; :data:`NO_LOCK` in the asyncio handle, whose callbacks all run on its event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+from ..exceptions import (
+    LockBackendError,
+    LockError,
+    LockExpired,
+    LockLost,
+    LockNotHeld,
+    LockTaken,
+    LockTimeout,
+)
+from . import validate
+from .scripts import GONE, MAX_HOLD_REACHED, TAKEN
+
+log = logging.getLogger("celery_singleton_lock.lease")
+lost_log = logging.getLogger("celery_singleton_lock.lost")
+
+#: A waiter whose holder has no expiry (never made by this package) looks again this often.
+NO_EXPIRY_RECHECK = 1.0
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A handle's checked lease length and max-hold, in seconds and in the scripts' ms."""
+
+    ttl: float
+    ttl_ms: int
+    max_hold: float | None
+    max_hold_ms: int
+
+    @classmethod
+    def check(cls, ttl: float, max_hold: object) -> Timing:
+        """From a ``ttl`` already checked by ``check_positive`` and a ``max_hold`` to check;
+        raises ConfigurationError as a handle's constructor does."""
+        hold = validate.check_max_hold(max_hold, ttl)
+        hold_ms = 0 if hold is None else validate.seconds_to_ms(hold)
+        return cls(ttl, validate.seconds_to_ms(ttl), hold, hold_ms)
+
+
+@dataclass(frozen=True)
+class Options:
+    """A handle's constructor arguments, checked (see :func:`check_options`)."""
+
+    name: str
+    timing: Timing
+    heartbeat: bool
+    wait: float
+    owner_info: dict[str, str]
+    on_lost: Any
+
+
+def check_options(
+    name: object,
+    ttl: object,
+    heartbeat: object,
+    max_hold: object,
+    wait: object,
+    owner_info: object,
+    on_lost: object,
+) -> Options:
+    """The arguments every handle constructor takes, checked in this order; raises
+    ConfigurationError naming the first bad one."""
+    checked_name = validate.check_name(name)
+    checked_ttl = validate.check_positive(ttl, "ttl")
+    checked_heartbeat = validate.check_bool(heartbeat, "heartbeat")
+    return Options(
+        checked_name,
+        Timing.check(checked_ttl, max_hold),
+        checked_heartbeat,
+        validate.check_wait(wait),
+        validate.check_owner_info(owner_info),
+        validate.check_callable(on_lost, "on_lost"),
+    )
+
+
+class _Process:
+    """This process's id, kept current across fork: ``os.getpid()`` is a system call, and
+    every acquire and release asks whether the handle belongs to this process."""
+
+    pid = os.getpid()
+
+    @classmethod
+    def forked(cls) -> None:
+        cls.pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_Process.forked)
+
+
+class _NoLock:
+    """A context manager that does nothing: the state lock of a handle used by one thread."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+#: The ``_state`` of a handle whose state changes all run on one thread (an event loop's).
+NO_LOCK: AbstractContextManager[Any] = _NoLock()
+
+
+def lost_error(name: str, code: int, during: str) -> LockLost:
+    """The :class:`LockLost` for a release/renew reply ``code`` (GONE or TAKEN)."""
+    if code == TAKEN:
+        return LockTaken(f"{during}: lock {name!r} is held by another owner", name=name)
+    assert code == GONE, code
+    return LockExpired(f"{during}: lease on {name!r} expired and nobody holds it", name=name)
+
+
+def hint_seconds(hint_ms: int) -> float:
+    """How long a waiter may sleep before a conflicting lease could have run out."""
+    if hint_ms < 0:
+        return NO_EXPIRY_RECHECK
+    return (hint_ms + 1) / 1000
+
+
+def retry_in(deadline: float, hint_ms: int) -> float | None:
+    """How long a waiter whose attempt failed with ``hint_ms`` sleeps (unless a release
+    wakes it first) before it tries again; None once the monotonic ``deadline`` passed."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return None
+    return min(hint_seconds(hint_ms), remaining)
+
+
+class HandleState:
+    """The state and the decisions of a lock handle (see the module docstring).
+
+    A driver sets the options with :meth:`_configure` and provides ``_state`` (its state
+    lock) and the hooks ``_start_renewing``, ``_stop_renewing``, ``_call_on_lost`` and
+    ``_describe_holder``; it calls the ``_begin_*`` methods before a round trip and the methods
+    named for a reply (``_took``, ``_released``, ``_extended``, ``_renewed``) after one.
+    """
+
+    kind = "lease"
+    #: Why a lease ran out unrenewed, in the error check() raises (where renewals stall).
+    _stall_causes = "process paused, Redis unreachable or max_hold reached"
+
+    _state: AbstractContextManager[Any]
+    name: str
+    ttl: float
+    heartbeat: bool
+    max_hold: float | None
+    wait: float
+    owner_info: dict[str, str]
+    on_lost: Any
+
+    def _configure(self, options: Options) -> None:
+        """Set a new handle's options (checked) and an empty state."""
+        timing = options.timing
+        self.name = options.name
+        #: Seconds the lock lasts unless renewed; the heartbeat renews it to this length.
+        self.ttl = timing.ttl
+        self.heartbeat = options.heartbeat
+        #: Seconds after acquisition past which the lock is no longer renewed (None: never).
+        self.max_hold = timing.max_hold
+        #: Default seconds ``acquire`` waits for a busy lock (``math.inf``: forever).
+        self.wait = options.wait
+        self.owner_info = options.owner_info
+        #: Called with this handle when it is found lost (see the driver's docstring).
+        self.on_lost = options.on_lost
+        self._max_hold_ms = timing.max_hold_ms
+        self._set_ttl(timing.ttl, timing.ttl_ms)
+        self._owner: str | None = None
+        self._pid = 0
+        self._token: int | None = None
+        self._lost: LockLost | None = None
+        self._expires_at = 0.0  # monotonic; a conservative local view of the server's expiry
+
+    # -- what a driver provides --------------------------------------------------------------
+
+    def _new_owner(self) -> str:
+        """The owner token of the next acquisition: random, unique per acquisition."""
+        return os.urandom(16).hex()
+
+    def _start_renewing(self) -> None:
+        """Have the heartbeat renew this handle (again: its tick period may have changed)."""
+        raise NotImplementedError
+
+    def _stop_renewing(self) -> None:
+        """Have the heartbeat stop renewing this handle."""
+        raise NotImplementedError
+
+    def _call_on_lost(self) -> None:
+        """Run ``on_lost`` (set) for this handle, just found lost."""
+        raise NotImplementedError
+
+    def _describe_holder(self, *, named: bool = True) -> list[Any]:
+        """Field, value pairs the acquire scripts store about the holder (``holder_fields``);
+        without ``name`` when ``named`` is false."""
+        raise NotImplementedError
+
+    # -- public state ------------------------------------------------------------------------
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of the current (or last) acquisition: strictly increasing for
+        this name across every acquisition by anyone, sync or async. Pass it to storage that
+        rejects writes carrying a smaller token than it has seen."""
+        return self._token
+
+    @property
+    def owner(self) -> str | None:
+        """The owner token this handle holds the lock under, None when it holds nothing: the
+        token a holder record names (``celery locks``), a fixed one given as ``owner``, or a
+        fresh random one per acquisition."""
+        return self._owner if self._mine() else None
+
+    @property
+    def held(self) -> bool:
+        """True while this handle holds the lock, as far as this process can tell."""
+        return self._mine() and self._lost is None and time.monotonic() < self._expires_at
+
+    @property
+    def lost(self) -> bool:
+        """True once the lock is known lost: found gone or taken by a renewal, or its time
+        ran out without a renewal (a paused process or blocked event loop, Redis unreachable,
+        max-hold passed)."""
+        if self._lost is not None:
+            return True
+        return self._mine() and time.monotonic() >= self._expires_at
+
+    def check(self) -> None:
+        """Raise :class:`LockLost` if the lock is lost, :class:`LockNotHeld` if it is not
+        held. No round trip: cheap enough for the inner loop of a long task."""
+        if self._lost is not None:
+            raise self._lost.with_traceback(None)
+        if not self._mine():
+            raise LockNotHeld(f"lock {self.name!r} is not held", name=self.name)
+        if time.monotonic() >= self._expires_at:
+            self._mark_lost(
+                self._owner,
+                LockExpired(
+                    f"lease on {self.name!r} ran out before it was renewed ({self._stall_causes})",
+                    name=self.name,
+                ),
+            )
+            assert self._lost is not None
+            raise self._lost.with_traceback(None)
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "held" if self.held else "free"
+        return f"<{type(self).__name__} {self.name!r} {state} token={self._token}>"
+
+    def _set_ttl(self, ttl: float, ttl_ms: int) -> None:
+        """The lease length renewals (and the next acquire) ask for."""
+        self.ttl, self._ttl_ms = ttl, ttl_ms
+        # Seconds the next acquisition holds before its first renewal: worked out here
+        # rather than on every acquire.
+        self._first_lease = min(ttl_ms, self._max_hold_ms or math.inf) / 1000
+
+    # -- acquire -----------------------------------------------------------------------------
+
+    def _begin_acquire(self, wait: float | None) -> tuple[float, str]:
+        """Before an acquire's first attempt: the seconds it may wait, and its owner token."""
+        wait = self.wait if wait is None else validate.check_wait(wait)
+        # _mine() inlined here and in _forget: both are on every acquire and release.
+        if self._owner is not None and self._pid == _Process.pid and self._lost is None:
+            raise LockError(f"lock {self.name!r} is already held by this handle", name=self.name)
+        return wait, self._new_owner()
+
+    def _took(self, owner: str, token: int, sent_at: float) -> None:
+        """An acquire attempt sent at ``sent_at`` (monotonic) took the lock as ``owner``."""
+        with self._state:
+            self._owner = owner
+            self._pid = _Process.pid
+            self._token = token
+            self._lost = None
+            self._expires_at = sent_at + self._first_lease
+        if self.heartbeat:
+            self._start_renewing()
+
+    def _withdraw_failed(self) -> None:
+        """A waiter that gave up could not withdraw its wait (Redis did not answer)."""
+        log.warning("could not withdraw the wait of %r", self.name, exc_info=True)
+
+    # -- release -----------------------------------------------------------------------------
+
+    def _begin_release(self, delay: float) -> tuple[str, int]:
+        """Before a release's round trip: stop renewing and drop the owner token; the owner
+        and the delay-after in ms to send."""
+        delay = validate.check_delay(delay)
+        return self._forget(), validate.seconds_to_ms(delay) if delay > 0 else 0
+
+    def _forget(self) -> str:
+        """Stop renewing and drop the owner token (the first half of every release)."""
+        if self._owner is None or self._pid != _Process.pid:
+            raise LockNotHeld(f"lock {self.name!r} is not held", name=self.name)
+        self._stop_renewing()
+        with self._state:
+            owner, self._owner = self._owner, None
+        assert owner is not None
+        return owner
+
+    def _release_unsent(self, owner: str) -> None:
+        """A release round trip failed: it may not have reached Redis, so keep the owner
+        token for a retry. Not renewed any more: a caller who gives up frees it within ttl."""
+        with self._state:
+            if self._owner is None:
+                self._owner = owner
+
+    def _released(self, code: int) -> None:
+        """The release script answered ``code``: 1 released, else raise the lost error."""
+        if code == 1:
+            self._lost = None
+            return
+        error = lost_error(self.name, code, "release")
+        # Found lost only now (a starved heartbeat, a paused process): on_lost fires here,
+        # once, as it would have from the renewal that should have found it.
+        with self._state:
+            first, self._lost = self._lost is None, self._lost or error
+        if first:
+            self._announce_lost(error)
+        raise error
+
+    # -- extend ------------------------------------------------------------------------------
+
+    def _begin_extend(self, ttl: float | None) -> tuple[str, float, int]:
+        """Before an extend's round trip: the owner to renew for, and the ttl it asks for
+        (capped at max_hold) in seconds and ms. A lost handle raises its loss again."""
+        ttl = self.ttl if ttl is None else validate.check_positive(ttl, "ttl")
+        if self.max_hold is not None and ttl > self.max_hold:
+            ttl = self.max_hold
+        if not self._mine():
+            raise LockNotHeld(f"lock {self.name!r} is not held", name=self.name)
+        if self._lost is not None:
+            raise self._lost.with_traceback(None)
+        owner = self._owner
+        assert owner is not None
+        return owner, ttl, validate.seconds_to_ms(ttl)
+
+    def _extended(self, owner: str, ttl: float, ttl_ms: int, code: int, sent_at: float) -> float:
+        """The renewal an extend sent at ``sent_at`` answered ``code``: the seconds granted."""
+        if code == MAX_HOLD_REACHED:
+            return max(0.0, self._expires_at - time.monotonic())
+        if code <= 0:
+            error = lost_error(self.name, code, "extend")
+            self._mark_lost(owner, error)
+            raise error
+        with self._state:
+            if self._lost is not None:  # found lost by the heartbeat meanwhile: stays lost
+                raise self._lost.with_traceback(None)
+            self._expires_at = sent_at + code / 1000
+        self._set_ttl(ttl, ttl_ms)
+        if self.heartbeat:
+            self._start_renewing()  # the tick period may have changed
+        return code / 1000
+
+    # -- heartbeat callbacks -----------------------------------------------------------------
+
+    def _renewed(self, owner: str | None, code: int, sent_at: float) -> None:
+        """The heartbeat's result for this handle; ``owner`` is the owner it renewed for."""
+        if code > 0:
+            with self._state:
+                if self._owner == owner:
+                    self._expires_at = sent_at + code / 1000
+        elif code == MAX_HOLD_REACHED:
+            self._stop_renewing()
+            log.info("lock %r reached max_hold; it runs out within its ttl", self.name)
+        else:
+            self._mark_lost(owner, lost_error(self.name, code, "heartbeat"))
+
+    def _renewal_failed(self, owner: str | None, error: LockBackendError) -> None:
+        """Redis did not answer a tick: keep trying until the lock would have expired."""
+        if time.monotonic() >= self._expires_at:
+            lost = LockExpired(
+                f"lease on {self.name!r} ran out while Redis was unreachable: {error}",
+                name=self.name,
+            )
+            lost.reason = "unreachable"
+            self._mark_lost(owner, lost)
+
+    def _mark_lost(self, owner: str | None, error: LockLost) -> None:
+        """Found lost while held by ``owner``: record and announce it, unless the handle moved
+        on meanwhile (released, acquired again) or was found lost already."""
+        with self._state:
+            if self._owner != owner or self._lost is not None:
+                return
+            self._lost = error
+        self._announce_lost(error)
+
+    def _announce_lost(self, error: LockLost) -> None:
+        """Stop renewing, log, and call ``on_lost`` (the handle was just marked lost)."""
+        self._stop_renewing()
+        lost_log.warning("lock %r lost (%s): %s", self.name, error.reason, error)
+        if self.on_lost is not None:
+            self._call_on_lost()
+
+    # -- context manager ---------------------------------------------------------------------
+
+    def _timed_out(self) -> LockTimeout:
+        """What entering the context raises when the lock was not acquired in time."""
+        return LockTimeout(f"lock {self.name!r} not acquired within {self.wait} s", name=self.name)
+
+    def _exit_release_failed(self, exc: BaseException | None) -> None:
+        """Called in the ``except`` of a release that failed on leaving the context while
+        ``exc`` (None: nothing) was propagating: re-raise the release's error if nothing
+        was, else log it and let ``exc`` go on."""
+        if exc is None:
+            raise  # the release's error, which the caller is handling
+        log.warning("release of %r failed while handling %r", self.name, exc, exc_info=True)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _mine(self) -> bool:
+        return self._owner is not None and self._pid == _Process.pid
+
+    def _lost_error(self, code: int, during: str) -> LockLost:
+        return lost_error(self.name, code, during)
