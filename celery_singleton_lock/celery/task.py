@@ -345,11 +345,27 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _run_holding(self, lease: LockHandle | None, args: Any, kwargs: Any) -> Any:
         self._push_lock(lease)
         try:
+            if self._called_by_tracer():
+                return self.run(*args, **kwargs)
             return super().__call__(*args, **kwargs)
         finally:
             self._pop_lock()
             if lease is not None and (lease.held or lease.lost):
                 self._release(lease)
+
+    def _called_by_tracer(self) -> bool:
+        """Whether this call is the run Celery's tracer (a worker, ``apply``) started, whose
+        task and request it pushed already: Celery's ``Task.__call__`` would push a copy of
+        that request. The test is Celery's own (``celery.app.trace``'s stack protection,
+        which only a ``celery worker`` process installs): the tracer's request, alone on
+        the stack and not yet claimed; claiming it sends a nested call of the task from
+        its own body through ``Task.__call__``, which pushes that call's request."""
+        stack = self.request_stack
+        request = stack.top
+        if request is None or request._protected or request.called_directly or len(stack) != 1:
+            return False
+        request._protected = 1
+        return True
 
     def _release(self, lease: LockHandle) -> None:
         try:
