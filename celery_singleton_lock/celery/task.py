@@ -258,12 +258,19 @@ class SingletonTask(Task):  # type: ignore[misc]
         name = lease.name
         if isinstance(lease, Lease):
             claims.take_over_at_run(lease, task_id, request.retries or 0)
-        if options.on_enqueue in (UNTIL_START, DEBOUNCE) and not self._leave_queue(args, kwargs):
+        if (
+            options.on_enqueue in (UNTIL_START, DEBOUNCE)
+            and not self._leave_queue_at_acquire(lease)
+            and not self._leave_queue(args, kwargs)
+        ):
             return self._replaced(lease, args, kwargs)
         started = time.monotonic()
+        replaced = False
         try:
             acquired = lease.acquire(0)
-            if not acquired and options.wait:
+            if not acquired and isinstance(lease, Lease) and claims.replaced_at_acquire(lease):
+                replaced = True  # debounce: replaced in the queue, the lock was not tried
+            elif not acquired and options.wait:
                 # Before waiting: a copy of this very message must not wait for its original
                 # to finish and then run a second time.
                 self._ignore_copy_of_self(lease, holders.holders_of(lease))
@@ -275,18 +282,27 @@ class SingletonTask(Task):  # type: ignore[misc]
             log.warning("running %s[%s] UNLOCKED: %s", self.name, task_id, exc)
             return self._run_holding(None, args, kwargs)
         waited = time.monotonic() - started
+        if replaced:
+            return self._replaced(lease, args, kwargs)
         if not acquired:
             return self._conflict(lease, options, waited)
         if _events.would_act(lock_acquired, self, task_id):
             lock_acquired.send(sender=self, name=name, task_id=task_id, lease=lease, wait=waited)
         return self._run_holding(lease, args, kwargs)
 
+    def _leave_queue_at_acquire(self, lease: LockHandle) -> bool:
+        """``until_start``/``debounce``: True if the queue claim is freed by the run lock's
+        first acquire (same round trip), or there is none to free (a retry holds the run
+        lock handed to it, never a queue claim); else :meth:`_leave_queue` frees it first."""
+        request = self.request
+        if request.retries:
+            return True
+        return isinstance(lease, Lease) and claims.free_at_acquire(self, lease, request.id)
+
     def _leave_queue(self, args: Any, kwargs: Any) -> bool:
         """``until_start``/``debounce``: this call is no longer queued, so another may queue
         meanwhile. False if a later call replaced it in the queue (``debounce``)."""
         request = self.request
-        if request.retries:
-            return True  # a retry holds the run lock handed to it, never a queue claim
         try:
             code = claims.free_claim(self, args, kwargs, task_id=request.id, attempt=0)
         except LockError as exc:  # the claim runs out by itself

@@ -204,6 +204,31 @@ class Scripts:
         )  # fmt: skip
         return bool(taken), int(value)
 
+    def acquire_freeing(
+        self,
+        lock_key: bytes,
+        fence_key: bytes,
+        owner: str,
+        ttl_ms: int,
+        max_hold_ms: int,
+        fence_ttl_ms: int,
+        holder_fields: Sequence[Any],
+        takeover: str,
+        free: tuple[bytes, str, bool],
+    ) -> tuple[bool, int, int]:
+        """One try of :meth:`acquire` that first releases another lease, ``free`` = (its lock
+        key, the owner token holding it, whether to stop when another owner holds it), in
+        the same round trip (not on a Redis Cluster: the keys are in two slots). The third
+        item: what the release did, as :meth:`release` says (1, GONE or TAKEN); when it is
+        TAKEN and stopping was asked, nothing was tried: (False, 0, TAKEN)."""
+        free_key, free_owner, stop = free
+        reply = self._acquire(
+            keys=(lock_key, fence_key, free_key),
+            args=(owner, ttl_ms, max_hold_ms, fence_ttl_ms, takeover,
+                  "free-or-stop" if stop else "free", free_owner, *holder_fields),
+        )  # fmt: skip
+        return bool(reply[0]), int(reply[1]), int(reply[2])
+
     def release(self, lock_key: bytes, owner: str, delay_ms: int, channel: bytes) -> int:
         """1 released (or handed to the oldest fair waiter), GONE or TAKEN."""
         return int(self._release(keys=(lock_key,), args=(owner, delay_ms, channel, FENCE_TTL_MS)))
