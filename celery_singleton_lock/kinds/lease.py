@@ -165,22 +165,7 @@ class Lease(LockHandle):
             if stop and self.freed_first == TAKEN:
                 return False, 0
             free = None
-        if free is not None:
-            taken, value, self.freed_first = conn.call(
-                conn.scripts.acquire_freeing,
-                self._keys.lock,
-                self._keys.fence,
-                owner,
-                self._ttl_ms,
-                self._max_hold_ms,
-                FENCE_TTL_MS,
-                self._describe_holder(),
-                self._takeover,
-                free,
-            )
-            return taken, value
-        return conn.call(
-            conn.scripts.acquire,
+        acquire_args = (
             self._keys.lock,
             self._keys.fence,
             owner,
@@ -189,6 +174,15 @@ class Lease(LockHandle):
             FENCE_TTL_MS,
             self._describe_holder(),
             self._takeover,
+        )
+        if free is not None:
+            taken, value, self.freed_first = conn.call(
+                conn.scripts.acquire_freeing, *acquire_args, free
+            )
+            return taken, value
+        return conn.call(
+            conn.scripts.acquire,
+            *acquire_args,
             waiting=reserve,
             fair_ms=FAIR_REGISTRATION_MS if reserve and self.fair else 0,
         )
