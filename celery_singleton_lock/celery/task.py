@@ -27,7 +27,7 @@ from . import claims, enqueue, holders
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
 # before a worker starts, which always imports its tasks first).
-from . import events as _events
+from . import events as _events  # noqa: F401
 from .app_client import close_lock_client as close_lock_client
 from .app_client import lock_client_for
 from .options import (
@@ -286,8 +286,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             return self._replaced(lease, args, kwargs)
         if not acquired:
             return self._conflict(lease, options, waited)
-        if _events.would_act(lock_acquired, self, task_id):
-            lock_acquired.send(sender=self, name=name, task_id=task_id, lease=lease, wait=waited)
+        lock_acquired.send(sender=self, name=name, task_id=task_id, lease=lease, wait=waited)
         return self._run_holding(lease, args, kwargs)
 
     def _leave_queue_at_acquire(self, lease: LockHandle) -> bool:
@@ -395,9 +394,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 "%s[%s] could not release %r: %s", self.name, self.request.id, lease.name, exc
             )
             return
-        task_id = self.request.id
-        if _events.would_act(lock_released, self, task_id):
-            lock_released.send(sender=self, name=lease.name, task_id=task_id, lease=lease)
+        lock_released.send(sender=self, name=lease.name, task_id=self.request.id, lease=lease)
 
     def _lease_lost(self, lease: LockHandle, task_id: str) -> None:
         lock_lost.send(sender=self, name=lease.name, task_id=task_id, lease=lease)
