@@ -83,6 +83,21 @@ def test_a_client_whose_class_replaced_execute_command_keeps_it(server: RedisSer
     assert CountingClient.calls >= 3  # EVALSHA (and SCRIPT LOAD) went through it
 
 
+def test_a_client_whose_execute_command_was_replaced_keeps_it(server: RedisServer) -> None:
+    client = redis.Redis.from_url(server.url)
+    script = register(client, COUNTER)
+    sent: list[object] = []
+    send = client.execute_command
+
+    def counting(*args: Any, **options: Any) -> Any:
+        sent.append(args[0])
+        return send(*args, **options)
+
+    client.execute_command = counting  # type: ignore[method-assign]
+    assert [script(keys=("n",)) for _ in range(2)] == [1, 2]
+    assert sent[-2:] == ["EVALSHA", "EVALSHA"]
+
+
 @pytest.mark.parametrize("decode", [False, True])
 def test_the_reply_is_what_execute_command_returns(server: RedisServer, decode: bool) -> None:
     client = redis.Redis.from_url(server.url, decode_responses=decode)

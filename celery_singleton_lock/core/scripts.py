@@ -88,7 +88,8 @@ class Script(RedisScript):
 
 
 #: redis-py's own ``Redis.execute_command``: a client whose class replaced it (a subclass,
-#: a pipeline, an instrumentation library patching the class) keeps its ordinary path.
+#: a pipeline, an instrumentation library patching the class or the client) keeps its
+#: ordinary path.
 _PLAIN_EXECUTE_COMMAND = Redis.execute_command
 
 
@@ -98,6 +99,7 @@ def sends_directly(client: Any) -> bool:
     return (
         client.connection is None  # single_connection_client: one locked connection
         and type(client).execute_command is _PLAIN_EXECUTE_COMMAND
+        and "execute_command" not in client.__dict__  # nor replaced on this client alone
         and "EVALSHA" not in client.response_callbacks
     )
 
