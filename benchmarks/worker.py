@@ -14,7 +14,8 @@ layer's own. Variants, each on its own app and queue:
 - **release delay**: ``lock_release_delay=60`` (the key stays locked after the run);
 - **lock_on_enqueue**: ``lock_on_enqueue=True`` (claimed in ``apply_async``; the run takes the
   claim over);
-- (**until_start**): ``lock_on_enqueue="until_start"``, a diagnostic row with no target.
+- (**until_start**): ``lock_on_enqueue="until_start"``, a diagnostic row with no target (its
+  queue claim is freed in the acquire's round trip, so it makes two round trips as well).
 
 Per task, in the worker thread (``time.perf_counter_ns``): the ``task_prerun`` receiver (the
 last one connected), the body's first and last statement, and the ``task_postrun`` receiver.

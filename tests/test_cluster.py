@@ -355,3 +355,16 @@ def test_skip_messages_name_holders_on_a_cluster(client: LockClient) -> None:
     assert describe(holders_of(client.rwlock("rw").write())) == "held by task t3"
     multi.release()
     writer.release()
+
+
+def test_an_acquire_does_not_free_a_claim_in_another_slot(client: LockClient) -> None:
+    """A queue claim's keys are another name's, in another slot: on a Cluster the run frees
+    it in a call of its own (free_first says so and changes nothing)."""
+    claim = client.lease("job#queued", ttl=60, heartbeat=False, owner="claim:t1:0")
+    assert claim.acquire(0)
+    lease = client.lease("job", ttl=10)
+    assert lease.free_first("job#queued", "claim:t1:0") is False
+    assert lease.acquire(0) and lease.freed_first is None
+    assert [holder.owner for holder in client.holders("job#queued")] == ["claim:t1:0"]
+    lease.release()
+    claim.release()

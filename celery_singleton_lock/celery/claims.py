@@ -16,8 +16,9 @@ task id and the attempt number (``request.retries``) instead of a process. Its w
 3. **Taken over by its run**: the worker that runs exactly that attempt takes the claim over
    as it acquires (:func:`take_over_at_run`; acquire.lua, ARGV[5]). A redelivered copy of the
    same attempt finds the claim already consumed. An ``until_start`` or ``debounce`` run frees
-   its queue claim as it starts (:func:`free_claim`); a ``debounce`` run whose queue claim was
-   taken over by a later call is skipped in favour of it (:func:`replaced_by`).
+   its queue claim as it starts, in its first acquire's round trip (:func:`free_at_acquire`;
+   on a Redis Cluster a call of its own, :func:`free_claim`); a ``debounce`` run whose queue
+   claim was taken over by a later call is skipped in favour of it (:func:`replaced_by`).
 4. **Freed on revoke**: a message revoked or expired before it ran never takes its claim
    over; the worker's ``task_revoked`` receiver frees it (:func:`free_claim`, via
    ``SingletonTask.free_claim``). A claim that is never run and never freed expires by itself
@@ -159,6 +160,23 @@ def free_claim(task: Any, args: Any, kwargs: Any, *, task_id: str, attempt: int)
         return 0  # only exclusive single-key locks take claims
     name = claim_name(task, args, kwargs) if attempt == 0 else task.lock_name(args, kwargs)
     return int(task.lock_client.release_owner(name, claim_owner(task_id, attempt)))
+
+
+def free_at_acquire(task: Any, lease: Lease, task_id: str) -> bool:
+    """``until_start``/``debounce``: make the first acquire of ``lease`` (the run lock of
+    attempt 0 of ``task_id``) free that attempt's queue claim in the same round trip, as
+    :func:`free_claim` would, whether or not the lock is then taken. For ``debounce``, a
+    claim another call holds stops the acquire (:func:`replaced_at_acquire`). False on a
+    Redis Cluster, where the two names' keys are in different slots: use :func:`free_claim`."""
+    replaced_stops = task.lock_options.on_enqueue == DEBOUNCE
+    name = queue_name(lease.name)
+    return lease.free_first(name, claim_owner(task_id, 0), stop_if_taken=replaced_stops)
+
+
+def replaced_at_acquire(lease: Lease) -> bool:
+    """After an acquire set up by :func:`free_at_acquire` for ``debounce``: whether another
+    call held the queue claim (it replaced this one), so the acquire did not try."""
+    return lease.freed_first == -1 and not lease.held
 
 
 def replaced_by(task: Any, args: Any, kwargs: Any) -> str | None:

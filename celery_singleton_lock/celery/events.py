@@ -227,38 +227,22 @@ def _forget_run(task_id: str | None = None, **_: Any) -> None:
         _announced.pop(task_id, None)
 
 
-def would_act(signal: Any, task: Any, task_id: str) -> bool:
-    """Whether sending ``signal`` (one of our lock signals) about run ``task_id`` of ``task``
-    could do anything. False when nothing receives it, or when its only receiver is this
-    module's and would return at once: a run that sends no task events (no ``-E``) acquires
-    and releases without an event. Celery's ``Signal.send`` costs more than this check on
-    every run; a receiver connected by anyone else always gets its send."""
-    receivers = signal.receivers
-    if not receivers:
-        return False
-    own = _OWN_RECEIVERS.get(id(signal))
-    if own is None or any(entry[1] is not own for entry in receivers):
-        return True
-    if signal is lock_acquired:
-        return _event_hostname(task) is not None
-    if signal is lock_released:
-        return task_id in _announced
-    return True
+def _sends_events(sender: Any, **_: Any) -> bool:
+    """lock_acquired's test: its receiver acts only for a run that sends task events."""
+    return _event_hostname(sender) is not None
 
 
-#: Each lock signal's receiver in this module, by the signal's id.
-_OWN_RECEIVERS: dict[int, Any] = {
-    id(lock_acquired): _on_acquired,
-    id(lock_skipped): _on_skipped,
-    id(lock_lost): _on_lost,
-    id(lock_released): _on_released,
-}
+def _was_announced(sender: Any, task_id: str = "", **_: Any) -> bool:
+    """lock_released's and lock_lost's test: their receivers act only for a run whose
+    acquire was announced."""
+    return task_id in _announced
+
 
 worker_init.connect(_remember_worker, weak=False)
 task_postrun.connect(_forget_run, weak=False)
-lock_acquired.connect(_on_acquired, weak=False)
-lock_skipped.connect(_on_skipped, weak=False)
-lock_lost.connect(_on_lost, weak=False)
-lock_released.connect(_on_released, weak=False)
+lock_acquired.connect_checked(_on_acquired, _sends_events)
+lock_skipped.connect_checked(_on_skipped, _sends_events)
+lock_lost.connect_checked(_on_lost, _was_announced)
+lock_released.connect_checked(_on_released, _was_announced)
 worker_process_shutdown.connect(flush, weak=False)
 worker_shutdown.connect(flush, weak=False)

@@ -29,7 +29,7 @@ from . import claims, enqueue, holders
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
 # before a worker starts, which always imports its tasks first).
-from . import events as _events
+from . import events as _events  # noqa: F401
 from .app_client import close_lock_client as close_lock_client
 from .app_client import lock_client_for
 from .options import (
@@ -267,12 +267,19 @@ class SingletonTask(Task):  # type: ignore[misc]
         name = lease.name
         if isinstance(lease, Lease):
             claims.take_over_at_run(lease, task_id, request.retries or 0)
-        if options.on_enqueue in (UNTIL_START, DEBOUNCE) and not self._leave_queue(args, kwargs):
+        if (
+            options.on_enqueue in (UNTIL_START, DEBOUNCE)
+            and not self._leave_queue_at_acquire(lease)
+            and not self._leave_queue(args, kwargs)
+        ):
             return self._replaced(lease, args, kwargs)
         started = time.monotonic()
+        replaced = False
         try:
             acquired = lease.acquire(0)
-            if not acquired and options.wait:
+            if not acquired and isinstance(lease, Lease) and claims.replaced_at_acquire(lease):
+                replaced = True  # debounce: replaced in the queue, the lock was not tried
+            elif not acquired and options.wait:
                 # Before waiting: a copy of this very message must not wait for its original
                 # to finish and then run a second time.
                 self._ignore_copy_of_self(lease, holders.holders_of(lease))
@@ -284,18 +291,26 @@ class SingletonTask(Task):  # type: ignore[misc]
             log.warning("running %s[%s] UNLOCKED: %s", self.name, task_id, exc)
             return self._run_holding(None, args, kwargs)
         waited = time.monotonic() - started
+        if replaced:
+            return self._replaced(lease, args, kwargs)
         if not acquired:
             return self._conflict(lease, options, waited)
-        if _events.would_act(lock_acquired, self, task_id):
-            lock_acquired.send(sender=self, name=name, task_id=task_id, lease=lease, wait=waited)
+        lock_acquired.send(sender=self, name=name, task_id=task_id, lease=lease, wait=waited)
         return self._run_holding(lease, args, kwargs)
+
+    def _leave_queue_at_acquire(self, lease: LockHandle) -> bool:
+        """``until_start``/``debounce``: True if the queue claim is freed by the run lock's
+        first acquire (same round trip), or there is none to free (a retry holds the run
+        lock handed to it, never a queue claim); else :meth:`_leave_queue` frees it first."""
+        request = self.request
+        if request.retries:
+            return True
+        return isinstance(lease, Lease) and claims.free_at_acquire(self, lease, request.id)
 
     def _leave_queue(self, args: Any, kwargs: Any) -> bool:
         """``until_start``/``debounce``: this call is no longer queued, so another may queue
         meanwhile. False if a later call replaced it in the queue (``debounce``)."""
         request = self.request
-        if request.retries:
-            return True  # a retry holds the run lock handed to it, never a queue claim
         try:
             code = claims.free_claim(self, args, kwargs, task_id=request.id, attempt=0)
         except LockError as exc:  # the claim runs out by itself
@@ -354,11 +369,27 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _run_holding(self, lease: LockHandle | None, args: Any, kwargs: Any) -> Any:
         self._push_lock(lease)
         try:
+            if self._called_by_tracer():
+                return self.run(*args, **kwargs)
             return super().__call__(*args, **kwargs)
         finally:
             self._pop_lock()
             if lease is not None and (lease.held or lease.lost):
                 self._release(lease)
+
+    def _called_by_tracer(self) -> bool:
+        """Whether this call is the run Celery's tracer (a worker, ``apply``) started, whose
+        task and request it pushed already: Celery's ``Task.__call__`` would push a copy of
+        that request. The test is Celery's own (``celery.app.trace``'s stack protection,
+        which only a ``celery worker`` process installs): the tracer's request, alone on
+        the stack and not yet claimed; claiming it sends a nested call of the task from
+        its own body through ``Task.__call__``, which pushes that call's request."""
+        stack = self.request_stack
+        request = stack.top
+        if request is None or request._protected or request.called_directly or len(stack) != 1:
+            return False
+        request._protected = 1
+        return True
 
     def _release(self, lease: LockHandle) -> None:
         try:
@@ -372,9 +403,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 "%s[%s] could not release %r: %s", self.name, self.request.id, lease.name, exc
             )
             return
-        task_id = self.request.id
-        if _events.would_act(lock_released, self, task_id):
-            lock_released.send(sender=self, name=lease.name, task_id=task_id, lease=lease)
+        lock_released.send(sender=self, name=lease.name, task_id=self.request.id, lease=lease)
 
     def _lease_lost(self, lease: LockHandle, task_id: str) -> None:
         lock_lost.send(sender=self, name=lease.name, task_id=task_id, lease=lease)

@@ -12,8 +12,9 @@ from functools import cache
 from importlib import resources
 from typing import Any, TypeVar
 
+from redis import Redis
 from redis.commands.core import Script as RedisScript
-from redis.exceptions import NoScriptError
+from redis.exceptions import ConnectionError, NoScriptError, ResponseError, TimeoutError
 from redis.typing import EncodableT, KeyT
 
 from .keys import FENCE_TTL_MS, key_base
@@ -36,9 +37,10 @@ class Script(RedisScript):
     is down (a failover in progress) that fails, and with it every lock on the healthy nodes
     whose script cache was empty (a restarted or newly added node).
 
-    On the client it was registered with, a call is one ``EVALSHA`` sent straight through
-    ``execute_command``: this is on every acquire's and release's path, and redis-py's own
-    wrapper adds a few µs of checks (pipeline, import, argument copies) per call."""
+    On the plain client it was registered with, a call is one ``EVALSHA`` sent and read on a
+    connection checked out of the client's pool (see :func:`evalsha_on_pooled_connection`):
+    this is on every acquire's and release's path, and ``execute_command`` adds its retry
+    wrapper and observability hooks to each call."""
 
     def __init__(self, registered_client: Any, script: Any) -> None:
         super().__init__(registered_client, script)
@@ -63,11 +65,88 @@ class Script(RedisScript):
             return client.evalsha(self.sha, len(keys), *keys, *args)
 
     def _evalsha(self, client: Any, keys: Sequence[KeyT], args: tuple[EncodableT, ...]) -> Any:
+        if sends_directly(client):
+            try:
+                reply = evalsha_on_pooled_connection(client, self.sha, keys, args)
+            except NoScriptError:
+                self.sha = client.script_load(self.script)
+            else:
+                if reply is not TRY_AGAIN:
+                    return reply
+                # The connection failed and is closed; the client's retry policy would try
+                # again: execute_command does, with its backoff and reconnection.
+        return self._evalsha_via_client(client, keys, args)
+
+    def _evalsha_via_client(
+        self, client: Any, keys: Sequence[KeyT], args: tuple[EncodableT, ...]
+    ) -> Any:
         try:
             return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
         except NoScriptError:
             self.sha = client.script_load(self.script)
             return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+
+
+#: redis-py's own ``Redis.execute_command``: a client whose class replaced it (a subclass,
+#: a pipeline, an instrumentation library patching the class or the client) keeps its
+#: ordinary path.
+_PLAIN_EXECUTE_COMMAND = Redis.execute_command
+
+
+def sends_directly(client: Any) -> bool:
+    """Whether an EVALSHA on ``client`` may skip ``execute_command``: a plain client with a
+    connection pool (also Sentinel's), whose reply to EVALSHA nothing post-processes."""
+    return (
+        client.connection is None  # single_connection_client: one locked connection
+        and type(client).execute_command is _PLAIN_EXECUTE_COMMAND
+        and "execute_command" not in client.__dict__  # nor replaced on this client alone
+        and "EVALSHA" not in client.response_callbacks
+    )
+
+
+#: What :func:`evalsha_on_pooled_connection` returns when the call failed in a way the
+#: client's retry policy would try again.
+TRY_AGAIN: Any = object()
+
+
+def evalsha_on_pooled_connection(
+    client: Any, sha: str, keys: Sequence[KeyT], args: tuple[EncodableT, ...]
+) -> Any:
+    """EVALSHA ``sha`` sent and read on a connection of ``client``'s pool, without
+    ``execute_command``'s retry wrapper and observability hooks (about 100 µs a call in a
+    busy worker). The reply is what ``execute_command`` returns: EVALSHA has no response
+    callback, and the connection decodes as the client was told to. :data:`TRY_AGAIN`
+    when the connection failed (ConnectionError, TimeoutError) and the connection's retry
+    policy would try again; raised otherwise.
+
+    A connection goes back to the pool only with no reply left unread: a Redis error reply
+    has been read in full, anything else (a timeout, a signal's exception between the send
+    and the read) closes it first, so that no later command reads this one's reply."""
+    pool = client.connection_pool
+    connection = pool.get_connection()
+    try:
+        connection.send_command("EVALSHA", sha, len(keys), *keys, *args)
+        return connection.read_response()
+    except ResponseError:
+        raise
+    except (ConnectionError, TimeoutError) as exc:
+        connection.disconnect()
+        if would_retry(connection.retry, exc):
+            return TRY_AGAIN
+        raise
+    except BaseException:
+        connection.disconnect()
+        raise
+    finally:
+        pool.release(connection)
+
+
+def would_retry(retry: Any, error: Exception) -> bool:
+    """Whether the redis-py ``retry`` policy tries a command again after ``error``."""
+    if retry is None or retry.get_retries() <= 0:
+        return False
+    supported = getattr(retry, "_supported_errors", (ConnectionError, TimeoutError))
+    return isinstance(error, tuple(supported))
 
 
 def register(redis: Any, text: str) -> Script:
@@ -126,6 +205,31 @@ class Scripts:
                   *holder_fields),
         )  # fmt: skip
         return bool(taken), int(value)
+
+    def acquire_freeing(
+        self,
+        lock_key: bytes,
+        fence_key: bytes,
+        owner: str,
+        ttl_ms: int,
+        max_hold_ms: int,
+        fence_ttl_ms: int,
+        holder_fields: Sequence[Any],
+        takeover: str,
+        free: tuple[bytes, str, bool],
+    ) -> tuple[bool, int, int]:
+        """One try of :meth:`acquire` that first releases another lease, ``free`` = (its lock
+        key, the owner token holding it, whether to stop when another owner holds it), in
+        the same round trip (not on a Redis Cluster: the keys are in two slots). The third
+        item: what the release did, as :meth:`release` says (1, GONE or TAKEN); when it is
+        TAKEN and stopping was asked, nothing was tried: (False, 0, TAKEN)."""
+        free_key, free_owner, stop = free
+        reply = self._acquire(
+            keys=(lock_key, fence_key, free_key),
+            args=(owner, ttl_ms, max_hold_ms, fence_ttl_ms, takeover,
+                  "free-or-stop" if stop else "free", free_owner, *holder_fields),
+        )  # fmt: skip
+        return bool(reply[0]), int(reply[1]), int(reply[2])
 
     def release(self, lock_key: bytes, owner: str, delay_ms: int, channel: bytes) -> int:
         """1 released (or handed to the oldest fair waiter), GONE or TAKEN."""

@@ -21,10 +21,11 @@ from ..core.handle import (
     log,
 )
 from ..core.heartbeat import RenewEntry, RenewUnit
-from ..core.keys import FENCE_TTL_MS, lock_keys, lock_pattern
+from ..core.keys import FENCE_TTL_MS, key_base, lock_keys, lock_pattern
 from ..core.patterns import literal_name
+from ..core.redis_urls import is_cluster
 from ..core.scan import Record, read_hashes, scan
-from ..core.scripts import ScriptCall, fair_keys, register, source
+from ..core.scripts import TAKEN, ScriptCall, fair_keys, register, source
 from ..exceptions import LockBackendError, LockError
 
 #: A fair waiter's registration lasts this long unless refreshed: a waiter that died is
@@ -100,6 +101,10 @@ class Lease(LockHandle):
         # fresh one, and/or take over a claim held under that token.
         self._fixed_owner = owner
         self._takeover = take_over or ""
+        self._free_first: tuple[bytes, str, bool] | None = None
+        #: What the last acquire's :meth:`free_first` release did (1 released, 0 nothing
+        #: held, -1 held by another owner); None if it had none.
+        self.freed_first: int | None = None
 
     @property
     def take_over(self) -> str | None:
@@ -128,6 +133,19 @@ class Lease(LockHandle):
         ttl = validate.check_positive(ttl, "ttl")
         self._hand_over(owner, ttl, info_fields(validate.check_owner_info(owner_info)))
 
+    def free_first(self, name: str, owner: str, *, stop_if_taken: bool = False) -> bool:
+        """Make the next acquire attempt first release lease ``name`` if the owner token
+        ``owner`` holds it (a claim this run no longer needs), in the same round trip and
+        whatever the acquire finds; what it did lands in :attr:`freed_first`. With
+        ``stop_if_taken``, when another owner holds ``name`` the attempt stops there and
+        the acquire fails. False, and nothing changed, on a Redis Cluster: the two names'
+        keys live in different slots, so the caller releases ``name`` itself."""
+        if is_cluster(self._conn.redis):
+            return False
+        self._free_first = (self._conn.keys(name).lock, owner, stop_if_taken)
+        self.freed_first = None
+        return True
+
     def holders(self) -> list[HolderRecord]:
         return read_lease_holders(self._conn, [self._keys.lock])
 
@@ -138,8 +156,16 @@ class Lease(LockHandle):
 
     def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
         conn = self._conn
-        return conn.call(
-            conn.scripts.acquire,
+        free, self._free_first = self._free_first, None
+        if free is not None and (reserve or self.fair):
+            # acquire.lua's mode argument says reserve or fair: release in a call of its own.
+            free_key, free_owner, stop = free
+            channel = key_base(free_key) + b"chan"
+            self.freed_first = conn.call(conn.scripts.release, free_key, free_owner, 0, channel)
+            if stop and self.freed_first == TAKEN:
+                return False, 0
+            free = None
+        acquire_args = (
             self._keys.lock,
             self._keys.fence,
             owner,
@@ -148,6 +174,15 @@ class Lease(LockHandle):
             FENCE_TTL_MS,
             self._describe_holder(),
             self._takeover,
+        )
+        if free is not None:
+            taken, value, self.freed_first = conn.call(
+                conn.scripts.acquire_freeing, *acquire_args, free
+            )
+            return taken, value
+        return conn.call(
+            conn.scripts.acquire,
+            *acquire_args,
             waiting=reserve,
             fair_ms=FAIR_REGISTRATION_MS if reserve and self.fair else 0,
         )

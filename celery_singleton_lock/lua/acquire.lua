@@ -9,11 +9,17 @@
 --          on behalf of a queued message (enqueue-time lock, retry) passes to the worker
 --          that runs that message, and to no other
 -- ARGV[6]: '' a single try; '1' the caller will wait for a release; 'fair' it will wait in
---          the queue, to be handed the lease by a release (release.lua)
--- ARGV[7]: registration lifetime of a fair waiter, ms (it refreshes it while it waits)
+--          the queue, to be handed the lease by a release (release.lua); 'free' a single try
+--          that first releases another lease KEYS[3] held by owner ARGV[7] (a claim the run
+--          no longer needs), as release.lua with no delay would; 'free-or-stop' the same, but
+--          when another owner holds KEYS[3] it stops there (returns {0, 0, -1})
+-- ARGV[7]: registration lifetime of a fair waiter, ms (it refreshes it while it waits); for
+--          'free' and 'free-or-stop': the owner token of the lease KEYS[3] to release
 -- ARGV[8..]: field, value pairs describing the holder (host, pid, thread, ...)
 -- returns {1, fencing token}     taken (or, for a fair waiter, handed to it meanwhile)
 --         {0, remaining ms}       held by another; when a waiter should look again at the latest
+--         with 'free' and 'free-or-stop', a third item: what releasing KEYS[3] did, as
+--         release.lua's codes (1 released, 0 not held, -1 held by another owner)
 --
 -- A caller that will wait marks the holder's hash (`waiting`), so that only a release of a
 -- marked hash pays for a PUBLISH (or a hand-off). Every waiter makes a failed attempt after
@@ -26,6 +32,29 @@
 --
 -- The fencing token is max(last token + 1, server time in microseconds): it keeps increasing
 -- across expiry, clearing and loss of the counter, using the Redis server clock only.
+--
+-- The release of KEYS[3] comes first and stands whatever the acquire does. Its keys are
+-- another name's (another hash tag): not for a Redis Cluster. A release.lua of a marked
+-- hash hands it to a fair waiter or publishes; no fair waiter queues for a claim, so here
+-- a marked hash only publishes.
+local freed = nil
+if ARGV[6] == 'free' or ARGV[6] == 'free-or-stop' then
+  local claim = redis.call('HMGET', KEYS[3], 'owner', 'waiting')
+  if not claim[1] then
+    freed = 0
+  elseif claim[1] ~= ARGV[7] then
+    freed = -1
+    if ARGV[6] == 'free-or-stop' then
+      return {0, 0, -1}
+    end
+  else
+    redis.call('DEL', KEYS[3])
+    freed = 1
+    if claim[2] then
+      redis.call('PUBLISH', string.sub(KEYS[3], 1, -5) .. 'chan', 'released')
+    end
+  end
+end
 local remaining = redis.call('PTTL', KEYS[1])
 local waiting = nil
 if remaining ~= -2 then
@@ -43,10 +72,10 @@ if remaining ~= -2 then
       redis.call('PEXPIRE', KEYS[4], ARGV[7])
       redis.call('PEXPIRE', KEYS[3], ARGV[7])
     end
-    if ARGV[6] ~= '' then
+    if ARGV[6] == '1' or ARGV[6] == 'fair' then
       redis.call('HSET', KEYS[1], 'waiting', 1)
     end
-    return {0, remaining}
+    return {0, remaining, freed}
   end
   waiting = redis.call('HGET', KEYS[1], 'waiting')
   redis.call('DEL', KEYS[1])
@@ -81,4 +110,4 @@ if ARGV[6] == 'fair' and redis.call('EXISTS', KEYS[4]) == 1 then
   redis.call('LREM', KEYS[3], 0, ARGV[1])
   redis.call('DEL', KEYS[4])
 end
-return {1, token}
+return {1, token, freed}

@@ -1,0 +1,216 @@
+"""Script calls sent straight on a pooled connection (core/scripts.py): taken on a plain
+client, left to ``execute_command`` where that would be wrong, and never leaving a reply
+unread on a connection that goes back to the pool."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from support.waiting import wait_for
+
+from celery_singleton_lock.core.scripts import Script, register
+from celery_singleton_lock.embedded import RedisServer
+
+COUNTER = "return redis.call('INCR', KEYS[1])"
+ECHO = "return {ARGV[1], tonumber(ARGV[2]), 'text'}"
+FAILING = "return redis.error_reply('refused: ' .. ARGV[1])"
+#: INCR after keeping the server busy for ARGV[1] µs.
+SLOW_COUNTER = """
+local t0 = redis.call('TIME')
+repeat
+    local t = redis.call('TIME')
+until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) >= tonumber(ARGV[1])
+return redis.call('INCR', KEYS[1])
+"""
+
+
+class CountingPool(redis.ConnectionPool):
+    """A pool that counts its checkouts."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.checkouts = 0
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        self.checkouts += 1
+        return super().get_connection(*args, **kwargs)
+
+
+class CountingClient(redis.Redis):
+    """A client whose class replaces execute_command, as instrumentation libraries do."""
+
+    calls = 0
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        type(self).calls += 1
+        return super().execute_command(*args, **options)
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as started:
+        yield started
+
+
+def pooled_client(server: RedisServer, **kwargs: Any) -> redis.Redis:
+    pool = CountingPool.from_url(server.url, **kwargs)
+    return redis.Redis(connection_pool=pool)
+
+
+def test_a_plain_client_sends_on_a_pooled_connection(server: RedisServer) -> None:
+    client = pooled_client(server)
+    script = register(client, ECHO)
+    assert script(args=("a", 7)) == [b"a", 7, b"text"]
+    pool = client.connection_pool
+    assert isinstance(pool, CountingPool)
+    checkouts = pool.checkouts
+    CountingClient.calls = 0
+    assert script(keys=("k",), args=("b", 8)) == [b"b", 8, b"text"]
+    assert pool.checkouts == checkouts + 1  # one checkout, no SCRIPT LOAD, no retry
+
+
+def test_a_client_whose_class_replaced_execute_command_keeps_it(server: RedisServer) -> None:
+    client = CountingClient.from_url(server.url)
+    CountingClient.calls = 0
+    script = register(client, COUNTER)
+    assert [script(keys=("n",)) for _ in range(3)] == [1, 2, 3]
+    assert CountingClient.calls >= 3  # EVALSHA (and SCRIPT LOAD) went through it
+
+
+def test_a_client_whose_execute_command_was_replaced_keeps_it(server: RedisServer) -> None:
+    client = redis.Redis.from_url(server.url)
+    script = register(client, COUNTER)
+    sent: list[object] = []
+    send = client.execute_command
+
+    def counting(*args: Any, **options: Any) -> Any:
+        sent.append(args[0])
+        return send(*args, **options)
+
+    client.execute_command = counting  # type: ignore[method-assign]
+    assert [script(keys=("n",)) for _ in range(2)] == [1, 2]
+    assert sent[-2:] == ["EVALSHA", "EVALSHA"]
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_the_reply_is_what_execute_command_returns(server: RedisServer, decode: bool) -> None:
+    client = redis.Redis.from_url(server.url, decode_responses=decode)
+    script = register(client, ECHO)
+    fast = script(args=("x", 3))
+    ordinary = client.execute_command("EVALSHA", script.sha, 0, "x", 3)
+    assert fast == ordinary
+    assert [type(item) for item in fast] == [type(item) for item in ordinary]
+    assert fast[0] == ("x" if decode else b"x")
+
+
+def test_a_reply_error_leaves_the_connection_in_the_pool_usable(server: RedisServer) -> None:
+    client = pooled_client(server, max_connections=1)
+    failing, echo = register(client, FAILING), register(client, ECHO)
+    assert echo(args=("warm", 1)) == [b"warm", 1, b"text"]
+    connection = client.connection_pool._available_connections[0]  # type: ignore[attr-defined]
+    socket = connection._sock
+    with pytest.raises(redis.ResponseError, match="refused: no"):
+        failing(args=("no",))
+    assert echo(args=("after", 2)) == [b"after", 2, b"text"]
+    # The same connection, never closed: an error reply is read in full.
+    assert client.connection_pool._available_connections == [connection]  # type: ignore[attr-defined]
+    assert connection._sock is socket
+
+
+def test_script_flush_then_a_call_loads_the_script_again(server: RedisServer) -> None:
+    client = pooled_client(server)
+    script = register(client, COUNTER)
+    assert script(keys=("n",)) == 1
+    client.script_flush()
+    assert script(keys=("n",)) == 2
+    assert client.script_exists(script.sha) == [True]
+
+
+def test_a_restarted_server_is_reconnected_to_and_the_script_loaded(server: RedisServer) -> None:
+    client = pooled_client(server)
+    script = register(client, ECHO)
+    assert script(args=("one", 1)) == [b"one", 1, b"text"]
+    server.stop()
+    server.start()
+    assert script(args=("two", 2)) == [b"two", 2, b"text"]
+
+
+def test_a_single_connection_client_works(server: RedisServer) -> None:
+    client = redis.Redis.from_url(server.url, single_connection_client=True)
+    script = register(client, COUNTER)
+    assert [script(keys=("n",)) for _ in range(3)] == [1, 2, 3]
+    client.close()
+
+
+def test_a_pipeline_keeps_its_own_path(server: RedisServer) -> None:
+    client = pooled_client(server)
+    script = register(client, COUNTER)
+    pipe = client.pipeline()
+    script(keys=("n",), client=pipe)
+    script(keys=("n",), client=pipe)
+    assert pipe.execute() == [1, 2]
+
+
+def evalsha_in_thread(script: Script, keys: tuple[str, ...]) -> tuple[threading.Thread, list[Any]]:
+    outcome: list[Any] = []
+
+    def call() -> None:
+        try:
+            outcome.append(script(keys=keys))
+        except Exception as exc:  # the test looks at what was raised
+            outcome.append(exc)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def sent_evalsha(admin: redis.Redis) -> bool:
+    return any(entry.get("cmd") == "evalsha" for entry in admin.client_list())
+
+
+@pytest.mark.parametrize("retries", [0, 2])
+def test_a_connection_killed_while_waiting_for_the_reply_retries_as_the_policy_says(
+    server: RedisServer, retries: int
+) -> None:
+    """The connection dies after the send: with retries, execute_command runs it again
+    (and the script ran once); without, the ConnectionError is raised as before."""
+    client = pooled_client(server, retry=Retry(NoBackoff(), retries))
+    admin = redis.Redis.from_url(server.url)
+    script = register(client, COUNTER)
+    assert script(keys=("n",)) == 1
+    admin.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")  # EVALSHA waits, KILL does not
+    try:
+        thread, outcome = evalsha_in_thread(script, ("n",))
+        wait_for(lambda: sent_evalsha(admin), 10, "the EVALSHA to reach the paused server")
+        admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+    thread.join(10)
+    if retries:
+        assert outcome == [2]  # the killed call never ran; the retried one did
+    else:
+        assert len(outcome) == 1 and isinstance(outcome[0], redis.ConnectionError)
+        assert script(keys=("n",)) == 2
+
+
+def test_a_timeout_leaves_no_reply_behind_for_the_next_call(server: RedisServer) -> None:
+    """With no retries, the timeout is raised; the slow script's reply, written once it
+    ends, must not be read by the next call on that pool (its only connection)."""
+    pool = CountingPool.from_url(
+        server.url, max_connections=1, socket_timeout=0.3, retry=Retry(NoBackoff(), 0)
+    )
+    client = redis.Redis(connection_pool=pool)
+    admin = redis.Redis.from_url(server.url)
+    slow, echo = register(client, SLOW_COUNTER), register(client, ECHO)
+    assert echo(args=("warm", 0)) == [b"warm", 0, b"text"]
+    with pytest.raises(redis.TimeoutError):
+        slow(keys=("n",), args=(600_000,))
+    assert admin.get("n") == b"1"  # answered once the script has ended
+    assert echo(args=("own", 5)) == [b"own", 5, b"text"]
