@@ -12,8 +12,8 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
-from multiprocessing.context import SpawnContext, SpawnProcess
+from collections.abc import Callable
+from multiprocessing.context import SpawnContext
 
 import pytest
 from support.lease_children import holder as holder_process
@@ -34,11 +34,12 @@ def slow_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lease_module, "FAIR_REGISTRATION_MS", 10_000)
 
 
-def queued_waiter(client: LockClient, name: str) -> tuple[Lease, BackgroundAcquire]:
+def queued_waiter(client: LockClient, name: str, ahead: int = 0) -> tuple[Lease, BackgroundAcquire]:
+    """A fair waiter blocked behind ``ahead`` others already queued."""
     waiter = client.lease(name, ttl=30, heartbeat=False, fair=True)
     blocked = BackgroundAcquire(waiter, wait=25)
     queue = waiter._keys.base + b"queue"
-    wait_for(lambda: client.redis.llen(queue) == 1, 10, "the waiter to queue")
+    wait_for(lambda: client.redis.llen(queue) == ahead + 1, 10, "the waiter to queue")
     wait_for_blpop(client)
     return waiter, blocked
 
@@ -65,25 +66,28 @@ def assert_gets_it_promptly(
     assert not client.redis.exists(waiter._keys.lock, waiter._keys.base + b"queue")
 
 
-def test_release_hands_it_over(lock_client: LockClient) -> None:
-    holder = lock_client.lease("freed", ttl=30, heartbeat=False)
-    assert holder.acquire()
+@pytest.fixture
+def holder(lock_client: LockClient) -> Lease:
+    lease = lock_client.lease("freed", ttl=30, heartbeat=False, owner_info={"task_id": "t-1"})
+    assert lease.acquire()
+    return lease
+
+
+def test_release_hands_it_over(lock_client: LockClient, holder: Lease) -> None:
     waiter, blocked = queued_waiter(lock_client, "freed")
     assert_gets_it_promptly(lock_client, waiter, blocked, holder.release)
 
 
+@pytest.mark.usefixtures("holder")
 def test_admin_clear_wakes_it(lock_client: LockClient) -> None:
-    holder = lock_client.lease("freed", ttl=30, heartbeat=False)
-    assert holder.acquire()
     waiter, blocked = queued_waiter(lock_client, "freed")
     assert_gets_it_promptly(
         lock_client, waiter, blocked, lambda: lock_client.clear("freed", force=True)
     )
 
 
+@pytest.mark.usefixtures("holder")
 def test_supervisor_release_holder_wakes_it(lock_client: LockClient) -> None:
-    holder = lock_client.lease("freed", ttl=30, heartbeat=False, owner_info={"task_id": "t-1"})
-    assert holder.acquire()
     waiter, blocked = queued_waiter(lock_client, "freed")
 
     def free() -> None:
@@ -99,34 +103,19 @@ def test_multi_release_wakes_it(lock_client: LockClient) -> None:
     assert_gets_it_promptly(lock_client, waiter, blocked, held.release)
 
 
-def test_dead_waiter_is_skipped_and_the_next_one_woken(lock_client: LockClient) -> None:
-    holder = lock_client.lease("freed", ttl=30, heartbeat=False)
-    assert holder.acquire()
-    queue = holder._keys.base + b"queue"
-    lock_client.redis.rpush(queue, "gone")  # queued, but its registration ran out
-    waiter = lock_client.lease("freed", ttl=30, heartbeat=False, fair=True)
-    blocked = BackgroundAcquire(waiter, wait=25)
-    wait_for(lambda: lock_client.redis.llen(queue) == 2, 10, "the waiter to queue")
-    wait_for_blpop(lock_client)
+def test_dead_waiter_is_skipped_and_the_next_one_woken(
+    lock_client: LockClient, holder: Lease
+) -> None:
+    # Queued, but its registration ran out.
+    lock_client.redis.rpush(holder._keys.base + b"queue", "gone")
+    waiter, blocked = queued_waiter(lock_client, "freed", ahead=1)
     assert_gets_it_promptly(
         lock_client, waiter, blocked, lambda: lock_client.clear("freed", force=True)
     )
 
 
-@pytest.fixture
-def processes() -> Iterator[list[SpawnProcess]]:
-    started: list[SpawnProcess] = []
-    yield started
-    for process in started:
-        if process.is_alive():
-            process.kill()
-        process.join(10)
-
-
 @pytest.mark.timeout(60)
-def test_sigkilled_holder_its_lease_runs_out(
-    lock_client: LockClient, lock_redis_url: str, processes: list[SpawnProcess]
-) -> None:
+def test_sigkilled_holder_its_lease_runs_out(lock_client: LockClient, lock_redis_url: str) -> None:
     ttl = 1.0
     ours, theirs = CTX.Pipe()
     process = CTX.Process(
@@ -135,11 +124,13 @@ def test_sigkilled_holder_its_lease_runs_out(
         daemon=True,
     )
     process.start()
-    processes.append(process)
-    assert ours.poll(30) and ours.recv()[0] == "acquired"
-    waiter, blocked = queued_waiter(lock_client, "freed")
-    killed_at = time.monotonic()
-    os.kill(process.pid, signal.SIGKILL)
+    try:
+        assert ours.poll(30) and ours.recv()[0] == "acquired"
+        waiter, blocked = queued_waiter(lock_client, "freed")
+        killed_at = time.monotonic()
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.join(10)
     assert blocked.done.wait(20)
     # Nobody frees it: the waiter looks again at the dead holder's expiry (its hint).
     assert time.monotonic() - killed_at < ttl + PROMPT
