@@ -95,6 +95,7 @@ class Lease(LockHandle):
         #: live waiter: first come, first served, and no second round trip to take it.
         self.fair = fair
         self._queued = ""  # the owner token a fair acquire waits in the queue with
+        self._queued_hint = 0  # ms its last attempt said the holder's lease may still run
         self._keys = self._conn.keys(self.name)
         self._channel = self._keys.channel
         # Claims (celery/claims.py): hold the name as this fixed owner token instead of a
@@ -180,12 +181,15 @@ class Lease(LockHandle):
                 conn.scripts.acquire_freeing, *acquire_args, free
             )
             return taken, value
-        return conn.call(
+        taken, value = conn.call(
             conn.scripts.acquire,
             *acquire_args,
             waiting=reserve,
             fair_ms=FAIR_REGISTRATION_MS if reserve and self.fair else 0,
         )
+        # A fair wait's first block ends no later than the holder's lease could.
+        self._queued_hint = value
+        return taken, value
 
     def _wait_for(
         self, attempt: Callable[[], tuple[bool, int]], wait: float, abandon: Callable[[], None]
@@ -203,7 +207,7 @@ class Lease(LockHandle):
         owner = self._queued
         handed = fair_keys(self._keys.base, owner)[2]
         deadline = time.monotonic() + wait
-        hint = FAIR_REFRESH
+        hint = hint_seconds(self._queued_hint)
         try:
             while True:
                 remaining = deadline - time.monotonic()
@@ -212,8 +216,11 @@ class Lease(LockHandle):
                 # Whole ms, at least one: BLPOP rounds down, and 0 would block forever.
                 timeout = max(1, math.ceil(min(FAIR_REFRESH, hint, remaining) * 1000)) / 1000
                 reply = conn.call(conn.redis.blpop, [handed], timeout=timeout)
-                if reply is not None:
-                    return True, int(reply[1])
+                # A fencing token: handed the lease. 0: woken to try, as the name was freed
+                # without a hand-off (a clear, a supervisor's or a multi-key lock's release).
+                token = 0 if reply is None else int(reply[1])
+                if token:
+                    return True, token
                 taken, value = attempt()
                 if taken:
                     return True, value

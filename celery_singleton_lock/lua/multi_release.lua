@@ -3,20 +3,36 @@
 -- KEYS[1..n]: lock hashes   ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)
 -- ARGV[3]: fencing token each key must have ('' any; the admin's clear_holder passes one)
 -- ARGV[4..3+n]: the wake-up channel of each name
+-- Waiters mark the hash (acquire.lua): only a marked one is published, and its oldest live
+-- fair waiter (queued in P{T}:queue, registered in P{T}:w:W, blocked on P{T}:m:W; see
+-- release.lua) is pushed 0, not a fencing token: it wakes and takes the freed name itself.
 -- returns 1 all released; else -1 if some name is held by another owner, 0 if some expired
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local delay = tonumber(ARGV[2])
 local result = 1
 for i, key in ipairs(KEYS) do
-  local owner = redis.call('HGET', key, 'owner')
-  if owner == ARGV[1] and (ARGV[3] == '' or redis.call('HGET', key, 'token') == ARGV[3]) then
+  local holder = redis.call('HMGET', key, 'owner', 'token', 'waiting')
+  local owner = holder[1]
+  if owner == ARGV[1] and (ARGV[3] == '' or holder[2] == ARGV[3]) then
     if delay > 0 then
       redis.call('HSET', key, 'owner', '', 'state', 'cooldown', 'released_ms', now_ms)
       redis.call('PEXPIRE', key, delay)
     else
       redis.call('DEL', key)
-      redis.call('PUBLISH', ARGV[3 + i], 'released')
+      if holder[3] then
+        redis.call('PUBLISH', ARGV[3 + i], 'released')
+        local base = string.sub(key, 1, -5)
+        for _, waiter in ipairs(redis.call('LRANGE', base .. 'queue', 0, -1)) do
+          local lifetime = redis.call('PTTL', base .. 'w:' .. waiter)
+          if lifetime > 0 then
+            redis.call('RPUSH', base .. 'm:' .. waiter, 0)
+            redis.call('PEXPIRE', base .. 'm:' .. waiter, lifetime)
+            break
+          end
+          redis.call('LREM', base .. 'queue', 1, waiter)  -- it died: its registration ran out
+        end
+      end
     end
   elseif owner then
     result = -1
