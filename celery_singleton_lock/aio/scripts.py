@@ -12,7 +12,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from ..core.scripts import ScriptCall, register, source
+from ..core.scripts import WAKE_FAIR_WAITER, ScriptCall, register, source, source_after
 
 
 async def run_script(redis: Any, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
@@ -57,4 +57,4 @@ class LeaseScripts:
     def __init__(self, redis: Any) -> None:
         self.acquire = register(redis, source("acquire"))
         self.release = register(redis, source("release"))
-        self.clear = register(redis, source("clear"))
+        self.clear = register(redis, source_after(WAKE_FAIR_WAITER, "clear"))

@@ -165,6 +165,15 @@ def source(name: str) -> str:
     return (resources.files("celery_singleton_lock") / "lua" / f"{name}.lua").read_text("utf-8")
 
 
+def source_after(prelude: str, name: str) -> str:
+    """``lua/<name>.lua`` with ``lua/<prelude>.lua``, the functions it calls, before it."""
+    return source(prelude) + "\n" + source(name)
+
+
+#: The prelude of the scripts that free a name without handing it to a fair waiter.
+WAKE_FAIR_WAITER = "wake_fair_waiter"
+
+
 class Scripts:
     """Typed wrappers around the scripts, bound to one Redis client."""
 
@@ -173,7 +182,9 @@ class Scripts:
         self._release: Script = register(redis, source("release"))
         self._renew: Script = register(redis, source("renew"))
         self._handover: Script = register(redis, source("handover"))
-        self._release_holder: Script = register(redis, source("release_holder"))
+        self._release_holder: Script = register(
+            redis, source_after(WAKE_FAIR_WAITER, "release_holder")
+        )
         self._fair_abandon: Script = register(redis, source("fair_abandon"))
 
     def acquire(

@@ -31,7 +31,7 @@ from ..core.handle_state import HandleState
 from ..core.heartbeat import RenewEntry
 from ..core.keys import FENCE_TTL_MS, escape_glob, name_tag
 from ..core.scan import Record, read_hashes, scan
-from ..core.scripts import ScriptCall, bound_to, register, source
+from ..core.scripts import ScriptCall, bound_to, register, source_after
 from ..exceptions import ConfigurationError, LockError, LockNotHeld
 
 if TYPE_CHECKING:
@@ -82,10 +82,8 @@ class IntervalScripts:
     """The interval scripts registered on one Redis client (no I/O)."""
 
     def __init__(self, redis: Any) -> None:
-        common = source("interval_common")
-
         def load(name: str) -> Script:
-            return register(redis, common + "\n" + source(name))
+            return register(redis, source_after("interval_common", name))
 
         self.acquire = load("interval_acquire")
         self.release = load("interval_release")

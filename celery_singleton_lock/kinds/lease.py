@@ -25,7 +25,14 @@ from ..core.keys import FENCE_TTL_MS, key_base, lock_keys, lock_pattern
 from ..core.patterns import literal_name
 from ..core.redis_urls import is_cluster
 from ..core.scan import Record, read_hashes, scan
-from ..core.scripts import TAKEN, ScriptCall, fair_keys, register, source
+from ..core.scripts import (
+    TAKEN,
+    WAKE_FAIR_WAITER,
+    ScriptCall,
+    fair_keys,
+    register,
+    source_after,
+)
 from ..exceptions import LockBackendError, LockError
 
 #: A fair waiter's registration lasts this long unless refreshed: a waiter that died is
@@ -443,7 +450,7 @@ def clear_holder(client: Connection | HasConnection, holder: dict[str, Any]) -> 
     conn = connection_of(client)
     keys = lock_keys(conn.prefix, _text(holder["name"]))
     # Registering computes a SHA, no I/O; admin calls are rare enough to do it per call.
-    script = register(conn.redis, source("clear"))
+    script = register(conn.redis, source_after(WAKE_FAIR_WAITER, "clear"))
     renewed = holder.get("renewed_ms")
     args = (str(holder["token"]), keys.channel, "" if renewed is None else str(renewed))
     return int(conn.call(script, keys=(keys.lock,), args=args))

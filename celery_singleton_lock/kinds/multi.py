@@ -28,7 +28,16 @@ from ..core.keys import FENCE_TTL_MS, LockKeys, encode_name
 from ..core.notifier import SUBSCRIBE_TIMEOUT
 from ..core.redis_urls import is_cluster
 from ..core.scan import Record, read_hashes
-from ..core.scripts import GONE, TAKEN, ScriptCall, bound_to, register, source
+from ..core.scripts import (
+    GONE,
+    TAKEN,
+    WAKE_FAIR_WAITER,
+    ScriptCall,
+    bound_to,
+    register,
+    source,
+    source_after,
+)
 from ..exceptions import ConfigurationError
 from .intervals import decode_holder
 from .lease import lease_keys, read_lease_holders, renew_lease_keys
@@ -43,7 +52,7 @@ class MultiScripts:
 
     def __init__(self, redis: Any) -> None:
         self.acquire: Script = register(redis, source("multi_acquire"))
-        self.release: Script = register(redis, source("multi_release"))
+        self.release: Script = register(redis, source_after(WAKE_FAIR_WAITER, "multi_release"))
         self.renew: Script = register(redis, source("multi_renew"))
 
 

@@ -4,8 +4,7 @@
 -- ARGV[3]: fencing token each key must have ('' any; the admin's clear_holder passes one)
 -- ARGV[4..3+n]: the wake-up channel of each name
 -- Waiters mark the hash (acquire.lua): only a marked one is published, and its oldest live
--- fair waiter (queued in P{T}:queue, registered in P{T}:w:W, blocked on P{T}:m:W; see
--- release.lua) is pushed 0, not a fencing token: it wakes and takes the freed name itself.
+-- fair waiter is woken to take the freed name itself (wake_fair_waiter.lua, prepended).
 -- returns 1 all released; else -1 if some name is held by another owner, 0 if some expired
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -22,16 +21,7 @@ for i, key in ipairs(KEYS) do
       redis.call('DEL', key)
       if holder[3] then
         redis.call('PUBLISH', ARGV[3 + i], 'released')
-        local base = string.sub(key, 1, -5)
-        for _, waiter in ipairs(redis.call('LRANGE', base .. 'queue', 0, -1)) do
-          local lifetime = redis.call('PTTL', base .. 'w:' .. waiter)
-          if lifetime > 0 then
-            redis.call('RPUSH', base .. 'm:' .. waiter, 0)
-            redis.call('PEXPIRE', base .. 'm:' .. waiter, lifetime)
-            break
-          end
-          redis.call('LREM', base .. 'queue', 1, waiter)  -- it died: its registration ran out
-        end
+        wake_fair_waiter(string.sub(key, 1, -5))
       end
     end
   elseif owner then

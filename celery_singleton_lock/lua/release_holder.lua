@@ -8,8 +8,7 @@
 -- ARGV[1]: task id   ARGV[2]: pid   ARGV[3]: host
 -- ARGV[4]: delay, ms (0: free now)   ARGV[5]: wake-up channel
 -- Waiters mark the hash (acquire.lua): only a marked one is published, and its oldest live
--- fair waiter (queued in P{T}:queue, registered in P{T}:w:W, blocked on P{T}:m:W; see
--- release.lua) is pushed 0, not a fencing token: it wakes and takes the freed name itself.
+-- fair waiter is woken to take the freed name itself (wake_fair_waiter.lua, prepended).
 -- returns 1 released; 0 the lock is not held by that task in that process on that host
 local holder = redis.call('HMGET', KEYS[1], 'owner', 'task_id', 'pid', 'host', 'waiting')
 local owner = holder[1]
@@ -26,16 +25,7 @@ else
   redis.call('DEL', KEYS[1])
   if holder[5] then
     redis.call('PUBLISH', ARGV[5], 'released')
-    local base = string.sub(KEYS[1], 1, -5)
-    for _, waiter in ipairs(redis.call('LRANGE', base .. 'queue', 0, -1)) do
-      local lifetime = redis.call('PTTL', base .. 'w:' .. waiter)
-      if lifetime > 0 then
-        redis.call('RPUSH', base .. 'm:' .. waiter, 0)
-        redis.call('PEXPIRE', base .. 'm:' .. waiter, lifetime)
-        break
-      end
-      redis.call('LREM', base .. 'queue', 1, waiter)  -- it died: its registration ran out
-    end
+    wake_fair_waiter(string.sub(KEYS[1], 1, -5))
   end
 end
 return 1
