@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from support.waiting import wait_for_subscriber
 
-from celery_singleton_lock import LockClient
+from celery_singleton_lock import ConfigurationError, LockClient
 from celery_singleton_lock.embedded import RedisServer
 from celery_singleton_lock.lease import Lease
 
@@ -107,3 +108,26 @@ def test_a_waiter_on_the_claim_is_woken(client: LockClient) -> None:
     assert got == [True]
     waiter.release()
     lease.release()
+
+
+@pytest.mark.parametrize(
+    ("name", "owner", "stop", "argument"),
+    [
+        ("", CLAIM_OWNER, False, "name"),
+        (CLAIM, "", False, "owner"),  # "" would match a hash in its delay-after
+        (CLAIM, None, False, "owner"),
+        (CLAIM, CLAIM_OWNER, "yes", "stop_if_taken"),
+    ],
+)
+def test_bad_arguments_are_refused_and_change_nothing(
+    client: LockClient, name: Any, owner: Any, stop: Any, argument: str
+) -> None:
+    claim = hold_claim(client)
+    lease = client.lease("job", ttl=10)
+    with pytest.raises(ConfigurationError) as info:
+        lease.free_first(name, owner, stop_if_taken=stop)
+    assert info.value.argument == argument
+    assert lease.acquire(0) and lease.freed_first is None  # nothing was arranged
+    assert claim_owner_now(client) == CLAIM_OWNER
+    lease.release()
+    claim.release()

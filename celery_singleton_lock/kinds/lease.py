@@ -148,9 +148,13 @@ class Lease(LockHandle):
         ``stop_if_taken``, when another owner holds ``name`` the attempt stops there and
         the acquire fails. False, and nothing changed, on a Redis Cluster: the two names'
         keys live in different slots, so the caller releases ``name`` itself."""
+        # Checked as release_owner checks them: an empty owner would match a delay-after.
+        lock_key = self._conn.keys(name).lock
+        owner = validate.check_text(owner, "owner")
+        stop_if_taken = validate.check_bool(stop_if_taken, "stop_if_taken")
         if is_cluster(self._conn.redis):
             return False
-        self._free_first = (self._conn.keys(name).lock, owner, stop_if_taken)
+        self._free_first = (lock_key, owner, stop_if_taken)
         self.freed_first = None
         return True
 
