@@ -30,7 +30,7 @@ from support.workers import WorkerPrograms
 
 from celery_singleton_lock import LockClient, SingletonTask, lock_released
 from celery_singleton_lock.core.keys import lock_keys
-from celery_singleton_lock.worker import SingletonLockStep, install
+from celery_singleton_lock.worker import SingletonLockStep, install, release_all_held
 
 TIMEOUT = 30.0
 
@@ -164,6 +164,36 @@ def test_worker_shutdown_signal_before_the_pool_stopped_releases_nothing(
     assert not runner.is_alive()
     assert gate.released == [result.id]
     assert holder_task_id(lock_client, "gate") is None
+
+
+@pytest.mark.timeout(90)
+def test_process_shutdown_releases_the_runs_locks_not_the_users_own(
+    celery_lock_app: Celery, gate: Gate, lock_client: LockClient
+) -> None:
+    """``worker_process_shutdown`` (and the step's stop) release the locks runs took, never
+    one user code took itself in the same process: that code may still be running."""
+    own = lock_client.lease("own", ttl=3, heartbeat=True)
+    assert own.acquire(0)
+    worker, runner = threads_worker(celery_lock_app)
+    try:
+        result = gate.task.delay()
+        assert gate.started.wait(TIMEOUT)
+        assert holder_task_id(lock_client, "gate") == result.id
+        release_all_held()
+        assert holder_task_id(lock_client, "gate") is None
+        assert own.held
+        assert lock_client.redis.hget(lock_client.connection.keys("own").lock, "owner") == (
+            own.owner.encode()
+        )
+    finally:
+        gate.open.set()
+        worker.stop()
+        runner.join(TIMEOUT)
+    assert not runner.is_alive()
+    assert result.get(timeout=TIMEOUT) > 0
+    assert gate.released == []  # the run found its lock already released: nothing to send
+    assert own.held
+    own.release()
 
 
 @pytest.mark.timeout(90)

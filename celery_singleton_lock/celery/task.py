@@ -50,7 +50,7 @@ from .task_keys import TaskKey
 
 # Importing the task connects the worker's receivers of Celery's signals (release at shutdown,
 # free revoked claims), as importing the signals did before.
-from .worker import install
+from .worker import install, track_run_lock
 
 log = logging.getLogger("celery_singleton_lock.task")
 
@@ -295,6 +295,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             return self._replaced(lease, args, kwargs)
         if not acquired:
             return self._conflict(lease, options, waited)
+        track_run_lock(lease)
         lock_acquired.send(sender=self, name=name, task_id=task_id, lease=lease, wait=waited)
         return self._run_holding(lease, args, kwargs)
 

@@ -11,14 +11,15 @@
   Its place cannot be asked for with ``requires``: nothing the ``Pool`` step requires can
   require it, and the order of steps that do not depend on each other changes from one
   start to the next.
-- Receivers of Celery's signals release what a process still holds when it ends, and free
-  the claim of a message revoked before it ran.
+- Receivers of Celery's signals release what the process's runs still hold when it ends,
+  and free the claim of a message revoked before it ran.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from typing import Any
 
 from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
@@ -30,7 +31,6 @@ from celery.worker.request import Request
 from kombu.asynchronous import get_event_loop
 
 from ..core.handle import HOSTNAME
-from ..core.heartbeat import heartbeat
 from ..exceptions import ConfigurationError, LockError
 from .app_client import lock_client_for
 from .options import AppSettings
@@ -162,14 +162,30 @@ def install(app: Any) -> None:
 # -- shutdown and revoke receivers ---------------------------------------------------------------
 
 
+#: The lock of every run of this process (SingletonTask adds each one it took). Shutdown
+#: releases only these: a lock that user code took itself, in a task body to outlive the run
+#: or in a thread of its own, is its code's to release; releasing it at shutdown could let a
+#: second holder in while that code still runs.
+_run_locks: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def track_run_lock(handle: Any) -> None:
+    """Note ``handle`` as the lock of a run, for :func:`release_all_held`."""
+    _run_locks.add(handle)
+
+
 def release_all_held(**_: Any) -> None:
-    """Release every lease this process still holds: at worker (process) shutdown, so a
-    stopping worker frees its keys at once rather than after the lease runs out."""
-    for lease in heartbeat().leases():
+    """Release every run's lock this process still holds: at worker (process) shutdown, so a
+    stopping worker frees its keys at once rather than after the lease runs out. Each run
+    releases its own lock as it ends; what is left is a release that failed (Redis was
+    unreachable), tried once more here."""
+    for lock in list(_run_locks):
+        if not lock.held:
+            continue
         try:
-            lease.release()
+            lock.release()
         except LockError as exc:
-            log.warning("could not release %r at shutdown: %s", lease.name, exc)
+            log.warning("could not release %r at shutdown: %s", lock.name, exc)
 
 
 def _release_at_worker_shutdown(sender: Any = None, **_: Any) -> None:
