@@ -94,6 +94,8 @@ def test_ranges_conflict_only_where_they_overlap_and_shrink_frees_the_rest(side:
         assert await lock.write(101, 200).acquire()  # disjoint
         assert not await lock.read(100, 150).acquire()  # closed intervals touch at 100
         await held.shrink(0, 10)
+        handle = getattr(held, "handle", held)  # the sync side wraps its handle
+        assert repr(handle) == f"<{type(handle).__name__} 'rows' write [0.0, 10.0] held>"
         freed = lock.write(11, 100)
         assert await freed.acquire()
         assert not await lock.read(5, 5).acquire()

@@ -22,6 +22,7 @@ from ..kinds.intervals import (
     check_interval,
 )
 from ..kinds.rangelock import FAMILY as RANGE_FAMILY
+from ..kinds.rangelock import describe_hold
 from ..kinds.rwlock import FAMILY as RW_FAMILY
 from . import wire
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
@@ -173,6 +174,9 @@ class AsyncRangeLockHandle(AsyncIntervalHandle):
         """A write hold (not yet acquired) on [lo, hi] inside this upgradable hold."""
         low, high = self._nested_write(lo, hi)
         return AsyncRangeLockHandle(self._conn, self.name, "w", low, high, parent=self, **options)
+
+    def __repr__(self) -> str:
+        return describe_hold(self)
 
 
 class AsyncRWLock:

@@ -51,9 +51,14 @@ class RangeLockHandle(IntervalHandle):
         return RangeLockHandle(self._conn, self.name, "w", low, high, parent=self, **options)
 
     def __repr__(self) -> str:
-        state = "lost" if self.lost else "held" if self.held else "free"
-        mode = intervals.MODE_NAMES[self.mode]
-        return f"<RangeLockHandle {self.name!r} {mode} [{self.lo}, {self.hi}] {state}>"
+        return describe_hold(self)
+
+
+def describe_hold(handle: Any) -> str:
+    """The repr of a range hold, sync or async: its mode and interval, then its state."""
+    state = "lost" if handle.lost else "held" if handle.held else "free"
+    mode = intervals.MODE_NAMES[handle.mode]
+    return f"<{type(handle).__name__} {handle.name!r} {mode} [{handle.lo}, {handle.hi}] {state}>"
 
 
 class RangeLock:
