@@ -10,6 +10,11 @@
 --         {-3, 0}                the parent upgradable hold is gone or does not cover [lo, hi]
 local owner, mode, lo, hi = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local parent = ARGV[9]
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  -- B exp ran out, so any entry left in a holder index is of a hold that expired (see
+  -- interval_common.lua), and nothing else could prune it.
+  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+end
 prune(0, true)
 if parent ~= '' then
   local plo = redis.call('ZSCORE', KEYS[4], parent)

@@ -21,6 +21,9 @@
 -- latest expiry it indexes: an acquire or renewal PEXPIREs the keys it writes to the latest
 -- expiry of the whole lock; a release only removes entries, so it leaves expiries alone (the
 -- keys outlive the released holder by at most what its lease had left, and vanish once empty).
+-- So B exp, which every such PEXPIRE sets, runs out only once every entry of every index has
+-- expired; but a mode's pair can outlive it (a release left its longer expiry, and a later
+-- acquire set B exp to a shorter latest one), still holding the entries of holders that died.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local MODES = {r = 2, u = 4, w = 6}
