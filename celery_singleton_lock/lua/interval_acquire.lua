@@ -1,10 +1,11 @@
 -- Take a read ('r'), upgradable ('u') or write ('w') hold on the closed interval [lo, hi].
--- KEYS: see interval_common.lua (1..12; KEYS[8] is the new holder's hash)
+-- KEYS: see interval_common.lua (1..13; KEYS[8] is the new holder's hash)
 -- ARGV[1]: owner token    ARGV[2]: mode r|u|w    ARGV[3], ARGV[4]: lo, hi (strtod syntax)
 -- ARGV[5]: lease, ms      ARGV[6]: max-hold, ms (0: no cap)    ARGV[7]: fence ttl, ms
 -- ARGV[8]: reservation, ms: a blocked writer that will wait queues one (0: do not)
 -- ARGV[9]: owner of the upgradable hold a write nests in ('' none)
--- ARGV[10]: publish channel    ARGV[11..]: field, value pairs describing the holder
+-- ARGV[10]: publish channel    ARGV[11]: '1' the caller will wait if blocked ('' it will not)
+-- ARGV[12..]: field, value pairs describing the holder
 -- returns {1, fencing token}    taken
 --         {0, ms}                blocked; ms until a conflicting holder could run out
 --         {-3, 0}                the parent upgradable hold is gone or does not cover [lo, hi]
@@ -31,12 +32,16 @@ if blocked(mode, lo, hi, parent) then
     redis.call('ZADD', KEYS[11], now_ms + reserve, owner)
     refresh_queue()
   end
-  return {0, hint(mode)}
+  local ms = hint(mode)
+  if ARGV[11] == '1' then
+    mark_waiting(ms)
+  end
+  return {0, ms}
 end
 if unreserve(owner) > 0 then
   refresh_queue()
 end
-local token = next_token(KEYS[12], ARGV[7])
+local token = next_token(KEYS[13], ARGV[7])
 local lease = tonumber(ARGV[5])
 local max_hold = tonumber(ARGV[6])
 local deadline = 0
@@ -50,7 +55,7 @@ redis.call('ZADD', KEYS[m], lo, owner)
 redis.call('ZADD', KEYS[m + 1], hi, owner)
 redis.call('HSET', KEYS[8], 'owner', owner, 'token', token, 'acquired_ms', now_ms,
   'renewed_ms', now_ms, 'ttl_ms', ARGV[5], 'deadline_ms', deadline, 'mode', mode,
-  'lo', lo, 'hi', hi, 'parent', parent, unpack(ARGV, 11))
+  'lo', lo, 'hi', hi, 'parent', parent, unpack(ARGV, 12))
 redis.call('PEXPIRE', KEYS[8], lease)
 refresh(0, {1, m, m + 1})
 return {1, token}

@@ -1,9 +1,10 @@
 -- Change a held interval in place: shrink it, upgrade an upgradable hold to write, or
 -- downgrade a write hold (that was upgraded) back to upgradable; or withdraw the reservation
 -- of an upgrade that stopped waiting (unreserve).
--- KEYS: see interval_common.lua (1..11; KEYS[8] is the holder's hash)
+-- KEYS: see interval_common.lua (1..12; KEYS[8] is the holder's hash)
 -- ARGV[1]: shrink | upgrade | downgrade | unreserve    ARGV[2]: owner token
--- ARGV[3], ARGV[4]: new lo, hi (shrink)     ARGV[5]: reservation, ms (upgrade; 0: none)
+-- ARGV[3], ARGV[4]: new lo, hi (shrink)
+-- ARGV[5]: reservation, ms (upgrade; 0: none, and the caller will not wait)
 -- ARGV[6]: wake-up channel
 -- returns {1, 0}    done
 --         {0, ms}   upgrade blocked by readers; ms until one could run out
@@ -55,7 +56,11 @@ if op == 'upgrade' then
       redis.call('ZADD', KEYS[11], now_ms + reserve, owner)
       refresh_queue()
     end
-    return {0, hint('w')}
+    local ms = hint('w')
+    if reserve > 0 then
+      mark_waiting(ms)
+    end
+    return {0, ms}
   end
   if unreserve(owner) > 0 then
     refresh_queue()

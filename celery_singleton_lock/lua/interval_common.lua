@@ -9,7 +9,9 @@
 --   o+6  B w:lo   zset  WRITE holders, by lo                   o+7  B w:hi  by hi
 --   o+8  B h:<owner>  hash  the holder record (same fields as a lease's hash + mode, lo, hi)
 --   9..11 B q:lo, q:hi, q:exp  zsets: reservations of waiting writers (lo, hi, expiry)
---   12   P{T}:fence  the fencing counter shared with the lease of the same name
+--   12   B waiting  string: a waiter sleeps on this lock (see mark_waiting); acquire,
+--        release and change only
+--   13   P{T}:fence  the fencing counter shared with the lease of the same name (acquire)
 -- A reader-writer lock is an interval lock whose every holder covers [-inf, +inf].
 --
 -- Overlap query in O(log n): a holder [l, h] misses the closed interval [a, b] exactly when
@@ -27,6 +29,9 @@
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local MODES = {r = 2, u = 4, w = 6}
+-- Slack a waiter's mark keeps beyond its wait hint: time for the failed attempt's reply to
+-- reach the waiter and its retry to come back.
+local MARK_SLACK_MS = 1000
 local INDEXES = {1, 2, 3, 4, 5, 6, 7}
 
 local function zrem_all(key, members)
@@ -107,6 +112,27 @@ local function remove_holder(owner)
   end
   redis.call('ZREM', KEYS[1], owner)
   redis.call('DEL', KEYS[8])
+end
+
+-- A caller that will wait for this blocked request marks the lock (KEYS[12]) for `ms`, its
+-- wait hint, plus slack: a release publishes only while the mark is there (see wake). It
+-- sleeps at most its hint before it tries again, and that failed attempt marks it again, so
+-- the mark lasts as long as it waits. Never shortened: another waiter may sleep longer.
+-- Every waiter makes a failed attempt after its subscription is live, so a release after
+-- that attempt finds the mark and reaches it.
+local function mark_waiting(ms)
+  ms = ms + MARK_SLACK_MS
+  if redis.call('PTTL', KEYS[12]) < ms then
+    redis.call('SET', KEYS[12], 1, 'PX', ms)
+  end
+end
+
+-- Wake the lock's waiters if any marked it: take the mark (they all hear this message and
+-- try again, and whoever is still blocked marks it anew) and publish.
+local function wake(channel, message)
+  if redis.call('DEL', KEYS[12]) == 1 then
+    redis.call('PUBLISH', channel, message)
+  end
 end
 
 -- Withdraw owner's reservation; 1 if it had one. Most callers never reserved: one lookup.

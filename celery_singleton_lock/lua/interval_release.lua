@@ -1,6 +1,6 @@
 -- Release a hold (now, or after a delay during which its interval stays locked with no
 -- renewal), withdraw a waiter's reservation, or clear a holder for the admin tools.
--- KEYS: see interval_common.lua (1..11; KEYS[8] is the holder's hash)
+-- KEYS: see interval_common.lua (1..12; KEYS[8] is the holder's hash)
 -- ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)   ARGV[3]: wake-up channel
 -- ARGV[4]: fencing token the holder must have ('' : any)
 -- ARGV[5]: renewed_ms the holder must still have ('' : any): the admin's clear of a hold it
@@ -9,6 +9,7 @@
 --         0   not held: the hold expired (or was cleared)
 --        -1   the holder's fencing token is not ARGV[4]
 --        -2   the holder was renewed since it was listed (renewed_ms is not ARGV[5])
+-- Waiters are woken only if one marked the lock (see mark_waiting).
 local owner = ARGV[1]
 prune(0, true)
 local woke = false
@@ -41,6 +42,6 @@ elseif woke then
   result = 1
 end
 if woke then
-  redis.call('PUBLISH', ARGV[3], 'released')
+  wake(ARGV[3], 'released')
 end
 return result
