@@ -4,7 +4,8 @@ One named lock holds read, upgradable and write holds on closed intervals [lo, h
 real line; a reader-writer lock is the special case where every hold covers the whole line.
 Each hold is its own entry with its own expiry, so a crashed holder frees its share within its
 lease. The Lua side (``lua/interval_*.lua``, with the shared helpers of
-``lua/interval_common.lua`` prepended) documents the layout::
+``lua/interval_common.lua`` and, but for the release, ``lua/interval_overlap.lua``
+prepended) documents the layout::
 
     B exp            zset  owner -> expiry (server ms), every holder of every mode
     B r:lo, r:hi     zsets read holders by lo and by hi
@@ -86,10 +87,11 @@ class IntervalScripts:
 
     def __init__(self, redis: Any) -> None:
         def load(name: str) -> Script:
-            return register(redis, source_after("interval_common", name))
+            return register(redis, source_after("interval_common", "interval_overlap", name))
 
         self.acquire = load("interval_acquire")
-        self.release = load("interval_release")
+        # The release decides nothing on overlaps: it goes without their helpers.
+        self.release = register(redis, source_after("interval_common", "interval_release"))
         self.change = load("interval_change")
         self.renew = load("interval_renew")
 

@@ -53,7 +53,7 @@ if op == 'upgrade' then
     if reserve > 0 then
       redis.call('ZADD', KEYS[9], lo, owner)
       redis.call('ZADD', KEYS[10], hi, owner)
-      redis.call('ZADD', KEYS[11], now_ms + reserve, owner)
+      redis.call('ZADD', KEYS[11], now() + reserve, owner)
       refresh_queue()
     end
     local ms = hint('w')
