@@ -93,6 +93,34 @@ def test_shrink_frees_exactly_the_released_part(lock_client: LockClient) -> None
     held.release()
 
 
+def test_holds_up_to_infinity_overlap_and_shrink_like_any_other(lock_client: LockClient) -> None:
+    # A hold whose hi is +inf keeps no entry in its mode's hi index (it counts in no query
+    # of it); overlaps, a nested write and shrinking to a finite hi still see [lo, +inf].
+    lock = lock_client.range_lock("open")
+    up = lock.upgradable(5, math.inf, heartbeat=False)
+    assert up.acquire()
+    keys = up._keys
+    assert lock_client.redis.zscore(keys.indexes[4], up._owner or "") is None  # u:hi
+    assert not lock.write(1e300, math.inf).acquire()
+    assert not lock.upgradable(-math.inf, 5).acquire()
+    low = lock.upgradable(-math.inf, 4.99, heartbeat=False)
+    assert low.acquire()
+    low.release()
+    nested = up.write(1e300, math.inf, heartbeat=False)
+    assert nested.acquire()
+    assert not lock.read(1e301, math.inf).acquire()
+    beside = lock.read(10, 11)
+    assert beside.acquire()
+    beside.release()
+    nested.release()
+    up.shrink(5, 6)
+    assert lock_client.redis.zscore(keys.indexes[4], up._owner or "") == 6.0
+    assert lock_client.redis.pttl(keys.indexes[4]) > 0
+    assert lock.write(6.01, math.inf).acquire()
+    assert not lock.write(6, 7).acquire()
+    up.release()
+
+
 def test_upgradable_nests_a_write_that_waits_only_for_other_readers(
     lock_client: LockClient,
 ) -> None:

@@ -31,7 +31,7 @@ if parent ~= '' or redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS
   end
   if parent ~= '' then
     local plo = redis.call('ZSCORE', KEYS[4], parent)
-    local phi = redis.call('ZSCORE', KEYS[5], parent)
+    local phi = redis.call('ZSCORE', KEYS[5], parent) or 'inf'
     if not plo or tonumber(plo) > tonumber(lo) or tonumber(phi) < tonumber(hi) then
       return {-3, 0}
     end
@@ -67,7 +67,10 @@ local m = MODES[mode]
 local expiry = now_ms + lease
 redis.call('ZADD', KEYS[1], expiry, owner)
 redis.call('ZADD', KEYS[m], lo, owner)
-redis.call('ZADD', KEYS[m + 1], hi, owner)
+local with_hi = tonumber(hi) ~= math.huge  -- see interval_common.lua
+if with_hi then
+  redis.call('ZADD', KEYS[m + 1], hi, owner)
+end
 redis.call('HSET', KEYS[8], 'owner', owner, 'token', token, 'acquired_ms', now_ms,
   'renewed_ms', now_ms, 'ttl_ms', ARGV[5], 'deadline_ms', deadline, 'mode', mode,
   'lo', lo, 'hi', hi, 'parent', parent, unpack(ARGV, 12))
@@ -77,5 +80,7 @@ redis.call('PEXPIRE', KEYS[8], lease)
 local ms = math.max(latest, expiry) - now_ms
 redis.call('PEXPIRE', KEYS[1], ms)
 redis.call('PEXPIRE', KEYS[m], ms)
-redis.call('PEXPIRE', KEYS[m + 1], ms)
+if with_hi then
+  redis.call('PEXPIRE', KEYS[m + 1], ms)
+end
 return {1, token}

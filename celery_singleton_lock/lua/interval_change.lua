@@ -28,13 +28,16 @@ if not m then
   return {-3, 0}
 end
 local lo = redis.call('ZSCORE', KEYS[m], owner)
-local hi = redis.call('ZSCORE', KEYS[m + 1], owner)
+local hi = redis.call('ZSCORE', KEYS[m + 1], owner) or 'inf'  -- see interval_common.lua
 if op == 'shrink' then
   if tonumber(ARGV[3]) < tonumber(lo) or tonumber(ARGV[4]) > tonumber(hi) then
     return {-4, 0}
   end
   redis.call('ZADD', KEYS[m], ARGV[3], owner)
-  redis.call('ZADD', KEYS[m + 1], ARGV[4], owner)
+  if tonumber(ARGV[4]) ~= math.huge then
+    redis.call('ZADD', KEYS[m + 1], ARGV[4], owner)
+    refresh(0, {m + 1})  -- the key may be new: it had no entry of a hold up to +inf
+  end
   redis.call('HSET', KEYS[8], 'lo', ARGV[3], 'hi', ARGV[4])
   redis.call('PUBLISH', ARGV[6], 'shrunk')
   return {1, 0}
@@ -70,7 +73,9 @@ redis.call('ZREM', KEYS[m], owner)
 redis.call('ZREM', KEYS[m + 1], owner)
 local n = MODES[to]
 redis.call('ZADD', KEYS[n], lo, owner)
-redis.call('ZADD', KEYS[n + 1], hi, owner)
+if tonumber(hi) ~= math.huge then
+  redis.call('ZADD', KEYS[n + 1], hi, owner)
+end
 redis.call('HSET', KEYS[8], 'mode', to)
 refresh(0)
 if op == 'downgrade' then

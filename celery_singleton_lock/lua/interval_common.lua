@@ -19,6 +19,9 @@
 -- l > b or h < a, and both cannot hold at once, so
 --   overlapping = ZCARD(lo) - ZCOUNT(lo, (b, +inf) - ZCOUNT(hi, -inf, (a)
 -- Three skiplist rank lookups, whatever the number of holders and however readers overlap.
+-- A holder whose hi is +inf never counts in ZCOUNT(hi, -inf, (a), so it has no entry in its
+-- mode's hi index (every hold of a reader-writer lock): its hi is +inf where that entry is
+-- missing, and its hash says so too.
 -- Expired holders are pruned from the indexes at the start of every script that decides on
 -- overlaps (acquire, change, renew; amortised O(log n) each); their hashes expire on their
 -- own. Every index key lives at least until the latest expiry it indexes: an acquire or
