@@ -30,6 +30,8 @@ TARGET_HANDOFF_MS = 2.0
 #: A read pair's server time against a lease pair's.
 TARGET_SERVER_RATIO = 1.5
 SETTLE = 0.02
+#: Alternating rounds of the server-time measure (lease, read, lease, ...).
+SERVER_ROUNDS = 5
 
 
 def add_arguments(group: argparse._ArgumentGroup) -> None:
@@ -58,7 +60,8 @@ def run(ctx: Context) -> list[Table]:
 
         server_us = server_time(client, pairs)
         server = Table(
-            f"Server time per acquire+release pair (INFO commandstats, least of 3 x {pairs})",
+            f"Server time per acquire+release pair (INFO commandstats, least of"
+            f" {SERVER_ROUNDS} alternating rounds x {pairs})",
             ["lock", "server us/pair", "x lease"],
             numeric=frozenset({1, 2}),
         )
@@ -141,12 +144,15 @@ def throughput(client: LockClient, rounds: int, pairs: int) -> dict[str, list[fl
 
 
 def server_time(client: LockClient, pairs: int) -> dict[str, float]:
-    """Server microseconds per uncontended pair of a lease and of a read hold (both scripts)."""
+    """Server microseconds per uncontended pair of a lease and of a read hold (both scripts).
+
+    Their rounds alternate, so a busy moment of a shared machine does not fall on one of
+    them alone (the ratio is what the target reads); the least round of each is kept."""
     handles = {
         "lease": client.lease("st-lease", ttl=TTL, heartbeat=False),
         "read": client.rwlock("st-rw").read(ttl=TTL, heartbeat=False),
     }
-    result: dict[str, float] = {}
+    runs: dict[str, Callable[[], None]] = {}
     for key, handle in handles.items():
 
         def pair(handle: Any = handle) -> None:
@@ -156,7 +162,12 @@ def server_time(client: LockClient, pairs: int) -> dict[str, float]:
 
         for _ in range(max(100, pairs // 4)):  # warm-up: scripts loaded
             pair()
-        result[key] = server_us_per_pair(client.redis, pair, ("evalsha",), pairs)
+        runs[key] = pair
+    result = dict.fromkeys(runs, float("inf"))
+    for _ in range(SERVER_ROUNDS):
+        for key, pair in runs.items():
+            round_us = server_us_per_pair(client.redis, pair, ("evalsha",), pairs, rounds=1)
+            result[key] = min(result[key], round_us)
     return result
 
 

@@ -13,41 +13,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from support.pubsub import Channel
 from support.waiting import BackgroundAcquire, wait_for, wait_for_subscriber
 
 from celery_singleton_lock import Lease, LockClient
 from celery_singleton_lock.core.keys import FENCE_TTL_MS
-
-PROBE = b"probe"
-
-
-class Channel:
-    """A subscriber to one lock's wake-up channel."""
-
-    def __init__(self, client: LockClient, channel: bytes) -> None:
-        self._channel = channel
-        self._redis = client.redis
-        self._pubsub = client.redis.pubsub()
-        self._pubsub.subscribe(channel)
-        confirmed = self._pubsub.get_message(timeout=10)
-        assert confirmed is not None and confirmed["type"] == "subscribe", confirmed
-
-    def published(self) -> list[bytes]:
-        """What was published on the channel since the last call."""
-        self._redis.publish(self._channel, PROBE)
-        seen: list[bytes] = []
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            message = self._pubsub.get_message(timeout=deadline - time.monotonic())
-            if message is None or message["type"] != "message":
-                continue
-            if message["data"] == PROBE:
-                return seen
-            seen.append(message["data"])
-        pytest.fail("the probe message never arrived")
-
-    def close(self) -> None:
-        self._pubsub.close()
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from support.kind_children import killable_holder
+from support.waiting import wait_for
 
 from celery_singleton_lock import ConfigurationError, LockClient, LockError, rangelock
 
@@ -90,6 +91,34 @@ def test_shrink_frees_exactly_the_released_part(lock_client: LockClient) -> None
     assert lock.write(5, 7).acquire()  # the waiter still reads [8, 9]
     assert not lock.write(3, 4).acquire()
     held.release()
+
+
+def test_holds_up_to_infinity_overlap_and_shrink_like_any_other(lock_client: LockClient) -> None:
+    # A hold whose hi is +inf keeps no entry in its mode's hi index (it counts in no query
+    # of it); overlaps, a nested write and shrinking to a finite hi still see [lo, +inf].
+    lock = lock_client.range_lock("open")
+    up = lock.upgradable(5, math.inf, heartbeat=False)
+    assert up.acquire()
+    keys = up._keys
+    assert lock_client.redis.zscore(keys.indexes[4], up._owner or "") is None  # u:hi
+    assert not lock.write(1e300, math.inf).acquire()
+    assert not lock.upgradable(-math.inf, 5).acquire()
+    low = lock.upgradable(-math.inf, 4.99, heartbeat=False)
+    assert low.acquire()
+    low.release()
+    nested = up.write(1e300, math.inf, heartbeat=False)
+    assert nested.acquire()
+    assert not lock.read(1e301, math.inf).acquire()
+    beside = lock.read(10, 11)
+    assert beside.acquire()
+    beside.release()
+    nested.release()
+    up.shrink(5, 6)
+    assert lock_client.redis.zscore(keys.indexes[4], up._owner or "") == 6.0
+    assert lock_client.redis.pttl(keys.indexes[4]) > 0
+    assert lock.write(6.01, math.inf).acquire()
+    assert not lock.write(6, 7).acquire()
+    up.release()
 
 
 def test_upgradable_nests_a_write_that_waits_only_for_other_readers(
@@ -181,6 +210,30 @@ def test_sigkilled_range_holder_is_freed_within_its_ttl(
         assert writer.acquire(wait=10)
         assert time.monotonic() - killed < 2.0
         writer.release()
+
+
+def test_dead_holder_frees_its_range_when_the_expiry_index_ran_out_before_its_own_index(
+    lock_client: LockClient,
+) -> None:
+    # A release leaves index expiries alone, so the write index keeps the 300 s expiry the
+    # released writer gave it, while the read acquire sets the expiry index to the lock's
+    # latest expiry, the dead writer's 1 s. Once that index ran out, nothing pruned the dead
+    # writer's entry from the write index, and [2, 3] stayed locked for 300 s.
+    lock = lock_client.range_lock("outlived")
+    released = lock.write(0, 1, ttl=300, heartbeat=False)
+    assert released.acquire()
+    dead = lock.write(2, 3, ttl=1, heartbeat=False)  # never renewed: as if its process died
+    assert dead.acquire()
+    released.release()
+    brief = lock.read(5, 6, ttl=0.5, heartbeat=False)
+    assert brief.acquire()
+    keys = dead._keys
+    wait_for(
+        lambda: not lock_client.redis.exists(keys.indexes[0]), 5, "the expiry index to run out"
+    )
+    assert lock_client.redis.zscore(keys.indexes[5], dead._owner or "") is not None
+    assert lock.write(2, 3, heartbeat=False).acquire(wait=0)
+    assert lock_client.redis.zscore(keys.indexes[5], dead._owner or "") is None
 
 
 def test_clear_holder_and_every_key_expires(lock_client: LockClient) -> None:

@@ -45,7 +45,7 @@ async def release_hold(
     """One run of interval_release.lua (see :func:`..intervals.release_hold`)."""
     code = await conn.script(
         interval_scripts(conn).release,
-        keys.all(owner)[:11],
+        keys.all(owner)[:12],
         wire.interval_release_args(owner, delay_ms, keys.channel, token, renewed_ms),
     )
     return int(code)

@@ -165,9 +165,10 @@ def source(name: str) -> str:
     return (resources.files("celery_singleton_lock") / "lua" / f"{name}.lua").read_text("utf-8")
 
 
-def source_after(prelude: str, name: str) -> str:
-    """``lua/<name>.lua`` with ``lua/<prelude>.lua``, the functions it calls, before it."""
-    return source(prelude) + "\n" + source(name)
+def source_after(*names: str) -> str:
+    """The last of ``lua/<name>.lua`` with the others, the functions it calls, before it
+    (in the order given)."""
+    return "\n".join(source(name) for name in names)
 
 
 #: The prelude of the scripts that free a name without handing it to a fair waiter.

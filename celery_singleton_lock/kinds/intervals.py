@@ -4,13 +4,15 @@ One named lock holds read, upgradable and write holds on closed intervals [lo, h
 real line; a reader-writer lock is the special case where every hold covers the whole line.
 Each hold is its own entry with its own expiry, so a crashed holder frees its share within its
 lease. The Lua side (``lua/interval_*.lua``, with the shared helpers of
-``lua/interval_common.lua`` prepended) documents the layout::
+``lua/interval_common.lua`` and, but for the release, ``lua/interval_overlap.lua``
+prepended) documents the layout::
 
     B exp            zset  owner -> expiry (server ms), every holder of every mode
     B r:lo, r:hi     zsets read holders by lo and by hi
     B u:lo, u:hi     zsets upgradable holders          B w:lo, w:hi   write holders
     B h:<owner>      hash  one holder: the lease fields + mode, lo, hi, parent
     B q:lo, q:hi, q:exp    reservations of waiting writers (short, renewed while waiting)
+    B waiting        string: a waiter sleeps on the lock; releases publish only while it is there
     P{T}:fence       the fencing counter shared with the lease of the same name
     B chan           pub/sub channel woken by releases, shrinks and downgrades
 
@@ -53,6 +55,7 @@ class IntervalKeys:
     base: bytes
     indexes: tuple[bytes, ...]  # exp, r:lo, r:hi, u:lo, u:hi, w:lo, w:hi
     queue: tuple[bytes, bytes, bytes]  # q:lo, q:hi, q:exp
+    waiting: bytes
     fence: bytes
     channel: bytes
 
@@ -60,8 +63,8 @@ class IntervalKeys:
         return self.base + b"h:" + owner.encode()
 
     def all(self, owner: str) -> list[bytes]:
-        """KEYS 1..12 of the acquire/release/change scripts."""
-        return [*self.indexes, self.holder(owner), *self.queue, self.fence]
+        """KEYS 1..13 of the acquire script (the release and change scripts take 1..12)."""
+        return [*self.indexes, self.holder(owner), *self.queue, self.waiting, self.fence]
 
 
 def interval_keys(prefix: str, name: str, family: bytes) -> IntervalKeys:
@@ -73,6 +76,7 @@ def interval_keys(prefix: str, name: str, family: bytes) -> IntervalKeys:
         base=base,
         indexes=tuple(base + part for part in parts),
         queue=(base + b"q:lo", base + b"q:hi", base + b"q:exp"),
+        waiting=base + b"waiting",
         fence=slot + b"fence",
         channel=base + b"chan",
     )
@@ -83,10 +87,11 @@ class IntervalScripts:
 
     def __init__(self, redis: Any) -> None:
         def load(name: str) -> Script:
-            return register(redis, source_after("interval_common", name))
+            return register(redis, source_after("interval_common", "interval_overlap", name))
 
         self.acquire = load("interval_acquire")
-        self.release = load("interval_release")
+        # The release decides nothing on overlaps: it goes without their helpers.
+        self.release = register(redis, source_after("interval_common", "interval_release"))
         self.change = load("interval_change")
         self.renew = load("interval_renew")
 
@@ -153,7 +158,7 @@ class IntervalHold(HandleState):
         args = [
             owner, self.mode, score(self.lo), score(self.hi), self._ttl_ms, self._max_hold_ms,
             FENCE_TTL_MS, RESERVATION_MS if queued else 0, parent, self._keys.channel,
-            *self._describe_holder(),
+            "1" if reserve else "", *self._describe_holder(),
         ]  # fmt: skip
         return self._keys.all(owner), args, queued
 
@@ -177,7 +182,7 @@ class IntervalHold(HandleState):
         owner = self._owner
         if owner is None or not self._mine():
             raise LockNotHeld(f"lock {self.name!r} is not held", name=self.name)
-        keys = self._keys.all(owner)[:11]
+        keys = self._keys.all(owner)[:12]
         return keys, [op, owner, score(lo), score(hi), reserve, self._keys.channel]
 
     def _changed_lost(self, op: str) -> LockError:
@@ -420,7 +425,7 @@ def release_hold(
     when they are given; 1 released, 0 not held, -1 the token differs, -2 renewed since."""
     code = conn.call(
         scripts(conn).release,
-        keys=keys.all(owner)[:11],
+        keys=keys.all(owner)[:12],
         args=[owner, delay_ms, keys.channel, token, renewed_ms],
     )
     return int(code)

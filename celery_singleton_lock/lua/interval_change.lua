@@ -1,9 +1,10 @@
 -- Change a held interval in place: shrink it, upgrade an upgradable hold to write, or
 -- downgrade a write hold (that was upgraded) back to upgradable; or withdraw the reservation
 -- of an upgrade that stopped waiting (unreserve).
--- KEYS: see interval_common.lua (1..11; KEYS[8] is the holder's hash)
+-- KEYS: see interval_common.lua (1..12; KEYS[8] is the holder's hash)
 -- ARGV[1]: shrink | upgrade | downgrade | unreserve    ARGV[2]: owner token
--- ARGV[3], ARGV[4]: new lo, hi (shrink)     ARGV[5]: reservation, ms (upgrade; 0: none)
+-- ARGV[3], ARGV[4]: new lo, hi (shrink)
+-- ARGV[5]: reservation, ms (upgrade; 0: none, and the caller will not wait)
 -- ARGV[6]: wake-up channel
 -- returns {1, 0}    done
 --         {0, ms}   upgrade blocked by readers; ms until one could run out
@@ -27,13 +28,16 @@ if not m then
   return {-3, 0}
 end
 local lo = redis.call('ZSCORE', KEYS[m], owner)
-local hi = redis.call('ZSCORE', KEYS[m + 1], owner)
+local hi = redis.call('ZSCORE', KEYS[m + 1], owner) or 'inf'  -- see interval_common.lua
 if op == 'shrink' then
   if tonumber(ARGV[3]) < tonumber(lo) or tonumber(ARGV[4]) > tonumber(hi) then
     return {-4, 0}
   end
   redis.call('ZADD', KEYS[m], ARGV[3], owner)
-  redis.call('ZADD', KEYS[m + 1], ARGV[4], owner)
+  if tonumber(ARGV[4]) ~= math.huge then
+    redis.call('ZADD', KEYS[m + 1], ARGV[4], owner)
+    refresh(0, {m + 1})  -- the key may be new: it had no entry of a hold up to +inf
+  end
   redis.call('HSET', KEYS[8], 'lo', ARGV[3], 'hi', ARGV[4])
   redis.call('PUBLISH', ARGV[6], 'shrunk')
   return {1, 0}
@@ -52,10 +56,14 @@ if op == 'upgrade' then
     if reserve > 0 then
       redis.call('ZADD', KEYS[9], lo, owner)
       redis.call('ZADD', KEYS[10], hi, owner)
-      redis.call('ZADD', KEYS[11], now_ms + reserve, owner)
+      redis.call('ZADD', KEYS[11], now() + reserve, owner)
       refresh_queue()
     end
-    return {0, hint('w')}
+    local ms = hint('w')
+    if reserve > 0 then
+      mark_waiting(ms)
+    end
+    return {0, ms}
   end
   if unreserve(owner) > 0 then
     refresh_queue()
@@ -65,7 +73,9 @@ redis.call('ZREM', KEYS[m], owner)
 redis.call('ZREM', KEYS[m + 1], owner)
 local n = MODES[to]
 redis.call('ZADD', KEYS[n], lo, owner)
-redis.call('ZADD', KEYS[n + 1], hi, owner)
+if tonumber(hi) ~= math.huge then
+  redis.call('ZADD', KEYS[n + 1], hi, owner)
+end
 redis.call('HSET', KEYS[8], 'mode', to)
 refresh(0)
 if op == 'downgrade' then

@@ -1,6 +1,6 @@
 -- Release a hold (now, or after a delay during which its interval stays locked with no
 -- renewal), withdraw a waiter's reservation, or clear a holder for the admin tools.
--- KEYS: see interval_common.lua (1..11; KEYS[8] is the holder's hash)
+-- KEYS: see interval_common.lua (1..12; KEYS[8] is the holder's hash)
 -- ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)   ARGV[3]: wake-up channel
 -- ARGV[4]: fencing token the holder must have ('' : any)
 -- ARGV[5]: renewed_ms the holder must still have ('' : any): the admin's clear of a hold it
@@ -9,38 +9,50 @@
 --         0   not held: the hold expired (or was cleared)
 --        -1   the holder's fencing token is not ARGV[4]
 --        -2   the holder was renewed since it was listed (renewed_ms is not ARGV[5])
+--
+-- It decides nothing on overlaps, so it does not prune: a holder still holds while its hash
+-- and its B exp entry are there (see interval_common.lua), and removing its own entries
+-- only ever frees. Waiters are woken only if one marked the lock (see mark_waiting).
 local owner = ARGV[1]
-prune(0, true)
+local delay = tonumber(ARGV[2])
+local token, renewed = ARGV[4], ARGV[5] or ''
+local holder = redis.call('HMGET', KEYS[8], 'mode', 'token', 'renewed_ms')
+local m = MODES[holder[1] or '']
 local woke = false
-if unreserve(owner) > 0 then
+-- Only a waiting writer or upgrade queues a reservation, never the owner of a read hold.
+if holder[1] ~= 'r' and unreserve(owner) > 0 then
   woke = true
 end
-local expiry = redis.call('ZSCORE', KEYS[1], owner)
+-- A plain release learns whether it held from its ZREM below; the others ask first.
+local checked = delay > 0 or token ~= '' or renewed ~= ''
+if m and checked and not redis.call('ZSCORE', KEYS[1], owner) then
+  m = nil  -- pruned as expired a moment before its hash ran out
+end
 local result = 0
-if expiry then
-  if ARGV[4] ~= '' and redis.call('HGET', KEYS[8], 'token') ~= ARGV[4] then
+if m then
+  if token ~= '' and holder[2] ~= token then
     return -1
   end
-  local renewed = redis.call('HGET', KEYS[8], 'renewed_ms')
-  if ARGV[5] and ARGV[5] ~= '' and tonumber(renewed) ~= tonumber(ARGV[5]) then
+  if renewed ~= '' and tonumber(holder[3]) ~= tonumber(renewed) then
     return -2
   end
-  local delay = tonumber(ARGV[2])
   if delay > 0 then
     -- Delay-after: keep the indexed interval until the delay ends; nothing renews it now.
-    redis.call('ZADD', KEYS[1], now_ms + delay, owner)
+    redis.call('ZADD', KEYS[1], now() + delay, owner)
     redis.call('HSET', KEYS[8], 'state', 'cooldown', 'released_ms', now_ms)
     redis.call('PEXPIRE', KEYS[8], delay)
     refresh(0)
-  else
-    remove_holder(owner)
+    result = 1
+  elseif redis.call('ZREM', KEYS[1], owner) == 1 then
+    redis.call('ZREM', KEYS[m], owner)
+    redis.call('ZREM', KEYS[m + 1], owner)
+    redis.call('DEL', KEYS[8])
+    result = 1
     woke = true
   end
-  result = 1
-elseif woke then
-  result = 1
 end
 if woke then
-  redis.call('PUBLISH', ARGV[3], 'released')
+  wake(ARGV[3], 'released')
+  return 1
 end
 return result

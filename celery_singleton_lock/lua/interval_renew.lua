@@ -6,6 +6,7 @@
 -- -2 max-hold reached
 -- The remaining time is *set*, never added to.
 local result = {}
+now()
 for i = 1, #KEYS / 8 do
   local o = 8 * (i - 1)
   local owner = ARGV[2 * i - 1]
