@@ -18,7 +18,6 @@ import redis
 import redis_lock
 
 from celery_singleton_lock import LockClient
-from celery_singleton_lock.core.keys import FENCE_TTL_MS
 
 #: The floor's release: compare-and-delete, the least a safe release can do.
 FLOOR_RELEASE = """
@@ -167,8 +166,8 @@ class OurScripts:
         lease = self._lease
         self._owner = os.urandom(16).hex()
         taken, _ = self._scripts.acquire(
-            lease._keys.lock, lease._keys.fence, self._owner, lease._ttl_ms, 0, FENCE_TTL_MS,
-            lease._describe_holder(),
+            lease._keys.lock, lease._keys.fence, self._owner, lease._ttl_ms, 0,
+            lease._packed_holder(),
         )  # fmt: skip
         return taken
 
@@ -177,7 +176,7 @@ class OurScripts:
 
     def release(self) -> None:
         lease = self._lease
-        if self._scripts.release(lease._keys.lock, self._owner, 0, lease._keys.channel) != 1:
+        if self._scripts.release(lease._keys.lock, self._owner, 0) != 1:
             raise RuntimeError("not held")
 
 

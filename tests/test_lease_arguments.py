@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -171,6 +173,29 @@ def test_owner_info_is_stored(lock_client: LockClient) -> None:
     holder = lock_client.redis.hgetall(lease._keys.lock)
     assert holder[b"task_name"] == b"app.report"
     assert holder[b"task_id"] == b"abc"
+    lease.release()
+
+
+@pytest.mark.parametrize("size", [0, 31, 32, 255, 256, 65_535, 65_536])
+def test_holder_fields_are_stored_byte_for_byte_whatever_their_length(
+    lock_client: LockClient, size: int
+) -> None:
+    """The acquire script gets the holder's fields packed into one argument (a MessagePack
+    array, whose string headers change at 32, 256 and 65,536 bytes): each field lands in
+    the hash as the separate arguments used to store it."""
+    name = "packed-\ud800-" + "n" * size
+    value = ("é" * size)[: max(0, size - 1)] + "x" if size else ""
+    lease = lock_client.lease(name, owner_info={"task_name": value, "worker": "w", "k": "v"})
+    assert lease.acquire()
+    stored = lock_client.redis.hgetall(lease._keys.lock)
+    assert stored[b"name"] == name.encode("utf-8", "surrogatepass")
+    assert stored[b"task_name"] == value.encode()
+    assert stored[b"worker"] == b"w"
+    assert stored[b"info"] == b'{"k": "v"}'
+    assert stored[b"kind"] == b"lease"
+    assert stored[b"pid"] == str(os.getpid()).encode()
+    assert stored[b"thread"] == threading.current_thread().name.encode()
+    assert stored[b"heartbeat"] == b"1"
     lease.release()
 
 

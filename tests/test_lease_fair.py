@@ -12,8 +12,7 @@ import pytest
 from support.waiting import BackgroundAcquire, wait_for
 
 from celery_singleton_lock import ConfigurationError, Lease, LockClient
-from celery_singleton_lock.core.keys import FENCE_TTL_MS
-from celery_singleton_lock.core.scripts import fair_keys
+from celery_singleton_lock.core.scripts import fair_keys, pack_holder
 from celery_singleton_lock.lease import FAIR_REGISTRATION_MS
 
 
@@ -28,13 +27,13 @@ def queue_up(client: LockClient, lease: Lease, owner: str, thread: str) -> tuple
     """One queued attempt of fair waiter ``owner`` (as its acquire makes while blocked)."""
     fields = [b"name", b"fair", b"kind", b"lease", b"thread", thread]
     return client.connection.scripts.acquire(
-        lease._keys.lock, lease._keys.fence, owner, 20_000, 0, FENCE_TTL_MS, fields,
+        lease._keys.lock, lease._keys.fence, owner, 20_000, 0, pack_holder(fields),
         waiting=True, fair_ms=FAIR_REGISTRATION_MS,
     )  # fmt: skip
 
 
 def release(client: LockClient, lease: Lease, owner: str, delay_ms: int = 0) -> int:
-    return client.connection.scripts.release(lease._keys.lock, owner, delay_ms, lease._keys.channel)
+    return client.connection.scripts.release(lease._keys.lock, owner, delay_ms)
 
 
 def holder_of(client: LockClient, lease: Lease) -> dict[bytes, bytes]:

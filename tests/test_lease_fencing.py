@@ -57,10 +57,10 @@ def test_many_acquisitions_within_one_millisecond_get_increasing_tokens(
         owner = f"owner-{i}"
         pipe.evalsha(
             scripts._acquire.sha, 5, keys.lock, keys.fence, *fair_keys(keys.base, owner),
-            owner, 30_000, 0, FENCE_TTL_MS, "", "", 0, *lease._describe_holder(),
+            owner, 30_000, 0, "", "", 0, lease._packed_holder(),
         )  # fmt: skip
         pipe.evalsha(
-            scripts._release.sha, 1, keys.lock, owner, 0, keys.channel, FENCE_TTL_MS,
+            scripts._release.sha, 1, keys.lock, owner, 0,
         )  # fmt: skip
     replies = pipe.execute()
     tokens = [int(reply[1]) for reply in replies[::2]]

@@ -17,7 +17,6 @@ from support.pubsub import Channel
 from support.waiting import BackgroundAcquire, wait_for, wait_for_subscriber
 
 from celery_singleton_lock import Lease, LockClient
-from celery_singleton_lock.core.keys import FENCE_TTL_MS
 
 
 @pytest.fixture
@@ -37,13 +36,13 @@ def attempt(
 ) -> Any:
     """One run of acquire.lua for ``owner`` on ``lease``'s name."""
     return client.connection.scripts.acquire(
-        lease._keys.lock, lease._keys.fence, owner, 30_000, 0, FENCE_TTL_MS,
-        lease._describe_holder(), takeover, waiting=waiting,
+        lease._keys.lock, lease._keys.fence, owner, 30_000, 0, lease._packed_holder(),
+        takeover, waiting=waiting,
     )  # fmt: skip
 
 
 def release(client: LockClient, lease: Lease, owner: str, delay_ms: int = 0) -> int:
-    return client.connection.scripts.release(lease._keys.lock, owner, delay_ms, lease._keys.channel)
+    return client.connection.scripts.release(lease._keys.lock, owner, delay_ms)
 
 
 def marked(client: LockClient, lease: Lease) -> bool:

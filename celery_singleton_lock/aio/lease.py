@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.keys import FENCE_TTL_MS
-from ..core.scripts import ScriptCall
+from ..core.scripts import ScriptCall, pack_holder
 from .connection import AsyncConnection, HasAsyncConnection
 from .handle import AsyncLockHandle, RenewEntry
 
@@ -27,15 +26,15 @@ class AsyncLease(AsyncLockHandle):
     async def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
         conn = self._conn
         keys = self._keys
-        # acquire.lua: ARGV owner, ttl, max-hold, fence ttl, takeover ('' none), wait mode
-        # ('1': a waiter, whose failed attempt marks the holder so its release publishes),
-        # fair registration ms (unused here), holder...
+        # acquire.lua: ARGV owner, ttl, max-hold, takeover ('' none), wait mode ('1': a
+        # waiter, whose failed attempt marks the holder so its release publishes), fair
+        # registration ms (unused here), the holder's fields packed
         taken, value = await conn.script(
             conn.lease_scripts.acquire,
             (keys.lock, keys.fence),
             (
-                owner, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS, "",
-                "1" if reserve else "", 0, *self._describe_holder(),
+                owner, self._ttl_ms, self._max_hold_ms, "", "1" if reserve else "", 0,
+                pack_holder(self._describe_holder()),
             ),
         )  # fmt: skip
         return bool(taken), int(value)
@@ -46,7 +45,7 @@ class AsyncLease(AsyncLockHandle):
             await conn.script(
                 conn.lease_scripts.release,
                 (self._keys.lock,),
-                (owner, delay_ms, self._keys.channel, FENCE_TTL_MS),
+                (owner, delay_ms),
             )
         )
 

@@ -12,7 +12,13 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from ..core.scripts import WAKE_FAIR_WAITER, ScriptCall, register, source, source_after
+from ..core.scripts import (
+    WAKE_FAIR_WAITER,
+    ScriptCall,
+    register,
+    source_after,
+    with_fence_ttl,
+)
 
 
 async def run_script(redis: Any, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
@@ -55,6 +61,6 @@ class LeaseScripts:
     and multi-key scripts come from their sync modules' registries (``bound_to``)."""
 
     def __init__(self, redis: Any) -> None:
-        self.acquire = register(redis, source("acquire"))
-        self.release = register(redis, source("release"))
+        self.acquire = register(redis, with_fence_ttl("acquire"))
+        self.release = register(redis, with_fence_ttl("release"))
         self.clear = register(redis, source_after(WAKE_FAIR_WAITER, "clear"))

@@ -171,6 +171,52 @@ def source_after(*names: str) -> str:
     return "\n".join(source(name) for name in names)
 
 
+def with_fence_ttl(name: str) -> str:
+    """``lua/<name>.lua`` after a line defining ``FENCE_TTL_MS``: a constant of the script
+    rather than an argument sent with every call."""
+    return f"local FENCE_TTL_MS = {FENCE_TTL_MS}\n" + source(name)
+
+
+def pack_holder(fields: Sequence[Any]) -> bytes:
+    """The holder's field, value pairs (bytes, str or int) as the one argument acquire.lua
+    unpacks into hash fields: a MessagePack array of strings (``cmsgpack`` in Redis's Lua).
+    Built once per process and thread by a handle, so that an acquire sends one pre-encoded
+    argument instead of a dozen to encode; str is UTF-8, an int its decimal digits (as
+    redis-py would send them)."""
+    parts = [_array_header(len(fields))]
+    for value in fields:
+        if isinstance(value, bytes):
+            raw = value
+        elif isinstance(value, str):
+            raw = value.encode()
+        elif isinstance(value, int) and not isinstance(value, bool):
+            raw = str(value).encode()
+        else:
+            raise TypeError(f"a holder field must be bytes, str or int, not {type(value)!r}")
+        parts += (_str_header(len(raw)), raw)
+    return b"".join(parts)
+
+
+def _array_header(size: int) -> bytes:
+    """MessagePack: fixarray, array 16 or array 32 of ``size`` items."""
+    if size < 0x10:
+        return bytes((0x90 | size,))
+    if size < 0x10000:
+        return b"\xdc" + size.to_bytes(2, "big")
+    return b"\xdd" + size.to_bytes(4, "big")
+
+
+def _str_header(size: int) -> bytes:
+    """MessagePack: fixstr, str 8, str 16 or str 32 of ``size`` bytes."""
+    if size < 0x20:
+        return bytes((0xA0 | size,))
+    if size < 0x100:
+        return bytes((0xD9, size))
+    if size < 0x10000:
+        return b"\xda" + size.to_bytes(2, "big")
+    return b"\xdb" + size.to_bytes(4, "big")
+
+
 #: The prelude of the scripts that free a name without handing it to a fair waiter.
 WAKE_FAIR_WAITER = "wake_fair_waiter"
 
@@ -179,8 +225,8 @@ class Scripts:
     """Typed wrappers around the scripts, bound to one Redis client."""
 
     def __init__(self, redis: Any) -> None:
-        self._acquire: Script = register(redis, source("acquire"))
-        self._release: Script = register(redis, source("release"))
+        self._acquire: Script = register(redis, with_fence_ttl("acquire"))
+        self._release: Script = register(redis, with_fence_ttl("release"))
         self._renew: Script = register(redis, source("renew"))
         self._handover: Script = register(redis, source("handover"))
         self._release_holder: Script = register(
@@ -195,17 +241,17 @@ class Scripts:
         owner: str,
         ttl_ms: int,
         max_hold_ms: int,
-        fence_ttl_ms: int,
-        holder_fields: Sequence[Any],
+        holder: bytes,
         takeover: str = "",
         *,
         waiting: bool = False,
         fair_ms: int = 0,
     ) -> tuple[bool, int]:
         """(True, fencing token) when taken, else (False, ms until the holder's expiry).
-        ``takeover``: the owner token of a claim this acquisition may replace. ``waiting``:
-        the caller will wait for a release, so a busy holder's release must publish.
-        ``fair_ms`` > 0: it waits in the queue instead, registered for that long."""
+        ``holder``: the holder's fields, packed by :func:`pack_holder`. ``takeover``: the
+        owner token of a claim this acquisition may replace. ``waiting``: the caller will
+        wait for a release, so a busy holder's release must publish. ``fair_ms`` > 0: it
+        waits in the queue instead, registered for that long."""
         keys: tuple[bytes, ...]
         if fair_ms > 0:
             mode, keys = "fair", (lock_key, fence_key, *fair_keys(key_base(lock_key), owner))
@@ -213,9 +259,8 @@ class Scripts:
             mode, keys = "1" if waiting else "", (lock_key, fence_key)
         taken, value = self._acquire(
             keys=keys,
-            args=(owner, ttl_ms, max_hold_ms, fence_ttl_ms, takeover, mode, fair_ms,
-                  *holder_fields),
-        )  # fmt: skip
+            args=(owner, ttl_ms, max_hold_ms, takeover, mode, fair_ms, holder),
+        )
         return bool(taken), int(value)
 
     def acquire_freeing(
@@ -225,8 +270,7 @@ class Scripts:
         owner: str,
         ttl_ms: int,
         max_hold_ms: int,
-        fence_ttl_ms: int,
-        holder_fields: Sequence[Any],
+        holder: bytes,
         takeover: str,
         free: tuple[bytes, str, bool],
     ) -> tuple[bool, int, int]:
@@ -238,14 +282,15 @@ class Scripts:
         free_key, free_owner, stop = free
         reply = self._acquire(
             keys=(lock_key, fence_key, free_key),
-            args=(owner, ttl_ms, max_hold_ms, fence_ttl_ms, takeover,
-                  "free-or-stop" if stop else "free", free_owner, *holder_fields),
+            args=(owner, ttl_ms, max_hold_ms, takeover,
+                  "free-or-stop" if stop else "free", free_owner, holder),
         )  # fmt: skip
         return bool(reply[0]), int(reply[1]), int(reply[2])
 
-    def release(self, lock_key: bytes, owner: str, delay_ms: int, channel: bytes) -> int:
-        """1 released (or handed to the oldest fair waiter), GONE or TAKEN."""
-        return int(self._release(keys=(lock_key,), args=(owner, delay_ms, channel, FENCE_TTL_MS)))
+    def release(self, lock_key: bytes, owner: str, delay_ms: int) -> int:
+        """1 released (or handed to the oldest fair waiter), GONE or TAKEN; a release a
+        waiter waits for is published on the lock's channel (``P{T}:chan``)."""
+        return int(self._release(keys=(lock_key,), args=(owner, delay_ms)))
 
     def fair_abandon(self, lock_key: bytes, owner: str) -> int:
         """A fair waiter gives up: its fencing token if it was handed the lease meanwhile

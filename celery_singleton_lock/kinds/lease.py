@@ -21,7 +21,7 @@ from ..core.handle import (
     log,
 )
 from ..core.heartbeat import RenewEntry, RenewUnit
-from ..core.keys import FENCE_TTL_MS, key_base, lock_keys, lock_pattern
+from ..core.keys import lock_keys, lock_pattern
 from ..core.patterns import literal_name
 from ..core.redis_urls import is_cluster
 from ..core.scan import Record, read_hashes, scan
@@ -172,8 +172,7 @@ class Lease(LockHandle):
         if free is not None and (reserve or self.fair):
             # acquire.lua's mode argument says reserve or fair: release in a call of its own.
             free_key, free_owner, stop = free
-            channel = key_base(free_key) + b"chan"
-            self.freed_first = conn.call(conn.scripts.release, free_key, free_owner, 0, channel)
+            self.freed_first = conn.call(conn.scripts.release, free_key, free_owner, 0)
             if stop and self.freed_first == TAKEN:
                 return False, 0
             free = None
@@ -183,8 +182,7 @@ class Lease(LockHandle):
             owner,
             self._ttl_ms,
             self._max_hold_ms,
-            FENCE_TTL_MS,
-            self._describe_holder(),
+            self._packed_holder(),
             self._takeover,
         )
         if free is not None:
@@ -254,7 +252,7 @@ class Lease(LockHandle):
 
     def _release(self, owner: str, delay_ms: int) -> int:
         conn = self._conn
-        return conn.call(conn.scripts.release, self._keys.lock, owner, delay_ms, self._keys.channel)
+        return conn.call(conn.scripts.release, self._keys.lock, owner, delay_ms)
 
     @classmethod
     def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:
@@ -343,7 +341,7 @@ def release_owner(
     owner = validate.check_text(owner, "owner")
     delay = validate.check_delay(delay)
     delay_ms = validate.seconds_to_ms(delay) if delay > 0 else 0
-    code = conn.call(conn.scripts.release, keys.lock, owner, delay_ms, keys.channel)
+    code = conn.call(conn.scripts.release, keys.lock, owner, delay_ms)
     return ReleaseResult(int(code))
 
 

@@ -34,6 +34,7 @@ from ..core.scripts import (
     WAKE_FAIR_WAITER,
     ScriptCall,
     bound_to,
+    pack_holder,
     register,
     source,
     source_after,
@@ -121,11 +122,11 @@ class MultiLease(LockHandle):
             holder = [b"name", encode_name(name), *self._describe_holder(named=False)]
             taken, value = self._conn.call(
                 base.acquire, keys.lock, keys.fence, owner, self._ttl_ms,
-                self._max_hold_ms, FENCE_TTL_MS, holder, waiting=reserve,
+                self._max_hold_ms, pack_holder(holder), waiting=reserve,
             )  # fmt: skip
             if not taken:
                 for done in self._keys[: len(tokens)]:
-                    self._conn.call(base.release, done.lock, owner, 0, done.channel)
+                    self._conn.call(base.release, done.lock, owner, 0)
                 return False, value
             tokens[name] = value
         self._tokens = tokens
@@ -142,7 +143,7 @@ class MultiLease(LockHandle):
     def _release(self, owner: str, delay_ms: int, token: str = "") -> int:
         if is_cluster(self._conn.redis):
             codes = [
-                self._conn.call(self._conn.scripts.release, k.lock, owner, delay_ms, k.channel)
+                self._conn.call(self._conn.scripts.release, k.lock, owner, delay_ms)
                 for k in self._keys
             ]
             return TAKEN if TAKEN in codes else GONE if GONE in codes else 1

@@ -1,21 +1,24 @@
 -- Take an exclusive lease on a name if nobody holds it (nor keeps it in delay-after).
 -- KEYS[1]: lock hash          KEYS[2]: fencing counter
 -- KEYS[3]: queue of fair waiters (list)   KEYS[4], KEYS[5]: this caller's registration hash
---          and hand-off list (KEYS[3..5] only with ARGV[6] = 'fair')
+--          and hand-off list (KEYS[3..5] only with ARGV[5] = 'fair')
 -- ARGV[1]: owner token (unique per acquisition)
 -- ARGV[2]: lease length, ms   ARGV[3]: max-hold, ms (0: no cap)
--- ARGV[4]: fencing counter ttl, ms
--- ARGV[5]: owner token of a claim this acquisition may take over ('' for none): a lock held
+-- ARGV[4]: owner token of a claim this acquisition may take over ('' for none): a lock held
 --          on behalf of a queued message (enqueue-time lock, retry) passes to the worker
 --          that runs that message, and to no other
--- ARGV[6]: '' a single try; '1' the caller will wait for a release; 'fair' it will wait in
+-- ARGV[5]: '' a single try; '1' the caller will wait for a release; 'fair' it will wait in
 --          the queue, to be handed the lease by a release (release.lua); 'free' a single try
---          that first releases another lease KEYS[3] held by owner ARGV[7] (a claim the run
+--          that first releases another lease KEYS[3] held by owner ARGV[6] (a claim the run
 --          no longer needs), as release.lua with no delay would; 'free-or-stop' the same, but
 --          when another owner holds KEYS[3] it stops there (returns {0, 0, -1})
--- ARGV[7]: registration lifetime of a fair waiter, ms (it refreshes it while it waits); for
+-- ARGV[6]: registration lifetime of a fair waiter, ms (it refreshes it while it waits); for
 --          'free' and 'free-or-stop': the owner token of the lease KEYS[3] to release
--- ARGV[8..]: field, value pairs describing the holder (host, pid, thread, ...)
+-- ARGV[7]: the field, value pairs describing the holder (host, pid, thread, ...), as one
+--          MessagePack array of strings: the caller packs them once per process and thread
+--          rather than sending a dozen arguments on every attempt; stored as fields of
+--          their own, which the admin listing reads
+-- FENCE_TTL_MS (defined before this text by scripts.py): the fencing counter's ttl, ms
 -- returns {1, fencing token}     taken (or, for a fair waiter, handed to it meanwhile)
 --         {0, remaining ms}       held by another; when a waiter should look again at the latest
 --         with 'free' and 'free-or-stop', a third item: what releasing KEYS[3] did, as
@@ -38,13 +41,13 @@
 -- hash hands it to a fair waiter or publishes; no fair waiter queues for a claim, so here
 -- a marked hash only publishes.
 local freed = nil
-if ARGV[6] == 'free' or ARGV[6] == 'free-or-stop' then
+if ARGV[5] == 'free' or ARGV[5] == 'free-or-stop' then
   local claim = redis.call('HMGET', KEYS[3], 'owner', 'waiting')
   if not claim[1] then
     freed = 0
-  elseif claim[1] ~= ARGV[7] then
+  elseif claim[1] ~= ARGV[6] then
     freed = -1
-    if ARGV[6] == 'free-or-stop' then
+    if ARGV[5] == 'free-or-stop' then
       return {0, 0, -1}
     end
   else
@@ -59,20 +62,21 @@ local remaining = redis.call('PTTL', KEYS[1])
 local waiting = nil
 if remaining ~= -2 then
   local owner = redis.call('HGET', KEYS[1], 'owner')
-  if ARGV[5] == '' or owner ~= ARGV[5] then
-    if ARGV[6] == 'fair' then
+  if ARGV[4] == '' or owner ~= ARGV[4] then
+    if ARGV[5] == 'fair' then
       if owner == ARGV[1] then  -- handed over while it was not listening
         redis.call('DEL', KEYS[4], KEYS[5])
         return {1, redis.call('HGET', KEYS[1], 'token')}
       end
       if redis.call('EXISTS', KEYS[4]) == 0 then
         redis.call('RPUSH', KEYS[3], ARGV[1])
-        redis.call('HSET', KEYS[4], 'ttl_ms', ARGV[2], 'max_hold_ms', ARGV[3], unpack(ARGV, 8))
+        redis.call('HSET', KEYS[4], 'ttl_ms', ARGV[2], 'max_hold_ms', ARGV[3],
+          unpack(cmsgpack.unpack(ARGV[7])))
       end
-      redis.call('PEXPIRE', KEYS[4], ARGV[7])
-      redis.call('PEXPIRE', KEYS[3], ARGV[7])
+      redis.call('PEXPIRE', KEYS[4], ARGV[6])
+      redis.call('PEXPIRE', KEYS[3], ARGV[6])
     end
-    if ARGV[6] == '1' or ARGV[6] == 'fair' then
+    if ARGV[5] == '1' or ARGV[5] == 'fair' then
       redis.call('HSET', KEYS[1], 'waiting', 1)
     end
     return {0, remaining, freed}
@@ -86,10 +90,10 @@ local now_ms = math.floor(now_us / 1000)
 -- One SET ... GET both records the token and reads the last one: a second write is needed
 -- only when the counter is not behind the clock (a clock stepped back, or the same µs).
 local token = string.format('%.0f', now_us)
-local last = tonumber(redis.call('SET', KEYS[2], token, 'PX', ARGV[4], 'GET') or '0')
+local last = tonumber(redis.call('SET', KEYS[2], token, 'PX', FENCE_TTL_MS, 'GET') or '0')
 if last >= now_us then
   token = string.format('%.0f', last + 1)
-  redis.call('SET', KEYS[2], token, 'PX', ARGV[4])
+  redis.call('SET', KEYS[2], token, 'PX', FENCE_TTL_MS)
 end
 local lease = tonumber(ARGV[2])
 local max_hold = tonumber(ARGV[3])
@@ -101,12 +105,13 @@ if max_hold > 0 then
   end
 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token, 'acquired_ms', now_ms,
-  'renewed_ms', now_ms, 'ttl_ms', ARGV[2], 'deadline_ms', deadline, unpack(ARGV, 8))
+  'renewed_ms', now_ms, 'ttl_ms', ARGV[2], 'deadline_ms', deadline,
+  unpack(cmsgpack.unpack(ARGV[7])))
 if waiting then
   redis.call('HSET', KEYS[1], 'waiting', waiting)
 end
 redis.call('PEXPIRE', KEYS[1], lease)
-if ARGV[6] == 'fair' and redis.call('EXISTS', KEYS[4]) == 1 then
+if ARGV[5] == 'fair' and redis.call('EXISTS', KEYS[4]) == 1 then
   redis.call('LREM', KEYS[3], 0, ARGV[1])
   redis.call('DEL', KEYS[4])
 end

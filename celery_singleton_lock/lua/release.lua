@@ -1,7 +1,7 @@
 -- Release a lease, now or after a delay during which the name stays locked with no owner.
 -- KEYS[1]: lock hash (P{T}:lock)
--- ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)   ARGV[3]: wake-up channel
--- ARGV[4]: fencing counter ttl, ms
+-- ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)
+-- FENCE_TTL_MS (defined before this text by scripts.py): the fencing counter's ttl, ms
 -- returns 1   released (or handed to the oldest live fair waiter)
 --         0   not held: the lease expired and nobody holds the name
 --        -1   another owner holds the name (or it is in another holder's delay-after)
@@ -10,9 +10,10 @@
 -- release pays for neither, nor for the keys only a hand-off needs. Those are named here from
 -- the lock hash's own name (same hash tag, so the same slot): the fencing counter P{T}:fence,
 -- the queue of fair waiters P{T}:queue, a waiter W's registration P{T}:w:W and the list it
--- blocks on, P{T}:m:W. A delay-after release does neither: waiters look again when it ends.
--- A hand-off makes the waiter the holder at once, with its own ttl, max-hold and holder
--- fields, and a fresh fencing token; the waiter's blocked BLPOP returns that token.
+-- blocks on, P{T}:m:W; so is the wake-up channel, P{T}:chan. A delay-after release does
+-- neither: waiters look again when it ends. A hand-off makes the waiter the holder at once,
+-- with its own ttl, max-hold and holder fields, and a fresh fencing token; the waiter's
+-- blocked BLPOP returns that token.
 local holder = redis.call('HMGET', KEYS[1], 'owner', 'waiting')
 local owner = holder[1]
 if not owner then
@@ -52,10 +53,10 @@ while true do
     local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
     local now_ms = math.floor(now_us / 1000)
     local token = string.format('%.0f', now_us)
-    local last = tonumber(redis.call('SET', fence, token, 'PX', ARGV[4], 'GET') or '0')
+    local last = tonumber(redis.call('SET', fence, token, 'PX', FENCE_TTL_MS, 'GET') or '0')
     if last >= now_us then
       token = string.format('%.0f', last + 1)
-      redis.call('SET', fence, token, 'PX', ARGV[4])
+      redis.call('SET', fence, token, 'PX', FENCE_TTL_MS)
     end
     local lease = tonumber(wanted['ttl_ms'])
     local max_hold = tonumber(wanted['max_hold_ms'])
@@ -76,5 +77,5 @@ while true do
     return 1
   end
 end
-redis.call('PUBLISH', ARGV[3], 'released')
+redis.call('PUBLISH', base .. 'chan', 'released')
 return 1
