@@ -4,6 +4,7 @@ LockClient.lease, and bad input still raises ConfigurationError before any Redis
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -92,6 +93,19 @@ def test_a_template_lease_is_the_lease_the_client_makes(
     expected.on_lost = on_lost
     assert type(made) is type(expected)
     assert {a: getattr(made, a) for a in STATE} == {a: getattr(expected, a) for a in STATE}
+    # Every other attribute too (the template copies a model lease's state into each): the
+    # same values, and no mutable part shared with another lease of the template.
+    own = {"_state", "_holder_cache", "_thread_fields"}
+    assert set(vars(made)) - own == set(vars(expected)) - own
+    assert {a: v for a, v in vars(made).items() if a not in own} == {
+        a: v for a, v in vars(expected).items() if a not in own
+    }
+    other = LeaseTemplate(lock_client, ttl=2.0001, max_hold=max_hold).lease("job:é")
+    for attribute in ("_state", "_holder_cache", "owner_info"):
+        assert getattr(made, attribute) is not getattr(other, attribute)
+    # The holder fields the acquire stores, from the template's per-thread part.
+    assert made._describe_holder() == expected._describe_holder()
+    assert made._describe_holder(named=False) == expected._describe_holder(named=False)
     assert made.acquire()
     try:
         assert not expected.acquire()
@@ -102,3 +116,34 @@ def test_a_template_lease_is_the_lease_the_client_makes(
         made.release()
     assert expected.acquire()
     expected.release()
+
+
+def test_a_template_lease_records_the_thread_that_acquires_it(lock_client: LockClient) -> None:
+    """The holder fields shared by a template's leases are per process and thread, and
+    follow a rename of the thread."""
+    template = LeaseTemplate(lock_client, ttl=5)
+    seen: dict[str, list[Any]] = {}
+
+    def describe(label: str) -> None:
+        seen[label] = template.lease("job", owner_info={"task_id": "t"})._describe_holder()
+
+    describe("main")
+    thread = threading.Thread(target=describe, args=("other",), name="csl-other-thread")
+    thread.start()
+    thread.join()
+    current = threading.current_thread()
+    old_name = current.name
+    current.name = "csl-renamed"
+    try:
+        describe("renamed")
+    finally:
+        current.name = old_name
+
+    def thread_of(fields: list[Any]) -> Any:
+        return fields[fields.index(b"thread") + 1]
+
+    assert thread_of(seen["main"]) == old_name
+    assert thread_of(seen["other"]) == "csl-other-thread"
+    assert thread_of(seen["renamed"]) == "csl-renamed"
+    expected = lock_client.lease("job", ttl=5, owner_info={"task_id": "t"})
+    assert seen["main"] == expected._describe_holder()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
+import threading
 import time
 from collections.abc import Callable
 from fnmatch import fnmatchcase
@@ -17,11 +18,13 @@ from ..core.handle import (
     LockHandle,
     Timing,
     hint_seconds,
+    holder_fields,
     info_fields,
     log,
 )
+from ..core.handle_state import _Process
 from ..core.heartbeat import RenewEntry, RenewUnit
-from ..core.keys import FENCE_TTL_MS, key_base, lock_keys, lock_pattern
+from ..core.keys import FENCE_TTL_MS, encode_name, key_base, lock_keys, lock_pattern
 from ..core.patterns import literal_name
 from ..core.redis_urls import is_cluster
 from ..core.scan import Record, read_hashes, scan
@@ -53,6 +56,8 @@ class Lease(LockHandle):
     """
 
     kind = "lease"
+    #: The holder fields a :class:`LeaseTemplate`'s leases share (None: made otherwise).
+    _thread_fields: _ThreadFields | None = None
 
     def __init__(
         self,
@@ -160,6 +165,14 @@ class Lease(LockHandle):
 
     def holders(self) -> list[HolderRecord]:
         return read_lease_holders(self._conn, [self._keys.lock])
+
+    def _describe_holder(self, *, named: bool = True) -> list[Any]:
+        shared = self._thread_fields
+        if shared is None or not named or not self.heartbeat:
+            return super()._describe_holder(named=named)
+        # A template's lease is acquired once, so its own cache would never hit: the fields
+        # of the acquiring process and thread come from the template's.
+        return [b"name", encode_name(self.name), *shared.get(), *info_fields(self.owner_info)]
 
     def _new_owner(self) -> str:
         owner = self._fixed_owner or super()._new_owner()
@@ -304,6 +317,12 @@ class LeaseTemplate:
         self._timing = Timing.check(self.ttl, max_hold)
         self.max_hold = self._timing.max_hold
         self._conn = connection_of(client)
+        # Every lease of the template starts with the state a lease made the ordinary way
+        # has, less what is its own (_OWN_STATE): copied in one step rather than set up
+        # attribute by attribute on each (this is on every Celery task run's path).
+        model = Lease._checked(self._conn, "template", self._timing, {}, None)
+        self._shared_state = {k: v for k, v in vars(model).items() if k not in _OWN_STATE}
+        self._shared_state["_thread_fields"] = _ThreadFields(Lease.kind)
 
     def lease(
         self,
@@ -317,9 +336,59 @@ class LeaseTemplate:
         ConfigurationError the same way."""
         name = validate.check_name(name)
         info = validate.check_owner_info(owner_info)
-        return Lease._checked(
-            self._conn, name, self._timing, info, validate.check_callable(on_lost, "on_lost")
-        )
+        on_lost = validate.check_callable(on_lost, "on_lost")
+        keys = lock_keys(self._conn.prefix, name)
+        lease = Lease.__new__(Lease)
+        state = lease.__dict__
+        state.update(self._shared_state)
+        state["name"] = name
+        state["owner_info"] = info
+        state["on_lost"] = on_lost
+        state["_state"] = threading.Lock()
+        state["_holder_cache"] = {}
+        state["_keys"] = keys
+        state["_channel"] = keys.channel
+        return lease
+
+
+#: A lease's attributes that are its own, not the same for every lease of a template: what
+#: depends on its name and arguments, and its mutable parts.
+_OWN_STATE = frozenset(
+    ("name", "owner_info", "on_lost", "_state", "_holder_cache", "_keys", "_channel")
+)
+
+
+class _ThreadFields:
+    """The holder fields (``holder_fields``) of a template's leases that depend only on the
+    process and thread acquiring them (kind, host, pid, thread name, heartbeat on), kept
+    per process and thread, and made again if the thread was renamed."""
+
+    def __init__(self, kind: str) -> None:
+        self._shape = _HolderShape(kind)
+        self._cache: dict[tuple[int, int], tuple[str, list[Any]]] = {}
+
+    def get(self) -> list[Any]:
+        pid, thread = _Process.pid, threading.current_thread()
+        key = (pid, thread.ident or 0)
+        found = self._cache.get(key)
+        if found is not None and found[0] == thread.name:
+            return found[1]
+        fields = holder_fields(self._shape, pid=pid, thread=thread.name, named=False)
+        if len(self._cache) > 64:  # short-lived threads: idents are reused, keep it small
+            self._cache.clear()
+        self._cache[key] = (thread.name, fields)
+        return fields
+
+
+class _HolderShape:
+    """What ``holder_fields`` reads of a lease, less its name and ``owner_info`` (a lease
+    adds those itself)."""
+
+    heartbeat = True
+    owner_info: dict[str, str] = {}  # noqa: RUF012 - read only
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
 
 
 class ReleaseResult(enum.IntEnum):
