@@ -319,10 +319,25 @@ class LeaseTemplate:
         self._conn = connection_of(client)
         # Every lease of the template starts with the state a lease made the ordinary way
         # has, less what is its own (_OWN_STATE): copied in one step rather than set up
-        # attribute by attribute on each (this is on every Celery task run's path).
+        # attribute by attribute on each (this is on every Celery task run's path). An
+        # empty dict there is a per-handle cache: each lease gets an empty one of its own.
+        # A value of any other kind could be mutable state this template does not know
+        # how to give each lease: then every lease is made the ordinary way.
         model = Lease._checked(self._conn, "template", self._timing, {}, None)
-        self._shared_state = {k: v for k, v in vars(model).items() if k not in _OWN_STATE}
-        self._shared_state["_thread_fields"] = _ThreadFields(Lease.kind)
+        shared: dict[str, Any] = {"_thread_fields": _ThreadFields(Lease.kind)}
+        caches: list[str] = []
+        known = True
+        for attribute, value in vars(model).items():
+            if attribute in _OWN_STATE:
+                continue
+            if type(value) is dict and not value:
+                caches.append(attribute)
+            elif attribute == "_conn" or type(value) in _SHAREABLE:
+                shared[attribute] = value
+            else:
+                known = False
+        self._shared_state: dict[str, Any] | None = shared if known else None
+        self._caches = tuple(caches)
 
     def lease(
         self,
@@ -337,25 +352,29 @@ class LeaseTemplate:
         name = validate.check_name(name)
         info = validate.check_owner_info(owner_info)
         on_lost = validate.check_callable(on_lost, "on_lost")
+        shared = self._shared_state
+        if shared is None:
+            return Lease._checked(self._conn, name, self._timing, info, on_lost)
         keys = lock_keys(self._conn.prefix, name)
         lease = Lease.__new__(Lease)
         state = lease.__dict__
-        state.update(self._shared_state)
+        state.update(shared)
+        for cache in self._caches:
+            state[cache] = {}
         state["name"] = name
         state["owner_info"] = info
         state["on_lost"] = on_lost
         state["_state"] = threading.Lock()
-        state["_holder_cache"] = {}
         state["_keys"] = keys
         state["_channel"] = keys.channel
         return lease
 
 
-#: A lease's attributes that are its own, not the same for every lease of a template: what
-#: depends on its name and arguments, and its mutable parts.
-_OWN_STATE = frozenset(
-    ("name", "owner_info", "on_lost", "_state", "_holder_cache", "_keys", "_channel")
-)
+#: A lease's attributes that are its own, set by :meth:`LeaseTemplate.lease`: what depends
+#: on its name and arguments, and its state lock.
+_OWN_STATE = frozenset(("name", "owner_info", "on_lost", "_state", "_keys", "_channel"))
+#: Types of values leases may share (immutable), besides the connection.
+_SHAREABLE = (str, bytes, int, float, bool, type(None), tuple, frozenset)
 
 
 class _ThreadFields:
