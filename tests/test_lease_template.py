@@ -4,12 +4,14 @@ LockClient.lease, and bad input still raises ConfigurationError before any Redis
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from celery_singleton_lock import ConfigurationError, LockClient
+from celery_singleton_lock.core.handle import LockHandle
 from celery_singleton_lock.embedded import free_port
 from celery_singleton_lock.kinds.lease import LeaseTemplate
 
@@ -72,6 +74,18 @@ def test_a_bad_name_owner_info_or_callback_is_refused_per_lease(
     assert str(same.value) == str(info.value)
 
 
+SHAREABLE = (str, bytes, int, float, bool, type(None), tuple, frozenset)
+
+
+def assert_nothing_mutable_shared(one: Any, other: Any) -> None:
+    """No attribute of two template leases is one mutable object (a cache, a lock, a dict),
+    besides the connection and the template's per-thread holder fields."""
+    for attribute, value in vars(one).items():
+        if attribute in ("_conn", "_thread_fields") or isinstance(value, SHAREABLE):
+            continue
+        assert value is not getattr(other, attribute), attribute
+
+
 STATE = ("name", "ttl", "max_hold", "heartbeat", "wait", "owner_info", "fair", "take_over")
 STATE += ("on_lost", "_ttl_ms", "_max_hold_ms", "_keys", "_channel", "_fixed_owner", "_conn")
 
@@ -92,6 +106,18 @@ def test_a_template_lease_is_the_lease_the_client_makes(
     expected.on_lost = on_lost
     assert type(made) is type(expected)
     assert {a: getattr(made, a) for a in STATE} == {a: getattr(expected, a) for a in STATE}
+    # Every other attribute too (the template copies a model lease's state into each): the
+    # same values, and no mutable part shared with another lease of the template.
+    own = {"_state", "_holder_cache", "_thread_fields"}
+    assert set(vars(made)) - own == set(vars(expected)) - own
+    assert {a: v for a, v in vars(made).items() if a not in own} == {
+        a: v for a, v in vars(expected).items() if a not in own
+    }
+    other = LeaseTemplate(lock_client, ttl=2.0001, max_hold=max_hold).lease("job:é")
+    assert_nothing_mutable_shared(made, other)
+    # The holder fields the acquire stores, from the template's per-thread part.
+    assert made._describe_holder() == expected._describe_holder()
+    assert made._describe_holder(named=False) == expected._describe_holder(named=False)
     assert made.acquire()
     try:
         assert not expected.acquire()
@@ -102,3 +128,91 @@ def test_a_template_lease_is_the_lease_the_client_makes(
         made.release()
     assert expected.acquire()
     expected.release()
+
+
+def test_a_template_lease_records_the_thread_that_acquires_it(lock_client: LockClient) -> None:
+    """The holder fields shared by a template's leases are per process and thread, and
+    follow a rename of the thread."""
+    template = LeaseTemplate(lock_client, ttl=5)
+    seen: dict[str, list[Any]] = {}
+
+    def describe(label: str) -> None:
+        seen[label] = template.lease("job", owner_info={"task_id": "t"})._describe_holder()
+
+    describe("main")
+    thread = threading.Thread(target=describe, args=("other",), name="csl-other-thread")
+    thread.start()
+    thread.join()
+    current = threading.current_thread()
+    old_name = current.name
+    current.name = "csl-renamed"
+    try:
+        describe("renamed")
+    finally:
+        current.name = old_name
+
+    def thread_of(fields: list[Any]) -> Any:
+        return fields[fields.index(b"thread") + 1]
+
+    assert thread_of(seen["main"]) == old_name
+    assert thread_of(seen["other"]) == "csl-other-thread"
+    assert thread_of(seen["renamed"]) == "csl-renamed"
+    expected = lock_client.lease("job", ttl=5, owner_info={"task_id": "t"})
+    assert seen["main"] == expected._describe_holder()
+
+
+def test_leases_of_one_template_acquired_in_turn_store_their_own_holder(
+    lock_client: LockClient,
+) -> None:
+    """In one thread, one after the other: each lease's holder record is its own (name,
+    task id), whatever the template caches for the thread."""
+    template = LeaseTemplate(lock_client, ttl=5)
+    for task_id, name in [("first", "job:{1}"), ("second", "job:{2}"), ("third", "job:{1}")]:
+        lease = template.lease(name, owner_info={"task_id": task_id, "task_name": "t"})
+        assert lease.acquire()
+        try:
+            stored = lock_client.redis.hgetall(lease._keys.lock)
+            assert stored[b"name"] == name.encode()
+            assert stored[b"task_id"] == task_id.encode()
+            assert stored[b"owner"] == lease.owner.encode()
+        finally:
+            lease.release()
+
+
+def test_state_the_template_does_not_know_makes_leases_the_ordinary_way(
+    lock_client: LockClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A per-handle cache (an empty dict) added to the handle state is made afresh for each
+    lease; any other kind of value the template cannot tell is safe to share makes it fall
+    back to setting up each lease the ordinary way."""
+    set_up = LockHandle._set_up
+
+    def with_cache(self: LockHandle, *args: Any) -> None:
+        set_up(self, *args)
+        self._new_cache = {}  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(LockHandle, "_set_up", with_cache)
+    template = LeaseTemplate(lock_client, ttl=5)
+    assert template._shared_state is not None
+    one, other = template.lease("a"), template.lease("b")
+    assert one._new_cache == {} and one._new_cache is not other._new_cache  # type: ignore[attr-defined]
+
+    def with_list(self: LockHandle, *args: Any) -> None:
+        set_up(self, *args)
+        self._pending = []  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(LockHandle, "_set_up", with_list)
+    template = LeaseTemplate(lock_client, ttl=5)
+    assert template._shared_state is None
+    one, other = template.lease("a"), template.lease("b")
+    assert one._pending == [] and one._pending is not other._pending  # type: ignore[attr-defined]
+    assert_nothing_mutable_shared(one, other)
+    assert one.acquire()
+    one.release()
+
+
+def test_the_template_copies_the_state_of_the_handles_of_today(lock_client: LockClient) -> None:
+    """Every attribute of today's lease is one the template knows how to give its leases:
+    when this fails, a new kind of handle state came in, and the template fell back to the
+    ordinary (slower) set-up; teach it the new state (LeaseTemplate.__init__)."""
+    assert LeaseTemplate(lock_client, ttl=5)._shared_state is not None

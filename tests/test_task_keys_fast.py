@@ -175,3 +175,55 @@ def test_a_key_template_or_list_names_the_same_with_the_fast_path() -> None:
         twin = slow_twin(key)
         for args, kwargs in shapes(("a", "b"), [Color.RED, {"k": (1, 2)}]):
             assert outcome(key.name, args, kwargs) == outcome(twin.name, args, kwargs)
+
+
+class Text(str):
+    pass
+
+
+class Number(int):
+    pass
+
+
+SCALARS: list[Any] = [
+    "",
+    "plain",
+    'quote " and \\ backslash',
+    "\n\t\r\x00\x1f\x7f control",
+    "ünïcode ✓ \u2028 \U0001f600",
+    "lone \ud800 surrogate",
+    0,
+    -1,
+    10**40,
+    -(10**40),
+    True,
+    False,
+    Text("a str subclass"),
+    Number(5),
+    Level.HIGH,
+    1.0,
+    None,
+]
+
+
+def reversed_names(zeta: Any, alpha: Any, émile: Any) -> None: ...
+
+
+@pytest.mark.parametrize("run", [none, one, three, reversed_names])
+def test_str_and_int_values_are_spelled_as_the_canonical_json_spells_them(
+    run: Callable[..., Any],
+) -> None:
+    """The default key of a call of str and int values skips building and encoding a dict;
+    it must come out as the general path's JSON does, for every value (escapes, surrogates,
+    big ints) and for parameter names in any order; anything else takes the general path."""
+    key = TaskKey("tasks.job", run, None)
+    twin = slow_twin(key)
+    width = len(key._plain_names or ())
+    for values in (
+        itertools.product(SCALARS, repeat=width)
+        if width < 3
+        else (itertools.islice(itertools.permutations(SCALARS, width), 2000))
+    ):
+        assert key.name(values, {}) == twin.name(values, {}), values
+    shortcut = key._default_name_of_scalars(("x",) * width)
+    assert shortcut == twin.name(("x",) * width, {})

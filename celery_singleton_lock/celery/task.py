@@ -18,6 +18,7 @@ from typing import Any
 
 from celery import Task
 from celery.exceptions import Ignore, Retry
+from celery.worker import state as worker_state
 
 from ..client import LockClient
 from ..core.handle import LockHandle
@@ -64,10 +65,19 @@ def worker_node(request: Any) -> str | None:
     hostname = request.hostname
     if hostname and "@" in hostname:
         return str(hostname)
-    from celery.worker import state
-
-    for active in tuple(state.active_requests):
-        if active.id == request.id:
+    task_id = request.id
+    # The WeakSet's own set of references where it has one: iterating the WeakSet (a
+    # generator under an iteration guard) cost more than the rest of the lookup, on every run
+    # of the solo and threads pools.
+    refs = getattr(worker_state.active_requests, "data", None)
+    if isinstance(refs, set):
+        for ref in tuple(refs):
+            active = ref()
+            if active is not None and active.id == task_id:
+                return str(active.hostname)
+        return None
+    for active in tuple(worker_state.active_requests):
+        if active.id == task_id:
             return str(active.hostname)
     return None
 
@@ -237,10 +247,14 @@ class SingletonTask(Task):  # type: ignore[misc]
         return local_stack[-1] if local_stack else None
 
     def _push_lock(self, lease: LockHandle | None) -> None:
-        stack = self.__dict__.setdefault("_lock_stack", threading.local())
-        if not hasattr(stack, "leases"):
-            stack.leases = []
-        stack.leases.append(lease)
+        stack = self.__dict__.get("_lock_stack")
+        if stack is None:
+            # Not setdefault(name, threading.local()): that would make a new local per run.
+            stack = self.__dict__.setdefault("_lock_stack", threading.local())
+        leases = getattr(stack, "leases", None)
+        if leases is None:
+            leases = stack.leases = []
+        leases.append(lease)
 
     def _pop_lock(self) -> None:
         self.__dict__["_lock_stack"].leases.pop()
@@ -276,7 +290,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         started = time.monotonic()
         replaced = False
         try:
-            acquired = lease.acquire(0)
+            acquired = lease.acquire(0.0)  # a float: check_wait's quick case
             if not acquired and isinstance(lease, Lease) and claims.replaced_at_acquire(lease):
                 replaced = True  # debounce: replaced in the queue, the lock was not tried
             elif not acquired and options.wait:

@@ -17,6 +17,7 @@ import json
 import string
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from json.encoder import encode_basestring
 from typing import Any
 
 from ..exceptions import ConfigurationError
@@ -61,8 +62,15 @@ def _key(key: Any) -> str:
     return normalized if isinstance(normalized, str) else json.dumps(normalized)
 
 
+#: ``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``, with the
+#: encoder made once: ``json.dumps`` with options makes a new ``JSONEncoder`` on every call.
+_canonical_encode = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False
+).encode
+
+
 def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _canonical_encode(value)
 
 
 class TaskKey:
@@ -92,6 +100,17 @@ class TaskKey:
             for p in self.signature.parameters.values()
         ):
             self._plain_names = tuple(self.signature.parameters)
+        #: For the default key of plain parameters: (position, '"name":') in the order the
+        #: canonical JSON sorts the names, and the name's start, so that a call whose
+        #: values are all str or int (not bool, not an Enum) is spelled without building
+        #: and encoding a dict (see :meth:`_default_name_of_scalars`).
+        self._sorted_fields: tuple[tuple[int, str], ...] = ()
+        if self._plain_names is not None and spec is None:
+            self._sorted_fields = tuple(
+                (self._plain_names.index(name), f"{encode_basestring(name)}:")
+                for name in sorted(self._plain_names)
+            )
+        self._default_start = f"{task_name}:{{"
         option = f"{task_name}.lock_key"
         if spec is None or callable(spec):
             pass
@@ -222,6 +241,10 @@ class TaskKey:
                     f"{self.task_name}.lock_key", f"callable returned {result!r}, not a str"
                 )
             return result
+        if spec is None and not kwargs and not exclude and self._plain_names is not None:
+            name = self._default_name_of_scalars(args)
+            if name is not None:
+                return name
         bound = self.bind(args, kwargs)
         if isinstance(spec, str):
             return spec.format(**{k: self._value(k, v, scalar=True) for k, v in bound.items()})
@@ -231,6 +254,26 @@ class TaskKey:
             bound = {k: v for k, v in bound.items() if k not in exclude}
         body = {k: self._value(k, v) for k, v in bound.items()}
         return f"{self.task_name}:{_canonical(body)}"
+
+    def _default_name_of_scalars(self, args: Sequence[Any]) -> str | None:
+        """The default key of a call passing every plain parameter positionally, when each
+        value is exactly a str or an int: what ``_canonical`` makes of ``{name: value}``
+        (keys sorted, no spaces, strings escaped by JSON's own function); None for any other
+        call, which takes the general path. This is on every task run's path."""
+        fields = self._sorted_fields
+        if len(args) != len(fields):
+            return None
+        parts = []
+        for position, field in fields:
+            value = args[position]
+            kind = type(value)
+            if kind is str:
+                parts.append(field + encode_basestring(value))
+            elif kind is int:
+                parts.append(field + int.__repr__(value))
+            else:
+                return None
+        return self._default_start + ",".join(parts) + "}"
 
     def _value(self, argument: str, value: Any, *, scalar: bool = False) -> Any:
         try:

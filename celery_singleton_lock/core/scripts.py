@@ -183,7 +183,13 @@ def pack_holder(fields: Sequence[Any]) -> bytes:
     Built once per process and thread by a handle, so that an acquire sends one pre-encoded
     argument instead of a dozen to encode; str is UTF-8, an int its decimal digits (as
     redis-py would send them)."""
-    parts = [_array_header(len(fields))]
+    return array_header(len(fields)) + pack_items(fields)
+
+
+def pack_items(fields: Sequence[Any]) -> bytes:
+    """The items of :func:`pack_holder`'s array, without its header: a caller that keeps
+    some fields packed joins them with others under one ``array_header``."""
+    parts: list[bytes] = []
     for value in fields:
         if isinstance(value, bytes):
             raw = value
@@ -197,7 +203,7 @@ def pack_holder(fields: Sequence[Any]) -> bytes:
     return b"".join(parts)
 
 
-def _array_header(size: int) -> bytes:
+def array_header(size: int) -> bytes:
     """MessagePack: fixarray, array 16 or array 32 of ``size`` items."""
     if size < 0x10:
         return bytes((0x90 | size,))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
+import threading
 import time
 from collections.abc import Callable
 from fnmatch import fnmatchcase
@@ -17,11 +18,13 @@ from ..core.handle import (
     LockHandle,
     Timing,
     hint_seconds,
+    holder_fields,
     info_fields,
     log,
 )
+from ..core.handle_state import _Process
 from ..core.heartbeat import RenewEntry, RenewUnit
-from ..core.keys import lock_keys, lock_pattern
+from ..core.keys import encode_name, lock_keys, lock_pattern
 from ..core.patterns import literal_name
 from ..core.redis_urls import is_cluster
 from ..core.scan import Record, read_hashes, scan
@@ -29,7 +32,9 @@ from ..core.scripts import (
     TAKEN,
     WAKE_FAIR_WAITER,
     ScriptCall,
+    array_header,
     fair_keys,
+    pack_items,
     register,
     source_after,
 )
@@ -53,6 +58,8 @@ class Lease(LockHandle):
     """
 
     kind = "lease"
+    #: The holder fields a :class:`LeaseTemplate`'s leases share (None: made otherwise).
+    _thread_fields: _ThreadFields | None = None
 
     def __init__(
         self,
@@ -160,6 +167,24 @@ class Lease(LockHandle):
 
     def holders(self) -> list[HolderRecord]:
         return read_lease_holders(self._conn, [self._keys.lock])
+
+    def _describe_holder(self, *, named: bool = True) -> list[Any]:
+        shared = self._thread_fields
+        if shared is None or not named or not self.heartbeat:
+            return super()._describe_holder(named=named)
+        # A template's lease is acquired once, so its own cache would never hit: the fields
+        # of the acquiring process and thread come from the template's.
+        return [b"name", encode_name(self.name), *shared.get()[0], *info_fields(self.owner_info)]
+
+    def _packed_holder(self) -> bytes:
+        shared = self._thread_fields
+        if shared is None or not self.heartbeat:
+            return super()._packed_holder()
+        # As _describe_holder: the process's and thread's fields are packed once per thread
+        # by the template; only the name and owner_info are packed per run.
+        fields, packed = shared.get()
+        own = [b"name", encode_name(self.name), *info_fields(self.owner_info)]
+        return array_header(len(fields) + len(own)) + packed + pack_items(own)
 
     def _new_owner(self) -> str:
         owner = self._fixed_owner or super()._new_owner()
@@ -302,6 +327,27 @@ class LeaseTemplate:
         self._timing = Timing.check(self.ttl, max_hold)
         self.max_hold = self._timing.max_hold
         self._conn = connection_of(client)
+        # Every lease of the template starts with the state a lease made the ordinary way
+        # has, less what is its own (_OWN_STATE): copied in one step rather than set up
+        # attribute by attribute on each (this is on every Celery task run's path). An
+        # empty dict there is a per-handle cache: each lease gets an empty one of its own.
+        # A value of any other kind could be mutable state this template does not know
+        # how to give each lease: then every lease is made the ordinary way.
+        model = Lease._checked(self._conn, "template", self._timing, {}, None)
+        shared: dict[str, Any] = {"_thread_fields": _ThreadFields(Lease.kind)}
+        caches: list[str] = []
+        known = True
+        for attribute, value in vars(model).items():
+            if attribute in _OWN_STATE:
+                continue
+            if type(value) is dict and not value:
+                caches.append(attribute)
+            elif attribute == "_conn" or type(value) in _SHAREABLE:
+                shared[attribute] = value
+            else:
+                known = False
+        self._shared_state: dict[str, Any] | None = shared if known else None
+        self._caches = tuple(caches)
 
     def lease(
         self,
@@ -315,9 +361,65 @@ class LeaseTemplate:
         ConfigurationError the same way."""
         name = validate.check_name(name)
         info = validate.check_owner_info(owner_info)
-        return Lease._checked(
-            self._conn, name, self._timing, info, validate.check_callable(on_lost, "on_lost")
-        )
+        on_lost = validate.check_callable(on_lost, "on_lost")
+        shared = self._shared_state
+        if shared is None:
+            return Lease._checked(self._conn, name, self._timing, info, on_lost)
+        keys = lock_keys(self._conn.prefix, name)
+        lease = Lease.__new__(Lease)
+        state = lease.__dict__
+        state.update(shared)
+        for cache in self._caches:
+            state[cache] = {}
+        state["name"] = name
+        state["owner_info"] = info
+        state["on_lost"] = on_lost
+        state["_state"] = threading.Lock()
+        state["_keys"] = keys
+        state["_channel"] = keys.channel
+        return lease
+
+
+#: A lease's attributes that are its own, set by :meth:`LeaseTemplate.lease`: what depends
+#: on its name and arguments, and its state lock.
+_OWN_STATE = frozenset(("name", "owner_info", "on_lost", "_state", "_keys", "_channel"))
+#: Types of values leases may share (immutable), besides the connection.
+_SHAREABLE = (str, bytes, int, float, bool, type(None), tuple, frozenset)
+
+
+class _ThreadFields:
+    """The holder fields (``holder_fields``) of a template's leases that depend only on the
+    process and thread acquiring them (kind, host, pid, thread name, heartbeat on), kept
+    per process and thread, and made again if the thread was renamed."""
+
+    def __init__(self, kind: str) -> None:
+        self._shape = _HolderShape(kind)
+        self._cache: dict[tuple[int, int], tuple[str, list[Any], bytes]] = {}
+
+    def get(self) -> tuple[list[Any], bytes]:
+        """The fields, and their items packed for acquire.lua (``pack_items``)."""
+        pid, thread = _Process.pid, threading.current_thread()
+        key = (pid, thread.ident or 0)
+        found = self._cache.get(key)
+        if found is not None and found[0] == thread.name:
+            return found[1], found[2]
+        fields = holder_fields(self._shape, pid=pid, thread=thread.name, named=False)
+        if len(self._cache) > 64:  # short-lived threads: idents are reused, keep it small
+            self._cache.clear()
+        packed = pack_items(fields)
+        self._cache[key] = (thread.name, fields, packed)
+        return fields, packed
+
+
+class _HolderShape:
+    """What ``holder_fields`` reads of a lease, less its name and ``owner_info`` (a lease
+    adds those itself)."""
+
+    heartbeat = True
+    owner_info: dict[str, str] = {}  # noqa: RUF012 - read only
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
 
 
 class ReleaseResult(enum.IntEnum):
