@@ -108,6 +108,8 @@ class Heartbeat:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # True from the thread's start until its _run returns (set and cleared under _lock).
+        self._running = False
         self._period: float | None = None  # what the thread is waiting on; None: idle
         self._recent_period: float | None = None  # of the last lease added
         # When the thread was last started or woken for a lease (monotonic; None: it has
@@ -124,27 +126,28 @@ class Heartbeat:
 
     def add(self, lease: Renewable) -> None:
         """Renew ``lease`` from now on (again, if its ttl changed)."""
-        key = id(lease)
-
-        def forget(_: object, key: int = key) -> None:
-            with self._lock:
-                self._leases.pop(key, None)
-
+        period = lease.ttl / 3
         with self._lock:
-            self._leases[key] = weakref.ref(lease, forget)
-            if self._thread is None or not self._thread.is_alive():
+            # No callback on the reference: the garbage collector may run one on a thread
+            # that holds _lock already (an allocation in here), which would deadlock on it.
+            # The thread drops the references of leases collected while held (_period_locked).
+            self._leases[id(lease)] = weakref.ref(lease)
+            # The flag, not Thread.is_alive(): this is on every acquire's path, and the
+            # thread clears it itself when it ends (see _run).
+            if not self._running:
                 self._stop.clear()
-                self._thread = threading.Thread(
+                thread = threading.Thread(
                     target=self._run, name="celery_singleton_lock-heartbeat", daemon=True
                 )
-                self._thread.start()
-                self._call_locked(lease.ttl / 3)
+                thread.start()
+                self._thread, self._running = thread, True
+                self._call_locked(period)
             # Waking the thread costs a context switch on every acquire; only do it when the
             # thread must wait less than it does now.
-            self._recent_period = lease.ttl / 3
-            wake = self._period is None or lease.ttl / 3 < self._period
+            self._recent_period = period
+            wake = self._period is None or period < self._period
             if wake:
-                self._call_locked(lease.ttl / 3)
+                self._call_locked(period)
         if wake:
             self._wake.set()
 
@@ -177,7 +180,13 @@ class Heartbeat:
 
     def _period_locked(self) -> float | None:
         """Seconds between ticks: a third of the shortest lease held (None: nothing held)."""
-        ttls = [lease.ttl for lease in (ref() for ref in self._leases.values()) if lease]
+        ttls: list[float] = []
+        for key, ref in list(self._leases.items()):
+            lease = ref()
+            if lease is None:
+                del self._leases[key]  # collected while held: nothing left to renew
+            else:
+                ttls.append(lease.ttl)
         return min(ttls) / 3 if ttls else None
 
     def stop(self) -> None:
@@ -193,6 +202,14 @@ class Heartbeat:
             workers.shutdown(deadline)
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            with self._lock:
+                if self._thread is threading.current_thread():
+                    self._running = False  # the next add() starts a thread again
+
+    def _loop(self) -> None:
         last_tick = time.monotonic()
         lingered = False
         self._answered()
