@@ -98,6 +98,16 @@ def test_a_client_whose_execute_command_was_replaced_keeps_it(server: RedisServe
     assert sent[-2:] == ["EVALSHA", "EVALSHA"]
 
 
+@pytest.mark.parametrize("command", ["EVALSHA", "evalsha"])
+def test_a_client_with_an_evalsha_response_callback_keeps_it(
+    server: RedisServer, command: str
+) -> None:
+    client = redis.Redis.from_url(server.url)
+    client.set_response_callback(command, lambda reply, **_: ("parsed", reply))
+    script = register(client, COUNTER)
+    assert script(keys=("n",)) == ("parsed", 1)
+
+
 @pytest.mark.parametrize("decode", [False, True])
 def test_the_reply_is_what_execute_command_returns(server: RedisServer, decode: bool) -> None:
     client = redis.Redis.from_url(server.url, decode_responses=decode)

@@ -342,10 +342,12 @@ def info_fields(owner_info: dict[str, str]) -> list[Any]:
     view reads as fields of their own (``OWN_INFO_FIELDS``), the rest as one JSON ``info``
     field, so no key of it can overwrite a field the scripts rely on (``owner``, ``token``)."""
     fields: list[Any] = []
-    extra = dict(owner_info)
     for key in OWN_INFO_FIELDS:
-        if key in extra:
-            fields += (key, extra.pop(key))
-    if extra:
+        if key in owner_info:
+            fields += (key, owner_info[key])
+    # On a template's lease this runs on every acquire: the rest is looked for only when
+    # there is some (the Celery layer's owner_info has none).
+    if len(fields) < 2 * len(owner_info):
+        extra = {key: value for key, value in owner_info.items() if key not in OWN_INFO_FIELDS}
         fields += (b"info", json.dumps(extra, sort_keys=True))
     return fields

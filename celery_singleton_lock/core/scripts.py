@@ -13,6 +13,7 @@ from importlib import resources
 from typing import Any, TypeVar
 
 from redis import Redis
+from redis.client import CaseInsensitiveDict
 from redis.commands.core import Script as RedisScript
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError, TimeoutError
 from redis.typing import EncodableT, KeyT
@@ -100,8 +101,17 @@ def sends_directly(client: Any) -> bool:
         client.connection is None  # single_connection_client: one locked connection
         and type(client).execute_command is _PLAIN_EXECUTE_COMMAND
         and "execute_command" not in client.__dict__  # nor replaced on this client alone
-        and "EVALSHA" not in client.response_callbacks
+        and not _has_evalsha_callback(client.response_callbacks)
     )
+
+
+def _has_evalsha_callback(callbacks: Any) -> bool:
+    """Whether EVALSHA has a response callback: on redis-py's CaseInsensitiveDict, dict's own
+    test (it stores every key upper-cased, and its own test upper-cases the key asked about,
+    in Python, on every script call); on anything else, its own."""
+    if type(callbacks) is CaseInsensitiveDict:
+        return dict.__contains__(callbacks, "EVALSHA")
+    return "EVALSHA" in callbacks
 
 
 #: What :func:`evalsha_on_pooled_connection` returns when the call failed in a way the
@@ -190,6 +200,7 @@ def pack_items(fields: Sequence[Any]) -> bytes:
     """The items of :func:`pack_holder`'s array, without its header: a caller that keeps
     some fields packed joins them with others under one ``array_header``."""
     parts: list[bytes] = []
+    append = parts.append
     for value in fields:
         if isinstance(value, bytes):
             raw = value
@@ -199,14 +210,18 @@ def pack_items(fields: Sequence[Any]) -> bytes:
             raw = str(value).encode()
         else:
             raise TypeError(f"a holder field must be bytes, str or int, not {type(value)!r}")
-        parts += (_str_header(len(raw)), raw)
+        size = len(raw)
+        # A template's lease packs its name and owner_info on every acquire: the headers of
+        # short strings come from a table rather than a call building them.
+        append(_SHORT_STR_HEADERS[size] if size < 0x100 else _str_header(size))
+        append(raw)
     return b"".join(parts)
 
 
 def array_header(size: int) -> bytes:
     """MessagePack: fixarray, array 16 or array 32 of ``size`` items."""
     if size < 0x10:
-        return bytes((0x90 | size,))
+        return _FIXARRAY_HEADERS[size]
     if size < 0x10000:
         return b"\xdc" + size.to_bytes(2, "big")
     return b"\xdd" + size.to_bytes(4, "big")
@@ -221,6 +236,12 @@ def _str_header(size: int) -> bytes:
     if size < 0x10000:
         return b"\xda" + size.to_bytes(2, "big")
     return b"\xdb" + size.to_bytes(4, "big")
+
+
+#: :func:`_str_header` of each size below 256 (fixstr, str 8), and :func:`array_header` of
+#: each size below 16 (fixarray), made once.
+_SHORT_STR_HEADERS = tuple(_str_header(size) for size in range(0x100))
+_FIXARRAY_HEADERS = tuple(bytes((0x90 | size,)) for size in range(0x10))
 
 
 #: The prelude of the scripts that free a name without handing it to a fair waiter.
