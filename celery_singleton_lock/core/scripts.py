@@ -181,10 +181,14 @@ def source_after(*names: str) -> str:
     return "\n".join(source(name) for name in names)
 
 
+#: The prelude of every script that gives a new holder a fencing token.
+FENCING = "fencing"
+
+
 def with_fence_ttl(name: str) -> str:
-    """``lua/<name>.lua`` after a line defining ``FENCE_TTL_MS``: a constant of the script
-    rather than an argument sent with every call."""
-    return f"local FENCE_TTL_MS = {FENCE_TTL_MS}\n" + source(name)
+    """``lua/<name>.lua`` after a line defining ``FENCE_TTL_MS`` (a constant of the script
+    rather than an argument sent with every call) and the fencing-token function."""
+    return f"local FENCE_TTL_MS = {FENCE_TTL_MS}\n" + source_after(FENCING, name)
 
 
 def pack_holder(fields: Sequence[Any]) -> bytes:

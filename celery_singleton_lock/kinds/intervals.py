@@ -33,7 +33,7 @@ from ..core.handle_state import HandleState
 from ..core.heartbeat import RenewEntry
 from ..core.keys import FENCE_TTL_MS, escape_glob, name_tag
 from ..core.scan import Record, read_hashes, scan
-from ..core.scripts import ScriptCall, bound_to, register, source_after
+from ..core.scripts import FENCING, ScriptCall, bound_to, register, source_after
 from ..exceptions import ConfigurationError, LockError, LockNotHeld
 
 if TYPE_CHECKING:
@@ -87,7 +87,9 @@ class IntervalScripts:
 
     def __init__(self, redis: Any) -> None:
         def load(name: str) -> Script:
-            return register(redis, source_after("interval_common", "interval_overlap", name))
+            return register(
+                redis, source_after(FENCING, "interval_common", "interval_overlap", name)
+            )
 
         self.acquire = load("interval_acquire")
         # The release decides nothing on overlaps: it goes without their helpers.

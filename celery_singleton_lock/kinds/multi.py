@@ -29,6 +29,7 @@ from ..core.notifier import SUBSCRIBE_TIMEOUT
 from ..core.redis_urls import is_cluster
 from ..core.scan import Record, read_hashes
 from ..core.scripts import (
+    FENCING,
     GONE,
     TAKEN,
     WAKE_FAIR_WAITER,
@@ -52,7 +53,7 @@ class MultiScripts:
     """The multi-key scripts registered on one Redis client (no I/O)."""
 
     def __init__(self, redis: Any) -> None:
-        self.acquire: Script = register(redis, source("multi_acquire"))
+        self.acquire: Script = register(redis, source_after(FENCING, "multi_acquire"))
         self.release: Script = register(redis, source_after(WAKE_FAIR_WAITER, "multi_release"))
         self.renew: Script = register(redis, source("multi_renew"))
 

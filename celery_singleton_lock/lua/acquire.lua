@@ -33,8 +33,7 @@
 -- and holder fields) that expires unless refreshed by its next attempt: a waiter that died
 -- is skipped by the release instead of being handed the lease.
 --
--- The fencing token is max(last token + 1, server time in microseconds): it keeps increasing
--- across expiry, clearing and loss of the counter, using the Redis server clock only.
+-- The fencing token is max(last token + 1, server time in microseconds): see fencing.lua.
 --
 -- The release of KEYS[3] comes first and stands whatever the acquire does. Its keys are
 -- another name's (another hash tag): not for a Redis Cluster. A release.lua of a marked
@@ -87,14 +86,7 @@ end
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
--- One SET ... GET both records the token and reads the last one: a second write is needed
--- only when the counter is not behind the clock (a clock stepped back, or the same µs).
-local token = string.format('%.0f', now_us)
-local last = tonumber(redis.call('SET', KEYS[2], token, 'PX', FENCE_TTL_MS, 'GET') or '0')
-if last >= now_us then
-  token = string.format('%.0f', last + 1)
-  redis.call('SET', KEYS[2], token, 'PX', FENCE_TTL_MS)
-end
+local token = next_fencing_token(KEYS[2], now_us, FENCE_TTL_MS)
 local lease = tonumber(ARGV[2])
 local max_hold = tonumber(ARGV[3])
 local deadline = 0

@@ -104,16 +104,8 @@ local function hint(mode)
   return ms or 0
 end
 
--- max(last token + 1, server time in µs), as in acquire.lua: one SET ... GET records the
--- clock's token and reads the last one; a second write only if the counter is not behind.
+-- The new holder's fencing token, as a lease's (fencing.lua).
 local function next_token(fence_key, fence_ttl)
   now()
-  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local token = string.format('%.0f', now_us)
-  local last = tonumber(redis.call('SET', fence_key, token, 'PX', fence_ttl, 'GET') or '0')
-  if last >= now_us then
-    token = string.format('%.0f', last + 1)
-    redis.call('SET', fence_key, token, 'PX', fence_ttl)
-  end
-  return token
+  return next_fencing_token(fence_key, tonumber(t[1]) * 1000000 + tonumber(t[2]), fence_ttl)
 end

@@ -38,12 +38,7 @@ if max_hold > 0 then
 end
 local result = {1}
 for i = 1, n do
-  local token = tonumber(redis.call('GET', KEYS[n + i]) or '0') + 1
-  if token < now_us then
-    token = now_us
-  end
-  token = string.format('%.0f', token)
-  redis.call('SET', KEYS[n + i], token, 'PX', ARGV[4])
+  local token = next_fencing_token(KEYS[n + i], now_us, ARGV[4])
   redis.call('HSET', KEYS[i], 'owner', ARGV[1], 'token', token, 'acquired_ms', now_ms,
     'renewed_ms', now_ms, 'ttl_ms', ARGV[2], 'deadline_ms', deadline, 'name', ARGV[5 + i],
     'names', n, unpack(ARGV, 6 + n))

@@ -52,12 +52,7 @@ while true do
     local t = redis.call('TIME')
     local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
     local now_ms = math.floor(now_us / 1000)
-    local token = string.format('%.0f', now_us)
-    local last = tonumber(redis.call('SET', fence, token, 'PX', FENCE_TTL_MS, 'GET') or '0')
-    if last >= now_us then
-      token = string.format('%.0f', last + 1)
-      redis.call('SET', fence, token, 'PX', FENCE_TTL_MS)
-    end
+    local token = next_fencing_token(fence, now_us, FENCE_TTL_MS)
     local lease = tonumber(wanted['ttl_ms'])
     local max_hold = tonumber(wanted['max_hold_ms'])
     local deadline = 0
