@@ -105,3 +105,24 @@ def test_interval_locks_follow_a_counter_ahead_of_the_clock(lock_client: LockCli
             tokens.append(hold.token)
         assert_counter_expires(lock_client, lease._keys.fence)
     assert tokens == [ahead + 1, ahead + 2, ahead + 3]
+
+
+def test_multi_key_locks_follow_counters_ahead_of_and_behind_the_clock(
+    lock_client: LockClient,
+) -> None:
+    # Each name of a multi-key lock shares its counter with the lease of that name.
+    ahead_lease = lock_client.lease("m-ahead", heartbeat=False)
+    behind_lease = lock_client.lease("m-behind", heartbeat=False)
+    ahead = server_us(lock_client) + 10**12
+    lock_client.redis.set(ahead_lease._keys.fence, ahead, px=60_000)
+    lock_client.redis.set(behind_lease._keys.fence, 5)  # no expiry: as if written by hand
+    before = server_us(lock_client)
+    multi = lock_client.multi(["m-ahead", "m-behind"], heartbeat=False)
+    with multi:
+        tokens = multi.tokens
+    assert tokens["m-ahead"] == ahead + 1
+    assert tokens["m-behind"] >= before
+    for lease in (ahead_lease, behind_lease):
+        assert_counter_expires(lock_client, lease._keys.fence)
+    with ahead_lease:
+        assert ahead_lease.token == ahead + 2
