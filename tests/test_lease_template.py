@@ -8,10 +8,12 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import msgpack
 import pytest
 
 from celery_singleton_lock import ConfigurationError, LockClient
 from celery_singleton_lock.core.handle import LockHandle
+from celery_singleton_lock.core.scripts import pack_holder
 from celery_singleton_lock.embedded import free_port
 from celery_singleton_lock.kinds.lease import LeaseTemplate
 
@@ -115,8 +117,8 @@ def test_a_template_lease_is_the_lease_the_client_makes(
     }
     other = LeaseTemplate(lock_client, ttl=2.0001, max_hold=max_hold).lease("job:é")
     assert_nothing_mutable_shared(made, other)
-    # The holder fields the acquire stores, from the template's per-thread part.
-    assert made._describe_holder() == expected._describe_holder()
+    # The holder fields the acquire sends, from the template's per-thread part.
+    assert made._packed_holder() == pack_holder(expected._describe_holder())
     assert made._describe_holder(named=False) == expected._describe_holder(named=False)
     assert made.acquire()
     try:
@@ -134,10 +136,10 @@ def test_a_template_lease_records_the_thread_that_acquires_it(lock_client: LockC
     """The holder fields shared by a template's leases are per process and thread, and
     follow a rename of the thread."""
     template = LeaseTemplate(lock_client, ttl=5)
-    seen: dict[str, list[Any]] = {}
+    seen: dict[str, bytes] = {}
 
     def describe(label: str) -> None:
-        seen[label] = template.lease("job", owner_info={"task_id": "t"})._describe_holder()
+        seen[label] = template.lease("job", owner_info={"task_id": "t"})._packed_holder()
 
     describe("main")
     thread = threading.Thread(target=describe, args=("other",), name="csl-other-thread")
@@ -151,14 +153,15 @@ def test_a_template_lease_records_the_thread_that_acquires_it(lock_client: LockC
     finally:
         current.name = old_name
 
-    def thread_of(fields: list[Any]) -> Any:
-        return fields[fields.index(b"thread") + 1]
+    def thread_of(packed: bytes) -> Any:
+        fields = msgpack.unpackb(packed, raw=True)
+        return fields[fields.index(b"thread") + 1].decode()
 
     assert thread_of(seen["main"]) == old_name
     assert thread_of(seen["other"]) == "csl-other-thread"
     assert thread_of(seen["renamed"]) == "csl-renamed"
     expected = lock_client.lease("job", ttl=5, owner_info={"task_id": "t"})
-    assert seen["main"] == expected._describe_holder()
+    assert seen["main"] == pack_holder(expected._describe_holder())
 
 
 def test_leases_of_one_template_acquired_in_turn_store_their_own_holder(

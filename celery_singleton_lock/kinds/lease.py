@@ -168,23 +168,22 @@ class Lease(LockHandle):
     def holders(self) -> list[HolderRecord]:
         return read_lease_holders(self._conn, [self._keys.lock])
 
-    def _describe_holder(self, *, named: bool = True) -> list[Any]:
-        shared = self._thread_fields
-        if shared is None or not named or not self.heartbeat:
-            return super()._describe_holder(named=named)
-        # A template's lease is acquired once, so its own cache would never hit: the fields
-        # of the acquiring process and thread come from the template's.
-        return [b"name", encode_name(self.name), *shared.get()[0], *info_fields(self.owner_info)]
-
     def _packed_holder(self) -> bytes:
         shared = self._thread_fields
         if shared is None or not self.heartbeat:
             return super()._packed_holder()
-        # As _describe_holder: the process's and thread's fields are packed once per thread
-        # by the template; only the name and owner_info are packed per run.
+        # A template's lease is acquired once, so its own cache would never hit: the fields
+        # of the acquiring process and thread are packed once per thread by the template,
+        # and only the name and owner_info per run; the same bytes, in the same order, as
+        # pack_holder(self._describe_holder()).
         fields, packed = shared.get()
-        own = [b"name", encode_name(self.name), *info_fields(self.owner_info)]
-        return array_header(len(fields) + len(own)) + packed + pack_items(own)
+        info = info_fields(self.owner_info)
+        return (
+            array_header(2 + len(fields) + len(info))
+            + pack_items((b"name", encode_name(self.name)))
+            + packed
+            + pack_items(info)
+        )
 
     def _new_owner(self) -> str:
         owner = self._fixed_owner or super()._new_owner()
