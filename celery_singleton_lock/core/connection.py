@@ -18,6 +18,7 @@ from redis.exceptions import RedisClusterException
 from ..exceptions import ConfigurationError, LockBackendError
 from . import redis_urls, validate
 from .keys import LockKeys, lock_keys
+from .lanes import lanes_of
 from .notifier import Notifier
 from .scripts import Scripts
 
@@ -80,9 +81,14 @@ class Connection:
         return int(seconds), int(micros)
 
     def close(self) -> None:
-        """Stop the waiter listener and close the Redis connections."""
+        """Stop the waiter listener and close the Redis connections: the pool's, if the
+        client owns its pool (it was made from a URL), and then the threads' own script
+        connections too (lanes.py)."""
         self.notifier.close()
         self.redis.close()
+        lanes = lanes_of(self.redis)
+        if lanes is not None and getattr(self.redis, "auto_close_connection_pool", False):
+            lanes.close()
 
     def __repr__(self) -> str:
         return f"<Connection {self.url} prefix={self.prefix!r}>"

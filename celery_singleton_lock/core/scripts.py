@@ -15,10 +15,11 @@ from typing import Any, TypeVar
 from redis import Redis
 from redis.client import CaseInsensitiveDict
 from redis.commands.core import Script as RedisScript
-from redis.exceptions import ConnectionError, NoScriptError, ResponseError, TimeoutError
+from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, KeyT
 
 from .keys import FENCE_TTL_MS, key_base
+from .lanes import IN_USE, TRY_AGAIN, evalsha_on_pooled_connection, lanes_of
 from .redis_urls import is_cluster
 
 T = TypeVar("T")
@@ -38,14 +39,15 @@ class Script(RedisScript):
     is down (a failover in progress) that fails, and with it every lock on the healthy nodes
     whose script cache was empty (a restarted or newly added node).
 
-    On the plain client it was registered with, a call is one ``EVALSHA`` sent and read on a
-    connection checked out of the client's pool (see :func:`evalsha_on_pooled_connection`):
-    this is on every acquire's and release's path, and ``execute_command`` adds its retry
-    wrapper and observability hooks to each call."""
+    On the plain client it was registered with, a call is one ``EVALSHA`` sent and read on
+    the calling thread's own connection (lanes.py), or on one checked out of the client's
+    pool where the pool keeps that path: this is on every acquire's and release's path, and
+    ``execute_command`` adds its retry wrapper and observability hooks to each call."""
 
     def __init__(self, registered_client: Any, script: Any) -> None:
         super().__init__(registered_client, script)
         self._cluster = is_cluster(registered_client)
+        self._lanes = None if self._cluster else lanes_of(registered_client)
 
     def __call__(
         self,
@@ -68,15 +70,23 @@ class Script(RedisScript):
     def _evalsha(self, client: Any, keys: Sequence[KeyT], args: tuple[EncodableT, ...]) -> Any:
         if sends_directly(client):
             try:
-                reply = evalsha_on_pooled_connection(client, self.sha, keys, args)
+                reply = self._send(client, keys, args)
             except NoScriptError:
                 self.sha = client.script_load(self.script)
-            else:
-                if reply is not TRY_AGAIN:
-                    return reply
-                # The connection failed and is closed; the client's retry policy would try
-                # again: execute_command does, with its backoff and reconnection.
+                reply = self._send(client, keys, args)
+            if reply is not TRY_AGAIN:
+                return reply
+            # The connection failed and is closed; the client's retry policy would try
+            # again: execute_command does, with its backoff and reconnection.
         return self._evalsha_via_client(client, keys, args)
+
+    def _send(self, client: Any, keys: Sequence[KeyT], args: tuple[EncodableT, ...]) -> Any:
+        """EVALSHA on this thread's lane, else (none, or in use) on a pooled connection."""
+        lanes = self._lanes
+        reply = IN_USE if lanes is None else lanes.evalsha(self.sha, keys, args)
+        if reply is IN_USE:
+            reply = evalsha_on_pooled_connection(client, self.sha, keys, args)
+        return reply
 
     def _evalsha_via_client(
         self, client: Any, keys: Sequence[KeyT], args: tuple[EncodableT, ...]
@@ -112,51 +122,6 @@ def _has_evalsha_callback(callbacks: Any) -> bool:
     if type(callbacks) is CaseInsensitiveDict:
         return dict.__contains__(callbacks, "EVALSHA")
     return "EVALSHA" in callbacks
-
-
-#: What :func:`evalsha_on_pooled_connection` returns when the call failed in a way the
-#: client's retry policy would try again.
-TRY_AGAIN: Any = object()
-
-
-def evalsha_on_pooled_connection(
-    client: Any, sha: str, keys: Sequence[KeyT], args: tuple[EncodableT, ...]
-) -> Any:
-    """EVALSHA ``sha`` sent and read on a connection of ``client``'s pool, without
-    ``execute_command``'s retry wrapper and observability hooks (about 100 µs a call in a
-    busy worker). The reply is what ``execute_command`` returns: EVALSHA has no response
-    callback, and the connection decodes as the client was told to. :data:`TRY_AGAIN`
-    when the connection failed (ConnectionError, TimeoutError) and the connection's retry
-    policy would try again; raised otherwise.
-
-    A connection goes back to the pool only with no reply left unread: a Redis error reply
-    has been read in full, anything else (a timeout, a signal's exception between the send
-    and the read) closes it first, so that no later command reads this one's reply."""
-    pool = client.connection_pool
-    connection = pool.get_connection()
-    try:
-        connection.send_command("EVALSHA", sha, len(keys), *keys, *args)
-        return connection.read_response()
-    except ResponseError:
-        raise
-    except (ConnectionError, TimeoutError) as exc:
-        connection.disconnect()
-        if would_retry(connection.retry, exc):
-            return TRY_AGAIN
-        raise
-    except BaseException:
-        connection.disconnect()
-        raise
-    finally:
-        pool.release(connection)
-
-
-def would_retry(retry: Any, error: Exception) -> bool:
-    """Whether the redis-py ``retry`` policy tries a command again after ``error``."""
-    if retry is None or retry.get_retries() <= 0:
-        return False
-    supported = getattr(retry, "_supported_errors", (ConnectionError, TimeoutError))
-    return isinstance(error, tuple(supported))
 
 
 def register(redis: Any, text: str) -> Script:
