@@ -100,8 +100,9 @@ class Lanes:
             lane = self._open()
         elif lane.busy:
             return IN_USE
-        lane.busy = True
         try:
+            # Inside the try: an exception from a signal handler must not leave it busy.
+            lane.busy = True
             return send_evalsha(lane.connection, sha, keys, args, poll=True)
         finally:
             lane.busy = False
