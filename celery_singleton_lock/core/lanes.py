@@ -32,7 +32,6 @@ open and close a connection.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import threading
@@ -65,9 +64,11 @@ class _Lane:
         # The thread ended (its thread-local storage held the only reference): close the
         # socket now rather than when a garbage collection finds the connection (which
         # its parser refers back to). Not in a forked child: the socket is the parent's.
-        if self.pid == os.getpid():
-            with contextlib.suppress(Exception):  # a finalizer must not raise
+        try:
+            if self.pid == os.getpid():
                 self.connection.disconnect()
+        except Exception:  # a finalizer must not raise (at exit, modules may be torn down)
+            return
 
 
 class _ThreadLanes(threading.local):
