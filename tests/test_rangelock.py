@@ -14,6 +14,7 @@ from support.kind_children import killable_holder
 from support.waiting import wait_for
 
 from celery_singleton_lock import ConfigurationError, LockClient, LockError, rangelock
+from celery_singleton_lock.embedded import RedisServer
 
 COMPATIBLE = {("r", "r"), ("r", "u"), ("u", "r")}
 #: Requested intervals against a held [10, 20]: (request, overlaps?)
@@ -119,6 +120,40 @@ def test_holds_up_to_infinity_overlap_and_shrink_like_any_other(lock_client: Loc
     assert lock.write(6.01, math.inf).acquire()
     assert not lock.write(6, 7).acquire()
     up.release()
+
+
+def test_a_release_takes_its_hold_out_of_every_index_and_asks_no_more() -> None:
+    """Finite, up to +inf, and shrunk from +inf to a finite hi: each release removes the
+    hold's entries from every index it was in. A hold up to +inf has no hi entry, so its
+    release removes two entries (expiry, lo) with two ZREMs, a finite one three."""
+    with RedisServer() as server:  # its own: the ZREM count is the server's
+        client = LockClient.from_url(server.url)
+        try:
+            lock = client.range_lock("tidy")
+            finite = lock.read(1, 2, heartbeat=False)
+            open_ended = lock.read(3, math.inf, heartbeat=False)
+            shrunk = lock.upgradable(5, math.inf, heartbeat=False)
+            for hold in (finite, open_ended, shrunk):
+                assert hold.acquire()
+            shrunk.shrink(5, 6)
+            indexes = finite._keys.indexes
+            assert client.redis.zscore(indexes[4], shrunk._owner or "") == 6.0  # u:hi
+
+            def zrems() -> int:
+                stats = client.redis.info("commandstats").get("cmdstat_zrem", {})
+                return int(stats.get("calls", 0))
+
+            for hold, removals in ((finite, 3), (open_ended, 2), (shrunk, 3)):
+                owner = hold._owner or ""
+                before = zrems()
+                hold.release()
+                assert zrems() - before == removals
+                assert [client.redis.zscore(key, owner) for key in indexes] == [None] * 7
+            everything = lock.write(-math.inf, math.inf, heartbeat=False)
+            assert everything.acquire()
+            everything.release()
+        finally:
+            client.close()
 
 
 def test_upgradable_nests_a_write_that_waits_only_for_other_readers(

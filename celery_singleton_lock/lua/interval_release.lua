@@ -16,7 +16,7 @@
 local owner = ARGV[1]
 local delay = tonumber(ARGV[2])
 local token, renewed = ARGV[4], ARGV[5] or ''
-local holder = redis.call('HMGET', KEYS[8], 'mode', 'token', 'renewed_ms')
+local holder = redis.call('HMGET', KEYS[8], 'mode', 'token', 'renewed_ms', 'hi')
 local m = MODES[holder[1] or '']
 local woke = false
 -- Only a waiting writer or upgrade queues a reservation, never the owner of a read hold.
@@ -45,7 +45,11 @@ if m then
     result = 1
   elseif redis.call('ZREM', KEYS[1], owner) == 1 then
     redis.call('ZREM', KEYS[m], owner)
-    redis.call('ZREM', KEYS[m + 1], owner)
+    -- A hold up to +inf (every reader-writer hold) has no entry in its mode's hi index; its
+    -- hash's hi is the hold's, kept in step by a shrink (see interval_common.lua).
+    if tonumber(holder[4]) ~= math.huge then
+      redis.call('ZREM', KEYS[m + 1], owner)
+    end
     redis.call('DEL', KEYS[8])
     result = 1
     woke = true
