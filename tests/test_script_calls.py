@@ -1,10 +1,9 @@
-"""Script calls sent straight on a pooled connection (core/scripts.py): taken on a plain
-client, left to ``execute_command`` where that would be wrong, and never leaving a reply
-unread on a connection that goes back to the pool."""
+"""Script calls sent straight on a connection (core/scripts.py, core/lanes.py): taken on a
+plain client, left to ``execute_command`` where that would be wrong, and never leaving a
+reply unread on a connection used again, the pool's or the thread's own."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,22 +11,14 @@ import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from support.script_calls import COUNTER, SLOW_COUNTER, call_in_thread, evalsha_postponed
 from support.waiting import wait_for
 
-from celery_singleton_lock.core.scripts import Script, register
+from celery_singleton_lock.core.scripts import register
 from celery_singleton_lock.embedded import RedisServer
 
-COUNTER = "return redis.call('INCR', KEYS[1])"
 ECHO = "return {ARGV[1], tonumber(ARGV[2]), 'text'}"
 FAILING = "return redis.error_reply('refused: ' .. ARGV[1])"
-#: INCR after keeping the server busy for ARGV[1] µs.
-SLOW_COUNTER = """
-local t0 = redis.call('TIME')
-repeat
-    local t = redis.call('TIME')
-until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) >= tonumber(ARGV[1])
-return redis.call('INCR', KEYS[1])
-"""
 
 
 class CountingPool(redis.ConnectionPool):
@@ -167,43 +158,32 @@ def test_a_pipeline_keeps_its_own_path(server: RedisServer) -> None:
     assert pipe.execute() == [1, 2]
 
 
-def evalsha_in_thread(script: Script, keys: tuple[str, ...]) -> tuple[threading.Thread, list[Any]]:
-    outcome: list[Any] = []
-
-    def call() -> None:
-        try:
-            outcome.append(script(keys=keys))
-        except Exception as exc:  # the test looks at what was raised
-            outcome.append(exc)
-
-    thread = threading.Thread(target=call, daemon=True)
-    thread.start()
-    return thread, outcome
+def client_on(server: RedisServer, path: str, **kwargs: Any) -> redis.Redis:
+    """A client whose script calls go out on a connection of its pool, which it has one of
+    ("pooled": a pool subclass keeps that path), or on the calling thread's own ("lane")."""
+    if path == "pooled":
+        return pooled_client(server, max_connections=1, **kwargs)
+    return redis.Redis.from_url(server.url, **kwargs)
 
 
-def sent_evalsha(admin: redis.Redis) -> bool:
-    """Whether a script call waits on a paused server (a postponed client is flagged
-    blocked; the warm-up call left another connection's last command EVALSHA too)."""
-    return any(
-        entry.get("cmd") == "evalsha" and "b" in entry.get("flags", "")
-        for entry in admin.client_list()
-    )
+PATHS = ["pooled", "lane"]
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("retries", [0, 2])
 def test_a_connection_killed_while_waiting_for_the_reply_retries_as_the_policy_says(
-    server: RedisServer, retries: int
+    server: RedisServer, retries: int, path: str
 ) -> None:
     """The connection dies after the send: with retries, execute_command runs it again
     (and the script ran once); without, the ConnectionError is raised as before."""
-    client = pooled_client(server, retry=Retry(NoBackoff(), retries))
+    client = client_on(server, path, retry=Retry(NoBackoff(), retries))
     admin = redis.Redis.from_url(server.url)
     script = register(client, COUNTER)
     assert script(keys=("n",)) == 1
     admin.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")  # EVALSHA waits, KILL does not
     try:
-        thread, outcome = evalsha_in_thread(script, ("n",))
-        wait_for(lambda: sent_evalsha(admin), 10, "the EVALSHA to reach the paused server")
+        thread, outcome = call_in_thread(script, ("n",))
+        wait_for(lambda: evalsha_postponed(admin), 10, "the EVALSHA to wait on the paused server")
         admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
     finally:
         admin.execute_command("CLIENT", "UNPAUSE")
@@ -215,13 +195,12 @@ def test_a_connection_killed_while_waiting_for_the_reply_retries_as_the_policy_s
         assert script(keys=("n",)) == 2
 
 
-def test_a_timeout_leaves_no_reply_behind_for_the_next_call(server: RedisServer) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_a_timeout_leaves_no_reply_behind_for_the_next_call(server: RedisServer, path: str) -> None:
     """With no retries, the timeout is raised; the slow script's reply, written once it
-    ends, must not be read by the next call on that pool (its only connection)."""
-    pool = CountingPool.from_url(
-        server.url, max_connections=1, socket_timeout=0.3, retry=Retry(NoBackoff(), 0)
-    )
-    client = redis.Redis(connection_pool=pool)
+    ends, must not be read by the next call on that connection (the pool's only one, or
+    the thread's own)."""
+    client = client_on(server, path, socket_timeout=0.3, retry=Retry(NoBackoff(), 0))
     admin = redis.Redis.from_url(server.url)
     slow, echo = register(client, SLOW_COUNTER), register(client, ECHO)
     assert echo(args=("warm", 0)) == [b"warm", 0, b"text"]

@@ -1,6 +1,7 @@
 """Each thread's own connection for script calls (core/lanes.py): one per thread and pool,
 never shared by two calls at once, nor across a fork, closed with its thread or its client,
-polled before the send, and left out where the pool must see every connection."""
+polled before the send, and left out where the pool must see every connection. A lane
+killed or timed out mid-call: test_script_calls.py, for both paths."""
 
 from __future__ import annotations
 
@@ -15,23 +16,15 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 from support.forked import run_in_child
+from support.script_calls import COUNTER, SLOW_COUNTER, call_in_thread
 from support.waiting import wait_for
 
 from celery_singleton_lock import LockClient
 from celery_singleton_lock.core.lanes import lanes_of
-from celery_singleton_lock.core.scripts import Script, register
+from celery_singleton_lock.core.scripts import register
 from celery_singleton_lock.embedded import RedisServer
 
-COUNTER = "return redis.call('INCR', KEYS[1])"
 ECHO = "return ARGV[1]"
-#: INCR after keeping the server busy for ARGV[1] µs.
-SLOW_COUNTER = """
-local t0 = redis.call('TIME')
-repeat
-    local t = redis.call('TIME')
-until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) >= tonumber(ARGV[1])
-return redis.call('INCR', KEYS[1])
-"""
 
 
 @pytest.fixture
@@ -161,65 +154,6 @@ def test_a_lane_the_server_closed_while_idle_is_reconnected_before_the_send(
     server.stop()
     server.start()
     assert counter(keys=("n",)) == 1  # a new, empty server; the script loaded again
-
-
-def evalsha_postponed(admin: redis.Redis) -> bool:
-    """Whether a script call waits on a paused server (a postponed client is flagged
-    blocked)."""
-    return any(
-        entry.get("cmd") == "evalsha" and "b" in entry.get("flags", "")
-        for entry in admin.client_list()
-    )
-
-
-def call_in_thread(
-    script: Script, keys: tuple[str, ...], args: tuple[Any, ...] = ()
-) -> tuple[threading.Thread, list[Any]]:
-    outcome: list[Any] = []
-
-    def call() -> None:
-        try:
-            outcome.append(script(keys=keys, args=args))
-        except Exception as exc:  # the test looks at what was raised
-            outcome.append(exc)
-
-    thread = threading.Thread(target=call, daemon=True)
-    thread.start()
-    return thread, outcome
-
-
-@pytest.mark.parametrize("retries", [0, 2])
-def test_a_lane_killed_while_waiting_for_the_reply_retries_as_the_policy_says(
-    server: RedisServer, admin: redis.Redis, retries: int
-) -> None:
-    client = redis.Redis.from_url(server.url, retry=Retry(NoBackoff(), retries))
-    counter = register(client, COUNTER)
-    assert counter(keys=("n",)) == 1
-    admin.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")  # EVALSHA waits, KILL does not
-    try:
-        thread, outcome = call_in_thread(counter, ("n",))
-        wait_for(lambda: evalsha_postponed(admin), 10, "the EVALSHA to wait on the paused server")
-        admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
-    finally:
-        admin.execute_command("CLIENT", "UNPAUSE")
-    thread.join(10)
-    if retries:
-        assert outcome == [2]  # the killed call never ran; the retried one did
-    else:
-        assert len(outcome) == 1 and isinstance(outcome[0], redis.ConnectionError)
-        assert counter(keys=("n",)) == 2
-
-
-def test_a_timeout_on_a_lane_leaves_no_reply_behind_for_the_next_call(
-    server: RedisServer, admin: redis.Redis
-) -> None:
-    client = redis.Redis.from_url(server.url, socket_timeout=0.3, retry=Retry(NoBackoff(), 0))
-    slow, echo = register(client, SLOW_COUNTER), register(client, ECHO)
-    assert echo(args=("warm",)) == b"warm"
-    with pytest.raises(redis.TimeoutError):
-        slow(keys=("n",), args=(600_000,))
-    assert admin.get("n") == b"1"  # answered once the script has ended
-    assert echo(args=("own",)) == b"own"
 
 
 class CountingPool(redis.ConnectionPool):
