@@ -76,13 +76,13 @@ def test_threads_have_lanes_of_their_own_and_their_replies_never_mix(
             reply = echo(args=(sent,))
             if reply != sent.encode():
                 wrong.append((sent, reply))
-        replied.wait(10)
-        done.wait(10)
+        replied.wait(60)
+        done.wait(60)
 
     workers = [threading.Thread(target=run, args=(f"t{n}",)) for n in range(threads)]
     for worker in workers:
         worker.start()
-    replied.wait(30)
+    replied.wait(60)
     try:
         assert wrong == []
         assert len(script_connections(admin)) == threads
@@ -181,9 +181,9 @@ def test_pools_that_must_see_every_connection_keep_the_pooled_path(
         thread.join(20)
     ran = [outcome[0] for _, outcome in threads if isinstance(outcome[0], int)]
     assert len(ran) >= 2 and sorted(ran) == list(range(1, len(ran) + 1))
-    # Both pooled connections are still open, back in the pool; lanes would have closed
-    # with their threads.
-    assert len(script_connections(admin)) == 2
+    # The pooled connections (two, or one if the threads came one after another) are still
+    # open, back in the pool; lanes would have closed with their threads.
+    assert 1 <= len(script_connections(admin)) <= 2
     assert lanes_of(redis.Redis.from_url(server.url)) is not None
 
 
