@@ -86,9 +86,10 @@ class Connection:
         connections too (lanes.py)."""
         self.notifier.close()
         self.redis.close()
-        lanes = lanes_of(self.redis)
-        if lanes is not None and getattr(self.redis, "auto_close_connection_pool", False):
-            lanes.close()
+        if getattr(self.redis, "auto_close_connection_pool", False):
+            lanes = lanes_of(self.redis)
+            if lanes is not None:
+                lanes.close()
 
     def __repr__(self) -> str:
         return f"<Connection {self.url} prefix={self.prefix!r}>"

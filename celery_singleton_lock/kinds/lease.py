@@ -176,10 +176,10 @@ class Lease(LockHandle):
         # of the acquiring process and thread are packed once per thread by the template,
         # and only the name and owner_info per run; the same bytes, in the same order, as
         # pack_holder(self._describe_holder()).
-        fields, packed = shared.get()
+        count, packed = shared.get()
         info = info_fields(self.owner_info)
         return (
-            array_header(2 + len(fields) + len(info))
+            array_header(2 + count + len(info))
             + pack_items((b"name", encode_name(self.name)))
             + packed
             + pack_items(info)
@@ -393,10 +393,11 @@ class _ThreadFields:
 
     def __init__(self, kind: str) -> None:
         self._shape = _HolderShape(kind)
-        self._cache: dict[tuple[int, int], tuple[str, list[Any], bytes]] = {}
+        self._cache: dict[tuple[int, int], tuple[str, int, bytes]] = {}
 
-    def get(self) -> tuple[list[Any], bytes]:
-        """The fields, and their items packed for acquire.lua (``pack_items``)."""
+    def get(self) -> tuple[int, bytes]:
+        """How many items the fields are, and those items packed for acquire.lua
+        (``pack_items``)."""
         pid, thread = _Process.pid, threading.current_thread()
         key = (pid, thread.ident or 0)
         found = self._cache.get(key)
@@ -406,8 +407,8 @@ class _ThreadFields:
         if len(self._cache) > 64:  # short-lived threads: idents are reused, keep it small
             self._cache.clear()
         packed = pack_items(fields)
-        self._cache[key] = (thread.name, fields, packed)
-        return fields, packed
+        self._cache[key] = (thread.name, len(fields), packed)
+        return len(fields), packed
 
 
 class _HolderShape:
