@@ -34,6 +34,7 @@ from .handle_state import lost_error as lost_error
 from .heartbeat import RenewEntry as RenewEntry  # where the kinds used to import it from
 from .heartbeat import RenewUnit, heartbeat, renew_calls, renewing
 from .keys import encode_name
+from .notifier import Wakeup
 from .scripts import ScriptCall, pack_holder, run_batch
 
 log = logging.getLogger("celery_singleton_lock.lease")
@@ -210,7 +211,6 @@ class LockHandle(HandleState, ABC):
                     if sleep is None:
                         return False, value
                     woken.wait(sleep)
-                    woken.clear()
         finally:
             if not done:
                 try:
@@ -218,8 +218,8 @@ class LockHandle(HandleState, ABC):
                 except LockBackendError:
                     self._withdraw_failed()
 
-    def _listening(self) -> AbstractContextManager[threading.Event]:
-        """Subscribed to what wakes this handle's waiters; yields the Event they wait on."""
+    def _listening(self) -> AbstractContextManager[Wakeup]:
+        """Subscribed to what wakes this handle's waiters; yields what they wait on."""
         return self._conn.notifier.listening(self._channel)
 
     def release(self, delay: float = 0.0) -> None:

@@ -15,9 +15,8 @@ cycle of waiters) and the ones taken are given back when a later one is busy.
 from __future__ import annotations
 
 import fnmatch
-import threading
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from ..core import validate
@@ -25,7 +24,7 @@ from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle import HOSTNAME, HolderRecord, LockHandle
 from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.keys import FENCE_TTL_MS, LockKeys, encode_name
-from ..core.notifier import SUBSCRIBE_TIMEOUT
+from ..core.notifier import Wakeup
 from ..core.redis_urls import is_cluster
 from ..core.scan import Record, read_hashes
 from ..core.scripts import (
@@ -169,20 +168,9 @@ class MultiLease(LockHandle):
         # A script may touch one slot only: each name is renewed as a lease is.
         return [(renew_lease_keys, k.lock, (k.lock, owner, ttl_ms)) for k in self._keys]
 
-    @contextmanager
-    def _listening(self) -> Iterator[threading.Event]:
-        """One Event woken by a release of any of the names."""
-        notifier = self._conn.notifier
-        event = threading.Event()
-        channels = [k.channel for k in self._keys]
-        try:
-            confirmed = [notifier._add(channel, event) for channel in channels]
-            for done in confirmed:
-                done.wait(SUBSCRIBE_TIMEOUT)
-            yield event
-        finally:
-            for channel in channels:
-                notifier._remove(channel, event)
+    def _listening(self) -> AbstractContextManager[Wakeup]:
+        """One Wakeup set by a release of any of the names."""
+        return self._conn.notifier.listening(*(k.channel for k in self._keys))
 
 
 def list_holders(

@@ -1,0 +1,152 @@
+"""The pub/sub notifier that wakes blocked acquirers: its Wakeup, and the channel a waiter
+leaves, which a thread of the notifier unsubscribes after the waiter has returned.
+
+The interleavings are driven by hand: the test swaps in a queue of channels left that the
+unsubscriber does not read, and runs the unsubscriber's step itself where the interleaving
+needs it. Everything else is the real notifier on a real Redis.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import pytest
+from support.waiting import wait_for
+
+from celery_singleton_lock import LockClient
+from celery_singleton_lock.core.notifier import Notifier, Wakeup
+
+
+def subscribers(client: LockClient, channel: bytes) -> int:
+    return int(dict(client.redis.pubsub_numsub(channel)).get(channel, 0))
+
+
+@pytest.fixture
+def notifier(lock_client: LockClient) -> Notifier:
+    return lock_client.connection.notifier
+
+
+def channel_of(lock_client: LockClient, name: str) -> bytes:
+    return lock_client.connection.keys(name).channel
+
+
+def hold_left_channels(notifier: Notifier) -> queue.SimpleQueue[bytes]:
+    """Channels left from now on queue where the unsubscriber does not look; returns it."""
+    with notifier._lock:
+        notifier._ensure_threads()
+        held: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        notifier._left = held
+    return held
+
+
+def drained(left: queue.SimpleQueue[bytes]) -> set[bytes]:
+    channels = set()
+    while not left.empty():
+        channels.add(left.get_nowait())
+    return channels
+
+
+def test_wakeup_set_before_wait_wakes_at_once_and_sets_meanwhile_are_one() -> None:
+    wakeup = Wakeup()
+    assert wakeup.wait(0) is False
+    wakeup.set()
+    wakeup.set()
+    assert wakeup.wait(5) is True
+    assert wakeup.wait(0.01) is False  # both sets were one wake-up
+
+
+def test_wakeup_wakes_a_thread_blocked_in_wait() -> None:
+    wakeup = Wakeup()
+    results: list[bool] = []
+    waiting = threading.Thread(target=lambda: results.append(wakeup.wait(30)))
+    waiting.start()
+    wakeup.set()
+    waiting.join(10)
+    assert results == [True]
+
+
+def test_the_last_waiter_leaving_unsubscribes(lock_client: LockClient, notifier: Notifier) -> None:
+    channel = channel_of(lock_client, "leaving")
+    with notifier.listening(channel):
+        assert subscribers(lock_client, channel) == 1
+    wait_for(lambda: subscribers(lock_client, channel) == 0, 10, "the unsubscribe")
+    assert channel not in notifier._channels
+
+
+def test_a_waiter_back_before_the_unsubscribe_keeps_the_subscription(
+    lock_client: LockClient, notifier: Notifier
+) -> None:
+    channel = channel_of(lock_client, "back")
+    left = hold_left_channels(notifier)
+    with notifier.listening(channel):
+        pass
+    assert drained(left) == {channel}
+    subscribed = notifier._sent[channel]
+    with notifier.listening(channel) as wakeup:
+        assert notifier._sent[channel] == subscribed  # no second SUBSCRIBE: still live
+        notifier._unsubscribe({channel})  # the unsubscriber's step, after the waiter came back
+        assert subscribers(lock_client, channel) == 1
+        lock_client.redis.publish(channel, b"released")
+        assert wakeup.wait(10) is True
+    notifier._unsubscribe(drained(left))
+    wait_for(lambda: subscribers(lock_client, channel) == 0, 10, "the unsubscribe")
+
+
+def test_one_wakeup_listens_on_several_channels(
+    lock_client: LockClient, notifier: Notifier
+) -> None:
+    first, second = channel_of(lock_client, "one"), channel_of(lock_client, "two")
+    with notifier.listening(first, second) as wakeup:
+        assert subscribers(lock_client, first) == subscribers(lock_client, second) == 1
+        lock_client.redis.publish(second, b"released")
+        assert wakeup.wait(10) is True
+        lock_client.redis.publish(first, b"released")
+        assert wakeup.wait(10) is True
+    wait_for(
+        lambda: subscribers(lock_client, first) + subscribers(lock_client, second) == 0,
+        10,
+        "both unsubscribes",
+    )
+
+
+def test_a_reconnect_drops_channels_left_rather_than_subscribing_them_again(
+    lock_client: LockClient, notifier: Notifier
+) -> None:
+    left_behind, live = channel_of(lock_client, "left"), channel_of(lock_client, "live")
+    hold_left_channels(notifier)
+    with notifier.listening(live) as wakeup:
+        with notifier.listening(left_behind):
+            pass
+        assert subscribers(lock_client, left_behind) == 1  # not unsubscribed (held)
+        old = notifier._conn
+        lock_client.redis.client_kill_filter(_type="pubsub")
+        wait_for(
+            lambda: notifier._conn not in (None, old) and subscribers(lock_client, live) == 1,
+            10,
+            "the listener to reconnect",
+        )
+        assert subscribers(lock_client, left_behind) == 0
+        assert left_behind not in notifier._channels
+        assert wakeup.wait(10) is True  # the drop woke the waiter to look again
+        lock_client.redis.publish(live, b"released")
+        assert wakeup.wait(10) is True
+
+
+def test_a_closed_notifier_starts_again_for_a_later_waiter(
+    lock_client: LockClient, notifier: Notifier
+) -> None:
+    channel = channel_of(lock_client, "again")
+    with notifier.listening(channel):
+        pass
+    listener, unsubscriber = notifier._thread, notifier._unsubscriber
+    assert listener is not None and unsubscriber is not None
+    notifier.close()
+    listener.join(10)
+    unsubscriber.join(10)
+    assert not listener.is_alive() and not unsubscriber.is_alive()
+    with notifier.listening(channel) as wakeup:
+        assert subscribers(lock_client, channel) == 1
+        lock_client.redis.publish(channel, b"released")
+        assert wakeup.wait(10) is True
+    wait_for(lambda: subscribers(lock_client, channel) == 0, 10, "the unsubscribe")
