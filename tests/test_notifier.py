@@ -9,6 +9,8 @@ needs it. Everything else is the real notifier on a real Redis.
 from __future__ import annotations
 
 import queue
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -150,3 +152,55 @@ def test_a_closed_notifier_starts_again_for_a_later_waiter(
         lock_client.redis.publish(channel, b"released")
         assert wakeup.wait(10) is True
     wait_for(lambda: subscribers(lock_client, channel) == 0, 10, "the unsubscribe")
+
+
+#: Run in a process of its own, after the patch: a holder with a 60 s lease releases 0.3 s
+#: after a waiter blocked, while another green thread ticks every 10 ms. Prints the seconds
+#: the waiter took and the ticks counted meanwhile.
+GREEN_WAIT = """
+import sys, threading, time
+from celery_singleton_lock import LockClient
+url, prefix = sys.argv[1:3]
+holder = LockClient.from_url(url, prefix=prefix).lease("green", ttl=60)
+waiter = LockClient.from_url(url, prefix=prefix).lease("green", ttl=60)
+assert holder.acquire()
+ticks, waited = [0], []
+def tick():
+    while not waited:
+        ticks[0] += 1
+        time.sleep(0.01)
+def wait():
+    started = time.monotonic()
+    assert waiter.acquire(wait=30)
+    waited.append(time.monotonic() - started)
+    waiter.release()
+threads = [threading.Thread(target=tick), threading.Thread(target=wait)]
+for thread in threads:
+    thread.start()
+time.sleep(0.3)
+holder.release()
+for thread in threads:
+    thread.join()
+print(waited[0], ticks[0])
+"""
+
+
+@pytest.mark.parametrize(
+    "patch",
+    ["import gevent.monkey; gevent.monkey.patch_all()", "import eventlet; eventlet.monkey_patch()"],
+    ids=["gevent", "eventlet"],
+)
+def test_under_green_threads_a_waiter_is_woken_without_blocking_the_others(
+    patch: str, lock_redis_url: str, lock_prefix: str
+) -> None:
+    """The waiters' queues are the patched, cooperative ones: a blocked waiter lets the
+    other green threads run, and the release wakes it long before its 60 s hint."""
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", f"{patch}\n{GREEN_WAIT}", lock_redis_url,
+         lock_prefix],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    waited, ticks = done.stdout.split()
+    assert float(waited) < 10
+    assert int(ticks) >= 10  # the ticker ran while the waiter was blocked (0.3 s at least)
