@@ -1,9 +1,11 @@
-"""The pub/sub notifier that wakes blocked acquirers: its Wakeup, and the channel a waiter
-leaves, which a thread of the notifier unsubscribes after the waiter has returned.
+"""The shared pub/sub listener that wakes the blocked acquirers of gevent and eventlet
+processes: its QueueWakeup, and the channel a waiter leaves, which a thread of the listener
+unsubscribes after the waiter has returned. (Threads read connections of their own:
+test_subscriber.py.)
 
 The interleavings are driven by hand: the test swaps in a queue of channels left that the
 unsubscriber does not read, and runs the unsubscriber's step itself where the interleaving
-needs it. Everything else is the real notifier on a real Redis.
+needs it. Everything else is the real listener on a real Redis.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 from support.waiting import wait_for
 
 from celery_singleton_lock import LockClient
-from celery_singleton_lock.core.notifier import Notifier, Wakeup
+from celery_singleton_lock.core.notifier import QueueWakeup, SharedListener
 
 
 def subscribers(client: LockClient, channel: bytes) -> int:
@@ -25,15 +27,15 @@ def subscribers(client: LockClient, channel: bytes) -> int:
 
 
 @pytest.fixture
-def notifier(lock_client: LockClient) -> Notifier:
-    return lock_client.connection.notifier
+def notifier(lock_client: LockClient) -> SharedListener:
+    return lock_client.connection.notifier.shared
 
 
 def channel_of(lock_client: LockClient, name: str) -> bytes:
     return lock_client.connection.keys(name).channel
 
 
-def hold_left_channels(notifier: Notifier) -> queue.SimpleQueue[bytes]:
+def hold_left_channels(notifier: SharedListener) -> queue.SimpleQueue[bytes]:
     """Channels left from now on queue where the unsubscriber does not look; returns it."""
     with notifier._lock:
         notifier._ensure_threads()
@@ -50,7 +52,7 @@ def drained(left: queue.SimpleQueue[bytes]) -> set[bytes]:
 
 
 def test_wakeup_set_before_wait_wakes_at_once_and_sets_meanwhile_are_one() -> None:
-    wakeup = Wakeup()
+    wakeup = QueueWakeup()
     assert wakeup.wait(0) is False
     wakeup.set()
     wakeup.set()
@@ -59,7 +61,7 @@ def test_wakeup_set_before_wait_wakes_at_once_and_sets_meanwhile_are_one() -> No
 
 
 def test_wakeup_wakes_a_thread_blocked_in_wait() -> None:
-    wakeup = Wakeup()
+    wakeup = QueueWakeup()
     results: list[bool] = []
     waiting = threading.Thread(target=lambda: results.append(wakeup.wait(30)))
     waiting.start()
@@ -68,7 +70,9 @@ def test_wakeup_wakes_a_thread_blocked_in_wait() -> None:
     assert results == [True]
 
 
-def test_the_last_waiter_leaving_unsubscribes(lock_client: LockClient, notifier: Notifier) -> None:
+def test_the_last_waiter_leaving_unsubscribes(
+    lock_client: LockClient, notifier: SharedListener
+) -> None:
     channel = channel_of(lock_client, "leaving")
     with notifier.listening(channel):
         assert subscribers(lock_client, channel) == 1
@@ -77,7 +81,7 @@ def test_the_last_waiter_leaving_unsubscribes(lock_client: LockClient, notifier:
 
 
 def test_a_waiter_back_before_the_unsubscribe_keeps_the_subscription(
-    lock_client: LockClient, notifier: Notifier
+    lock_client: LockClient, notifier: SharedListener
 ) -> None:
     channel = channel_of(lock_client, "back")
     left = hold_left_channels(notifier)
@@ -96,7 +100,7 @@ def test_a_waiter_back_before_the_unsubscribe_keeps_the_subscription(
 
 
 def test_one_wakeup_listens_on_several_channels(
-    lock_client: LockClient, notifier: Notifier
+    lock_client: LockClient, notifier: SharedListener
 ) -> None:
     first, second = channel_of(lock_client, "one"), channel_of(lock_client, "two")
     with notifier.listening(first, second) as wakeup:
@@ -113,7 +117,7 @@ def test_one_wakeup_listens_on_several_channels(
 
 
 def test_a_reconnect_drops_channels_left_rather_than_subscribing_them_again(
-    lock_client: LockClient, notifier: Notifier
+    lock_client: LockClient, notifier: SharedListener
 ) -> None:
     left_behind, live = channel_of(lock_client, "left"), channel_of(lock_client, "live")
     hold_left_channels(notifier)
@@ -136,7 +140,7 @@ def test_a_reconnect_drops_channels_left_rather_than_subscribing_them_again(
 
 
 def test_a_closed_notifier_starts_again_for_a_later_waiter(
-    lock_client: LockClient, notifier: Notifier
+    lock_client: LockClient, notifier: SharedListener
 ) -> None:
     channel = channel_of(lock_client, "again")
     with notifier.listening(channel):

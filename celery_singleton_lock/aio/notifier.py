@@ -20,7 +20,8 @@ from typing import Any
 
 import redis
 
-from ..core.notifier import RECONNECT_DELAY, RECONNECT_DELAY_MAX, SUBSCRIBE_TIMEOUT
+from ..core.notifier import RECONNECT_DELAY, RECONNECT_DELAY_MAX
+from ..core.subscriber import SUBSCRIBE_TIMEOUT
 
 log = logging.getLogger("celery_singleton_lock.waiting")
 

@@ -1,4 +1,8 @@
-"""How blocked acquirers are woken: one pub/sub connection per Redis client per process.
+"""How blocked acquirers are woken: by a release published on their lock's channel.
+
+Each waiting thread reads a pub/sub connection of its own (subscriber.py). Under gevent or
+eventlet, where a thread is a greenlet, the waiters of a client share one pub/sub connection
+per process instead, read by a listener: the rest of this module.
 
 A waiter subscribes to its lock's channel, waits until Redis confirms the subscription, tries
 the lock once more (closing the race with a release that came before the subscription), then
@@ -27,12 +31,14 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Protocol
 
 import redis
 
-from .redis_urls import pubsub_pool
+from .lanes import green_threads
+from .redis_urls import pubsub_connection
+from .subscriber import SUBSCRIBE_TIMEOUT, ThreadSubscribers
 
 #: Keeps the module's old name: logging configurations name it (docs/lease.md).
 log = logging.getLogger("celery_singleton_lock.waiting")
@@ -40,13 +46,21 @@ log = logging.getLogger("celery_singleton_lock.waiting")
 #: How long the listener waits before reconnecting after Redis went away (doubles to 2 s).
 RECONNECT_DELAY = 0.05
 RECONNECT_DELAY_MAX = 2.0
-#: A waiter waits at most this long for Redis to confirm its subscription.
-SUBSCRIBE_TIMEOUT = 1.0
 
 
-class Wakeup:
-    """What a blocked acquirer sleeps on: set by each release published on its channels (and
-    when the connection drops); ``wait`` returns once it was set since the last ``wait``.
+class Wakeup(Protocol):
+    """What a blocked acquirer sleeps on, from :meth:`Notifier.listening`."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once a release was published on one of its channels since the last
+        ``wait`` (or the connection dropped: a release may have gone unheard), False after
+        ``timeout`` seconds."""
+
+
+class QueueWakeup:
+    """What a waiter of the shared listener sleeps on: set by each release published on its
+    channels (and when the connection drops); ``wait`` returns once it was set since the
+    last ``wait``.
 
     The listener's ``set`` is on the hand-off's path. A ``threading.Event``'s runs Python code
     under a Condition and wakes the waiter onto that Condition's lock, which the setter still
@@ -78,13 +92,36 @@ class _Channel:
     __slots__ = ("confirmed", "need", "waiters")
 
     def __init__(self) -> None:
-        self.waiters: set[Wakeup] = set()
+        self.waiters: set[QueueWakeup] = set()
         self.confirmed = threading.Event()
         self.need = 0
 
 
 class Notifier:
-    """Shared by every waiter of one :class:`LockClient` in one process."""
+    """What wakes the blocked acquirers of one :class:`LockClient`."""
+
+    def __init__(self, redis_client: Any) -> None:
+        self.own = ThreadSubscribers(redis_client)
+        self.shared = SharedListener(redis_client)
+
+    def listening(self, *channels: bytes) -> AbstractContextManager[Wakeup]:
+        """Subscribed to ``channels`` for the duration of the block; yields what the waiter
+        sleeps on. On entry the subscription is confirmed, or ``SUBSCRIBE_TIMEOUT`` passed
+        and the waiter falls back to its hint."""
+        if green_threads():
+            return self.shared.listening(*channels)
+        return self.own.listening(*channels)
+
+    def close(self) -> None:
+        """Close the waiters' connections (tests, clean shutdown). Waiters look once more,
+        then fall back to their hints; a later waiter opens a new one."""
+        self.own.close()
+        self.shared.close()
+
+
+class SharedListener:
+    """One pub/sub connection and listener thread shared by every waiter of one
+    :class:`LockClient` in one process (gevent, eventlet)."""
 
     def __init__(self, redis_client: Any) -> None:
         self._redis = redis_client
@@ -116,14 +153,14 @@ class Notifier:
         self._unsubscriber = None
 
     @contextmanager
-    def listening(self, *channels: bytes) -> Iterator[Wakeup]:
+    def listening(self, *channels: bytes) -> Iterator[QueueWakeup]:
         """Subscribe to ``channels`` for the duration of the block.
 
-        Yields a :class:`Wakeup` that is set by each message on any of them (and when the
+        Yields a :class:`QueueWakeup` that is set by each message on any of them (and when the
         connection drops, so that waiters look again). On entry each subscription is
         confirmed, or ``SUBSCRIBE_TIMEOUT`` passed and the waiter falls back to its hint.
         """
-        wakeup = Wakeup()
+        wakeup = QueueWakeup()
         try:
             confirmed = [self._add(channel, wakeup) for channel in channels]
             deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
@@ -134,7 +171,7 @@ class Notifier:
             for channel in channels:
                 self._remove(channel, wakeup)
 
-    def _add(self, channel: bytes, event: Wakeup) -> threading.Event:
+    def _add(self, channel: bytes, event: QueueWakeup) -> threading.Event:
         with self._lock:
             self._ensure_threads()
             # A channel whose last waiter left is still subscribed until the unsubscriber
@@ -149,7 +186,7 @@ class Notifier:
             state.waiters.add(event)
             return state.confirmed
 
-    def _remove(self, channel: bytes, event: Wakeup) -> None:
+    def _remove(self, channel: bytes, event: QueueWakeup) -> None:
         with self._lock:
             state = self._channels.get(channel)
             if state is None:
@@ -211,16 +248,7 @@ class Notifier:
             self._unsubscriber.start()
 
     def _connect(self, stop: threading.Event) -> Any:
-        pool = pubsub_pool(self._redis)  # on a Cluster: any node, PUBLISH reaches all
-        kwargs = dict(pool.connection_kwargs)
-        # The listener blocks on read indefinitely; a client socket timeout would break it.
-        kwargs["socket_timeout"] = None
-        # RESP2 keeps pub/sub replies plain arrays. redis-py 8 defaults to RESP3 and would
-        # then insist on maintenance notifications, which RESP2 without hiredis cannot carry.
-        kwargs["protocol"] = 2
-        if "maint_notifications_config" in kwargs:
-            kwargs["maint_notifications_config"] = None
-        conn = pool.connection_class(**kwargs)
+        conn = pubsub_connection(self._redis)  # on a Cluster: any node, PUBLISH reaches all
         conn.connect()
         with self._lock:
             if stop.is_set():  # closed while connecting: a later listener owns _conn
@@ -308,7 +336,7 @@ class Notifier:
                 conn.disconnect()
 
 
-_live_notifiers: weakref.WeakSet[Notifier] = weakref.WeakSet()
+_live_notifiers: weakref.WeakSet[SharedListener] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:

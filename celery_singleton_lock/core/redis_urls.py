@@ -235,6 +235,20 @@ def pubsub_pool(redis_client: Any) -> Any:
     return redis_client.connection_pool
 
 
+def pubsub_connection(redis_client: Any) -> Any:
+    """A new, unconnected connection for SUBSCRIBE, with the client's settings (TLS, ACL
+    user, ...) but no read timeout: a waiter blocks in its read as long as it waits."""
+    pool = pubsub_pool(redis_client)
+    kwargs = dict(pool.connection_kwargs)
+    kwargs["socket_timeout"] = None
+    # RESP2 keeps pub/sub replies plain arrays. redis-py 8 defaults to RESP3 and would then
+    # insist on maintenance notifications, which RESP2 without hiredis cannot carry.
+    kwargs["protocol"] = 2
+    if "maint_notifications_config" in kwargs:
+        kwargs["maint_notifications_config"] = None
+    return pool.connection_class(**kwargs)
+
+
 # -- naming a client without its password ----------------------------------------------------
 
 

@@ -1,0 +1,250 @@
+"""Each waiting thread's own pub/sub connection, which the waiter reads itself.
+
+A blocked acquirer subscribes to its lock's channel on a connection of its thread's, waits
+until Redis confirms the subscription (so its next attempt comes after it: a release then
+is heard), and sleeps in a read of that connection until a release is published or its hint
+runs out. The message is read on the thread that acts on it: no listener thread to wake it,
+which a shared listener costs (about 0.1 ms a hand-off here, a wake-up across CPUs).
+
+The connection is kept for the thread's next wait and closed when the thread ends, or with
+the client. On leaving, the waiter sends its UNSUBSCRIBE and does not wait for the reply:
+the next subscribe on the thread reads past it (and past any message published before it).
+A connection that fails while waiting wakes the waiter to look again; its next wait opens a
+new one and subscribes again before sleeping. Under gevent or eventlet a thread is a greenlet,
+and the waiters share one listener instead (notifier.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+
+from .redis_urls import pubsub_connection
+
+log = logging.getLogger("celery_singleton_lock.waiting")
+
+#: A waiter waits at most this long for Redis to confirm its subscription.
+SUBSCRIBE_TIMEOUT = 1.0
+#: How long a waiter whose connection cannot be opened sleeps at most before it looks again.
+RECONNECT_DELAY_MAX = 2.0
+#: The errors that mean the connection is gone (or never came): the waiter looks again.
+CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+class _Subscriber:
+    """One thread's pub/sub connection (None until opened, or after it failed), the
+    process it was made in, and whether the client closed it."""
+
+    __slots__ = ("connection", "pid", "closed", "busy", "__weakref__")
+
+    def __init__(self) -> None:
+        self.connection: Any = None
+        self.pid = os.getpid()
+        self.closed = False
+        self.busy = False  # a waiter of the thread is subscribed on it
+
+    def drop(self) -> None:
+        connection, self.connection = self.connection, None
+        if connection is not None and self.pid == os.getpid():
+            with contextlib.suppress(Exception):
+                connection.disconnect()
+
+    def __del__(self) -> None:
+        # The thread ended (its thread-local storage held the only reference). Not in a
+        # forked child: the socket is the parent's.
+        try:
+            self.drop()
+        except Exception:  # a finalizer must not raise (at exit, modules may be torn down)
+            return
+
+
+class _ThreadSubscriber(threading.local):
+    subscriber: _Subscriber | None = None
+
+
+class Subscription:
+    """What a waiter sleeps on: its channels, subscribed on its thread's connection."""
+
+    __slots__ = ("_subscriber", "_channels", "_redis", "_woken", "_live")
+
+    def __init__(
+        self, subscriber: _Subscriber, channels: tuple[bytes, ...], redis_client: Any
+    ) -> None:
+        self._subscriber = subscriber
+        self._channels = frozenset(channels)
+        self._redis = redis_client
+        self._woken = False  # a message came while subscribing
+        self._live = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once a release was published on one of the channels since the last
+        ``wait`` (or the connection failed, and a release may have gone unheard); False
+        after ``timeout`` seconds."""
+        if self._woken:
+            self._woken = False
+            return True
+        subscriber = self._subscriber
+        if not self._live:
+            # The connection failed since the last attempt: subscribe anew, then look again
+            # (a release may have come meanwhile). If it cannot, sleep as a listener that
+            # reconnects would (closed by the client: until the hint), then look again.
+            if self.subscribe():
+                return True
+            pause = RECONNECT_DELAY_MAX if timeout is None else timeout
+            if not subscriber.closed:
+                pause = min(pause, RECONNECT_DELAY_MAX)
+            time.sleep(pause)
+            return False
+        connection = subscriber.connection
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and (remaining <= 0 or not connection.can_read(remaining)):
+                    return False
+                if self._is_message(connection.read_response()):
+                    return True
+        except CONNECTION_ERRORS as exc:
+            log.debug("pub/sub connection lost while waiting: %s", exc)
+        except Exception as exc:  # closed under the read: redis-py fails in ways of its own
+            if not subscriber.closed:
+                log.debug("pub/sub read failed: %r", exc)
+        self._live = False
+        subscriber.drop()
+        return True
+
+    def _is_message(self, reply: Any) -> bool:
+        return (
+            isinstance(reply, list)
+            and len(reply) == 3
+            and reply[0] in (b"message", "message")
+            and _channel(reply[1]) in self._channels
+        )
+
+    def subscribe(self) -> bool:
+        """Subscribe (opening the thread's connection if need be) and wait, at most
+        ``SUBSCRIBE_TIMEOUT``, for Redis to confirm. False if it could not be sent."""
+        subscriber = self._subscriber
+        if subscriber.closed:
+            return False
+        try:
+            connection = self._ready_connection()
+            connection.send_command("SUBSCRIBE", *self._channels)
+            pending = set(self._channels)
+            deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
+            while pending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not connection.can_read(remaining):
+                    break  # not confirmed in time: the waiter falls back to its hint
+                reply = connection.read_response()
+                if not isinstance(reply, list) or len(reply) < 2:
+                    continue
+                channel = _channel(reply[1])
+                if reply[0] in (b"subscribe", "subscribe"):
+                    pending.discard(channel)
+                elif self._is_message(reply) and channel not in pending:
+                    self._woken = True  # published right after its confirmation
+                # Anything else is older than this subscription: the last one's replies.
+        except CONNECTION_ERRORS as exc:
+            log.debug("pub/sub subscribe failed: %s", exc)
+            subscriber.drop()
+            return False
+        except redis.ResponseError as exc:  # no right to SUBSCRIBE: hints only
+            log.warning("pub/sub subscribe refused (waiters fall back to hints): %s", exc)
+            subscriber.drop()
+            return False
+        except Exception as exc:  # closed under the read: redis-py fails in ways of its own
+            if not subscriber.closed:
+                log.warning("pub/sub subscribe failed (the waiter falls back to its hint): %r", exc)
+            subscriber.drop()
+            return False
+        self._live = True
+        return True
+
+    def _ready_connection(self) -> Any:
+        """The thread's connection with nothing left to read: replies to its last waiter's
+        UNSUBSCRIBE and messages before it are read past; one the server closed while it
+        was idle is replaced."""
+        subscriber = self._subscriber
+        connection = subscriber.connection
+        if connection is not None:
+            try:
+                while connection.can_read(0):
+                    connection.read_response()
+                return connection
+            except CONNECTION_ERRORS:
+                subscriber.drop()
+        connection = subscriber.connection = pubsub_connection(self._redis)
+        connection.connect()
+        return connection
+
+    def unsubscribe(self) -> None:
+        """Leave the channels; the reply is read by the thread's next subscribe."""
+        connection = self._subscriber.connection
+        if not self._live or connection is None:
+            return
+        self._live = False
+        try:
+            connection.send_command("UNSUBSCRIBE", *self._channels)
+        except Exception:  # gone, or closed under it: the next wait opens a new one
+            self._subscriber.drop()
+
+
+class ThreadSubscribers:
+    """The pub/sub connections of every thread that waits through one client."""
+
+    def __init__(self, redis_client: Any) -> None:
+        self._redis = redis_client
+        self._local = _ThreadSubscriber()
+        self._lock = threading.Lock()
+        self._all: weakref.WeakSet[_Subscriber] = weakref.WeakSet()
+
+    @contextmanager
+    def listening(self, *channels: bytes) -> Iterator[Subscription]:
+        """Subscribed to ``channels`` on this thread's connection for the duration of the
+        block; yields what the waiter sleeps on."""
+        subscriber = self._subscriber()
+        if subscriber.busy:
+            # A wait inside a wait of the same thread (a signal handler): reading the same
+            # connection would take the outer waiter's messages. A connection of its own.
+            subscriber = _Subscriber()
+        subscriber.busy = True
+        subscription = Subscription(subscriber, channels, self._redis)
+        try:
+            subscription.subscribe()
+            yield subscription
+        finally:
+            subscription.unsubscribe()
+            subscriber.busy = False
+            if subscriber is not self._local.subscriber:
+                subscriber.drop()
+
+    def _subscriber(self) -> _Subscriber:
+        subscriber = self._local.subscriber
+        if subscriber is None or subscriber.closed or subscriber.pid != os.getpid():
+            subscriber = self._local.subscriber = _Subscriber()
+            with self._lock:
+                self._all.add(subscriber)
+        return subscriber
+
+    def close(self) -> None:
+        """Close every thread's connection; a waiter in a read falls back to its hint, and
+        a later waiter opens a new one."""
+        with self._lock:
+            subscribers, self._all = list(self._all), weakref.WeakSet()
+        for subscriber in subscribers:
+            subscriber.closed = True
+            subscriber.drop()
+
+
+def _channel(name: Any) -> Any:
+    return name.encode() if isinstance(name, str) else name

@@ -1,0 +1,222 @@
+"""Each waiting thread reads a pub/sub connection of its own (core/subscriber.py): woken on
+the thread that acts on the release, the connection kept for the thread's next wait, and
+every way that connection can go (killed while waiting, closed by the server while idle, a
+wait inside a wait, a forked child) ends with the waiter woken by a release, not its hint.
+
+Every holder here has a 60 s lease: a waiter that were left to its hint would sit for a
+minute, so a waiter back within seconds was woken by the release.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from support.forked import run_in_child
+from support.waiting import BackgroundAcquire, wait_for, wait_for_subscriber
+
+from celery_singleton_lock import Lease, LockClient
+from celery_singleton_lock.core.subscriber import ThreadSubscribers
+
+TTL = 60.0
+#: Far less than TTL: a waiter back within this was woken by the release.
+WOKEN_WITHIN = 10.0
+
+
+def subscribers(client: LockClient, channel: bytes) -> int:
+    return int(dict(client.redis.pubsub_numsub(channel)).get(channel, 0))
+
+
+class OneThread:
+    """Runs what it is given on one thread of its own, one call at a time."""
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._calls.get()) is not None:
+            call, results = item
+            try:
+                results.put((True, call()))
+            except BaseException as exc:  # noqa: BLE001 - reported to the test
+                results.put((False, exc))
+
+    def start(self, call: Callable[[], Any]) -> queue.SimpleQueue[Any]:
+        results: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._calls.put((call, results))
+        return results
+
+    def run(self, call: Callable[[], Any]) -> Any:
+        return finish(self.start(call), WOKEN_WITHIN)
+
+    def stop(self) -> None:
+        self._calls.put(None)
+        self._thread.join(10)
+
+
+def finish(results: queue.SimpleQueue[Any], timeout: float) -> Any:
+    ok, value = results.get(timeout=timeout)
+    if not ok:
+        raise value
+    return value
+
+
+@pytest.fixture
+def worker() -> Iterator[OneThread]:
+    thread = OneThread()
+    yield thread
+    thread.stop()
+
+
+@pytest.fixture
+def holder(lock_client: LockClient) -> Lease:
+    return lock_client.lease("own", ttl=TTL)
+
+
+@pytest.fixture
+def waiter(lock_client: LockClient) -> Lease:
+    return lock_client.lease("own", ttl=TTL)
+
+
+def own(lock_client: LockClient) -> ThreadSubscribers:
+    return lock_client.connection.notifier.own
+
+
+def wait_once(
+    lock_client: LockClient, holder: Lease, waiter: Lease, worker: OneThread
+) -> tuple[Any, float]:
+    """``holder`` holds; ``waiter`` waits on ``worker``'s thread until the holder releases;
+    returns the connection the waiter read and how long its acquire took after the release."""
+    assert holder.acquire()
+    started = worker.start(lambda: waiter.acquire(wait=TTL))
+    wait_for_subscriber(lock_client, waiter._channel)
+    released = time.monotonic()
+    holder.release()
+    assert finish(started, WOKEN_WITHIN + TTL) is True
+    took = time.monotonic() - released
+    connection = worker.run(lambda: own(lock_client)._local.subscriber.connection)
+    worker.run(waiter.release)
+    return connection, took
+
+
+def test_a_waiting_thread_is_woken_on_its_own_connection_and_keeps_it(
+    lock_client: LockClient, holder: Lease, waiter: Lease, worker: OneThread
+) -> None:
+    first, took = wait_once(lock_client, holder, waiter, worker)
+    assert took < WOKEN_WITHIN
+    assert lock_client.connection.notifier.shared._thread is None  # no listener thread
+    wait_for(lambda: subscribers(lock_client, waiter._channel) == 0, 10, "the unsubscribe")
+    second, took = wait_once(lock_client, holder, waiter, worker)
+    assert took < WOKEN_WITHIN
+    assert second is first  # the thread's connection, kept between its waits
+
+
+def test_threads_waiting_on_one_name_each_subscribe_and_take_it_in_turn(
+    lock_client: LockClient, holder: Lease
+) -> None:
+    assert holder.acquire()
+    waiters = [lock_client.lease("own", ttl=TTL) for _ in range(2)]
+    blocked = [BackgroundAcquire(w, wait=TTL) for w in waiters]
+    wait_for(lambda: subscribers(lock_client, holder._channel) == 2, 10, "two subscriptions")
+    holder.release()
+    wait_for(lambda: any(b.done.is_set() for b in blocked), WOKEN_WITHIN, "the first waiter")
+    first = next(i for i, b in enumerate(blocked) if b.done.is_set())
+    waiters[first].release()
+    for b in blocked:
+        b.finish(WOKEN_WITHIN)
+        assert b.results == [True] and b.errors == []
+    waiters[1 - first].release()
+
+
+def test_a_connection_killed_while_waiting_looks_again_and_is_woken_by_the_release(
+    lock_client: LockClient, holder: Lease, waiter: Lease
+) -> None:
+    assert holder.acquire()
+    blocked = BackgroundAcquire(waiter, wait=TTL)
+    wait_for_subscriber(lock_client, waiter._channel)
+    lock_client.redis.client_kill_filter(_type="pubsub")
+    # It looks again (the lock is still held) and subscribes on a new connection.
+    wait_for(lambda: subscribers(lock_client, waiter._channel) == 1, 10, "a new subscription")
+    released = time.monotonic()
+    holder.release()
+    blocked.finish(WOKEN_WITHIN + TTL)
+    assert blocked.results == [True] and time.monotonic() - released < WOKEN_WITHIN
+    waiter.release()
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced_before_the_next_wait(
+    lock_client: LockClient, holder: Lease, waiter: Lease, worker: OneThread
+) -> None:
+    first, _ = wait_once(lock_client, holder, waiter, worker)
+    wait_for(lambda: subscribers(lock_client, waiter._channel) == 0, 10, "the unsubscribe")
+    host, port = first._sock.getsockname()[:2]  # no subscription now: a plain client
+    assert lock_client.redis.client_kill_filter(addr=f"{host}:{port}") == 1
+    second, took = wait_once(lock_client, holder, waiter, worker)
+    assert took < WOKEN_WITHIN
+    assert second is not first
+
+
+def test_a_wait_inside_a_wait_of_the_same_thread_reads_a_connection_of_its_own(
+    lock_client: LockClient,
+) -> None:
+    subscribers_ = own(lock_client)
+    outer_channel = lock_client.connection.keys("outer").channel
+    inner_channel = lock_client.connection.keys("inner").channel
+    with subscribers_.listening(outer_channel) as outer:
+        with subscribers_.listening(inner_channel) as inner:
+            lock_client.redis.publish(outer_channel, b"released")
+            lock_client.redis.publish(inner_channel, b"released")
+            assert inner.wait(WOKEN_WITHIN) is True
+        assert outer.wait(WOKEN_WITHIN) is True  # its message was left for it
+        assert subscribers(lock_client, outer_channel) == 1
+    wait_for(
+        lambda: (
+            subscribers(lock_client, outer_channel) + subscribers(lock_client, inner_channel) == 0
+        ),
+        10,
+        "both unsubscribes (and the inner connection closed)",
+    )
+
+
+def _child_waits(lock_client: LockClient) -> dict[str, Any]:
+    holder = lock_client.lease("forked", ttl=TTL)
+    waiter = lock_client.lease("forked", ttl=TTL)
+    assert holder.acquire()
+
+    def release_once_waiting() -> None:
+        wait_for(lambda: subscribers(lock_client, waiter._channel) >= 1, 10, "the waiter")
+        holder.release()
+
+    releaser = threading.Thread(target=release_once_waiting)
+    releaser.start()
+    started = time.monotonic()
+    got = waiter.acquire(wait=TTL)
+    took = time.monotonic() - started
+    releaser.join(10)
+    subscriber = own(lock_client)._local.subscriber
+    waiter.release()
+    return {"got": got, "took": took, "own_pid": subscriber.pid}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads running
+def test_a_forked_child_waits_on_a_connection_of_its_own(
+    lock_client: LockClient, holder: Lease, waiter: Lease, worker: OneThread
+) -> None:
+    # The forking thread has a connection first; the child must not read (or close) it.
+    connection, _ = wait_once(lock_client, holder, waiter, worker)
+    report = worker.run(lambda: run_in_child(lambda: _child_waits(lock_client)))
+    assert report.get("error") is None, report.get("error")
+    assert report["got"] is True and report["took"] < WOKEN_WITHIN
+    assert report["own_pid"] != os.getpid()
+    # The parent's connection of that thread still serves it.
+    again, took = wait_once(lock_client, holder, waiter, worker)
+    assert took < WOKEN_WITHIN
+    assert again is connection
