@@ -220,3 +220,48 @@ def test_a_forked_child_waits_on_a_connection_of_its_own(
     again, took = wait_once(lock_client, holder, waiter, worker)
     assert took < WOKEN_WITHIN
     assert again is connection
+
+
+def test_a_thread_back_before_the_unsubscriber_ran_keeps_its_subscription(
+    lock_client: LockClient, worker: OneThread
+) -> None:
+    """The unsubscriber's step comes after the thread subscribed again to the channel it had
+    left: it must not unsubscribe the new waiter. (The test holds the unsubscriber back by
+    giving the waiters a queue it does not read, and runs its step itself.)"""
+    subscribers_ = own(lock_client)
+    channel = lock_client.connection.keys("back").channel
+    held: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def listen_once() -> Any:
+        with subscribers_.listening(channel):
+            pass
+        return subscribers_._local.subscriber
+
+    worker.run(listen_once)  # the thread's connection, and the unsubscriber, are there now
+    wait_for(lambda: subscribers(lock_client, channel) == 0, 10, "the first unsubscribe")
+    unsubscriber_queue, subscribers_._left = subscribers_._left, held
+    subscriber = worker.run(listen_once)
+    assert held.get_nowait() is subscriber and subscriber.left == {channel}
+    assert subscribers(lock_client, channel) == 1  # left, not yet unsubscribed
+
+    woken: queue.SimpleQueue[bool] = queue.SimpleQueue()
+    waiting = threading.Event()
+    late_step_done = threading.Event()
+
+    def wait_again() -> None:
+        with subscribers_.listening(channel) as subscription:
+            waiting.set()
+            late_step_done.wait(10)
+            woken.put(subscription.wait(WOKEN_WITHIN))
+
+    started = worker.start(wait_again)
+    assert waiting.wait(10)
+    subscriber.unsubscribe_left()  # the unsubscriber's step, late: nothing left to send
+    late_step_done.set()
+    assert subscribers(lock_client, channel) == 1
+    lock_client.redis.publish(channel, b"released")
+    assert woken.get(timeout=WOKEN_WITHIN) is True
+    finish(started, 10)
+    subscriber.unsubscribe_left()  # now it has left again: the step sends the UNSUBSCRIBE
+    wait_for(lambda: subscribers(lock_client, channel) == 0, 10, "the unsubscribe")
+    subscribers_._left = unsubscriber_queue  # so that close() stops the unsubscriber
