@@ -18,10 +18,9 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-import redis
-
 from ..core.notifier import RECONNECT_DELAY, RECONNECT_DELAY_MAX
-from ..core.subscriber import SUBSCRIBE_TIMEOUT
+from ..core.redis_urls import pubsub_connection_of
+from ..core.subscriber import CONNECTION_ERRORS, SUBSCRIBE_TIMEOUT
 
 log = logging.getLogger("celery_singleton_lock.waiting")
 
@@ -93,7 +92,7 @@ class AsyncNotifier:
             return  # the listener subscribes every live channel when it (re)connects
         try:
             await conn.send_command(command, channel, check_health=False)
-        except (redis.ConnectionError, redis.TimeoutError, OSError):
+        except CONNECTION_ERRORS:
             log.debug("pub/sub send failed; the listener will reconnect", exc_info=True)
 
     def _ensure_listener(self) -> None:
@@ -111,15 +110,7 @@ class AsyncNotifier:
             self._task = None
 
     async def _connect(self) -> Any:
-        pool = self._redis.connection_pool
-        kwargs = dict(pool.connection_kwargs)
-        # The listener blocks on read indefinitely; RESP2 keeps pub/sub replies plain arrays
-        # (see notifier.Notifier._connect).
-        kwargs["socket_timeout"] = None
-        kwargs["protocol"] = 2
-        if "maint_notifications_config" in kwargs:
-            kwargs["maint_notifications_config"] = None
-        conn = pool.connection_class(**kwargs)
+        conn = pubsub_connection_of(self._redis.connection_pool)
         await conn.connect()
         self._sent.clear()
         self._acked.clear()
@@ -142,7 +133,7 @@ class AsyncNotifier:
                 delay = RECONNECT_DELAY
                 while not self._closed:
                     self._dispatch(await conn.read_response())
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            except CONNECTION_ERRORS as exc:
                 log.debug("pub/sub connection lost: %s", exc)
             except asyncio.CancelledError:
                 await self._drop()

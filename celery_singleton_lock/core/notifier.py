@@ -34,18 +34,17 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
-import redis
-
 from .lanes import green_threads
 from .redis_urls import pubsub_connection
-from .subscriber import SUBSCRIBE_TIMEOUT, ThreadSubscribers
+from .subscriber import CONNECTION_ERRORS, SUBSCRIBE_TIMEOUT, ThreadSubscribers
+from .subscriber import RECONNECT_DELAY_MAX as RECONNECT_DELAY_MAX
 
 #: Keeps the module's old name: logging configurations name it (docs/lease.md).
 log = logging.getLogger("celery_singleton_lock.waiting")
 
-#: How long the listener waits before reconnecting after Redis went away (doubles to 2 s).
+#: How long the listener waits before reconnecting after Redis went away (doubles up to
+#: ``RECONNECT_DELAY_MAX``).
 RECONNECT_DELAY = 0.05
-RECONNECT_DELAY_MAX = 2.0
 
 
 class Wakeup(Protocol):
@@ -225,7 +224,7 @@ class SharedListener:
             return  # the listener subscribes every live channel when it reconnects
         try:
             self._conn.send_command(command, channel)
-        except (redis.ConnectionError, redis.TimeoutError, OSError):
+        except CONNECTION_ERRORS:
             log.debug("pub/sub send failed; the listener will reconnect", exc_info=True)
 
     def _ensure_threads(self) -> None:
@@ -277,7 +276,7 @@ class SharedListener:
                 delay = RECONNECT_DELAY
                 while conn is not None and not stop.is_set():
                     self._dispatch(conn.read_response())
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            except CONNECTION_ERRORS as exc:
                 log.debug("pub/sub connection lost: %s", exc)
             except Exception as exc:
                 if stop.is_set():

@@ -238,7 +238,11 @@ def pubsub_pool(redis_client: Any) -> Any:
 def pubsub_connection(redis_client: Any) -> Any:
     """A new, unconnected connection for SUBSCRIBE, with the client's settings (TLS, ACL
     user, ...) but no read timeout: a waiter blocks in its read as long as it waits."""
-    pool = pubsub_pool(redis_client)
+    return pubsub_connection_of(pubsub_pool(redis_client))
+
+
+def pubsub_connection_of(pool: Any) -> Any:
+    """:func:`pubsub_connection` from ``pool`` (redis-py's or its asyncio twin)."""
     kwargs = dict(pool.connection_kwargs)
     kwargs["socket_timeout"] = None
     # RESP2 keeps pub/sub replies plain arrays. redis-py 8 defaults to RESP3 and would then

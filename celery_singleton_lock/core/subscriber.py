@@ -39,9 +39,10 @@ log = logging.getLogger("celery_singleton_lock.waiting")
 
 #: A waiter waits at most this long for Redis to confirm its subscription.
 SUBSCRIBE_TIMEOUT = 1.0
-#: How long a waiter whose connection cannot be opened sleeps at most before it looks again.
+#: How long a waiter whose connection cannot be opened sleeps at most before it looks again
+#: (and the longest a listener waits before it reconnects).
 RECONNECT_DELAY_MAX = 2.0
-#: The errors that mean the connection is gone (or never came): the waiter looks again.
+#: The errors that mean a pub/sub connection is gone (or never came): the waiter looks again.
 CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 
