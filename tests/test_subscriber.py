@@ -17,11 +17,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 from support.forked import run_in_child
 from support.waiting import BackgroundAcquire, wait_for, wait_for_subscriber
 
 from celery_singleton_lock import Lease, LockClient
-from celery_singleton_lock.core.subscriber import ThreadSubscribers
+from celery_singleton_lock.core.subscriber import ThreadSubscribers, _Subscriber
 
 TTL = 60.0
 #: Far less than TTL: a waiter back within this was woken by the release.
@@ -161,6 +162,117 @@ def test_a_connection_the_server_closed_while_idle_is_replaced_before_the_next_w
     second, took = wait_once(lock_client, holder, waiter, worker)
     assert took < WOKEN_WITHIN
     assert second is not first
+
+
+def server_side(connection: Any) -> str:
+    """The server's ``addr`` of ``connection`` (what ``CLIENT LIST`` and ``CLIENT KILL`` name)."""
+    host, port = connection._sock.getsockname()[:2]
+    return f"{host}:{port}"
+
+
+def connected(lock_client: LockClient, addr: str) -> bool:
+    return any(c["addr"] == addr for c in lock_client.redis.client_list())
+
+
+def test_a_connection_nobody_waits_on_is_closed_and_the_next_wait_opens_one(
+    lock_client: LockClient, holder: Lease, waiter: Lease, worker: OneThread
+) -> None:
+    own(lock_client).idle_timeout = 0.3  # before the first wait starts the unsubscriber
+    first, took = wait_once(lock_client, holder, waiter, worker)
+    assert took < WOKEN_WITHIN
+    addr = server_side(first)
+    wait_for(
+        lambda: not connected(lock_client, addr), 10, "the idle connection closed at the server"
+    )
+    assert worker.run(lambda: own(lock_client)._local.subscriber.connection) is None
+    second, took = wait_once(lock_client, holder, waiter, worker)
+    assert took < WOKEN_WITHIN  # woken by the release, on a connection of its own again
+    assert second is not first
+
+
+def test_the_idle_sweep_leaves_a_waiting_thread_s_connection_alone(
+    lock_client: LockClient, holder: Lease, waiter: Lease
+) -> None:
+    subscribers_ = own(lock_client)
+    subscribers_.idle_timeout = 0.05
+    sweeps: list[float] = []
+    sweep = subscribers_._close_idle
+
+    def counted(left_before: float) -> None:
+        sweep(left_before)
+        sweeps.append(left_before)
+
+    subscribers_._close_idle = counted  # type: ignore[method-assign]
+    assert holder.acquire()
+    blocked = BackgroundAcquire(waiter, wait=TTL)
+    wait_for_subscriber(lock_client, waiter._channel)
+    (subscriber,) = list(subscribers_._all)
+    connection = subscriber.connection
+    addr = server_side(connection)
+    # Sweeps that would close it, were it idle, while it waits.
+    wait_for(lambda: len(sweeps) >= 3, 10, "three idle sweeps")
+    assert subscriber.connection is connection and connected(lock_client, addr)
+    released = time.monotonic()
+    holder.release()
+    blocked.finish(WOKEN_WITHIN + TTL)
+    assert blocked.results == [True] and time.monotonic() - released < WOKEN_WITHIN
+    waiter.release()
+
+
+def test_an_idle_close_takes_the_send_lock_a_subscribe_takes_first() -> None:
+    """The sweep decides and closes under the connection's send lock, and reads whether a
+    waiter is on it: a busy connection, one used since, or one of another process is left."""
+    subscriber = _Subscriber()
+    subscriber.connection = connection = redis.Connection()  # never connected
+    subscriber.left_at = 10.0
+    subscriber.busy = True
+    assert subscriber.close_if_idle(left_before=20.0) is False
+    subscriber.busy = False
+    assert subscriber.close_if_idle(left_before=5.0) is False  # used after that
+    subscriber.pid = -1
+    assert subscriber.close_if_idle(left_before=20.0) is False  # not this process's
+    subscriber.pid = os.getpid()
+    closing = threading.Thread(target=subscriber.close_if_idle, args=(20.0,))
+    with subscriber.sending:
+        closing.start()
+        closing.join(0.2)
+        assert closing.is_alive() and subscriber.connection is connection  # waits for the lock
+    closing.join(10)
+    assert subscriber.connection is None
+
+
+def test_waiters_on_a_capped_pool_share_one_pub_sub_connection(
+    lock_redis_url: str, lock_prefix: str
+) -> None:
+    """A BlockingConnectionPool caps what the process opens: its waiters do not open a
+    connection each, they share the listener's."""
+    pool = redis.BlockingConnectionPool.from_url(lock_redis_url, max_connections=4, timeout=10)
+    client = LockClient(redis.Redis(connection_pool=pool), prefix=lock_prefix)
+    try:
+        holder = client.lease("capped", ttl=TTL)
+        waiters = [client.lease("capped", ttl=TTL) for _ in range(2)]
+        assert holder.acquire()
+        blocked = [BackgroundAcquire(w, wait=TTL) for w in waiters]
+        shared = client.connection.notifier.shared
+        channel = holder._channel
+
+        def both_waiting() -> bool:
+            state = shared._channels.get(channel)
+            return state is not None and len(state.waiters) == 2
+
+        wait_for(both_waiting, 10, "both waiters on the shared listener")
+        assert subscribers(client, channel) == 1  # one connection subscribed for both
+        assert list(own(client)._all) == []
+        holder.release()
+        wait_for(lambda: any(b.done.is_set() for b in blocked), WOKEN_WITHIN, "a waiter")
+        first = next(i for i, b in enumerate(blocked) if b.done.is_set())
+        waiters[first].release()
+        for b in blocked:
+            b.finish(WOKEN_WITHIN)
+            assert b.results == [True] and b.errors == []
+        waiters[1 - first].release()
+    finally:
+        client.close()
 
 
 def test_a_wait_inside_a_wait_of_the_same_thread_reads_a_connection_of_its_own(

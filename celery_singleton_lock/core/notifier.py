@@ -2,7 +2,9 @@
 
 Each waiting thread reads a pub/sub connection of its own (subscriber.py). Under gevent or
 eventlet, where a thread is a greenlet, the waiters of a client share one pub/sub connection
-per process instead, read by a listener: the rest of this module.
+per process instead, read by a listener: the rest of this module. So do the waiters of a
+client on a ``redis.BlockingConnectionPool``, which caps the connections a process opens: a
+connection per waiting thread would get around the cap.
 
 A waiter subscribes to its lock's channel, waits until Redis confirms the subscription, tries
 the lock once more (closing the race with a release that came before the subscription), then
@@ -33,6 +35,8 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
+
+import redis
 
 from .lanes import green_threads
 from .redis_urls import pubsub_connection
@@ -102,12 +106,14 @@ class Notifier:
     def __init__(self, redis_client: Any) -> None:
         self.own = ThreadSubscribers(redis_client)
         self.shared = SharedListener(redis_client)
+        pool = getattr(redis_client, "connection_pool", None)
+        self._capped = isinstance(pool, redis.BlockingConnectionPool)
 
     def listening(self, *channels: bytes) -> AbstractContextManager[Wakeup]:
         """Subscribed to ``channels`` for the duration of the block; yields what the waiter
         sleeps on. On entry the subscription is confirmed, or ``SUBSCRIBE_TIMEOUT`` passed
         and the waiter falls back to its hint."""
-        if green_threads():
+        if self._capped or green_threads():
             return self.shared.listening(*channels)
         return self.own.listening(*channels)
 

@@ -6,16 +6,19 @@ is heard), and sleeps in a read of that connection until a release is published 
 runs out. The message is read on the thread that acts on it: no listener thread to wake it,
 which a shared listener costs (about 0.1 ms a hand-off here, a wake-up across CPUs).
 
-The connection is kept for the thread's next wait and closed when the thread ends, or with
-the client. A waiter does not send its UNSUBSCRIBE on its way out of ``acquire`` (that send
-costs about 0.05 ms of a hand-off here): it notes the channels it left, and a thread of the
-client's, the unsubscriber, sends it once it gets to run, unless the thread subscribed again
-first. Nobody waits for its reply: the thread's next subscribe reads past it (and past any
-message published before it).
+The connection is kept for the thread's next wait and closed when the thread ends, when it
+has not been waited on for ``IDLE_TIMEOUT`` seconds (a threads pool's threads live as long as
+the worker, and each would otherwise hold one), or with the client.
+
+A waiter does not send its UNSUBSCRIBE on its way out of ``acquire`` (that send costs about
+0.05 ms of a hand-off here): it notes the channels it left, and a thread of the client's,
+the unsubscriber, sends it once it gets to run, unless the thread subscribed again first.
+Nobody waits for its reply: the thread's next subscribe reads past it (and past any message
+published before it).
 
 A connection that fails while waiting wakes the waiter to look again; its next wait opens a
 new one and subscribes again before sleeping. Under gevent or eventlet a thread is a greenlet,
-and the waiters share one listener instead (notifier.py).
+and the waiters share one listener instead (notifier.py), as they do on a capped pool.
 """
 
 from __future__ import annotations
@@ -44,13 +47,17 @@ SUBSCRIBE_TIMEOUT = 1.0
 RECONNECT_DELAY_MAX = 2.0
 #: The errors that mean a pub/sub connection is gone (or never came): the waiter looks again.
 CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+#: A thread's connection nobody waited on for this long is closed (its next wait opens one).
+IDLE_TIMEOUT = 60.0
 
 
 class _Subscriber:
     """One thread's pub/sub connection (None until opened, or after it failed), the
     process it was made in, and whether the client closed it."""
 
-    __slots__ = ("connection", "pid", "closed", "busy", "left", "sending", "__weakref__")
+    __slots__ = (
+        "connection", "pid", "closed", "busy", "left", "left_at", "sending", "__weakref__",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.connection: Any = None
@@ -59,6 +66,8 @@ class _Subscriber:
         self.busy = False  # a waiter of the thread is subscribed on it
         #: Channels its last waiter left, still subscribed until the unsubscriber runs.
         self.left: frozenset[bytes] = frozenset()
+        #: When its last waiter left (``time.monotonic``).
+        self.left_at = 0.0
         #: Held for a send: the thread's own and the unsubscriber's.
         self.sending = threading.Lock()
 
@@ -73,6 +82,22 @@ class _Subscriber:
                 self.connection.send_command("UNSUBSCRIBE", *left)
             except Exception:  # gone, or closed under it: the next wait opens a new one
                 self.drop()
+
+    def close_if_idle(self, left_before: float) -> bool:
+        """The unsubscriber's other step: close the connection if no waiter has been on it
+        since ``left_before``. Under the send lock, which a waiter's subscribe takes before
+        it touches the connection: a waiter that comes meanwhile opens a new one."""
+        with self.sending:
+            if (
+                self.busy
+                or self.connection is None
+                or self.left_at > left_before
+                or self.pid != os.getpid()
+            ):
+                return False
+            self.left = frozenset()  # closing the connection unsubscribes
+            self.drop()
+            return True
 
     def drop(self) -> None:
         connection, self.connection = self.connection, None
@@ -224,11 +249,15 @@ class Subscription:
         subscriber = self._subscriber
         with subscriber.sending:
             subscriber.left = self._channels
+            subscriber.left_at = time.monotonic()
         return True
 
 
 class ThreadSubscribers:
     """The pub/sub connections of every thread that waits through one client."""
+
+    #: Seconds a thread's connection may go unused before the unsubscriber closes it.
+    idle_timeout = IDLE_TIMEOUT
 
     def __init__(self, redis_client: Any) -> None:
         self._redis = redis_client
@@ -256,16 +285,36 @@ class ThreadSubscribers:
             subscription.subscribe()
             yield subscription
         finally:
-            subscriber.busy = False
             if subscriber is not self._local.subscriber:
                 subscriber.drop()  # closing it unsubscribes
-            elif subscription.leave():
+            elif subscription.leave():  # (still busy: its leaving time is noted first)
                 self._left.put(subscriber)
+            subscriber.busy = False
 
     def _unsubscribe_left(self, left: queue.SimpleQueue[_Subscriber | None]) -> None:
-        """The unsubscriber's loop, until close() puts None in."""
-        while (subscriber := left.get()) is not None:
-            subscriber.unsubscribe_left()
+        """The unsubscriber's loop, until close() puts None in: it sends what waiters left,
+        and closes the connections nobody has waited on for ``idle_timeout`` seconds."""
+        swept = time.monotonic()
+        while True:
+            try:
+                subscriber = left.get(timeout=self.idle_timeout / 2)
+            except queue.Empty:
+                pass  # nobody left meanwhile: only the sweep
+            else:
+                if subscriber is None:
+                    return
+                subscriber.unsubscribe_left()
+            now = time.monotonic()
+            if now - swept >= self.idle_timeout / 2:
+                swept = now
+                self._close_idle(now - self.idle_timeout)
+
+    def _close_idle(self, left_before: float) -> None:
+        with self._lock:
+            subscribers = list(self._all)
+        closed = sum(subscriber.close_if_idle(left_before) for subscriber in subscribers)
+        if closed:
+            log.debug("closed %d idle pub/sub connection(s)", closed)
 
     def _ensure_unsubscriber(self) -> None:
         """Start the unsubscriber if this process has none (a first wait, a fork, a close)."""
