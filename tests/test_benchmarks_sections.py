@@ -20,7 +20,7 @@ from benchmarks.registry import discover
 TINY = [
     "--quick",
     *("--rounds", "1", "--pairs", "5", "--handoffs", "2", "--leases", "10", "--ticks", "1"),
-    *("--rw-rounds", "1", "--rw-pairs", "5", "--rw-handoffs", "2"),
+    *("--rw-rounds", "1", "--rw-pairs", "5", "--rw-handoffs", "2", "--rw-server-rounds", "1"),
     *("--task-count", "5", "--task-rounds", "1", "--worker-count", "5", "--worker-rounds", "1"),
 ]
 #: The rows of the reader-writer section's throughput table.
