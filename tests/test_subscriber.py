@@ -126,6 +126,11 @@ def test_threads_waiting_on_one_name_each_subscribe_and_take_it_in_turn(
     waiters = [lock_client.lease("own", ttl=TTL) for _ in range(2)]
     blocked = [BackgroundAcquire(w, wait=TTL) for w in waiters]
     wait_for(lambda: subscribers(lock_client, holder._channel) == 2, 10, "two subscriptions")
+    release_to_both(holder, waiters, blocked)
+
+
+def release_to_both(holder: Lease, waiters: list[Lease], blocked: list[BackgroundAcquire]) -> None:
+    """``holder`` releases; the two blocked ``waiters`` are woken and take it in turn."""
     holder.release()
     wait_for(lambda: any(b.done.is_set() for b in blocked), WOKEN_WITHIN, "the first waiter")
     first = next(i for i, b in enumerate(blocked) if b.done.is_set())
@@ -263,14 +268,7 @@ def test_waiters_on_a_capped_pool_share_one_pub_sub_connection(
         wait_for(both_waiting, 10, "both waiters on the shared listener")
         assert subscribers(client, channel) == 1  # one connection subscribed for both
         assert list(own(client)._all) == []
-        holder.release()
-        wait_for(lambda: any(b.done.is_set() for b in blocked), WOKEN_WITHIN, "a waiter")
-        first = next(i for i, b in enumerate(blocked) if b.done.is_set())
-        waiters[first].release()
-        for b in blocked:
-            b.finish(WOKEN_WITHIN)
-            assert b.results == [True] and b.errors == []
-        waiters[1 - first].release()
+        release_to_both(holder, waiters, blocked)
     finally:
         client.close()
 
