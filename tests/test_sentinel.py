@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
@@ -105,6 +106,56 @@ def test_client_follows_a_failover(sentinels: SentinelSet, prefix: str) -> None:
             other.close()
     finally:
         client.close()
+
+
+def test_a_waiter_across_a_failover_fails_at_once_then_its_thread_waits_on_the_new_master(
+    sentinels: SentinelSet, prefix: str
+) -> None:
+    """A failover is an outage to a blocked waiter (docs/reliability.md): its pub/sub
+    connection dies with the master, its look-again cannot reach Redis, and it says so at
+    once rather than sitting out its wait. The same thread's next wait subscribes on the new
+    master, on a new connection, and the holder's release there wakes it."""
+    holder_client = LockClient.from_url(sentinels.url, prefix=prefix)
+    waiter_client = LockClient.from_url(sentinels.url, prefix=prefix)
+    waiter_thread = ThreadPoolExecutor(max_workers=1)  # both waits on one thread
+    try:
+        holder = holder_client.lease("across", ttl=120)
+        assert holder.acquire()
+        assert holder_client.redis.execute_command("WAIT", 1, 5000) == 1
+        waiter = waiter_client.lease("across", ttl=120)
+        channel = waiter._channel
+
+        def subscribed() -> int:
+            return int(holder_client.redis.pubsub_numsub(channel)[0][1])
+
+        blocked = waiter_thread.submit(waiter.acquire, wait=3 * FAILOVER_TIMEOUT)
+        wait_until(subscribed, 10, "the waiter")
+        killed_at = time.monotonic()
+        old_port = sentinels.master.port
+        fail_over(sentinels)
+        with pytest.raises(LockBackendError):
+            blocked.result(timeout=FAILOVER_TIMEOUT)
+        assert time.monotonic() - killed_at < FAILOVER_TIMEOUT
+
+        # The sentinel's flags for the new master settle a moment after its promotion.
+        wait_until(waiter_client.redis.ping, FAILOVER_TIMEOUT, "the new master, from the waiter")
+        again = waiter_thread.submit(waiter.acquire, wait=3 * FAILOVER_TIMEOUT)
+        wait_until(subscribed, FAILOVER_TIMEOUT, "the waiter on the new master")
+        own = waiter_client.connection.notifier.own
+        (subscriber,) = list(own._all)  # the thread's, kept from its first wait
+        assert subscriber.connection.port != old_port
+        assert not again.done()  # the name is still held there (it was replicated)
+        released = time.monotonic()
+        holder.release()
+        assert again.result(timeout=FAILOVER_TIMEOUT) is True
+        assert time.monotonic() - released < 10  # woken by the release, not the 120 s lease
+        assert waiter.token is not None and holder.token is not None
+        assert waiter.token > holder.token
+        waiter.release()
+    finally:
+        waiter_thread.shutdown(wait=False)
+        holder_client.close()
+        waiter_client.close()
 
 
 class FencedStore:
