@@ -332,6 +332,21 @@ def test_a_forked_child_waits_on_a_connection_of_its_own(
     assert again is connection
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads running
+def test_a_child_forked_while_the_subscribers_lock_is_held_still_waits(
+    lock_client: LockClient, holder: Lease, waiter: Lease, worker: OneThread
+) -> None:
+    """The unsubscriber's sweep (or a thread adding its connection) may hold the client's
+    subscriber lock at the moment another thread forks: the child must not inherit it held."""
+    wait_once(lock_client, holder, waiter, worker)  # the unsubscriber runs in this process
+    with own(lock_client)._lock:  # held, as by the sweep, across the fork
+        forked = worker.start(lambda: run_in_child(lambda: _child_waits(lock_client), alarm=30))
+        report = finish(forked, 40)  # a child stuck on the lock is ended by its alarm
+    assert report["got"] is True and report["took"] < WOKEN_WITHIN
+    assert report["own_pid"] != os.getpid()
+
+
 def test_a_thread_back_before_the_unsubscriber_ran_keeps_its_subscription(
     lock_client: LockClient, worker: OneThread
 ) -> None:

@@ -268,7 +268,17 @@ class ThreadSubscribers:
         #: neither drops the GIL nor runs Python code, unlike an Event).
         self._left: queue.SimpleQueue[_Subscriber | None] = queue.SimpleQueue()
         self._unsubscriber: threading.Thread | None = None
-        self._pid = os.getpid()
+        _live_subscribers.add(self)
+
+    def _reset_after_fork(self) -> None:
+        # A lock another thread held at the fork (the unsubscriber sweeping, a thread adding
+        # its subscriber) would stay held in the child, where that thread does not run; the
+        # child has no unsubscriber either. The subscribers are the parent's: each thread of
+        # the child makes its own (they know the process they were made in).
+        self._lock = threading.Lock()
+        self._all = weakref.WeakSet()
+        self._left = queue.SimpleQueue()
+        self._unsubscriber = None
 
     @contextmanager
     def listening(self, *channels: bytes) -> Iterator[Subscription]:
@@ -319,9 +329,6 @@ class ThreadSubscribers:
     def _ensure_unsubscriber(self) -> None:
         """Start the unsubscriber if this process has none (a first wait, a fork, a close)."""
         with self._lock:
-            if self._pid != os.getpid():
-                self._pid = os.getpid()
-                self._left, self._unsubscriber = queue.SimpleQueue(), None
             if self._unsubscriber is None or not self._unsubscriber.is_alive():
                 self._unsubscriber = threading.Thread(
                     target=self._unsubscribe_left, args=(self._left,),
@@ -348,6 +355,17 @@ class ThreadSubscribers:
         for subscriber in subscribers:
             subscriber.closed = True
             subscriber.drop()
+
+
+_live_subscribers: weakref.WeakSet[ThreadSubscribers] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for subscribers in list(_live_subscribers):
+        subscribers._reset_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _channel(name: Any) -> Any:
