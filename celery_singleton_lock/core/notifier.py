@@ -30,7 +30,6 @@ import os
 import queue
 import threading
 import time
-import weakref
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -38,6 +37,7 @@ from typing import Any, Protocol
 
 import redis
 
+from .forking import reset_in_child
 from .lanes import green_threads
 from .redis_urls import pubsub_connection
 from .subscriber import CONNECTION_ERRORS, SUBSCRIBE_TIMEOUT, ThreadSubscribers
@@ -142,7 +142,7 @@ class SharedListener:
         #: neither drops the GIL nor takes a Python-level lock, unlike an Event).
         self._left: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self._unsubscriber: threading.Thread | None = None
-        _live_notifiers.add(self)
+        reset_in_child(self)
 
     def _reset_after_fork(self) -> None:
         # The child has no listener thread and must not read the parent's socket.
@@ -176,7 +176,7 @@ class SharedListener:
             for channel in channels:
                 self._remove(channel, wakeup)
 
-    def _add(self, channel: bytes, event: QueueWakeup) -> threading.Event:
+    def _add(self, channel: bytes, wakeup: QueueWakeup) -> threading.Event:
         with self._lock:
             self._ensure_threads()
             # A channel whose last waiter left is still subscribed until the unsubscriber
@@ -188,15 +188,15 @@ class SharedListener:
                 state.need = self._sent[channel]
                 if self._acked[channel] >= state.need:
                     state.confirmed.set()
-            state.waiters.add(event)
+            state.waiters.add(wakeup)
             return state.confirmed
 
-    def _remove(self, channel: bytes, event: QueueWakeup) -> None:
+    def _remove(self, channel: bytes, wakeup: QueueWakeup) -> None:
         with self._lock:
             state = self._channels.get(channel)
             if state is None:
                 return
-            state.waiters.discard(event)
+            state.waiters.discard(wakeup)
             if state.waiters:
                 return
             left = self._left
@@ -294,16 +294,19 @@ class SharedListener:
             with self._lock:
                 if conn is not None and self._conn is conn:
                     self._conn = None
-                    # Waiters look again now rather than at their hint: a release may be
-                    # unseen.
-                    for state in self._channels.values():
-                        for event in state.waiters:
-                            event.set()
+                    self._wake_all_locked()
             if conn is not None:
                 with contextlib.suppress(Exception):
                     conn.disconnect()
             stop.wait(delay)
             delay = min(delay * 2, RECONNECT_DELAY_MAX)
+
+    def _wake_all_locked(self) -> None:
+        """The connection is gone: a release may have gone unheard, so every waiter looks
+        again now rather than at its hint."""
+        for state in self._channels.values():
+            for wakeup in state.waiters:
+                wakeup.set()
 
     def _dispatch(self, reply: Any) -> None:
         if not isinstance(reply, list) or len(reply) < 3:
@@ -315,8 +318,8 @@ class SharedListener:
             with self._lock:
                 state = self._channels.get(channel)
                 if state is not None:
-                    for event in state.waiters:
-                        event.set()
+                    for wakeup in state.waiters:
+                        wakeup.set()
         elif kind in (b"subscribe", "subscribe"):
             with self._lock:
                 self._acked[channel] += 1
@@ -333,20 +336,7 @@ class SharedListener:
             # Taken here, not left for the listener to drop: a waiter that comes meanwhile
             # must not send its SUBSCRIBE on it (redis-py would reconnect it, unread).
             conn, self._conn = self._conn, None
-            for state in self._channels.values():
-                for wakeup in state.waiters:
-                    wakeup.set()  # a release may be missed while closing: look again
+            self._wake_all_locked()
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.disconnect()
-
-
-_live_notifiers: weakref.WeakSet[SharedListener] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for notifier in list(_live_notifiers):
-        notifier._reset_after_fork()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -36,6 +36,7 @@ from typing import Any
 
 import redis
 
+from .forking import reset_in_child
 from .redis_urls import pubsub_connection
 
 log = logging.getLogger("celery_singleton_lock.waiting")
@@ -268,7 +269,7 @@ class ThreadSubscribers:
         #: neither drops the GIL nor runs Python code, unlike an Event).
         self._left: queue.SimpleQueue[_Subscriber | None] = queue.SimpleQueue()
         self._unsubscriber: threading.Thread | None = None
-        _live_subscribers.add(self)
+        reset_in_child(self)
 
     def _reset_after_fork(self) -> None:
         # A lock another thread held at the fork (the unsubscriber sweeping, a thread adding
@@ -355,17 +356,6 @@ class ThreadSubscribers:
         for subscriber in subscribers:
             subscriber.closed = True
             subscriber.drop()
-
-
-_live_subscribers: weakref.WeakSet[ThreadSubscribers] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for subscribers in list(_live_subscribers):
-        subscribers._reset_after_fork()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _channel(name: Any) -> Any:
