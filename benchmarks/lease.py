@@ -19,7 +19,7 @@ from .registry import section
 from .renewal import measure_renewal, tick_median_ms
 from .report import Table, verdict
 from .server_time import TOP_LEVEL, server_us_per_pair
-from .stats import median, percentile
+from .stats import median, paired_ratio, percentile
 from .waiter import Waiter
 
 #: Lease length for throughput and hand-off: long, so nothing expires or renews meanwhile.
@@ -230,11 +230,6 @@ def measure_server_time(ctx: Context, pairs: int) -> dict[str, float]:
     finally:
         client.close()
     return result
-
-
-def paired_ratio(values: list[float], floor: list[float]) -> float:
-    """Median of per-round ratios: a lock and the floor of the same round saw the same load."""
-    return median([value / base for value, base in zip(values, floor, strict=True)])
 
 
 def pairs_per_second(handle: Handle, pairs: int) -> float:

@@ -21,7 +21,7 @@ from .context import Context
 from .registry import section
 from .report import Table, verdict
 from .server_time import server_us_per_pair
-from .stats import median, percentile
+from .stats import median, paired_ratio, percentile
 
 TTL = 300.0  # long: nothing expires or renews while measured
 TARGET_RATIO = 0.9
@@ -54,15 +54,14 @@ def run(ctx: Context) -> list[Table]:
     client = LockClient.from_url(ctx.url, prefix=ctx.prefix("rw"))
     try:
         rates = throughput(client, rounds, pairs)
-        ratio = median([r / b for r, b in zip(rates["read"], rates["lease"], strict=True)])
+        ratio = paired_ratio(rates["read"], rates["lease"])
         speed = Table(
             f"Uncontended acquire+release (median of {rounds} rounds x {pairs} pairs)",
             ["lock", "pairs/s", "x lease"],
             numeric=frozenset({1, 2}),
         )
         for key, values in rates.items():
-            per_round = [v / b for v, b in zip(values, rates["lease"], strict=True)]
-            speed.add(key, f"{median(values):,.0f}", f"{median(per_round):.2f}")
+            speed.add(key, f"{median(values):,.0f}", f"{paired_ratio(values, rates['lease']):.2f}")
 
         server_rounds = ctx.pick("rw_server_rounds", *SERVER_ROUNDS)
         server_us = server_time(client, server_rounds)
@@ -72,9 +71,7 @@ def run(ctx: Context) -> list[Table]:
             ["lock", "server us/pair (least)", "median", "x lease (median of rounds)"],
             numeric=frozenset({1, 2, 3}),
         )
-        server_ratio = median(
-            [r / b for r, b in zip(server_us["read"], server_us["lease"], strict=True)]
-        )
+        server_ratio = paired_ratio(server_us["read"], server_us["lease"])
         for key, values in server_us.items():
             times = 1.0 if key == "lease" else server_ratio
             server.add(key, f"{min(values):.1f}", f"{median(values):.1f}", f"{times:.2f}")

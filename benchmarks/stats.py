@@ -18,3 +18,9 @@ def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return float(ordered[rank - 1])
+
+
+def paired_ratio(values: Sequence[float], base: Sequence[float]) -> float:
+    """Median of per-round ratios of ``values`` to ``base``: the two measures of one round
+    saw the same load of a shared machine."""
+    return median([value / b for value, b in zip(values, base, strict=True)])
