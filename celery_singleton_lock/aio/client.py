@@ -87,12 +87,14 @@ class AsyncLockClient:
         wait: float = 0.0,
         owner_info: dict[str, Any] | None = None,
         on_lost: Callable[[AsyncLease], object] | None = None,
+        fair: bool = False,
     ) -> AsyncLease:
         """An exclusive lease on ``name`` (not yet acquired); options as
         :meth:`LockClient.lease`. ``on_lost`` may be a plain or a coroutine function."""
         return AsyncLease(
             self.connection,
             name,
+            fair=fair,
             ttl=ttl,
             heartbeat=heartbeat,
             max_hold=max_hold,

@@ -11,7 +11,6 @@ belongs to the event loop that acquired it: its loop's heartbeat task renews it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import threading
@@ -105,22 +104,52 @@ class AsyncLockHandle(HandleState):
         woken by a release (pub/sub), or when a conflicting holder's lease could have run out.
         """
         wait, owner = self._begin_acquire(wait)
+        # redis-py can lose a cancellation that lands while a command is under way (the
+        # call returns its reply instead): one asked for during this acquire is raised
+        # after each attempt, where the acquire undoes what its attempts did. The count
+        # of cancellations asked for is Python 3.11's; before it, none is noticed.
+        cancelling = getattr(asyncio.current_task(), "cancelling", None)
+        cancels = cancelling() if cancelling is not None else 0
+
+        def raise_if_cancelled() -> None:
+            if cancelling is not None and cancelling() > cancels:
+                raise asyncio.CancelledError
+
         sent_at = time.monotonic()
-        taken, value = await self._try_acquire(owner, wait > 0)
-        if not taken:
-            if wait <= 0:
-                return False
-
-            async def attempt() -> tuple[bool, int]:
-                nonlocal sent_at
-                sent_at = time.monotonic()
-                return await self._try_acquire(owner, True)
-
-            taken, value = await self._wait_for(attempt, wait, lambda: self._abandon(owner))
+        try:
+            taken, value = await self._try_acquire(owner, wait > 0)
+            raise_if_cancelled()
             if not taken:
-                return False
+                if wait <= 0:
+                    return False
+
+                async def attempt() -> tuple[bool, int]:
+                    nonlocal sent_at
+                    sent_at = time.monotonic()
+                    result = await self._try_acquire(owner, True)
+                    raise_if_cancelled()
+                    return result
+
+                taken, value = await self._wait_for(attempt, wait, lambda: self._abandon(owner))
+                if not taken:
+                    return False
+        except BaseException:
+            await self._undo_attempts(owner)
+            raise
         self._took(owner, value, sent_at)
         return True
+
+    async def _undo_attempts(self, owner: str) -> None:
+        """The acquire was cancelled (its task, a timeout around it) or failed while a round
+        trip was under way. That attempt may have taken the lock, or a release may have
+        handed it over, with the reply unread; or it reserved a place. Give back whatever
+        ``owner`` holds, so that a caller who is gone holds nothing, rather than the name
+        staying locked, unrenewed, until its ttl runs out."""
+        try:
+            await self._abandon(owner)
+            await self._release(owner, 0)
+        except LockBackendError:
+            self._withdraw_failed()
 
     async def _wait_for(
         self,
@@ -129,29 +158,23 @@ class AsyncLockHandle(HandleState):
         abandon: Callable[[], Awaitable[None]],
     ) -> tuple[bool, int]:
         """Retry ``attempt`` on each release published on the channels (or at its hint)
-        until it succeeds or ``wait`` seconds pass; ``abandon`` runs when giving up (also
-        when the waiting task is cancelled)."""
+        until it succeeds or ``wait`` seconds pass; ``abandon`` runs when giving up (when
+        the waiting task is cancelled, :meth:`_undo_attempts` does)."""
         deadline = time.monotonic() + wait
-        done = False
+        async with self._conn.notifier().listening(self._channels) as woken:
+            while True:
+                taken, value = await attempt()
+                if taken:
+                    return True, value
+                sleep = retry_in(deadline, value)
+                if sleep is None:
+                    break
+                await woken.wait(sleep)
         try:
-            async with self._conn.notifier().listening(self._channels) as woken:
-                while True:
-                    taken, value = await attempt()
-                    if taken:
-                        done = True
-                        return True, value
-                    sleep = retry_in(deadline, value)
-                    if sleep is None:
-                        return False, value
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(woken.wait(), sleep)
-                    woken.clear()
-        finally:
-            if not done:
-                try:
-                    await abandon()
-                except LockBackendError:
-                    self._withdraw_failed()
+            await abandon()
+        except LockBackendError:
+            self._withdraw_failed()
+        return False, value
 
     async def release(self, delay: float = 0.0) -> None:
         """Give the lock back. With ``delay`` seconds > 0 what it covered stays locked, with

@@ -3,9 +3,16 @@ scripts, so it excludes the sync lease and SingletonTask runs of the same name."
 
 from __future__ import annotations
 
+import math
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..core.scripts import ScriptCall, pack_holder
+from ..core import validate
+from ..core.handle_state import hint_seconds
+from ..core.scripts import ScriptCall, fair_keys, pack_holder
+from ..exceptions import LockBackendError
+from ..kinds.lease import FAIR_REFRESH, FAIR_REGISTRATION_MS
 from .connection import AsyncConnection, HasAsyncConnection
 from .handle import AsyncLockHandle, RenewEntry
 
@@ -16,28 +23,113 @@ class AsyncLease(AsyncLockHandle):
     kind = "lease"
 
     def __init__(
-        self, client: AsyncConnection | HasAsyncConnection, name: str, **options: Any
+        self,
+        client: AsyncConnection | HasAsyncConnection,
+        name: str,
+        *,
+        fair: bool = False,
+        **options: Any,
     ) -> None:
         """Options as for :meth:`AsyncLockClient.lease`."""
         super().__init__(client, name, **options)
+        #: A blocked acquire queues, and a release hands the lease straight to the oldest
+        #: live waiter (sync or async): first come, first served, and no second round trip.
+        self.fair = validate.check_bool(fair, "fair")
         self._keys = self._conn.keys(self.name)
         self._channels = (self._keys.channel,)
+        self._queued = ""  # the owner token a fair acquire waits in the queue with
+        self._queued_hint = 0  # ms the last attempt said the holder's lease may still run
+
+    def _new_owner(self) -> str:
+        owner = self._queued = super()._new_owner()
+        return owner
 
     async def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
         conn = self._conn
         keys = self._keys
         # acquire.lua: ARGV owner, ttl, max-hold, takeover ('' none), wait mode ('1': a
-        # waiter, whose failed attempt marks the holder so its release publishes), fair
-        # registration ms (unused here), the holder's fields packed
+        # waiter, whose failed attempt marks the holder so its release publishes; 'fair': a
+        # queued waiter, registered for the next ARGV), the holder's fields packed
+        if reserve and self.fair:
+            script_keys: tuple[bytes, ...] = (
+                keys.lock, keys.fence, *fair_keys(keys.base, owner)
+            )  # fmt: skip
+            mode, registration_ms = "fair", FAIR_REGISTRATION_MS
+        else:
+            script_keys, mode, registration_ms = (keys.lock, keys.fence), "1" if reserve else "", 0
         taken, value = await conn.script(
             conn.lease_scripts.acquire,
-            (keys.lock, keys.fence),
+            script_keys,
             (
-                owner, self._ttl_ms, self._max_hold_ms, "", "1" if reserve else "", 0,
+                owner, self._ttl_ms, self._max_hold_ms, "", mode, registration_ms,
                 pack_holder(self._describe_holder()),
             ),
         )  # fmt: skip
+        self._queued_hint = int(value)
         return bool(taken), int(value)
+
+    async def _wait_for(
+        self,
+        attempt: Callable[[], Awaitable[tuple[bool, int]]],
+        wait: float,
+        abandon: Callable[[], Awaitable[None]],
+    ) -> tuple[bool, int]:
+        if not self.fair:
+            return await super()._wait_for(attempt, wait, abandon)
+        return await self._wait_in_queue(attempt, wait)
+
+    async def _wait_in_queue(
+        self, attempt: Callable[[], Awaitable[tuple[bool, int]]], wait: float
+    ) -> tuple[bool, int]:
+        """Block on this waiter's hand-off list, on a pooled connection, until a release
+        hands it the lease; refresh the registration (and try the name) between blocks, as
+        the sync lease does. A wait that runs out leaves the queue, and keeps a lease handed
+        over meanwhile; a cancelled or failed one leaves it too (_undo_attempts)."""
+        conn = self._conn
+        owner = self._queued
+        handed = fair_keys(self._keys.base, owner)[2]
+        deadline = time.monotonic() + wait
+        hint = hint_seconds(self._queued_hint)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            # Whole ms, at least one: BLPOP rounds down, and 0 would block forever.
+            timeout = max(1, math.ceil(min(FAIR_REFRESH, hint, remaining) * 1000)) / 1000
+            reply = await conn.call(conn.redis.blpop, [handed], timeout)
+            # A fencing token: handed the lease. 0: woken to try, as the name was freed
+            # without a hand-off (a clear, a supervisor's or a multi-key lock's release).
+            token = 0 if reply is None else int(reply[1])
+            if token:
+                return True, token
+            taken, value = await attempt()
+            if taken:
+                return True, value
+            hint = hint_seconds(value)
+        try:
+            token = await self._leave_queue(owner)
+        except LockBackendError:
+            self._withdraw_failed()
+            return False, 0
+        return (True, token) if token else (False, 0)
+
+    async def _abandon(self, owner: str) -> None:
+        # Cancelled or failed (see _undo_attempts, which then releases a lease handed over).
+        if self.fair:
+            await self._leave_queue(owner)
+
+    async def _leave_queue(self, owner: str) -> int:
+        """Withdraw from the queue; the token if a release handed the lease over meanwhile
+        (this waiter then holds it)."""
+        conn = self._conn
+        keys = self._keys
+        return int(
+            await conn.script(
+                conn.lease_scripts.fair_abandon,
+                (keys.lock, *fair_keys(keys.base, owner)),
+                (owner,),
+            )
+        )
 
     async def _release(self, owner: str, delay_ms: int) -> int:
         conn = self._conn

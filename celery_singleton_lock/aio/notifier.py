@@ -4,8 +4,17 @@ The same protocol as the threads' :mod:`..waiting`: a waiter subscribes to its l
 channel, waits until Redis confirms the subscription, tries the lock once more (a release
 that came before the subscription is not missed), then sleeps until a release is published
 or until the script's hint says the holder could have run out. The listener task only reads;
-waiters send SUBSCRIBE/UNSUBSCRIBE themselves, and counting ``subscribe`` acknowledgements per
-channel tells each waiter when *its* subscription is live.
+waiters send SUBSCRIBE themselves, and counting ``subscribe`` acknowledgements per channel
+tells each waiter when *its* subscription is live.
+
+Two things keep a woken waiter's way back to its caller short (a hand-off's latency):
+
+- it sleeps on a :class:`Wakeup`, a future the listener completes from its dispatch, not on
+  ``asyncio.wait_for`` of an Event's ``wait()`` (a task of its own per sleep, and a loop
+  iteration more between the message and the retry);
+- the last waiter of a channel leaves without sending the ``UNSUBSCRIBE``: a task of the
+  notifier sends it once the waiter has returned, unless a waiter came back to the channel
+  meanwhile, which then finds its subscription still live and sends no ``SUBSCRIBE``.
 """
 
 from __future__ import annotations
@@ -25,11 +34,48 @@ from ..core.subscriber import CONNECTION_ERRORS, SUBSCRIBE_TIMEOUT
 log = logging.getLogger("celery_singleton_lock.waiting")
 
 
+class Wakeup:
+    """What one waiter sleeps on: set by each message on its channels, and when the
+    connection drops (a release may have gone unseen)."""
+
+    __slots__ = ("_future", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._future: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._set = True
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    async def wait(self, timeout: float) -> None:
+        """Until set or ``timeout`` seconds pass, whichever comes first; then cleared. A set
+        that came while the waiter was not sleeping (its attempt was under way) returns at
+        once: that release may have come after the attempt read the lock."""
+        if not self._set:
+            loop = asyncio.get_running_loop()
+            future = self._future = loop.create_future()
+            timer = loop.call_later(timeout, _complete, future)
+            try:
+                await future
+            finally:
+                timer.cancel()
+                self._future = None
+        self._set = False
+
+
+def _complete(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class _Channel:
     __slots__ = ("confirmed", "need", "waiters")
 
     def __init__(self) -> None:
-        self.waiters: set[asyncio.Event] = set()
+        self.waiters: set[Wakeup] = set()
         self.confirmed = asyncio.Event()
         self.need = 0
 
@@ -45,26 +91,34 @@ class AsyncNotifier:
         self._conn: Any = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        #: Channels whose last waiter left; the unsubscriber task sends their UNSUBSCRIBE.
+        self._idle: set[bytes] = set()
+        self._unsubscriber: asyncio.Task[None] | None = None
 
     @asynccontextmanager
-    async def listening(self, channels: Sequence[bytes]) -> AsyncIterator[asyncio.Event]:
-        """Subscribed to ``channels`` for the duration of the block; yields an Event set by
-        each message on any of them (and when the connection drops, so waiters look again).
-        On entry the subscriptions are confirmed, or ``SUBSCRIBE_TIMEOUT`` passed and the
-        waiter falls back to its hint."""
-        event = asyncio.Event()
+    async def listening(self, channels: Sequence[bytes]) -> AsyncIterator[Wakeup]:
+        """Subscribed to ``channels`` for the duration of the block; yields a
+        :class:`Wakeup` set by each message on any of them (and when the connection drops,
+        so waiters look again). On entry the subscriptions are confirmed, or
+        ``SUBSCRIBE_TIMEOUT`` passed and the waiter falls back to its hint."""
+        wakeup = Wakeup()
         try:
-            confirmed = [await self._add(channel, event) for channel in channels]
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    asyncio.gather(*(done.wait() for done in confirmed)), SUBSCRIBE_TIMEOUT
-                )
-            yield event
+            confirmed = [await self._add(channel, wakeup) for channel in channels]
+            pending = [
+                asyncio.ensure_future(done.wait()) for done in confirmed if not done.is_set()
+            ]
+            if pending:
+                try:
+                    await asyncio.wait(pending, timeout=SUBSCRIBE_TIMEOUT)
+                finally:
+                    for waiting in pending:  # timed out, or this task was cancelled
+                        waiting.cancel()
+            yield wakeup
         finally:
             for channel in channels:
-                await self._remove(channel, event)
+                self._leave(channel, wakeup)
 
-    async def _add(self, channel: bytes, event: asyncio.Event) -> asyncio.Event:
+    async def _add(self, channel: bytes, wakeup: Wakeup) -> asyncio.Event:
         self._ensure_listener()
         state = self._channels.get(channel)
         if state is None:
@@ -74,15 +128,31 @@ class AsyncNotifier:
             if self._acked[channel] >= state.need:
                 state.confirmed.set()
             await self._send("SUBSCRIBE", channel)
-        state.waiters.add(event)
+        # A channel whose last waiter left is still subscribed until the unsubscriber runs:
+        # coming back to it keeps it.
+        state.waiters.add(wakeup)
         return state.confirmed
 
-    async def _remove(self, channel: bytes, event: asyncio.Event) -> None:
+    def _leave(self, channel: bytes, wakeup: Wakeup) -> None:
         state = self._channels.get(channel)
         if state is None:
             return
-        state.waiters.discard(event)
+        state.waiters.discard(wakeup)
         if not state.waiters:
+            self._idle.add(channel)
+            if self._unsubscriber is None or self._unsubscriber.done():
+                self._unsubscriber = asyncio.get_running_loop().create_task(
+                    self._unsubscribe_idle(), name="celery_singleton_lock-unsubscribe"
+                )
+
+    async def _unsubscribe_idle(self) -> None:
+        """UNSUBSCRIBE each channel that still has no waiter (one that does was come back
+        to, and stays subscribed)."""
+        while self._idle:
+            channel = self._idle.pop()
+            state = self._channels.get(channel)
+            if state is None or state.waiters:
+                continue
             del self._channels[channel]
             await self._send("UNSUBSCRIBE", channel)
 
@@ -143,8 +213,8 @@ class AsyncNotifier:
             await self._drop()
             # Waiters look again now rather than at their hint: a release may be unseen.
             for state in self._channels.values():
-                for event in state.waiters:
-                    event.set()
+                for wakeup in state.waiters:
+                    wakeup.set()
             if self._closed:
                 break
             await asyncio.sleep(delay)  # reconnect back-off, not a poll of the lock
@@ -165,8 +235,8 @@ class AsyncNotifier:
         if kind in (b"message", "message"):
             state = self._channels.get(channel)
             if state is not None:
-                for event in state.waiters:
-                    event.set()
+                for wakeup in state.waiters:
+                    wakeup.set()
         elif kind in (b"subscribe", "subscribe"):
             self._acked[channel] += 1
             state = self._channels.get(channel)
@@ -176,9 +246,11 @@ class AsyncNotifier:
     async def close(self) -> None:
         """Stop the listener; waiters fall back to their hints."""
         self._closed = True
-        task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        for task in (self._task, self._unsubscriber):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._task = self._unsubscriber = None
+        self._idle.clear()
         await self._drop()

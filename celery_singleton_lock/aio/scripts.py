@@ -16,6 +16,7 @@ from ..core.scripts import (
     WAKE_FAIR_WAITER,
     ScriptCall,
     register,
+    source,
     source_after,
     with_fence_ttl,
 )
@@ -64,3 +65,4 @@ class LeaseScripts:
         self.acquire = register(redis, with_fence_ttl("acquire"))
         self.release = register(redis, with_fence_ttl("release"))
         self.clear = register(redis, source_after(WAKE_FAIR_WAITER, "clear"))
+        self.fair_abandon = register(redis, source("fair_abandon"))
