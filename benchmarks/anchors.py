@@ -6,6 +6,7 @@ connection costs; each makes one reusable handle per lock name.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
@@ -15,9 +16,11 @@ from typing import Any, Protocol
 
 import pottery
 import redis
+import redis.asyncio
 import redis_lock
 
 from celery_singleton_lock import LockClient
+from celery_singleton_lock.aio import AsyncLockClient
 
 #: The floor's release: compare-and-delete, the least a safe release can do.
 FLOOR_RELEASE = """
@@ -40,6 +43,24 @@ class Handle(Protocol):
 
     def release(self) -> None: ...
 
+    def close(self) -> None: ...
+
+
+def release_timed(handle: Handle) -> float:
+    """Release ``handle``; ``time.monotonic()`` just before the release: the handle's own
+    stamp if it takes one inside its call (``released_at``: asyncio), else taken here."""
+    released_at = time.monotonic()
+    handle.release()
+    return float(getattr(handle, "released_at", released_at))
+
+
+def acquire_timed(handle: Handle, timeout: float) -> float | None:
+    """``time.monotonic()`` just after a blocking acquire of ``handle`` returned (the
+    handle's own stamp if it takes one, ``acquired_at``); None if it timed out."""
+    if not handle.acquire_blocking(timeout):
+        return None
+    return float(getattr(handle, "acquired_at", time.monotonic()))
+
 
 #: (redis client, key prefix, lock name, ttl seconds) -> handle
 Factory = Callable[[redis.Redis, str, str, float], Handle]
@@ -52,6 +73,9 @@ class Anchor:
     #: How a blocked acquire learns that the lock is free (shown in the hand-off table).
     waits_by: str
     make: Factory
+    #: Only in the hand-off table (an asyncio lock run from sync code: its throughput here
+    #: would be the harness's loop starts, not the lock's).
+    handoff_only: bool = False
 
 
 class FloorLock:
@@ -83,6 +107,9 @@ class FloorLock:
         if not self._release(keys=[self._key], args=[self._token]):
             raise RuntimeError(f"floor lock {self._key!r} was not held")
 
+    def close(self) -> None:
+        """Nothing of its own to close (the client is the caller's)."""
+
 
 class _LibraryLock:
     """A competitor's lock object with ``acquire(blocking=...)`` and ``release()``; the
@@ -99,6 +126,9 @@ class _LibraryLock:
 
     def release(self) -> None:
         self._lock.release()
+
+    def close(self) -> None:
+        """Nothing of its own to close (the client is the caller's)."""
 
 
 class RedisPyLock(_LibraryLock):
@@ -151,6 +181,9 @@ class OurLease:
     def release(self) -> None:
         self._lease.release()
 
+    def close(self) -> None:
+        """Nothing of its own to close (the client is the caller's)."""
+
 
 class OurScripts:
     """Ours without the Lease object: its acquire and release scripts called directly with
@@ -178,6 +211,63 @@ class OurScripts:
         lease = self._lease
         if self._scripts.release(lease._keys.lock, self._owner, 0) != 1:
             raise RuntimeError("not held")
+
+    def close(self) -> None:
+        """Nothing of its own to close (the client is the caller's)."""
+
+
+class OurAsyncLease:
+    """``AsyncLockClient(...).lease(name, ttl=..., heartbeat=True)`` on an event loop of the
+    handle's own, which runs only during a call (``run_until_complete``). Starting and
+    stopping that loop around each call is this harness's cost, not an async application's,
+    whose loop runs all along: so the hand-off is timed inside the coroutines, just before
+    the release is awaited (``released_at``) and just after the acquire returned
+    (``acquired_at``), as the sync locks are timed around their calls."""
+
+    def __init__(
+        self, client: redis.Redis, prefix: str, name: str, ttl: float, *, fair: bool = False
+    ) -> None:
+        self._loop = asyncio.new_event_loop()
+        kwargs = client.connection_pool.connection_kwargs
+        self._client = AsyncLockClient(
+            redis.asyncio.Redis(host=kwargs["host"], port=kwargs["port"], db=kwargs["db"]),
+            prefix=prefix,
+        )
+        self._lease = self._client.lease(name, ttl=ttl, heartbeat=True, fair=fair)
+        self.released_at = 0.0
+        self.acquired_at = 0.0
+
+    def try_acquire(self) -> bool:
+        return self.acquire_blocking(0)
+
+    def acquire_blocking(self, timeout: float) -> bool:
+        async def acquire() -> bool:
+            taken = await self._lease.acquire(wait=timeout)
+            self.acquired_at = time.monotonic()
+            return taken
+
+        return self._loop.run_until_complete(acquire())
+
+    def release(self) -> None:
+        async def release() -> None:
+            self.released_at = time.monotonic()
+            await self._lease.release()
+
+        self._loop.run_until_complete(release())
+
+    def close(self) -> None:
+        loop = self._loop
+        loop.run_until_complete(self._client.close())
+        # What asyncio.run does at the end: the loop's heartbeat task is still waiting.
+        tasks = asyncio.all_tasks(loop)
+        for task in tasks:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        loop.close()
+
+
+def our_async_fair_lease(client: redis.Redis, prefix: str, name: str, ttl: float) -> OurAsyncLease:
+    return OurAsyncLease(client, prefix, name, ttl, fair=True)
 
 
 def our_fair_lease(client: redis.Redis, prefix: str, name: str, ttl: float) -> OurLease:
@@ -212,6 +302,20 @@ ANCHORS: dict[str, Anchor] = {
             "ours: LockClient.lease(fair=True)",
             "handed the lease by the release (BLPOP)",
             our_fair_lease,
+        ),
+        Anchor(
+            "ours-async",
+            "ours: AsyncLockClient.lease (asyncio)",
+            "pub/sub wake-up on release (the loop's listener task)",
+            OurAsyncLease,
+            handoff_only=True,
+        ),
+        Anchor(
+            "ours-async-fair",
+            "ours: AsyncLockClient.lease(fair=True) (asyncio)",
+            "handed the lease by the release (BLPOP)",
+            our_async_fair_lease,
+            handoff_only=True,
         ),
     )
 }

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import time
 from multiprocessing.connection import Connection
 from types import TracebackType
 
 import redis
 
-from .anchors import ANCHORS
+from .anchors import ANCHORS, acquire_timed
 
 #: Spawned, not forked: the parent has heartbeat and pub/sub threads of its own.
 _mp = multiprocessing.get_context("spawn")
@@ -37,12 +36,13 @@ def waiter_main(conn: Connection, anchor: str, url: str, prefix: str, name: str)
             if message[0] == "stop":
                 break
             conn.send(("ready",))
-            if handle.acquire_blocking(message[1]):
-                got = time.monotonic()
+            got = acquire_timed(handle, message[1])
+            if got is not None:
                 handle.release()
                 conn.send(("got", got))
             else:
                 conn.send(("timeout",))
+        handle.close()
     except Exception as exc:  # tell the parent why, rather than just dying
         conn.send(("error", repr(exc)))
     finally:
