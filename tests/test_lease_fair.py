@@ -9,9 +9,13 @@ from __future__ import annotations
 import time
 
 import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from support.holding_proxy import HoldingProxy
 from support.waiting import BackgroundAcquire, wait_for
 
-from celery_singleton_lock import ConfigurationError, Lease, LockClient
+from celery_singleton_lock import ConfigurationError, Lease, LockBackendError, LockClient
 from celery_singleton_lock.core.scripts import fair_keys, pack_holder
 from celery_singleton_lock.lease import FAIR_REGISTRATION_MS
 
@@ -188,3 +192,38 @@ def test_newcomer_after_an_expiry_is_marked_by_the_next_refresh_and_hands_over(
     assert queue_up(lock_client, holder, "a", "t")[0] is False  # its refresh marks it
     newcomer.release()
     assert holder_of(lock_client, holder)[b"owner"] == b"a"
+
+
+def test_wait_that_fails_after_being_handed_the_lease_gives_it_back(
+    lock_client: LockClient, holder: Lease
+) -> None:
+    """The interleaving: a release hands the lease to a waiter blocked in BLPOP, and the
+    reply that says so never reaches it (its connection times out). The acquire raises
+    LockBackendError, and the lease it was handed is not left to run out unrenewed."""
+    port = int(lock_client.redis.connection_pool.connection_kwargs["port"])
+    proxy = HoldingProxy(port)
+    client = LockClient(
+        redis.Redis(port=proxy.port, socket_timeout=1.0, retry=Retry(NoBackoff(), 0)),
+        prefix=lock_client.prefix,
+    )
+    try:
+        waiter = client.lease("fair", ttl=30, fair=True)
+        blocked = BackgroundAcquire(waiter, wait=20)
+        queue = holder._keys.base + b"queue"
+        wait_for(lambda: lock_client.redis.llen(queue) == 1, 10, "the waiter to queue")
+        wait_for(
+            lambda: any(c.get("cmd") == "blpop" for c in lock_client.redis.client_list()),
+            10,
+            "the waiter to block in BLPOP",
+        )
+        proxy.hold_next_reply()
+        holder.release()  # hands the lease to the waiter
+        assert holder_of(lock_client, holder)[b"owner"] == waiter._queued.encode()
+        blocked.finish(20)
+        assert [type(e) for e in blocked.errors] == [LockBackendError]
+        assert not waiter.held
+        assert not lock_client.redis.exists(holder._keys.lock)  # given back
+        assert lock_client.redis.llen(queue) == 0
+    finally:
+        client.close()
+        proxy.close()

@@ -259,7 +259,10 @@ class Lease(LockHandle):
                     return True, value
                 hint = hint_seconds(value)
         except LockBackendError:
-            self._leave_queue(owner)
+            if self._leave_queue(owner):
+                # A release handed the lease over, and the reply that said so was lost:
+                # nothing would renew it, and the caller gets an error, not the lease.
+                self._give_back(owner)
             raise
         token = self._leave_queue(owner)
         return (True, token) if token else (False, 0)
@@ -273,6 +276,12 @@ class Lease(LockHandle):
         except LockBackendError:
             log.warning("could not withdraw the wait of %r", self.name, exc_info=True)
             return 0
+
+    def _give_back(self, owner: str) -> None:
+        try:
+            self._release(owner, 0)
+        except LockBackendError:  # it runs out within its ttl
+            log.warning("could not give back the lease of %r", self.name, exc_info=True)
 
     def _release(self, owner: str, delay_ms: int) -> int:
         conn = self._conn
