@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from support.async_sides import Side, eventually, run, run_with, side_fixture  # noqa: F401
-from support.holding_proxy import HoldingProxy
+from support.proxies import HoldingProxy
 
 from celery_singleton_lock import AsyncLockClient, ConfigurationError, LockClient
 from celery_singleton_lock.core.scripts import fair_keys

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from support.async_sides import eventually, run
 
 from celery_singleton_lock import AsyncLockClient, LockClient
-from celery_singleton_lock.aio.notifier import Wakeup
+from celery_singleton_lock.aio.notifier import AsyncNotifier, Wakeup
 
 
 def test_a_wakeup_set_while_nobody_sleeps_is_kept_for_the_next_sleep() -> None:
@@ -48,14 +50,21 @@ def numsub(lock_client: LockClient, channel: bytes) -> int:
     return int(dict(lock_client.redis.pubsub_numsub(channel)).get(channel, 0))
 
 
+@asynccontextmanager
+async def notifier_of(url: str, prefix: str) -> AsyncIterator[tuple[AsyncNotifier, bytes]]:
+    """The listener of a new client on this loop, and the channel of lock "n"."""
+    client = AsyncLockClient.from_url(url, prefix=prefix)
+    try:
+        yield client.connection.notifier(), client.connection.keys("n").channel
+    finally:
+        await client.close()
+
+
 def test_last_waiter_leaving_unsubscribes_after_it_returned(
     lock_redis_url: str, lock_prefix: str, lock_client: LockClient
 ) -> None:
     async def body() -> None:
-        client = AsyncLockClient.from_url(lock_redis_url, prefix=lock_prefix)
-        channel = client.connection.keys("n").channel
-        notifier = client.connection.notifier()
-        try:
+        async with notifier_of(lock_redis_url, lock_prefix) as (notifier, channel):
             async with notifier.listening([channel]):
                 assert await asyncio.to_thread(numsub, lock_client, channel) == 1
             # Left, and nothing has been sent yet: the waiter did not wait for UNSUBSCRIBE.
@@ -66,8 +75,6 @@ def test_last_waiter_leaving_unsubscribes_after_it_returned(
                 "the channel to be unsubscribed",
             )
             assert channel not in notifier._channels
-        finally:
-            await client.close()
 
     run(body())
 
@@ -80,10 +87,7 @@ def test_a_waiter_back_on_a_channel_before_its_unsubscribe_keeps_it_and_is_woken
     subscription live, and the unsubscriber must leave it so."""
 
     async def body() -> None:
-        client = AsyncLockClient.from_url(lock_redis_url, prefix=lock_prefix)
-        channel = client.connection.keys("n").channel
-        notifier = client.connection.notifier()
-        try:
+        async with notifier_of(lock_redis_url, lock_prefix) as (notifier, channel):
             async with notifier.listening([channel]):
                 pass
             # No await between the leaving and the coming back: the unsubscriber waits.
@@ -96,7 +100,5 @@ def test_a_waiter_back_on_a_channel_before_its_unsubscribe_keeps_it_and_is_woken
                 started = time.monotonic()
                 await wakeup.wait(5)
                 assert time.monotonic() - started < 2  # woken by the message, not timed out
-        finally:
-            await client.close()
 
     run(body())

@@ -12,7 +12,7 @@ import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from support.holding_proxy import HoldingProxy
+from support.proxies import HoldingProxy
 from support.waiting import BackgroundAcquire, wait_for
 
 from celery_singleton_lock import ConfigurationError, Lease, LockBackendError, LockClient

@@ -1,13 +1,11 @@
 """A connection cut in the middle of a multi-key acquire never leaves a subset of the names
 held. A Redis script is atomic, so a cut either loses the reply (the script ran: every name is
 held, by an owner the client never learnt, and all of them expire within the ttl) or the
-request (nothing is held). A small TCP proxy between client and Redis makes both cuts."""
+request (nothing is held). A small TCP proxy between client and Redis makes both cuts
+(support/proxies.py)."""
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 import time
 from collections.abc import Iterator
 
@@ -15,71 +13,13 @@ import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from support.proxies import CuttingProxy
 
 from celery_singleton_lock import LockBackendError, LockClient
 from celery_singleton_lock.core.keys import lock_keys
 from celery_singleton_lock.embedded import RedisServer
 
 NAMES = ["acct:1", "acct:2", "acct:3"]
-
-
-class CuttingProxy:
-    """Forwards 127.0.0.1:port to Redis. ``arm(mode)``: the next script call is dropped
-    ("request") or forwarded with its reply dropped ("reply"), and the connection cut."""
-
-    def __init__(self, target: int) -> None:
-        self.target = target
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.mode: str | None = None
-        self.cut = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def arm(self, mode: str) -> None:
-        self.cut.clear()
-        self.mode = mode
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.target))
-            threading.Thread(target=self._up, args=(client, server), daemon=True).start()
-
-    def _up(self, client: socket.socket, server: socket.socket) -> None:
-        waiting_reply = threading.Event()
-        threading.Thread(
-            target=self._down, args=(server, client, waiting_reply), daemon=True
-        ).start()
-        with contextlib.suppress(OSError):
-            while data := client.recv(65536):
-                mode = None
-                if b"EVALSHA" in data:  # only the script call is cut
-                    mode, self.mode = self.mode, None
-                if mode == "request":
-                    break
-                if mode == "reply":
-                    waiting_reply.set()  # before sending: the reply may come back at once
-                server.sendall(data)
-        self._close(client, server)
-
-    def _down(self, server: socket.socket, client: socket.socket, drop: threading.Event) -> None:
-        with contextlib.suppress(OSError):
-            while data := server.recv(65536):
-                if drop.is_set():
-                    break
-                client.sendall(data)
-        self._close(client, server)
-
-    def _close(self, *socks: socket.socket) -> None:
-        for sock in socks:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)  # a FIN now, even with a thread in recv()
-            with contextlib.suppress(OSError):
-                sock.close()
-        self.cut.set()
 
 
 @pytest.fixture

@@ -1,0 +1,136 @@
+"""TCP proxies in front of a Redis server that misbehave on demand, to make the moments a
+network fault leaves behind: a request that never arrives, or one that ran on the server
+while its client never hears back."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+
+class ForwardingProxy:
+    """Forwards ``127.0.0.1:port`` to a Redis server on ``target`` (a port of 127.0.0.1);
+    a subclass decides, in :meth:`_connected`, what crosses each connection."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def close(self) -> None:
+        for sock in [self.listener, *self._sockets]:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            self._sockets += [client, server]
+            self._connected(client, server)
+
+    def _connected(self, client: socket.socket, server: socket.socket) -> None:
+        raise NotImplementedError
+
+    def _close(self, *socks: socket.socket) -> None:
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # a FIN now, even with a thread in recv()
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+class HoldingProxy(ForwardingProxy):
+    """After :meth:`hold_next_reply`, the next bytes the server sends to any client of the
+    proxy, and all that follow on that connection, are never delivered (``holding`` is set
+    then): the request ran, and its client is still waiting for the answer."""
+
+    def __init__(self, target: int) -> None:
+        self.holding = threading.Event()
+        self._armed = False
+        self._lock = threading.Lock()
+        super().__init__(target)
+
+    def hold_next_reply(self) -> None:
+        with self._lock:
+            self._armed = True
+            self.holding.clear()
+
+    def _connected(self, client: socket.socket, server: socket.socket) -> None:
+        threading.Thread(target=self._up, args=(client, server), daemon=True).start()
+        threading.Thread(target=self._down, args=(server, client), daemon=True).start()
+
+    def _up(self, client: socket.socket, server: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                server.sendall(data)
+        self._close(client, server)
+
+    def _down(self, server: socket.socket, client: socket.socket) -> None:
+        held = False
+        with contextlib.suppress(OSError):
+            while data := server.recv(65536):
+                if not held:
+                    with self._lock:
+                        held, self._armed = self._armed, False
+                    if held:
+                        self.holding.set()
+                if not held:
+                    client.sendall(data)
+        self._close(client, server)
+
+
+class CuttingProxy(ForwardingProxy):
+    """``arm(mode)``: the next script call is dropped ("request") or forwarded with its reply
+    dropped ("reply"), and the connection cut (``cut`` is set)."""
+
+    def __init__(self, target: int) -> None:
+        self.mode: str | None = None
+        self.cut = threading.Event()
+        super().__init__(target)
+
+    def arm(self, mode: str) -> None:
+        self.cut.clear()
+        self.mode = mode
+
+    def _connected(self, client: socket.socket, server: socket.socket) -> None:
+        threading.Thread(target=self._up, args=(client, server), daemon=True).start()
+
+    def _up(self, client: socket.socket, server: socket.socket) -> None:
+        waiting_reply = threading.Event()
+        threading.Thread(
+            target=self._down, args=(server, client, waiting_reply), daemon=True
+        ).start()
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                mode = None
+                if b"EVALSHA" in data:  # only the script call is cut
+                    mode, self.mode = self.mode, None
+                if mode == "request":
+                    break
+                if mode == "reply":
+                    waiting_reply.set()  # before sending: the reply may come back at once
+                server.sendall(data)
+        self._close(client, server)
+
+    def _down(self, server: socket.socket, client: socket.socket, drop: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while data := server.recv(65536):
+                if drop.is_set():
+                    break
+                client.sendall(data)
+        self._close(client, server)
+
+    def _close(self, *socks: socket.socket) -> None:
+        super()._close(*socks)
+        self.cut.set()
