@@ -111,8 +111,11 @@ class AsyncLockHandle(HandleState):
         cancelling = getattr(asyncio.current_task(), "cancelling", None)
         cancels = cancelling() if cancelling is not None else 0
 
+        def cancelled_meanwhile() -> bool:
+            return cancelling is not None and cancelling() > cancels
+
         def raise_if_cancelled() -> None:
-            if cancelling is not None and cancelling() > cancels:
+            if cancelled_meanwhile():
                 raise asyncio.CancelledError
 
         sent_at = time.monotonic()
@@ -133,8 +136,12 @@ class AsyncLockHandle(HandleState):
                 taken, value = await self._wait_for(attempt, wait, lambda: self._abandon(owner))
                 if not taken:
                     return False
-        except BaseException:
+        except BaseException as exc:
             await self._undo_attempts(owner)
+            if not isinstance(exc, asyncio.CancelledError) and cancelled_meanwhile():
+                # The lost cancellation ran into the socket's timeout: the caller asked
+                # for the cancellation, not for this error.
+                raise asyncio.CancelledError from exc
             raise
         self._took(owner, value, sent_at)
         return True
