@@ -3,16 +3,21 @@ scripts, so it excludes the sync lease and SingletonTask runs of the same name."
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..core import validate
 from ..core.handle_state import hint_seconds
-from ..core.scripts import ScriptCall, fair_keys, pack_holder
+from ..core.scripts import (
+    ScriptCall,
+    acquire_call,
+    fair_abandon_keys,
+    fair_keys,
+    pack_holder,
+)
 from ..exceptions import LockBackendError
-from ..kinds.lease import FAIR_REFRESH, FAIR_REGISTRATION_MS
+from ..kinds.lease import FAIR_REGISTRATION_MS, block_for, handed_token
 from .connection import AsyncConnection, HasAsyncConnection
 from .handle import AsyncLockHandle, RenewEntry
 
@@ -47,24 +52,13 @@ class AsyncLease(AsyncLockHandle):
     async def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
         conn = self._conn
         keys = self._keys
-        # acquire.lua: ARGV owner, ttl, max-hold, takeover ('' none), wait mode ('1': a
-        # waiter, whose failed attempt marks the holder so its release publishes; 'fair': a
-        # queued waiter, registered for the next ARGV), the holder's fields packed
-        if reserve and self.fair:
-            script_keys: tuple[bytes, ...] = (
-                keys.lock, keys.fence, *fair_keys(keys.base, owner)
-            )  # fmt: skip
-            mode, registration_ms = "fair", FAIR_REGISTRATION_MS
-        else:
-            script_keys, mode, registration_ms = (keys.lock, keys.fence), "1" if reserve else "", 0
-        taken, value = await conn.script(
-            conn.lease_scripts.acquire,
-            script_keys,
-            (
-                owner, self._ttl_ms, self._max_hold_ms, "", mode, registration_ms,
-                pack_holder(self._describe_holder()),
-            ),
+        # No claim to take over (""): the async lease has no owner or take_over options.
+        script_keys, args = acquire_call(
+            keys.lock, keys.fence, owner, self._ttl_ms, self._max_hold_ms,
+            pack_holder(self._describe_holder()), "", reserve,
+            FAIR_REGISTRATION_MS if reserve and self.fair else 0,
         )  # fmt: skip
+        taken, value = await conn.script(conn.lease_scripts.acquire, script_keys, args)
         self._queued_hint = int(value)
         return bool(taken), int(value)
 
@@ -94,12 +88,8 @@ class AsyncLease(AsyncLockHandle):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            # Whole ms, at least one: BLPOP rounds down, and 0 would block forever.
-            timeout = max(1, math.ceil(min(FAIR_REFRESH, hint, remaining) * 1000)) / 1000
-            reply = await conn.call(conn.redis.blpop, [handed], timeout)
-            # A fencing token: handed the lease. 0: woken to try, as the name was freed
-            # without a hand-off (a clear, a supervisor's or a multi-key lock's release).
-            token = 0 if reply is None else int(reply[1])
+            reply = await conn.call(conn.redis.blpop, [handed], block_for(hint, remaining))
+            token = handed_token(reply)
             if token:
                 return True, token
             taken, value = await attempt()
@@ -122,14 +112,8 @@ class AsyncLease(AsyncLockHandle):
         """Withdraw from the queue; the token if a release handed the lease over meanwhile
         (this waiter then holds it)."""
         conn = self._conn
-        keys = self._keys
-        return int(
-            await conn.script(
-                conn.lease_scripts.fair_abandon,
-                (keys.lock, *fair_keys(keys.base, owner)),
-                (owner,),
-            )
-        )
+        keys = fair_abandon_keys(self._keys.lock, owner)
+        return int(await conn.script(conn.lease_scripts.fair_abandon, keys, (owner,)))
 
     async def _release(self, owner: str, delay_ms: int) -> int:
         conn = self._conn

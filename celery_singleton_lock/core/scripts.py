@@ -248,15 +248,10 @@ class Scripts:
         owner token of a claim this acquisition may replace. ``waiting``: the caller will
         wait for a release, so a busy holder's release must publish. ``fair_ms`` > 0: it
         waits in the queue instead, registered for that long."""
-        keys: tuple[bytes, ...]
-        if fair_ms > 0:
-            mode, keys = "fair", (lock_key, fence_key, *fair_keys(key_base(lock_key), owner))
-        else:
-            mode, keys = "1" if waiting else "", (lock_key, fence_key)
-        taken, value = self._acquire(
-            keys=keys,
-            args=(owner, ttl_ms, max_hold_ms, takeover, mode, fair_ms, holder),
+        keys, args = acquire_call(
+            lock_key, fence_key, owner, ttl_ms, max_hold_ms, holder, takeover, waiting, fair_ms
         )
+        taken, value = self._acquire(keys=keys, args=args)
         return bool(taken), int(value)
 
     def acquire_freeing(
@@ -291,8 +286,7 @@ class Scripts:
     def fair_abandon(self, lock_key: bytes, owner: str) -> int:
         """A fair waiter gives up: its fencing token if it was handed the lease meanwhile
         (it then holds it), else 0."""
-        base = key_base(lock_key)
-        return int(self._fair_abandon(keys=(lock_key, *fair_keys(base, owner)), args=(owner,)))
+        return int(self._fair_abandon(keys=fair_abandon_keys(lock_key, owner), args=(owner,)))
 
     def handover(
         self, lock_key: bytes, owner: str, new_owner: str, ttl_ms: int, fields: Sequence[Any]
@@ -320,6 +314,32 @@ def fair_keys(base: bytes, owner: str) -> tuple[bytes, bytes, bytes]:
     """The fair-waiting keys of ``owner``: the queue, its registration, its hand-off list."""
     raw = owner.encode()
     return base + b"queue", base + b"w:" + raw, base + b"m:" + raw
+
+
+def acquire_call(
+    lock_key: bytes,
+    fence_key: bytes,
+    owner: str,
+    ttl_ms: int,
+    max_hold_ms: int,
+    holder: bytes,
+    takeover: str,
+    waiting: bool,
+    fair_ms: int,
+) -> tuple[tuple[bytes, ...], tuple[Any, ...]]:
+    """KEYS and ARGV of acquire.lua for one attempt (the sync and the asyncio lease's), as
+    :meth:`Scripts.acquire` describes its arguments."""
+    keys: tuple[bytes, ...]
+    if fair_ms > 0:
+        mode, keys = "fair", (lock_key, fence_key, *fair_keys(key_base(lock_key), owner))
+    else:
+        mode, keys = "1" if waiting else "", (lock_key, fence_key)
+    return keys, (owner, ttl_ms, max_hold_ms, takeover, mode, fair_ms, holder)
+
+
+def fair_abandon_keys(lock_key: bytes, owner: str) -> tuple[bytes, ...]:
+    """KEYS of fair_abandon.lua: the lock hash and ``owner``'s fair-waiting keys."""
+    return (lock_key, *fair_keys(key_base(lock_key), owner))
 
 
 _bound: weakref.WeakKeyDictionary[Any, dict[Callable[[Any], Any], Any]] = (

@@ -48,6 +48,20 @@ FAIR_REGISTRATION_MS = 1000
 FAIR_REFRESH = 0.25
 
 
+def block_for(hint: float, remaining: float) -> float:
+    """Seconds a fair waiter's next ``BLPOP`` blocks: until its next refresh, the holder's
+    possible expiry or the end of its wait, in whole ms and at least one (BLPOP rounds
+    down, and 0 would block forever)."""
+    return max(1, math.ceil(min(FAIR_REFRESH, hint, remaining) * 1000)) / 1000
+
+
+def handed_token(reply: Any) -> int:
+    """What a fair waiter's ``BLPOP`` returned: a fencing token when a release handed it the
+    lease; 0 when it timed out, or was woken to try because the name was freed without a
+    hand-off (a clear, a supervisor's or a multi-key lock's release)."""
+    return 0 if reply is None else int(reply[1])
+
+
 class Lease(LockHandle):
     """An exclusive, expiring lock on one name.
 
@@ -246,12 +260,8 @@ class Lease(LockHandle):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                # Whole ms, at least one: BLPOP rounds down, and 0 would block forever.
-                timeout = max(1, math.ceil(min(FAIR_REFRESH, hint, remaining) * 1000)) / 1000
-                reply = conn.call(conn.redis.blpop, [handed], timeout=timeout)
-                # A fencing token: handed the lease. 0: woken to try, as the name was freed
-                # without a hand-off (a clear, a supervisor's or a multi-key lock's release).
-                token = 0 if reply is None else int(reply[1])
+                reply = conn.call(conn.redis.blpop, [handed], timeout=block_for(hint, remaining))
+                token = handed_token(reply)
                 if token:
                     return True, token
                 taken, value = attempt()
