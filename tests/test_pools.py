@@ -417,3 +417,40 @@ def test_sigkilled_worker_frees_the_lock_within_the_lease(
         client.close()
     assert waited < LEASE + 5  # the lease, plus room for a slow machine
     assert not pool_workers.records(event="released", task_id=result.id)
+
+
+# -- until_start: a call let into the queue runs ---------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_until_start_call_whose_queue_claim_went_waits_and_runs(
+    pool_workers: PoolWorkers,
+) -> None:
+    """A call ``until_start`` let into the queue, whose queue claim is gone by the time it
+    starts (run out, freed) and held by a later call, is not "replaced": that is
+    ``debounce``'s rule. It waits for the running call (``lock_wait``) and runs after it."""
+    worker = pool_workers.start("prefork", "prefork", concurrency=4)
+    pool_workers.wait_ready(worker)
+    queued = pool_workers.app.tasks["pool_app.queued"]
+    running = pool_workers.send("queued", "busy")
+    pool_workers.wait_record(event="start", task_id=running.id)
+    # Accepted (a new task id) while the key runs, in a queue no worker consumes yet.
+    accepted = queued.apply_async(("busy",), queue=pool_workers.queue("late"))
+    assert accepted.id != running.id
+    assert queued.free_claim(("busy",), {}, task_id=accepted.id, attempt=0)
+    later = queued.apply_async(("busy",), queue=pool_workers.queue("never"))
+    assert later.id not in (running.id, accepted.id)  # holds the queue claim now
+    late = pool_workers.launch("late", [pool_workers.queue("late")], concurrency=1)
+    pool_workers.wait_ready(late)
+    wait_for(
+        lambda: accepted.ready() or pool_workers.holder("busy").get("waiting"),
+        TIMEOUT,
+        "the accepted call to start and wait for the lock",
+    )
+    pool_workers.open_gate("busy")
+    token = accepted.get(timeout=60)
+    assert isinstance(token, int), token  # it ran, and was not skipped
+    assert token > running.get(timeout=TIMEOUT)
+    first_end = pool_workers.wait_record(event="end", task_id=running.id)
+    assert pool_workers.wait_record(event="start", task_id=accepted.id)["time"] >= first_end["time"]
+    assert "replaced by queued task" not in late.log_text()

@@ -291,8 +291,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         replaced = False
         try:
             acquired = lease.acquire(0.0)  # a float: check_wait's quick case
-            if not acquired and isinstance(lease, Lease) and claims.replaced_at_acquire(lease):
-                replaced = True  # debounce: replaced in the queue, the lock was not tried
+            if not acquired and self._replaced_at_acquire(lease):
+                replaced = True  # the lock was not tried
             elif not acquired and options.wait:
                 # Before waiting: a copy of this very message must not wait for its original
                 # to finish and then run a second time.
@@ -321,6 +321,15 @@ class SingletonTask(Task):  # type: ignore[misc]
         if request.retries:
             return True
         return isinstance(lease, Lease) and claims.free_at_acquire(self, lease, request.id)
+
+    def _replaced_at_acquire(self, lease: LockHandle) -> bool:
+        """``debounce``: True if a later call took this one's queue claim over, so the first
+        acquire stopped there. ``until_start`` never replaces a call it let into the queue: a
+        claim another call holds by then (this one's ran out or was freed) changes nothing,
+        and the run honours ``lock_wait`` and ``lock_conflict`` as any other."""
+        if self.lock_options.on_enqueue != DEBOUNCE or not isinstance(lease, Lease):
+            return False
+        return claims.replaced_at_acquire(lease)
 
     def _leave_queue(self, args: Any, kwargs: Any) -> bool:
         """``until_start``/``debounce``: this call is no longer queued, so another may queue

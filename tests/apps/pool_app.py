@@ -67,6 +67,23 @@ def make_app(url: str, prefix: str, queue: str = "celery") -> Celery:
         return int(self.lock.token)
 
     @app.task(
+        base=SingletonTask, bind=True, shared=False, name="pool_app.queued",
+        lock_key="pool:{key}", lock_lease=LEASE, lock_ttl=3600, lock_wait=30,
+        lock_on_enqueue="until_start",
+    )  # fmt: skip
+    def queued(self: Any, key: str) -> int:
+        """As ``gated``, with one call at a time let into the queue (``until_start``) and up
+        to 30 s of waiting in the worker for the run lock."""
+        redis = self.lock_client.redis
+        record(self, "start", key)
+        try:
+            while not redis.exists(gate_key(prefix, key)):
+                time.sleep(0.02)
+        finally:
+            record(self, "end", key)
+        return int(self.lock.token)
+
+    @app.task(
         base=SingletonTask, bind=True, shared=False, name="pool_app.spin",
         lock_key="pool:{key}", lock_lease=LEASE, lock_ttl=3600,
     )  # fmt: skip
