@@ -55,14 +55,23 @@ from .worker import install, track_run_lock
 
 log = logging.getLogger("celery_singleton_lock.task")
 
-#: Per thread (greenlet, under gevent and eventlet): while ``retry(throw=False)`` runs,
-#: ``capture`` collects the retry message Celery would send at once; ``pending`` holds
-#: (run lock, message) pairs that the run sends when its body ends.
-_deferred_retries = threading.local()
-
 #: A retry message kept back: its args, kwargs, task id, ``apply_async`` options and the
 #: ``time.monotonic()`` of the ``retry()`` call.
 _RetrySend = tuple[Any, Any, Any, dict[str, Any], float]
+
+
+class _DeferredRetries(threading.local):
+    """Per thread (greenlet, under gevent and eventlet): while ``retry(throw=False)`` runs,
+    ``capture`` collects the retry message Celery would send at once; ``pending`` holds
+    (run lock, message) pairs that the run sends when its body ends. Set per thread in
+    ``__init__``: a missing attribute would cost every run a caught AttributeError."""
+
+    def __init__(self) -> None:
+        self.capture: list[_RetrySend] | None = None
+        self.pending: list[tuple[LockHandle, _RetrySend]] = []
+
+
+_deferred_retries = _DeferredRetries()
 
 
 def worker_node(request: Any) -> str | None:
@@ -550,7 +559,12 @@ class SingletonTask(Task):  # type: ignore[misc]
         return enqueue.seconds_until(eta, countdown)
 
     def _retry_at_end(
-        self, lease: LockHandle, args: Any, kwargs: Any, call: tuple[Any, ...], options: Any
+        self,
+        lease: LockHandle,
+        args: Any,
+        kwargs: Any,
+        call: tuple[Any, ...],
+        options: dict[str, Any],
     ) -> Any:
         """``retry(throw=False)``: Celery's retry (its checks, its ``Retry``), with the
         message it sends kept back until the body ends (:meth:`_send_deferred_retries`)."""
@@ -560,12 +574,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             outcome = self._celery_retry(args, kwargs, *call, **options)
         finally:
             _deferred_retries.capture = None
-        pending: list[tuple[LockHandle, _RetrySend]] | None = getattr(
-            _deferred_retries, "pending", None
-        )
-        if pending is None:
-            pending = _deferred_retries.pending = []
-        pending.extend((lease, send) for send in captured)
+        _deferred_retries.pending.extend((lease, send) for send in captured)
         return outcome
 
     def _send_deferred_retries(self, lease: LockHandle | None, sends: list[_RetrySend]) -> None:
@@ -612,9 +621,9 @@ class SingletonTask(Task):  # type: ignore[misc]
         try:
             return claims.hand_over(self, lease, request.id, attempt, delay + self.lock_options.ttl)
         except LockError as exc:
+            # Lost already, or Redis unreachable (the lease then runs out by itself): the
+            # retried run takes the lock for itself.
             log.warning("%s[%s] retries without its lock: %s", self.name, request.id, exc)
-            if lease.held or lease.lost:
-                self._release(lease)
             return None
 
     # -- enqueue-time lock -------------------------------------------------------------------
@@ -626,7 +635,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         queued (or running) call is not sent: its ``AsyncResult`` comes back instead (or
         :class:`DuplicateTask` is raised with ``lock_conflict="raise"``). Retries and
         members of a canvas are always sent (see docs/tasks.md)."""
-        capture: list[_RetrySend] | None = getattr(_deferred_retries, "capture", None)
+        capture = _deferred_retries.capture
         if capture is not None:  # retry(throw=False): sent when the body ends
             capture.append((args, kwargs, task_id, options, time.monotonic()))
             return self.AsyncResult(task_id)
@@ -650,9 +659,7 @@ class SingletonTask(Task):  # type: ignore[misc]
 def _take_deferred(lease: LockHandle | None) -> list[_RetrySend]:
     """The retry messages ``retry(throw=False)`` kept back in the run holding ``lease``,
     taken off this thread's list."""
-    pending: list[tuple[LockHandle, _RetrySend]] | None = getattr(
-        _deferred_retries, "pending", None
-    )
+    pending = _deferred_retries.pending
     if not pending or lease is None:
         return []
     mine = [send for held, send in pending if held is lease]
