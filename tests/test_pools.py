@@ -417,3 +417,75 @@ def test_sigkilled_worker_frees_the_lock_within_the_lease(
         client.close()
     assert waited < LEASE + 5  # the lease, plus room for a slow machine
     assert not pool_workers.records(event="released", task_id=result.id)
+
+
+# -- until_start: a call let into the queue runs ---------------------------------------------
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("pool", ["prefork", "gevent"])
+def test_until_start_call_whose_queue_claim_went_waits_and_runs(
+    pool: str, pool_workers: PoolWorkers
+) -> None:
+    """A call ``until_start`` let into the queue, whose queue claim is gone by the time it
+    starts (run out, freed) and held by a later call, is not "replaced": that is
+    ``debounce``'s rule. It waits for the running call (``lock_wait``) and runs after it."""
+    worker = pool_workers.start(pool, pool, concurrency=4)
+    pool_workers.wait_ready(worker)
+    queued = pool_workers.app.tasks["pool_app.queued"]
+    running = pool_workers.send("queued", "busy")
+    pool_workers.wait_record(event="start", task_id=running.id)
+    # Accepted (a new task id) while the key runs, in a queue no worker consumes yet.
+    accepted = queued.apply_async(("busy",), queue=pool_workers.queue("late"))
+    assert accepted.id != running.id
+    assert queued.free_claim(("busy",), {}, task_id=accepted.id, attempt=0)
+    later = queued.apply_async(("busy",), queue=pool_workers.queue("never"))
+    assert later.id not in (running.id, accepted.id)  # holds the queue claim now
+    late = pool_workers.launch("late", [pool_workers.queue("late")], pool=pool, concurrency=1)
+    pool_workers.wait_ready(late)
+    wait_for(
+        lambda: accepted.ready() or pool_workers.holder("busy").get("waiting"),
+        TIMEOUT,
+        "the accepted call to start and wait for the lock",
+    )
+    pool_workers.open_gate("busy")
+    token = accepted.get(timeout=60)
+    assert isinstance(token, int), token  # it ran, and was not skipped
+    assert token > running.get(timeout=TIMEOUT)
+    first_end = pool_workers.wait_record(event="end", task_id=running.id)
+    assert pool_workers.wait_record(event="start", task_id=accepted.id)["time"] >= first_end["time"]
+    assert "replaced by queued task" not in late.log_text()
+
+
+# -- hard time limit with acks_late: the message comes back after the lock is freed ----------
+
+
+@pytest.mark.timeout(180)
+def test_hard_time_limit_requeues_the_message_only_once_the_killed_run_is_freed(
+    pool_workers: PoolWorkers,
+) -> None:
+    """``acks_late`` with ``acks_on_failure_or_timeout=False`` (and ``reject_on_worker_lost``):
+    a run killed at its hard time limit is delivered again. The lock must be freed (after
+    the kill) before the message is back in the queue: a copy that an idle worker takes at
+    once would otherwise meet its own task id's hold and be dropped. Celery rejects through
+    the worker's event loop, after the pool's timer callbacks, the release that follows the
+    kill among them; so the copy finds the key free and runs."""
+    workers = [pool_workers.start("prefork", f"limit{i}", concurrency=1) for i in range(2)]
+    pool_workers.wait_ready(*workers)
+    result = pool_workers.send("stuck", "limit")
+    first = pool_workers.wait_record(event="start", task_id=result.id, delivery=1)
+    # The copy runs to its end (an ignored copy would leave no such record).
+    end = pool_workers.wait_record(event="end", task_id=result.id, delivery=2)
+    assert end["token"] > first["token"]
+
+    # A fresh AsyncResult each time: one caches the first finished state it sees, here
+    # maybe the FAILURE the time limit stored before the copy ran.
+    def fresh() -> Any:
+        return pool_workers.app.AsyncResult(result.id)
+
+    wait_for(lambda: fresh().state == "SUCCESS", TIMEOUT, "the copy's result")
+    assert fresh().result == end["token"]
+    assert len(pool_workers.records(event="start", task_id=result.id)) == 2
+    logs = "".join(worker.log_text() for worker in workers)
+    assert "Hard time limit" in logs and "whose process ended" in logs
+    assert not pool_workers.holder("limit")

@@ -55,6 +55,24 @@ from .worker import install, track_run_lock
 
 log = logging.getLogger("celery_singleton_lock.task")
 
+#: A retry message kept back: its args, kwargs, task id, ``apply_async`` options and the
+#: ``time.monotonic()`` of the ``retry()`` call.
+_RetrySend = tuple[Any, Any, Any, dict[str, Any], float]
+
+
+class _DeferredRetries(threading.local):
+    """Per thread (greenlet, under gevent and eventlet): while ``retry(throw=False)`` runs,
+    ``capture`` collects the retry message Celery would send at once; ``pending`` holds
+    (run lock, message) pairs that the run sends when its body ends. Set per thread in
+    ``__init__``: a missing attribute would cost every run a caught AttributeError."""
+
+    def __init__(self) -> None:
+        self.capture: list[_RetrySend] | None = None
+        self.pending: list[tuple[LockHandle, _RetrySend]] = []
+
+
+_deferred_retries = _DeferredRetries()
+
 
 def worker_node(request: Any) -> str | None:
     """The node name (``celery@host``) of the worker running ``request``, None if unknown.
@@ -291,8 +309,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         replaced = False
         try:
             acquired = lease.acquire(0.0)  # a float: check_wait's quick case
-            if not acquired and isinstance(lease, Lease) and claims.replaced_at_acquire(lease):
-                replaced = True  # debounce: replaced in the queue, the lock was not tried
+            if not acquired and self._replaced_at_acquire(lease):
+                replaced = True  # the lock was not tried
             elif not acquired and options.wait:
                 # Before waiting: a copy of this very message must not wait for its original
                 # to finish and then run a second time.
@@ -321,6 +339,15 @@ class SingletonTask(Task):  # type: ignore[misc]
         if request.retries:
             return True
         return isinstance(lease, Lease) and claims.free_at_acquire(self, lease, request.id)
+
+    def _replaced_at_acquire(self, lease: LockHandle) -> bool:
+        """``debounce``: True if a later call took this one's queue claim over, so the first
+        acquire stopped there. ``until_start`` never replaces a call it let into the queue: a
+        claim another call holds by then (this one's ran out or was freed) changes nothing,
+        and the run honours ``lock_wait`` and ``lock_conflict`` as any other."""
+        if self.lock_options.on_enqueue != DEBOUNCE or not isinstance(lease, Lease):
+            return False
+        return claims.replaced_at_acquire(lease)
 
     def _leave_queue(self, args: Any, kwargs: Any) -> bool:
         """``until_start``/``debounce``: this call is no longer queued, so another may queue
@@ -389,7 +416,10 @@ class SingletonTask(Task):  # type: ignore[misc]
             return super().__call__(*args, **kwargs)
         finally:
             self._pop_lock()
-            if lease is not None and (lease.held or lease.lost):
+            sends = _take_deferred(lease)
+            if sends:
+                self._send_deferred_retries(lease, sends)
+            elif lease is not None and (lease.held or lease.lost):
                 self._release(lease)
 
     def _called_by_tracer(self) -> bool:
@@ -456,11 +486,18 @@ class SingletonTask(Task):  # type: ignore[misc]
         **options: Any,
     ) -> Any:
         """As :meth:`celery.Task.retry`; the held lock passes to the retried run first, so
-        no duplicate can start in between (and the retry is not skipped as a duplicate)."""
+        no duplicate can start in between (and the retry is not skipped as a duplicate).
+
+        With ``throw=False`` the body goes on after this call, still holding the lock: the
+        retry message is sent when the body ends (however it ends), once the lock has passed
+        to it, so the retried run never starts beside this one. A ``countdown`` still counts
+        from this call."""
         lease = self.lock
         call = (exc, throw, eta, countdown, max_retries)
         if lease is None or not lease.held:
             return self._celery_retry(args, kwargs, *call, **options)
+        if not throw:
+            return self._retry_at_end(lease, args, kwargs, call, options)
         request = self.request
         same_key = isinstance(lease, Lease) and lease.name == self.lock_name(
             request.args if args is None else args, request.kwargs if kwargs is None else kwargs
@@ -521,6 +558,74 @@ class SingletonTask(Task):  # type: ignore[misc]
             return float(self.default_retry_delay or 0)
         return enqueue.seconds_until(eta, countdown)
 
+    def _retry_at_end(
+        self,
+        lease: LockHandle,
+        args: Any,
+        kwargs: Any,
+        call: tuple[Any, ...],
+        options: dict[str, Any],
+    ) -> Any:
+        """``retry(throw=False)``: Celery's retry (its checks, its ``Retry``), with the
+        message it sends kept back until the body ends (:meth:`_send_deferred_retries`)."""
+        captured: list[_RetrySend] = []
+        _deferred_retries.capture = captured
+        try:
+            outcome = self._celery_retry(args, kwargs, *call, **options)
+        finally:
+            _deferred_retries.capture = None
+        _deferred_retries.pending.extend((lease, send) for send in captured)
+        return outcome
+
+    def _send_deferred_retries(self, lease: LockHandle | None, sends: list[_RetrySend]) -> None:
+        """The body ended: pass the run's lock to the retry kept back by
+        ``retry(throw=False)`` (or release it: another key, another kind), then send it."""
+        request = self.request
+        for args, kwargs, task_id, options, called_at in sends:
+            options = dict(options)
+            if options.get("countdown") is not None:
+                # Counted from the retry() call, as Celery would have sent it then.
+                options["countdown"] = max(
+                    0.0, float(options["countdown"]) - (time.monotonic() - called_at)
+                )
+            next_owner = None
+            if lease is not None and lease.held:
+                next_owner = self._hand_over_at_end(lease, args, kwargs, options)
+            elif lease is not None and lease.lost:
+                self._release(lease)  # reports it lost
+            try:
+                self.apply_async(args, kwargs, task_id=task_id, **options)
+            except Exception as exc:
+                # Celery would have rejected the run at the retry() call; the body has ended.
+                log.error("%s[%s] could not send its retry: %s", self.name, request.id, exc)
+                if next_owner is not None and lease is not None:
+                    claims.release_handed_over(
+                        self, lease.name, next_owner, self.lock_options.release_delay
+                    )
+                continue
+            if next_owner is not None and lease is not None:
+                lock_released.send(sender=self, name=lease.name, task_id=request.id, lease=lease)
+
+    def _hand_over_at_end(
+        self, lease: LockHandle, args: Any, kwargs: Any, options: dict[str, Any]
+    ) -> str | None:
+        """Hand the run's held ``lease`` to the retry message about to be sent with these
+        arguments and options; its claim's owner token, or None if the lock was released
+        instead (another key, a kind with no claims) or could not be handed over."""
+        request = self.request
+        if not isinstance(lease, Lease) or lease.name != self.lock_name(args, kwargs):
+            self._release(lease)  # the retried run locks for itself
+            return None
+        delay = enqueue.seconds_until(options.get("eta"), options.get("countdown"))
+        attempt = int(options.get("retries") or (request.retries or 0) + 1)
+        try:
+            return claims.hand_over(self, lease, request.id, attempt, delay + self.lock_options.ttl)
+        except LockError as exc:
+            # Lost already, or Redis unreachable (the lease then runs out by itself): the
+            # retried run takes the lock for itself.
+            log.warning("%s[%s] retries without its lock: %s", self.name, request.id, exc)
+            return None
+
     # -- enqueue-time lock -------------------------------------------------------------------
 
     def apply_async(
@@ -530,6 +635,10 @@ class SingletonTask(Task):  # type: ignore[misc]
         queued (or running) call is not sent: its ``AsyncResult`` comes back instead (or
         :class:`DuplicateTask` is raised with ``lock_conflict="raise"``). Retries and
         members of a canvas are always sent (see docs/tasks.md)."""
+        capture = _deferred_retries.capture
+        if capture is not None:  # retry(throw=False): sent when the body ends
+            capture.append((args, kwargs, task_id, options, time.monotonic()))
+            return self.AsyncResult(task_id)
         self.check_lock_configuration()  # no message that can never run is sent
         send = super().apply_async
         if (
@@ -545,6 +654,18 @@ class SingletonTask(Task):  # type: ignore[misc]
         arguments) holds for its queued message, if it still holds it: the message will not
         run (revoked, expired). True if a claim was freed."""
         return claims.free_claim(self, args, kwargs, task_id=task_id, attempt=attempt) == 1
+
+
+def _take_deferred(lease: LockHandle | None) -> list[_RetrySend]:
+    """The retry messages ``retry(throw=False)`` kept back in the run holding ``lease``,
+    taken off this thread's list."""
+    pending = _deferred_retries.pending
+    if not pending or lease is None:
+        return []
+    mine = [send for held, send in pending if held is lease]
+    if mine:
+        pending[:] = [(held, send) for held, send in pending if held is not lease]
+    return mine
 
 
 for _option in OPTIONS:

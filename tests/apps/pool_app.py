@@ -12,6 +12,7 @@ until the test sets the key ``<prefix>gate:<key>``, and the test polls the recor
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from typing import Any
@@ -25,6 +26,8 @@ from .recording import record as record_event
 
 #: The lease of every task here, seconds.
 LEASE = 2.0
+#: The hard time limit of ``stuck``, seconds.
+STUCK_LIMIT = 2.0
 
 __all__ = ["LEASE", "RECORD_TTL", "app", "gate_key", "make_app", "records_key"]
 
@@ -64,6 +67,44 @@ def make_app(url: str, prefix: str, queue: str = "celery") -> Celery:
                 time.sleep(0.02)
         finally:
             record(self, "end", key)
+        return int(self.lock.token)
+
+    @app.task(
+        base=SingletonTask, bind=True, shared=False, name="pool_app.queued",
+        lock_key="pool:{key}", lock_lease=LEASE, lock_ttl=3600, lock_wait=30,
+        lock_on_enqueue="until_start",
+    )  # fmt: skip
+    def queued(self: Any, key: str) -> int:
+        """As ``gated``, with one call at a time let into the queue (``until_start``) and up
+        to 30 s of waiting in the worker for the run lock."""
+        redis = self.lock_client.redis
+        record(self, "start", key)
+        try:
+            while not redis.exists(gate_key(prefix, key)):
+                time.sleep(0.02)
+        finally:
+            record(self, "end", key)
+        return int(self.lock.token)
+
+    @app.task(
+        base=SingletonTask, bind=True, shared=False, name="pool_app.stuck",
+        lock_key="pool:{key}", lock_lease=LEASE, lock_ttl=3600, time_limit=STUCK_LIMIT,
+        acks_late=True, reject_on_worker_lost=True, acks_on_failure_or_timeout=False,
+    )  # fmt: skip
+    def stuck(self: Any, key: str) -> int:
+        """Its first delivery is stuck until its hard time limit kills it, deaf to SIGTERM as
+        a body blocked in C code is (the pool then kills it 0.1 s later); the message is
+        delivered again (``acks_late``, not acknowledged on timeout), and that copy returns."""
+        redis = self.lock_client.redis
+        deliveries = f"{prefix}deliveries:{self.request.id}"
+        count = int(redis.incr(deliveries))
+        redis.expire(deliveries, RECORD_TTL)
+        record(self, "start", key, delivery=count)
+        if count == 1:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            while True:
+                time.sleep(0.02)
+        record(self, "end", key, delivery=count)
         return int(self.lock.token)
 
     @app.task(
