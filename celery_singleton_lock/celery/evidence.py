@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..admin import CLAIMED, LIVE, NO_EVIDENCE, STALE, Check, LockInfo
+from ..admin import CLAIMED, LIVE, NO_EVIDENCE, QUEUED, STALE, Check, LockInfo
 from .claims import FINISHED_STATES
 
 log = logging.getLogger("celery_singleton_lock.admin")
@@ -74,7 +74,11 @@ def backend_check(app: Any) -> Check | None:
     def check(infos: list[LockInfo]) -> list[LockInfo]:
         out = []
         for info in infos:
-            if info.state == LIVE and info.evidence in (NO_EVIDENCE, CLAIMED) and info.task_id:
+            if (
+                info.state in (LIVE, QUEUED)
+                and info.evidence in (NO_EVIDENCE, CLAIMED)
+                and info.task_id
+            ):
                 try:
                     state = app.AsyncResult(info.task_id).state
                 except Exception as exc:
