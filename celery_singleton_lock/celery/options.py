@@ -169,6 +169,14 @@ OPTIONS: tuple[Option, ...] = (
         '"until_start" where a new call replaces the queued one.',
     ),
     Option(
+        "lock_queue_ttl",
+        300.0,
+        _seconds,
+        "With ``lock_on_enqueue``: seconds a queued call keeps its claim, counted from when "
+        "it may run (after its countdown or eta), so a purged or lost message stops "
+        "deduplicating new calls (default 300).",
+    ),
+    Option(
         "lock_mode",
         "exclusive",
         _choice(LOCK_MODES),
@@ -275,6 +283,7 @@ class TaskLockOptions:
     retry_countdown: float
     release_delay: float
     on_enqueue: bool | str
+    queue_ttl: float
     mode: str
     range: tuple[str, str] | None
     keys: Any

@@ -1,0 +1,123 @@
+"""How long an enqueue-time claim lives, and claims whose message is no longer queued: a
+purged queue, a countdown or eta far ahead, ``lock_queue_ttl``. Real Redis (broker, result
+backend and locks) and real workers."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_singleton_lock import ConfigurationError, SingletonTask, admin
+from celery_singleton_lock.core.validate import MAX_SECONDS
+
+WorkerFactory = Callable[..., AbstractContextManager[Any]]
+
+TIMEOUT = 30
+TWENTY_YEARS = 20 * 365 * 24 * 3600
+
+
+def claim_of(task: Any) -> admin.LockInfo:
+    """The one claim the app's locks hold, as the admin lists it."""
+    (info,) = [info for info in task.lock_client.locks() if info.owner]
+    assert info.owner.startswith(admin.CLAIM_OWNER_PREFIX)
+    return info
+
+
+def remaining(info: admin.LockInfo) -> float:
+    assert info.lease_remaining_s is not None
+    return info.lease_remaining_s
+
+
+# -- how long a claim lives ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("task_options", "conf", "countdown", "life"),
+    [
+        pytest.param({}, {}, None, 300.0, id="default"),
+        pytest.param({"lock_queue_ttl": 40}, {}, 100, 140.0, id="task-option-after-countdown"),
+        pytest.param({}, {"singleton_lock_queue_ttl": 20}, None, 20.0, id="setting"),
+    ],
+)
+def test_a_claim_lives_until_the_call_may_run_plus_lock_queue_ttl(
+    celery_lock_app: Celery,
+    lock_prefix: str,
+    task_options: dict[str, Any],
+    conf: dict[str, Any],
+    countdown: float | None,
+    life: float,
+) -> None:
+    celery_lock_app.conf.update(conf)
+
+    @celery_lock_app.task(base=SingletonTask, shared=False, lock_on_enqueue=True, **task_options)
+    def sync(customer: int) -> int:
+        return customer
+
+    queued = sync.apply_async((5,), countdown=countdown, queue=f"{lock_prefix}unconsumed")
+    info = claim_of(sync)
+    assert (info.task_id, info.state) == (queued.id, admin.QUEUED)
+    assert life - 5 < remaining(info) <= life  # not the run's lock_ttl (3600 s)
+    assert sync.delay(5).id == queued.id  # still deduplicated meanwhile
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        pytest.param({"countdown": TWENTY_YEARS}, id="countdown-20-years"),
+        pytest.param(
+            {"eta": datetime.datetime(2100, 1, 1, tzinfo=datetime.timezone.utc)}, id="eta-2100"
+        ),
+    ],
+)
+def test_a_call_scheduled_beyond_the_longest_expiry_is_claimed_until_then(
+    celery_lock_app: Celery, lock_prefix: str, when: dict[str, Any]
+) -> None:
+    @celery_lock_app.task(base=SingletonTask, shared=False, lock_on_enqueue=True)
+    def sync(customer: int) -> int:
+        return customer
+
+    queued = sync.apply_async((5,), queue=f"{lock_prefix}unconsumed", **when)
+    info = claim_of(sync)
+    assert info.task_id == queued.id
+    assert MAX_SECONDS - 60 < remaining(info) <= MAX_SECONDS
+    assert sync.apply_async((5,), queue=f"{lock_prefix}unconsumed", **when).id == queued.id
+
+
+@pytest.mark.parametrize("bad", [0, -1, "300", True, float("inf"), float("nan"), 2 * MAX_SECONDS])
+def test_bad_lock_queue_ttl_is_refused_naming_it(celery_lock_app: Celery, bad: Any) -> None:
+    class Fine(SingletonTask):
+        lock_on_enqueue = True
+        lock_queue_ttl = 30  # a known option: only bad values are refused
+
+    with pytest.raises(ConfigurationError) as info:
+
+        class Sync(SingletonTask):
+            name = "jobs.sync"
+            lock_on_enqueue = True
+            lock_queue_ttl = bad
+
+    assert info.value.argument == "jobs.sync.lock_queue_ttl"
+    assert "unknown" not in str(info.value)
+
+    celery_lock_app.conf.singleton_lock_queue_ttl = bad
+
+    @celery_lock_app.task(base=SingletonTask, shared=False, lock_on_enqueue=True)
+    def job() -> None: ...
+
+    with pytest.raises(ConfigurationError) as info:
+        job.delay()
+    assert info.value.argument == "singleton_lock_queue_ttl"
+    assert celery_lock_app.backend.client.llen(celery_lock_app.conf.task_default_queue) == 0
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
