@@ -45,6 +45,7 @@ LOCK_SCHEMA: dict[str, Any] = {
     "mode": (str, type(None)),
     "info": (dict, type(None)),
     "worker": (str, type(None)),
+    "task_state": (str, type(None)),
 }
 
 

@@ -5,6 +5,7 @@ backend and locks) and real workers."""
 from __future__ import annotations
 
 import datetime
+import json
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -12,8 +13,11 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from celery.bin.base import CLIContext
+from click.testing import CliRunner, Result
 
-from celery_singleton_lock import ConfigurationError, SingletonTask, admin
+from celery_singleton_lock import ConfigurationError, SingletonTask, admin, cli
+from celery_singleton_lock.celery.evidence import IN_FLIGHT_S
 from celery_singleton_lock.core.validate import MAX_SECONDS
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
@@ -27,6 +31,26 @@ def claim_of(task: Any) -> admin.LockInfo:
     (info,) = [info for info in task.lock_client.locks() if info.owner]
     assert info.owner.startswith(admin.CLAIM_OWNER_PREFIX)
     return info
+
+
+def run_celery(app: Celery, *args: str) -> Result:
+    """``celery -A app locks ARGS``, in process."""
+    obj = CLIContext(app=app, no_color=True, workdir=None)
+    return CliRunner().invoke(cli.locks, list(args), obj=obj, catch_exceptions=False)
+
+
+def listed(app: Celery, timeout: float = 0) -> dict[str, dict[str, Any]]:
+    """task id -> its lock object, as ``celery locks list --json`` prints it."""
+    result = run_celery(app, "--timeout", str(timeout), "list", "--json")
+    assert result.exit_code in (0, 1), result.output
+    return {item["task_id"]: item for item in json.loads(result.stdout)}
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
 
 
 def remaining(info: admin.LockInfo) -> float:
@@ -116,8 +140,65 @@ def test_bad_lock_queue_ttl_is_refused_naming_it(celery_lock_app: Celery, bad: A
     assert celery_lock_app.backend.client.llen(celery_lock_app.conf.task_default_queue) == 0
 
 
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+# -- claims of messages no longer queued -----------------------------------------------------
+
+
+def test_a_purged_queue_leaves_claims_that_clear_unqueued_removes(
+    celery_lock_app: Celery, in_process_worker: WorkerFactory, lock_prefix: str
+) -> None:
+    @celery_lock_app.task(base=SingletonTask, shared=False, lock_on_enqueue=True)
+    def sync(customer: int) -> int:
+        return customer
+
+    queued = sync.delay(5)
+    assert sync.delay(5).id == queued.id
+    claim = listed(celery_lock_app)[queued.id]
+    assert (claim["state"], claim["task_state"]) == ("queued", "PENDING")
+    assert claim["evidence"] == f"in queue {lock_prefix}queue; result backend: PENDING"
+    assert claim["age_s"] is not None and claim["age_s"] >= 0
+
+    assert celery_lock_app.control.purge() == 1  # what `celery purge` does
+    assert sync.delay(5).id == queued.id  # the claim outlived its message
+    # Young claims are left alone (their message may be on its way): poll past that.
+    wait_until(lambda: listed(celery_lock_app)[queued.id]["state"] == "stale", "stale claim")
+    assert listed(celery_lock_app)[queued.id]["evidence"].startswith("not queued")
+    cleared = run_celery(celery_lock_app, "--timeout", "0", "clear", "--unqueued", "--yes")
+    assert cleared.exit_code == 0, cleared.output
+    assert "cleared 1 of 1" in cleared.stdout
+    assert listed(celery_lock_app) == {}
+
+    with in_process_worker(celery_lock_app):
+        fresh = sync.delay(5)
+        assert fresh.id != queued.id
+        assert fresh.get(timeout=TIMEOUT) == 5
+
+
+def test_clear_unqueued_leaves_claims_whose_message_waits_in_a_queue_or_on_a_worker(
+    celery_lock_app: Celery, in_process_worker: WorkerFactory, lock_prefix: str
+) -> None:
+    @celery_lock_app.task(base=SingletonTask, shared=False, lock_on_enqueue=True)
+    def sync(customer: int) -> int:
+        return customer
+
+    with in_process_worker(celery_lock_app):
+        waiting = sync.apply_async((1,), queue=f"{lock_prefix}unconsumed")
+        # The worker receives it and holds it until its countdown (unacknowledged).
+        scheduled = sync.apply_async((2,), countdown=120)
+        wait_until(
+            lambda: all(item["age_s"] >= IN_FLIGHT_S for item in listed(celery_lock_app).values()),
+            "claims older than a message in flight",
+        )
+        wait_until(
+            lambda: bool(celery_lock_app.control.inspect(timeout=1).ping()), "worker answers"
+        )
+        refused = run_celery(celery_lock_app, "--timeout", "2", "clear", "--unqueued", "--yes")
+        assert refused.exit_code == 1, refused.output
+        found = listed(celery_lock_app, timeout=2)
+        assert found[waiting.id]["state"] == "queued"
+        assert found[waiting.id]["evidence"].startswith(f"in queue {lock_prefix}unconsumed")
+        assert found[scheduled.id]["state"] == "queued"
+        assert found[scheduled.id]["evidence"].startswith("scheduled on worker ")
+        # Without asking the workers, the broker still has it as received, not acknowledged.
+        assert listed(celery_lock_app)[scheduled.id]["evidence"].startswith("delivered")
+        assert sync.delay(1).id == waiting.id and sync.delay(2).id == scheduled.id
+        sync.app.control.revoke(scheduled.id)

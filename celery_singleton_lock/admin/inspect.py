@@ -105,6 +105,9 @@ class LockInfo:
     info: dict[str, Any] | None = None
     #: The Celery worker node that ran the holder's task (``celery@host``), if recorded.
     worker: str | None = None
+    #: The holder's task state as the result backend reports it (``PENDING``, ``SUCCESS``...),
+    #: when it was asked (``celery locks``, for claims and holders without a heartbeat).
+    task_state: str | None = None
     #: The server time (ms) of the holder's last renewal as listed: a clear of a stale lock
     #: checks that it is unchanged. Not part of ``to_dict``.
     renewed_ms: int | None = dataclasses.field(default=None, repr=False)

@@ -477,6 +477,15 @@ def check_setting_values(conf: Any) -> None:
         check_lease_within_ttl("singleton_lock_lease", values["lock_lease"], ttl_from, ttl)
 
 
+def broker_redis(conf: Any) -> tuple[str, dict[str, Any]] | None:
+    """The URL and redis-py client keywords of the app's broker, connected to as Kombu
+    connects (TLS, Sentinel master); None when the broker is not Redis."""
+    broker = conf.get("broker_url", None)
+    if not _is_broker_redis(broker):
+        return None
+    return _broker_connection(broker, conf)
+
+
 def _is_broker_redis(broker: Any) -> bool:
     if not isinstance(broker, str):
         return False
