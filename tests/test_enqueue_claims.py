@@ -191,9 +191,9 @@ def test_clear_unqueued_leaves_claims_whose_message_waits_in_a_queue_or_on_a_wor
         wait_until(
             lambda: bool(celery_lock_app.control.inspect(timeout=1).ping()), "worker answers"
         )
-        refused = run_celery(celery_lock_app, "--timeout", "2", "clear", "--unqueued", "--yes")
+        refused = run_celery(celery_lock_app, "--timeout", "1", "clear", "--unqueued", "--yes")
         assert refused.exit_code == 1, refused.output
-        found = listed(celery_lock_app, timeout=2)
+        found = listed(celery_lock_app, timeout=1)
         assert found[waiting.id]["state"] == "queued"
         assert found[waiting.id]["evidence"].startswith(f"in queue {lock_prefix}unconsumed")
         assert found[scheduled.id]["state"] == "queued"
@@ -202,3 +202,41 @@ def test_clear_unqueued_leaves_claims_whose_message_waits_in_a_queue_or_on_a_wor
         assert listed(celery_lock_app)[scheduled.id]["evidence"].startswith("delivered")
         assert sync.delay(1).id == waiting.id and sync.delay(2).id == scheduled.id
         sync.app.control.revoke(scheduled.id)
+
+
+def test_on_a_broker_that_cannot_be_read_only_purged_clears_claims_no_worker_holds(
+    celery_lock_app: Celery, in_process_worker: WorkerFactory, lock_redis_url: str
+) -> None:
+    # The in-memory transport stands for RabbitMQ here: its queues cannot be read without
+    # consuming them, so only the workers and the result backend speak.
+    celery_lock_app.conf.update(broker_url="memory://", singleton_lock_url=lock_redis_url)
+
+    @celery_lock_app.task(base=SingletonTask, shared=False, lock_on_enqueue=True)
+    def sync(customer: int) -> int:
+        return customer
+
+    purged = sync.delay(1)
+    assert celery_lock_app.control.purge() == 1
+    with in_process_worker(celery_lock_app):
+        scheduled = sync.apply_async((2,), countdown=120)
+        wait_until(
+            lambda: all(item["age_s"] >= IN_FLIGHT_S for item in listed(celery_lock_app).values()),
+            "claims older than a message in flight",
+        )
+        wait_until(
+            lambda: bool(celery_lock_app.control.inspect(timeout=1).ping()), "worker answers"
+        )
+        unsure = run_celery(celery_lock_app, "--timeout", "1", "clear", "--unqueued", "--yes")
+        assert unsure.exit_code == 1, unsure.output  # not read, not known to be gone
+        assert listed(celery_lock_app, timeout=1)[purged.id]["state"] == "queued"
+        said = run_celery(
+            celery_lock_app, "--timeout", "1", "clear", "--unqueued", "--purged", "--yes"
+        )
+        assert said.exit_code == 0, said.output
+        assert "cleared 1 of 1" in said.stdout
+        left = listed(celery_lock_app, timeout=1)
+        assert list(left) == [scheduled.id]
+        assert left[scheduled.id]["evidence"].startswith("scheduled on worker ")
+        fresh = sync.delay(1)
+        assert fresh.id != purged.id and fresh.get(timeout=TIMEOUT) == 1
+        celery_lock_app.control.revoke(scheduled.id)
