@@ -113,6 +113,28 @@ def test_a_call_scheduled_beyond_the_longest_expiry_is_claimed_until_then(
     assert sync.apply_async((5,), queue=f"{lock_prefix}unconsumed", **when).id == queued.id
 
 
+def test_a_retry_scheduled_beyond_the_longest_expiry_keeps_the_lock_handed_to_it(
+    celery_lock_app: Celery, in_process_worker: WorkerFactory
+) -> None:
+    @celery_lock_app.task(base=SingletonTask, shared=False, bind=True, lock_on_enqueue=True)
+    def later(self: Any, customer: int) -> int:
+        raise self.retry(countdown=TWENTY_YEARS)
+
+    with in_process_worker(celery_lock_app):
+        first = later.delay(5)
+        # The run hands its lock to attempt 1 (not dropped for an expiry Redis cannot take).
+        wait_until(
+            lambda: (
+                [info.owner for info in later.lock_client.locks()]
+                == [f"{admin.CLAIM_OWNER_PREFIX}{first.id}:1"]
+            ),
+            "the lock handed over to the retry",
+        )
+        assert MAX_SECONDS - 60 < remaining(claim_of(later)) <= MAX_SECONDS
+        assert later.delay(5).id == first.id
+        celery_lock_app.control.revoke(first.id)
+
+
 @pytest.mark.parametrize("bad", [0, -1, "300", True, float("inf"), float("nan"), 2 * MAX_SECONDS])
 def test_bad_lock_queue_ttl_is_refused_naming_it(celery_lock_app: Celery, bad: Any) -> None:
     class Fine(SingletonTask):
