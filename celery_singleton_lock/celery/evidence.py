@@ -147,10 +147,15 @@ def _on_workers(app: Any, task_ids: Collection[str], timeout: float) -> tuple[di
         log.warning("could not ask the workers which tasks they hold: %s", exc)
         return {}, 0
     held: dict[str, str] = {}
+    answered = 0
     for node, tasks in replies.items():
-        for task_id, (state, _) in (tasks or {}).items():
+        if not isinstance(tasks, dict):  # an error reply says nothing of its requests
+            continue
+        answered += 1
+        for task_id, found in tasks.items():
+            state = found[0] if isinstance(found, (list, tuple)) and found else "held"
             held[str(task_id)] = f"{state} on worker {node}"
-    return held, len(replies)
+    return held, answered
 
 
 def _placed(
