@@ -10,7 +10,8 @@ transport option ``global_keyprefix``.
 
 The queues are found by type (SCAN ... TYPE list), not by the app's configuration, so a
 message sent to a queue of its own (``apply_async(queue=...)``) is found too; each list is
-read in pages (LRANGE) until every task id asked about was found.
+read in pages (LRANGE) until every task id asked about was found, and an id is reported
+missing only when two reads in a row missed it.
 """
 
 from __future__ import annotations
@@ -44,10 +45,14 @@ def locate(app: Any, task_ids: Iterable[str]) -> dict[str, str] | None:
         return None
     url, kwargs = found
     options = app.conf.get("broker_transport_options", None) or {}
+    if options.get("ack_emulation", True) is False:
+        return None  # a received message is then nowhere in the broker to be seen
     prefix = str(options.get("global_keyprefix", "") or "")
     unacked = prefix + str(options.get("unacked_key", "unacked") or "unacked")
     try:
-        client = redis_urls.connect(url, socket_connect_timeout=5, socket_timeout=10, **kwargs)
+        client = redis_urls.connect(
+            url, **{"socket_connect_timeout": 5, "socket_timeout": 10, **kwargs}
+        )
     except ValueError as exc:
         log.warning("cannot read the broker's queues: %s", exc)
         return None
@@ -55,7 +60,12 @@ def locate(app: Any, task_ids: Iterable[str]) -> dict[str, str] | None:
         client.close()
         return None
     try:
-        return _read(client, wanted, prefix.encode(), unacked)
+        where = _read(client, wanted, prefix.encode(), unacked)
+        if wanted - where.keys():
+            # A message restored to its queue (a worker's shutdown, a visibility timeout)
+            # while the first pass read the hash after its list is seen by a second one.
+            where.update(_read(client, wanted - where.keys(), prefix.encode(), unacked))
+        return where
     except Exception as exc:  # an unreadable broker is no evidence
         log.warning("cannot read the broker's queues: %s", exc)
         return None
