@@ -45,6 +45,7 @@ LOCK_SCHEMA: dict[str, Any] = {
     "mode": (str, type(None)),
     "info": (dict, type(None)),
     "worker": (str, type(None)),
+    "task_state": (str, type(None)),
 }
 
 
@@ -57,7 +58,7 @@ def validate(document: Any) -> None:
             assert isinstance(item[key], types), (key, item[key])
             assert not (isinstance(item[key], bool) and bool not in types), key
         assert item["kind"] in admin.KINDS
-        assert item["state"] in ("live", "stale", "cooldown")
+        assert item["state"] in ("live", "queued", "stale", "cooldown")
 
 
 def by_name(client: LockClient, pattern: str | None = None) -> dict[str, admin.LockInfo]:
@@ -244,14 +245,17 @@ def test_cooldown_after_delayed_release(lock_client: LockClient) -> None:
     assert lock_client.lease("cooling").acquire()
 
 
-def test_claim_is_live_whatever_its_renewal_age(lock_client: LockClient) -> None:
-    lease = lock_client.lease("claimed", ttl=30)
+def test_claim_is_queued_whatever_its_renewal_age(lock_client: LockClient) -> None:
+    lease = lock_client.lease("claimed", ttl=30, owner="claim:t-5:0", heartbeat=False)
     assert lease.acquire()
-    key = lease._keys.lock
-    lock_client.redis.hset(key, mapping={"owner": "claim:t-5:0", "renewed_ms": 1})
+    lock_client.redis.hset(lease._keys.lock, mapping={"renewed_ms": 1})
     info = by_name(lock_client)["claimed"]
-    assert (info.state, info.evidence) == ("live", admin.CLAIMED)
-    lock_client.redis.delete(key)
+    assert (info.state, info.evidence) == ("queued", admin.CLAIMED)
+    # Its age is how long it has waited, from its expiry on the server's clock.
+    assert info.age_s is not None and 0 <= info.age_s < 5
+    with pytest.raises(LockError, match="queued"):
+        lock_client.clear("claimed")  # a queued call's claim goes only with force
+    assert lock_client.clear("claimed", force=True)
 
 
 def test_clear_live_refused_without_force(lock_client: LockClient) -> None:

@@ -202,6 +202,21 @@ def test_clear_usage_errors(lock_redis_url: str, lock_prefix: str, args: list[st
     assert result.exit_code == 2, result.output
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--purged", "--stale"], "--purged goes with --unqueued"),
+        (["--unqueued", "--all"], "exactly one of them"),
+        (["--unqueued"], "needs the app's broker and workers"),
+    ],
+)
+def test_clear_unqueued_usage_errors(
+    lock_redis_url: str, lock_prefix: str, args: list[str], says: str
+) -> None:
+    result = run_plain(lock_redis_url, lock_prefix, "clear", *args)
+    assert result.exit_code == 2 and says in result.output, result.output
+
+
 def test_clear_typed_confirmation(
     lock_client: LockClient,
     lock_redis_url: str,

@@ -284,7 +284,7 @@ def test_claim_of_a_pending_task_is_not_stale(celery_lock_app: Celery) -> None:
 
     queued = sync.apply_async((5,), queue="nobody-consumes-this")
     infos = admin.list_locks(sync.lock_client, checks=[evidence.backend_check(celery_lock_app)])
-    assert [(info.task_id, info.state) for info in infos] == [(queued.id, admin.LIVE)]
+    assert [(info.task_id, info.state) for info in infos] == [(queued.id, admin.QUEUED)]
     assert sync.delay(5).id == queued.id
 
 

@@ -249,7 +249,7 @@ def test_on_enqueue_claim_expires_if_never_run(
     celery_lock_app: Celery, task_locks: TaskLocks
 ) -> None:
     @celery_lock_app.task(
-        base=SingletonTask, shared=False, lock_on_enqueue=True, lock_ttl=0.5, lock_lease=0.5
+        base=SingletonTask, shared=False, lock_on_enqueue=True, lock_queue_ttl=0.5
     )
     def sync(customer: int) -> int:
         return customer

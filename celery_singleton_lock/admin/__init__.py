@@ -24,6 +24,7 @@ from .inspect import (
     LIVE,
     MISSED_TICKS,
     NO_EVIDENCE,
+    QUEUED,
     STALE,
     TICKS_PER_TTL,
     Check,
@@ -44,8 +45,8 @@ from .inspect import (
 __all__ = [
     "BATCH", "CLAIMED", "CLAIM_OWNER_PREFIX", "CLEARED", "COOLDOWN", "DELAY_AFTER", "GONE",
     "HEARTBEAT_FRESH", "HEARTBEAT_STOPPED", "KINDS", "LEASES", "LIVE", "MISSED_TICKS",
-    "NO_EVIDENCE", "RESUMED", "STALE", "TAKEN", "TICKS_PER_TTL", "Check", "Holder", "Lister",
-    "LockInfo", "clear", "clear_info", "clear_lease_holder", "clear_listed", "escape",
-    "heartbeat_stopped", "list_lease_holders", "list_locks", "listers", "literal_name",
+    "NO_EVIDENCE", "QUEUED", "RESUMED", "STALE", "TAKEN", "TICKS_PER_TTL", "Check", "Holder",
+    "Lister", "LockInfo", "clear", "clear_info", "clear_lease_holder", "clear_listed",
+    "escape", "heartbeat_stopped", "list_lease_holders", "list_locks", "listers", "literal_name",
     "lock_info", "release_holder", "server_ms",
 ]  # fmt: skip

@@ -11,7 +11,7 @@ from ..core.patterns import escape
 from ..exceptions import ConfigurationError, LockError
 from ..kinds.registry import LEASES, family_of
 from . import inspect
-from .inspect import COOLDOWN, LIVE, STALE, Holder, LockInfo
+from .inspect import COOLDOWN, LIVE, QUEUED, STALE, Holder, LockInfo
 
 __all__ = [
     "CLEARED", "GONE", "RESUMED", "TAKEN", "clear", "clear_info", "clear_listed",
@@ -63,8 +63,9 @@ def clear(
     """Clear every holder of lock ``name`` (only the one with fencing ``token``, if given).
 
     Refuses, clearing nothing, with :class:`LockError` if one of them is live (its
-    heartbeat is fresh, or it has no heartbeat) and ``force`` is false. Returns True if
-    something was cleared; a lock re-acquired since it was read is left alone. Without
+    heartbeat is fresh, or it has no heartbeat) or a claim listed queued, and ``force`` is
+    false. Returns True if something was cleared; a lock re-acquired since it was read is
+    left alone. Without
     ``force``, a holder read as stale whose heartbeat resumed before the clear is left alone
     too, and :class:`LockError` says so (after the other holders were cleared).
     """
@@ -77,10 +78,11 @@ def clear(
         for info in inspect.list_locks(conn, escape(name))
         if info.name == name and (token is None or info.token == token)
     ]
-    live = [info for info in infos if info.state == LIVE]
+    live = [info for info in infos if info.state in (LIVE, QUEUED)]
     if live and not force:
         raise LockError(
-            f"lock {name!r} is live ({live[0].evidence}); clear it with force=True", name=name
+            f"lock {name!r} is {live[0].state} ({live[0].evidence}); clear it with force=True",
+            name=name,
         )
     codes = [clear_listed(conn, info, force=force) for info in infos]
     if RESUMED in codes:

@@ -34,15 +34,17 @@ from ..kinds.registry import FAMILIES, LEASES, KindFamily
 
 __all__ = [
     "BATCH", "CLAIMED", "CLAIM_OWNER_PREFIX", "COOLDOWN", "DELAY_AFTER", "HEARTBEAT_FRESH",
-    "HEARTBEAT_STOPPED", "KINDS", "LEASES", "LIVE", "MISSED_TICKS", "NO_EVIDENCE", "STALE",
-    "TICKS_PER_TTL", "Check", "Holder", "LockInfo", "Lister", "clear_lease_holder", "escape",
-    "heartbeat_stopped", "list_lease_holders", "list_locks", "listers", "literal_name",
-    "lock_info", "server_ms",
+    "HEARTBEAT_STOPPED", "KINDS", "LEASES", "LIVE", "MISSED_TICKS", "NO_EVIDENCE", "QUEUED",
+    "STALE", "TICKS_PER_TTL", "Check", "Holder", "LockInfo", "Lister", "clear_lease_holder",
+    "escape", "heartbeat_stopped", "list_lease_holders", "list_locks", "listers",
+    "literal_name", "lock_info", "server_ms",
 ]  # fmt: skip
 
 #: The ``kind`` of every holder a listing may show, family by family.
 KINDS = tuple(kind for family in FAMILIES for kind in family.kinds)
 LIVE, STALE, COOLDOWN = "live", "stale", "cooldown"
+#: A claim (celery/claims.py): held for a message waiting in the queue, not by a process.
+QUEUED = "queued"
 
 #: Evidence the lock core decides on; the Celery layer adds its own (see celery/evidence.py).
 DELAY_AFTER = "delay-after"
@@ -103,6 +105,9 @@ class LockInfo:
     info: dict[str, Any] | None = None
     #: The Celery worker node that ran the holder's task (``celery@host``), if recorded.
     worker: str | None = None
+    #: The holder's task state as the result backend reports it (``PENDING``, ``SUCCESS``...),
+    #: when it was asked (``celery locks``, for claims and holders without a heartbeat).
+    task_state: str | None = None
     #: The server time (ms) of the holder's last renewal as listed: a clear of a stale lock
     #: checks that it is unchanged. Not part of ``to_dict``.
     renewed_ms: int | None = dataclasses.field(default=None, repr=False)
@@ -199,7 +204,7 @@ def lock_info(holder: Holder, now_ms: int) -> LockInfo:
     if cooling:
         state, evidence = COOLDOWN, DELAY_AFTER
     elif claimed:
-        state, evidence = LIVE, CLAIMED
+        state, evidence = QUEUED, CLAIMED
     elif uses_heartbeat and renewed is not None and heartbeat_stopped(now_ms, renewed, ttl):
         state, evidence = STALE, HEARTBEAT_STOPPED
     elif uses_heartbeat and renewed is not None:
@@ -219,7 +224,7 @@ def lock_info(holder: Holder, now_ms: int) -> LockInfo:
         token=_opt_int(holder.get("token")),
         owner=owner or None,
         heartbeat=uses_heartbeat,
-        age_s=None if acquired is None else max(0, now_ms - acquired) / 1000,
+        age_s=_claim_age(ttl, pttl) if claimed else _age(now_ms, acquired),
         lease_remaining_s=None if pttl is None or pttl < 0 else pttl / 1000,
         max_hold_remaining_s=None if not deadline else max(0, deadline - now_ms) / 1000,
         heartbeat_age_s=heartbeat_age,
@@ -230,6 +235,19 @@ def lock_info(holder: Holder, now_ms: int) -> LockInfo:
         worker=_opt_text(holder.get("worker")),
         renewed_ms=renewed,
     )
+
+
+def _age(now_ms: int, since_ms: int | None) -> float | None:
+    return None if since_ms is None else max(0, now_ms - since_ms) / 1000
+
+
+def _claim_age(ttl_ms: int | None, pttl_ms: int | None) -> float | None:
+    """How long a claim has waited: since its message was sent, or since a retry was handed
+    the run's lock (which keeps the run's ``acquired_ms``): the part of the expiry it was
+    given (``ttl_ms``, rewritten each time) that has run out, on the server's clock."""
+    if ttl_ms is None or pttl_ms is None or pttl_ms < 0:
+        return None
+    return max(0, ttl_ms - pttl_ms) / 1000
 
 
 # -- decoding --------------------------------------------------------------------------------

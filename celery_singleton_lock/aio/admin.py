@@ -15,6 +15,7 @@ from ..admin import (
     CLEARED,
     GONE,
     LIVE,
+    QUEUED,
     RESUMED,
     LockInfo,
     escape,
@@ -135,10 +136,11 @@ async def clear(
         for info in await list_locks(client, escape(name))
         if info.name == name and (token is None or info.token == token)
     ]
-    live = [info for info in infos if info.state == LIVE]
+    live = [info for info in infos if info.state in (LIVE, QUEUED)]
     if live and not force:
         raise LockError(
-            f"lock {name!r} is live ({live[0].evidence}); clear it with force=True", name=name
+            f"lock {name!r} is {live[0].state} ({live[0].evidence}); clear it with force=True",
+            name=name,
         )
     codes = [await clear_listed(client, info, force=force) for info in infos]
     if RESUMED in codes:

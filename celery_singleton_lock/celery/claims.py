@@ -21,8 +21,11 @@ task id and the attempt number (``request.retries``) instead of a process. Its w
    claim was taken over by a later call is skipped in favour of it (:func:`replaced_by`).
 4. **Freed on revoke**: a message revoked or expired before it ran never takes its claim
    over; the worker's ``task_revoked`` receiver frees it (:func:`free_claim`, via
-   ``SingletonTask.free_claim``). A claim that is never run and never freed expires by itself
-   (its countdown plus ``lock_ttl``).
+   ``SingletonTask.free_claim``). A claim that is never run and never freed (a purged or
+   lost message) expires by itself: a claim taken at enqueue after the message's countdown
+   plus ``lock_queue_ttl``, one handed over on retry after the countdown plus ``lock_ttl``
+   (:func:`claim_life`); meanwhile the admin clears the claims of messages no longer queued
+   (``celery locks clear --unqueued``, celery/evidence.py).
 
 Only exclusive single-key locks (:class:`Lease`) take claims.
 """
@@ -35,6 +38,7 @@ from typing import Any, Protocol, TypeVar
 
 from celery.backends.base import DisabledBackend
 
+from ..core import validate
 from ..kinds.lease import Lease
 from .options import DEBOUNCE, UNTIL_START
 
@@ -67,6 +71,14 @@ def claim_name(task: Any, args: Any, kwargs: Any) -> str:
 
 
 # -- 1. taken at enqueue -----------------------------------------------------------------------
+
+
+def claim_life(until_run: float, keep: float) -> float:
+    """Seconds a claim lasts: ``until_run`` (the message's countdown or eta) plus ``keep``,
+    capped at the longest expiry a lock takes. A claim that runs out never lets two runs of
+    a key overlap (the run-time lock decides that); at worst a duplicate is enqueued, so a
+    message scheduled further ahead than the cap simply stops deduplicating then."""
+    return min(until_run + keep, validate.MAX_SECONDS)
 
 
 def claim_lease(
@@ -129,7 +141,7 @@ def hand_over(task: Any, lease: Lease, task_id: str, attempt: int, ttl: float) -
     is lost already or Redis is unreachable."""
     owner = claim_owner(task_id, attempt)
     info = {"task_id": task_id, "task_name": task.name, "state": "retry"}
-    lease.hand_over(owner, ttl=ttl, owner_info=info)
+    lease.hand_over(owner, ttl=min(ttl, validate.MAX_SECONDS), owner_info=info)
     return owner
 
 

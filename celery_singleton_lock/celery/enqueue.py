@@ -29,7 +29,7 @@ from celery.utils import uuid
 from ..exceptions import DuplicateTask
 from ..kinds.lease import Lease
 from . import holders
-from .claims import claim_lease, claim_name, finished_claim
+from .claims import claim_lease, claim_life, claim_name, finished_claim
 from .claims import free_claim as free_claim
 from .claims import queue_name as queue_name
 from .claims import replaced_by as replaced_by
@@ -67,7 +67,7 @@ def send_once(
     lock = task.lock_options
     task_id = task_id or uuid()
     name = claim_name(task, args, kwargs)
-    ttl = seconds_until(options.get("eta"), options.get("countdown")) + lock.ttl
+    ttl = claim_life(seconds_until(options.get("eta"), options.get("countdown")), lock.queue_ttl)
     claim = claim_lease(task, name, task_id, ttl)
     if claim.acquire(0):
         return _send_claimed(claim, send, args, kwargs, task_id, options)

@@ -169,6 +169,14 @@ OPTIONS: tuple[Option, ...] = (
         '"until_start" where a new call replaces the queued one.',
     ),
     Option(
+        "lock_queue_ttl",
+        300.0,
+        _seconds,
+        "With ``lock_on_enqueue``: seconds a queued call keeps its claim, counted from when "
+        "it may run (after its countdown or eta), so a purged or lost message stops "
+        "deduplicating new calls (default 300).",
+    ),
+    Option(
         "lock_mode",
         "exclusive",
         _choice(LOCK_MODES),
@@ -275,6 +283,7 @@ class TaskLockOptions:
     retry_countdown: float
     release_delay: float
     on_enqueue: bool | str
+    queue_ttl: float
     mode: str
     range: tuple[str, str] | None
     keys: Any
@@ -466,6 +475,15 @@ def check_setting_values(conf: Any) -> None:
         ttl = values.get("lock_ttl", TASK_OPTIONS["lock_ttl"][0])
         ttl_from = "singleton_lock_ttl" if "lock_ttl" in values else _BUILT_IN
         check_lease_within_ttl("singleton_lock_lease", values["lock_lease"], ttl_from, ttl)
+
+
+def broker_redis(conf: Any) -> tuple[str, dict[str, Any]] | None:
+    """The URL and redis-py client keywords of the app's broker, connected to as Kombu
+    connects (TLS, Sentinel master); None when the broker is not Redis."""
+    broker = conf.get("broker_url", None)
+    if not _is_broker_redis(broker):
+        return None
+    return _broker_connection(broker, conf)
 
 
 def _is_broker_redis(broker: Any) -> bool:

@@ -114,6 +114,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     lock_retry_countdown: float | None
     lock_release_delay: float | None
     lock_on_enqueue: bool | str | None
+    lock_queue_ttl: float | None
     lock_mode: str | None
     lock_range: tuple[str, str] | None
     lock_keys: Any

@@ -71,12 +71,18 @@ class Session:
         options.update(self.client_kwargs)
         return LockClient.from_url(self.url, prefix=self.prefix, **options)
 
-    def checks(self) -> list[Check]:
+    def checks(self, *, purged: bool = False) -> list[Check]:
+        """What the app's workers, result backend and broker say of the holders (in this
+        order: where a claim's message is comes last); ``purged``: see ``clear --purged``."""
         if self.app is None:
             return []
-        from ..celery.evidence import backend_check, worker_check
+        from ..celery.evidence import backend_check, queue_check, worker_check
 
-        found = [worker_check(self.app, timeout=self.timeout), backend_check(self.app)]
+        found = [
+            worker_check(self.app, timeout=self.timeout),
+            backend_check(self.app),
+            queue_check(self.app, timeout=self.timeout, purged=purged),
+        ]
         return [check for check in found if check is not None]
 
 
@@ -203,6 +209,22 @@ def show_lock(ctx: click.Context, name: str, as_json: bool) -> None:
     "--stale", is_flag=True, cls=CeleryOption, help_group="Clear Options", help="Every stale lock."
 )
 @click.option(
+    "--unqueued",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Clear Options",
+    help="Every claim whose message is no longer queued (after `celery purge`, a lost "
+    "message): its task is over, or (Redis broker) it is in no queue and on no worker.",
+)
+@click.option(
+    "--purged",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Clear Options",
+    help="With --unqueued, on a broker whose queues cannot be read (RabbitMQ, SQS): you "
+    "purged the queues, so a claim that no worker answering within --timeout holds goes too.",
+)
+@click.option(
     "--all", "all_", is_flag=True, cls=CeleryOption, help_group="Clear Options", help="Every lock."
 )
 @click.option(
@@ -210,7 +232,7 @@ def show_lock(ctx: click.Context, name: str, as_json: bool) -> None:
     metavar="GLOB",
     cls=CeleryOption,
     help_group="Clear Options",
-    help="With --stale or --all: only locks whose NAME matches this glob.",
+    help="With --stale, --unqueued or --all: only locks whose NAME matches this glob.",
 )
 @click.option(
     "--force",
@@ -232,14 +254,17 @@ def clear_locks(
     ctx: click.Context,
     names: tuple[str, ...],
     stale: bool,
+    unqueued: bool,
+    purged: bool,
     all_: bool,
     pattern: str | None,
     force: bool,
     yes: bool,
 ) -> None:
-    """Clear locks: the named ones, every stale one, or all. Each is cleared only if it
-    still has the holder that was listed, so a lock taken again meanwhile is left alone,
-    and (without --force, always with --stale) a lock listed stale only if its heartbeat
+    """Clear locks: the named ones, every stale one, every claim of a message no longer
+    queued, or all. Each is cleared only if it still has the holder that was listed, so a
+    lock taken again meanwhile (a claim taken over by its run) is left alone, and (without
+    --force, always with --stale and --unqueued) a lock listed stale only if its heartbeat
     has not resumed since.
 
     Exit 1 when nothing matched (or the prompt was declined), 2 when a live lock would need
@@ -248,31 +273,42 @@ def clear_locks(
     from .. import admin
     from . import output
 
-    if (1 if names else 0) + stale + all_ != 1:
-        raise click.UsageError("give lock NAMEs, --stale or --all (exactly one of them)")
+    if (1 if names else 0) + stale + unqueued + all_ != 1:
+        raise click.UsageError(
+            "give lock NAMEs, --stale, --unqueued or --all (exactly one of them)"
+        )
     if pattern is not None and names:
-        raise click.UsageError("--pattern goes with --stale or --all, not with NAMEs")
+        raise click.UsageError("--pattern goes with --stale, --unqueued or --all, not with NAMEs")
+    if purged and not unqueued:
+        raise click.UsageError("--purged goes with --unqueued")
     with _connected(ctx) as (session, client):
+        if unqueued and session.app is None:
+            _fail(ctx, "--unqueued needs the app's broker and workers: use celery -A APP locks")
         if names:
             infos = _named(client, names, session.checks())
         else:
-            infos = admin.list_locks(client, pattern, checks=session.checks())
-            if stale:
+            infos = admin.list_locks(client, pattern, checks=session.checks(purged=purged))
+            if stale or unqueued:
                 infos = [info for info in infos if info.state == admin.STALE]
+            if unqueued:
+                infos = [info for info in infos if _is_claim(info)]
         if not infos:
             click.echo("no lock matched; nothing cleared", err=True)
             ctx.exit(EXIT_NOTHING)
-        live = [info for info in infos if info.state == admin.LIVE]
+        live = [info for info in infos if info.state in (admin.LIVE, admin.QUEUED)]
         if live and not force:
             listed = ", ".join(f"{info.name!r} ({info.evidence})" for info in live)
-            _fail(ctx, f"refusing to clear {len(live)} live lock(s) without --force: {listed}")
+            _fail(
+                ctx,
+                f"refusing to clear {len(live)} live or queued lock(s) without --force: {listed}",
+            )
         _confirm(ctx, infos, yes=yes, color=_color(session))
         cleared = 0
         for info in infos:
             # Re-checked at the clear: a lock listed stale whose heartbeat resumed since (a
             # paused holder, this prompt left open) is left alone; --force on named locks
             # clears whatever they are.
-            outcome = admin.clear_listed(client, info, force=force and not stale)
+            outcome = admin.clear_listed(client, info, force=force and not (stale or unqueued))
             cleared += outcome == admin.CLEARED
             click.echo(output.clear_line(info, outcome))
     click.echo(f"cleared {cleared} of {len(infos)} lock(s)")
@@ -280,6 +316,12 @@ def clear_locks(
 
 
 COMMANDS = (list_locks, show_lock, clear_locks)
+
+
+def _is_claim(info: LockInfo) -> bool:
+    from ..admin import CLAIM_OWNER_PREFIX
+
+    return info.owner is not None and info.owner.startswith(CLAIM_OWNER_PREFIX)
 
 
 def _named(

@@ -7,10 +7,15 @@ from collections.abc import Sequence
 
 import click
 
-from ..admin import CLEARED, COOLDOWN, LIVE, RESUMED, STALE, LockInfo
+from ..admin import CLEARED, COOLDOWN, LIVE, QUEUED, RESUMED, STALE, LockInfo
 
 #: Color and boldness of each state.
-STATE_STYLES = {LIVE: ("green", False), STALE: ("red", True), COOLDOWN: ("yellow", False)}
+STATE_STYLES = {
+    LIVE: ("green", False),
+    QUEUED: ("cyan", False),
+    STALE: ("red", True),
+    COOLDOWN: ("yellow", False),
+}
 HEADERS = ("NAME", "KIND", "STATE", "AGE", "EXPIRES", "HEARTBEAT", "HOLDER", "TASK", "EVIDENCE")
 
 
