@@ -92,10 +92,12 @@ def decide(
     pid: int,
     pid_gone: Callable[[int], bool],
     requeues: int = 0,
+    max_countdown: float | None = None,
 ) -> Verdict:
     """The verdict on ``hold`` for attempt ``attempt`` of the same task id, running on worker
     ``node`` in process ``pid`` of this host; ``pid_gone`` says whether a process of this
-    host no longer exists; ``requeues``: how often this copy was re-queued already."""
+    host no longer exists; ``requeues``: how often this copy was re-queued already;
+    ``max_countdown``: the longest a re-queued copy may wait (see :func:`max_countdown`)."""
     if hold.attempt is not None and hold.attempt < attempt:
         what = "claim" if hold.claimed else "hold"
         return Verdict(TAKE_OVER, f"took over the {what} of earlier attempt {hold.attempt}")
@@ -118,6 +120,8 @@ def decide(
     base = max(hold.overdue_in, 0.0) + MARGIN_S
     cap = max(base, hold.lease or 0.0)
     countdown = min(base * 2 ** min(requeues, 16), cap)
+    if max_countdown is not None:
+        countdown = min(countdown, max_countdown)
     where = hold.worker or hold.host or "an unknown worker"
     return Verdict(REQUEUE, f"re-queued: a live copy of this task id runs on {where}", countdown)
 
@@ -192,8 +196,8 @@ def _int(value: Any) -> int | None:
 def requeues(request: Any) -> int:
     """How often the message of ``request`` was re-queued behind a live original."""
     count = getattr(request, REQUEUES_HEADER, None)
-    if count is None:
-        count = (request.headers or {}).get(REQUEUES_HEADER) if request.headers else None
+    if count is None and isinstance(request.headers, dict):
+        count = request.headers.get(REQUEUES_HEADER)
     return _int(count) or 0
 
 
@@ -210,14 +214,26 @@ def finished(task: Any, task_id: str) -> str | None:
     return str(state) if state in FINISHED_STATES else None
 
 
+def max_countdown(app: Any) -> float | None:
+    """The longest countdown a re-queued copy may get: under half the broker's visibility
+    timeout (Redis, SQS), which otherwise delivers a message that waits for its countdown
+    a second time, and each copy would then re-queue itself again. None if there is none."""
+    options = app.conf.get("broker_transport_options") or {}
+    timeout = options.get("visibility_timeout") if isinstance(options, dict) else None
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        return None
+    return max(0.1, float(timeout) / 2)
+
+
 def requeue(task: Any, countdown: float) -> None:
     """Send the running message of ``task`` again, ``countdown`` seconds from now: the same
     task id, arguments, attempt and canvas options, no enqueue claim (Celery's own
     ``apply_async``), one more re-queue counted. Raises Reject (back to the broker) if it
     could not be sent."""
     request = task.request
-    headers = dict(request.headers or {})
-    headers[REQUEUES_HEADER] = requeues(request) + 1
+    # Only our header: the request's own may carry the message's eta, which would win over
+    # the countdown.
+    headers = {REQUEUES_HEADER: requeues(request) + 1}
     signature = task.signature_from_request(
         request, countdown=countdown, retries=request.retries or 0, headers=headers
     )

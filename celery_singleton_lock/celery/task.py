@@ -394,6 +394,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             pid=os.getpid(),
             pid_gone=own_holds.pid_gone,
             requeues=own_holds.requeues(request),
+            max_countdown=own_holds.max_countdown(self.app),
         )
         if verdict.action == own_holds.TAKE_OVER:
             lease.take_over = hold.owner
