@@ -40,6 +40,7 @@ from celery.exceptions import Reject
 
 from ..admin.inspect import MISSED_TICKS, TICKS_PER_TTL, escape, list_lease_holders, server_ms
 from ..core.handle import HOSTNAME
+from ..exceptions import LockBackendError
 from ..kinds.lease import Lease
 from .claims import CLAIM_PREFIX, FINISHED_STATES
 
@@ -167,6 +168,29 @@ def read_own_hold(lease: Lease, client: Any, task_id: str) -> OwnHold | None:
             worker=_text(record.get("worker")),
         )
     return None
+
+
+def assess(task: Any, lease: Lease, node: str | None) -> tuple[OwnHold | None, Verdict | None]:
+    """The hold of ``lease``'s name under the running ``task``'s own task id, and the verdict
+    on it for this run on worker ``node``; (None, None) if there is none (a delay-after of
+    this call, or let go meanwhile). A hold that cannot be read is looked at again soon."""
+    request = task.request
+    try:
+        hold = read_own_hold(lease, task.lock_client, request.id)
+    except LockBackendError as exc:
+        return None, Verdict(REQUEUE, f"re-queued: its own hold could not be read ({exc})", 1.0)
+    if hold is None:
+        return None, None
+    verdict = decide(
+        hold,
+        attempt=request.retries or 0,
+        node=node,
+        pid=os.getpid(),
+        pid_gone=pid_gone,
+        requeues=requeues(request),
+        max_countdown=max_countdown(task.app),
+    )
+    return hold, verdict
 
 
 def _claim_attempt(owner: str, task_id: str) -> int | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import os
 import threading
 import time
 from typing import Any
@@ -380,30 +379,20 @@ class SingletonTask(Task):  # type: ignore[misc]
         if not isinstance(lease, Lease):
             self._ignore_copy_of_self(lease, found)  # no take-over for the other kinds
             return False
-        try:
-            hold = own_holds.read_own_hold(lease, self.lock_client, request.id)
-        except LockBackendError:
-            hold = None
-        if hold is None:
-            self._ignore_copy_of_self(lease, found)  # a delay-after of this very call
-            return False
-        verdict = own_holds.decide(
-            hold,
-            attempt=request.retries or 0,
-            node=node,
-            pid=os.getpid(),
-            pid_gone=own_holds.pid_gone,
-            requeues=own_holds.requeues(request),
-            max_countdown=own_holds.max_countdown(self.app),
-        )
-        if verdict.action == own_holds.TAKE_OVER:
+        hold, verdict = own_holds.assess(self, lease, node)
+        if hold is not None and verdict is not None and verdict.action == own_holds.TAKE_OVER:
             lease.take_over = hold.owner
             if lease.acquire(0.0):
                 log.warning("%s[%s] %s on %r", self.name, request.id, verdict.why, lease.name)
                 return True
-            # Changed hands meanwhile (another copy took it over?): look again later.
+            verdict = None
+        if verdict is None:
+            # The delay-after of this very call (it ran): nothing more to do.
+            cooling = [holder for holder in found if holder.cooldown_until_ms is not None]
+            self._ignore_copy_of_self(lease, cooling)
+            # Changed hands meanwhile (let go, or another copy took it over): look again soon.
             verdict = own_holds.Verdict(
-                own_holds.REQUEUE, "re-queued: the hold changed hands", own_holds.MARGIN_S
+                own_holds.REQUEUE, "re-queued: its hold changed hands", own_holds.MARGIN_S
             )
         if verdict.action == own_holds.REQUEUE:
             own_holds.requeue(self, verdict.countdown)
