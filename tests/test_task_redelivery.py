@@ -68,7 +68,9 @@ def test_killed_worker_message_comes_back_to_its_node_and_runs_at_once(pool: Wor
     assert result.state == "SUCCESS" and outcome["locked"], outcome
     copy = starts[0]
     assert copy["pid"] != first[0]["pid"] and copy["time"] > killed_at  # never beside it
+    # Taken over from the dead process, not run once the lease ran out.
     assert copy["time"] - killed_at < LEASE, (copy, killed_at)
+    assert "took over the hold of a dead earlier delivery (pid" in second_worker.log_tail(200)
     assert len(events(pool, event="start", task_id=result.id)) == 2
     assert len(events(pool, event="end", task_id=result.id)) == 1
 
