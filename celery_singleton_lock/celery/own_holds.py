@@ -38,7 +38,14 @@ from celery import Task
 from celery.backends.base import DisabledBackend
 from celery.exceptions import Reject
 
-from ..admin.inspect import MISSED_TICKS, TICKS_PER_TTL, escape, list_lease_holders, server_ms
+from ..admin.inspect import (
+    MISSED_TICKS,
+    TICKS_PER_TTL,
+    escape,
+    heartbeat_stopped,
+    list_lease_holders,
+    server_ms,
+)
 from ..core.handle import HOSTNAME
 from ..exceptions import LockBackendError
 from ..kinds.lease import Lease
@@ -155,12 +162,13 @@ def read_own_hold(lease: Lease, client: Any, task_id: str) -> OwnHold | None:
         overdue_at = None
         if renewed is not None and ttl:
             overdue_at = renewed + ttl * MISSED_TICKS / TICKS_PER_TTL
-        beats = _int(record.get("heartbeat")) == 1
+        # The admin's staleness rule, for a holder whose heartbeat renews it.
+        beats = _int(record.get("heartbeat")) == 1 and not claimed and renewed is not None
         return OwnHold(
             owner=owner,
             attempt=_claim_attempt(owner, task_id) if claimed else _int(record.get("attempt")),
             claimed=claimed,
-            stale=beats and not claimed and overdue_at is not None and now_ms > overdue_at,
+            stale=beats and heartbeat_stopped(now_ms, renewed or 0, ttl),
             overdue_in=0.0 if overdue_at is None else max(0.0, overdue_at - now_ms) / 1000,
             lease=None if not ttl else ttl / 1000,
             host=_text(record.get("host")),
