@@ -188,6 +188,33 @@ def test_redelivered_copy_of_a_running_task_is_requeued_and_dropped_once_it_fini
     assert original.get(timeout=TIMEOUT) == "report for monday"
 
 
+def test_without_a_result_backend_a_requeued_copy_runs_after_its_original_never_beside_it(
+    celery_lock_app: Celery, in_process_worker: WorkerFactory
+) -> None:
+    celery_lock_app.conf.result_backend = None  # nothing can say the original finished
+    started, finish = threading.Event(), threading.Event()
+    runs: list[tuple[float, float]] = []
+
+    @celery_lock_app.task(base=SingletonTask, shared=False, lock_lease=3)
+    def report(day: str) -> None:
+        began = time.monotonic()
+        started.set()
+        assert finish.wait(TIMEOUT)
+        runs.append((began, time.monotonic()))
+
+    with postrun_states() as states, in_process_worker(celery_lock_app, concurrency=2):
+        original = report.delay("monday")
+        assert started.wait(TIMEOUT)
+        celery_lock_app.send_task(report.name, ("monday",), task_id=original.id)
+        wait_until(lambda: bool(states.get(original.id)), "the copy to be re-queued")
+        assert states[original.id] == ["IGNORED"]
+        finish.set()
+        # At least once, maybe twice: the copy runs once the original let go.
+        wait_until(lambda: len(runs) == 2, "the copy to run after the original")
+    (first_began, first_ended), (second_began, _) = sorted(runs)
+    assert second_began >= first_ended
+
+
 # -- item: enqueue-time locking inside canvases ----------------------------------------------
 
 
