@@ -144,27 +144,75 @@ def test_exhausted_retries_keep_the_release_delay(
 
 
 @pytest.mark.parametrize("lock_wait", [0, 60], ids=["skip", "wait"])
-def test_redelivered_copy_of_a_running_task_stores_nothing(
+def test_redelivered_copy_of_a_running_task_is_requeued_and_dropped_once_it_finished(
     celery_lock_app: Celery, in_process_worker: WorkerFactory, lock_wait: float
 ) -> None:
     started, finish = threading.Event(), threading.Event()
+    runs: list[tuple[float, float]] = []
 
-    @celery_lock_app.task(base=SingletonTask, shared=False, lock_wait=lock_wait)
+    @celery_lock_app.task(
+        base=SingletonTask, shared=False, lock_wait=lock_wait, lock_lease=3, max_retries=0
+    )
     def report(day: str) -> str:
+        began = time.monotonic()
         started.set()
         assert finish.wait(TIMEOUT)
+        runs.append((began, time.monotonic()))
         return f"report for {day}"
 
-    with postrun_states() as states, in_process_worker(celery_lock_app, concurrency=2):
+    with (
+        task_log() as messages,
+        postrun_states() as states,
+        in_process_worker(celery_lock_app, concurrency=2),
+    ):
         original = report.delay("monday")
         assert started.wait(TIMEOUT)
         # What a broker redelivers (visibility timeout, acks_late): the same message again.
         celery_lock_app.send_task(report.name, ("monday",), task_id=original.id)
-        wait_until(lambda: bool(states.get(original.id)), "the copy to finish")
+        wait_until(lambda: bool(states.get(original.id)), "the copy to be re-queued")
         assert states[original.id] == ["IGNORED"]
         assert original.state == "PENDING"  # the copy stored nothing under the original's id
+        assert any("re-queued: a live copy of this task id runs on" in m for m in messages)
+        # Not acked into oblivion: it looks again, finds the original still live (its
+        # heartbeat renews it), and is re-queued again, without using up a retry.
+        wait_until(lambda: len(states[original.id]) >= 2, "the re-queued copy to look again")
+        assert not runs and original.state == "PENDING"
         finish.set()
         assert original.get(timeout=TIMEOUT) == "report for monday"
+        # Once the original's result is in, the copy is dropped: that result stands.
+        wait_until(
+            lambda: any("dropped: the original run ended (SUCCESS)" in m for m in messages),
+            "the copy to be dropped",
+        )
+    assert len(runs) == 1
+    assert original.get(timeout=TIMEOUT) == "report for monday"
+
+
+def test_without_a_result_backend_a_requeued_copy_runs_after_its_original_never_beside_it(
+    celery_lock_app: Celery, in_process_worker: WorkerFactory
+) -> None:
+    celery_lock_app.conf.result_backend = None  # nothing can say the original finished
+    started, finish = threading.Event(), threading.Event()
+    runs: list[tuple[float, float]] = []
+
+    @celery_lock_app.task(base=SingletonTask, shared=False, lock_lease=3)
+    def report(day: str) -> None:
+        began = time.monotonic()
+        started.set()
+        assert finish.wait(TIMEOUT)
+        runs.append((began, time.monotonic()))
+
+    with postrun_states() as states, in_process_worker(celery_lock_app, concurrency=2):
+        original = report.delay("monday")
+        assert started.wait(TIMEOUT)
+        celery_lock_app.send_task(report.name, ("monday",), task_id=original.id)
+        wait_until(lambda: bool(states.get(original.id)), "the copy to be re-queued")
+        assert states[original.id] == ["IGNORED"]
+        finish.set()
+        # At least once, maybe twice: the copy runs once the original let go.
+        wait_until(lambda: len(runs) == 2, "the copy to run after the original")
+    (first_began, first_ended), (second_began, _) = sorted(runs)
+    assert second_began >= first_ended
 
 
 # -- item: enqueue-time locking inside canvases ----------------------------------------------

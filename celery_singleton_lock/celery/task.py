@@ -26,7 +26,7 @@ from ..exceptions import ConfigurationError, LockBackendError, LockError, LockLo
 from ..kinds import registry
 from ..kinds.lease import Lease
 from ..kinds.registry import HandleFactory
-from . import claims, enqueue, holders
+from . import claims, enqueue, holders, own_holds
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
 # before a worker starts, which always imports its tasks first).
@@ -286,7 +286,8 @@ class SingletonTask(Task):  # type: ignore[misc]
             return super().__call__(*args, **kwargs)  # a plain function call: no lock
         options = self.lock_options
         task_id = request.id
-        owner_info = {"task_name": self.name, "task_id": task_id}
+        attempt = request.retries or 0
+        owner_info = {"task_name": self.name, "task_id": task_id, "attempt": str(attempt)}
         node = worker_node(request)
         if node is not None:
             # Only that node's answer can say the task is not active (evidence.py).
@@ -298,8 +299,9 @@ class SingletonTask(Task):  # type: ignore[misc]
             on_lost=lambda lost: self._lease_lost(lost, task_id),
         )
         name = lease.name
+        self._drop_finished_copy()
         if isinstance(lease, Lease):
-            claims.take_over_at_run(lease, task_id, request.retries or 0)
+            claims.take_over_at_run(lease, task_id, attempt)
         if (
             options.on_enqueue in (UNTIL_START, DEBOUNCE)
             and not self._leave_queue_at_acquire(lease)
@@ -308,15 +310,18 @@ class SingletonTask(Task):  # type: ignore[misc]
             return self._replaced(lease, args, kwargs)
         started = time.monotonic()
         replaced = False
+        found: list[holders.Holder] | None = None
         try:
             acquired = lease.acquire(0.0)  # a float: check_wait's quick case
             if not acquired and self._replaced_at_acquire(lease):
                 replaced = True  # the lock was not tried
-            elif not acquired and options.wait:
+            elif not acquired:
                 # Before waiting: a copy of this very message must not wait for its original
-                # to finish and then run a second time.
-                self._ignore_copy_of_self(lease, holders.holders_of(lease))
-                acquired = lease.acquire(options.wait)
+                # to finish and then run a second time, nor skip a hold it may take over.
+                found = holders.holders_of(lease)
+                acquired = self._meet_own_hold(lease, found, node)
+                if not acquired and options.wait:
+                    acquired, found = lease.acquire(options.wait), None
         except LockBackendError as exc:
             if options.backend_down != "run":
                 self._autoretry(exc)
@@ -327,7 +332,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         if replaced:
             return self._replaced(lease, args, kwargs)
         if not acquired:
-            return self._conflict(lease, options, waited)
+            return self._conflict(lease, options, waited, found)
         track_run_lock(lease)
         lock_acquired.send(sender=self, name=name, task_id=task_id, lease=lease, wait=waited)
         return self._run_holding(lease, args, kwargs)
@@ -387,6 +392,58 @@ class SingletonTask(Task):  # type: ignore[misc]
                 request.id,
                 lease.name,
             )
+            raise Ignore()
+
+    def _meet_own_hold(
+        self, lease: LockHandle, found: list[holders.Holder], node: str | None
+    ) -> bool:
+        """When the lease is held under this run's own task id (see own_holds.py): take a
+        dead or earlier attempt's hold over (True: the lease is now held), or raise Ignore,
+        for a later attempt's hold, or once this copy of a live original is re-queued.
+        False when the lease is not held under this task id."""
+        request = self.request
+        if not any(holder.task_id == request.id for holder in found):
+            return False
+        if not isinstance(lease, Lease):
+            self._ignore_copy_of_self(lease, found)  # no take-over for the other kinds
+            return False
+        hold, verdict = own_holds.assess(self, lease, node)
+        if hold is not None and verdict is not None and verdict.action == own_holds.TAKE_OVER:
+            lease.take_over = hold.owner
+            if lease.acquire(0.0):
+                log.warning("%s[%s] %s on %r", self.name, request.id, verdict.why, lease.name)
+                return True
+            verdict = None
+        if verdict is None:
+            # The delay-after of this very call (it ran): nothing more to do.
+            cooling = [holder for holder in found if holder.cooldown_until_ms is not None]
+            self._ignore_copy_of_self(lease, cooling)
+            # Changed hands meanwhile (let go, or another copy took it over): look again soon.
+            verdict = own_holds.Verdict(
+                own_holds.REQUEUE, "re-queued: its hold changed hands", own_holds.MARGIN_S
+            )
+        if verdict.action == own_holds.REQUEUE:
+            own_holds.requeue(self, verdict.countdown)
+            log.info(
+                "%s[%s] %s; looks again in %.1f s",
+                self.name,
+                request.id,
+                verdict.why,
+                verdict.countdown,
+            )
+        else:
+            log.info("%s[%s] ignored: %s", self.name, request.id, verdict.why)
+        raise Ignore()
+
+    def _drop_finished_copy(self) -> None:
+        """A copy re-queued behind a live original (own_holds.py) is dropped, storing
+        nothing, once the result backend shows that original finished: its result stands."""
+        request = self.request
+        if not own_holds.requeues(request):
+            return
+        state = own_holds.finished(self, request.id)
+        if state is not None:
+            log.info("%s[%s] dropped: the original run ended (%s)", self.name, request.id, state)
             raise Ignore()
 
     def _autoretry(self, exc: LockBackendError) -> None:
@@ -454,10 +511,16 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _lease_lost(self, lease: LockHandle, task_id: str) -> None:
         lock_lost.send(sender=self, name=lease.name, task_id=task_id, lease=lease)
 
-    def _conflict(self, lease: LockHandle, options: TaskLockOptions, waited: float) -> Any:
+    def _conflict(
+        self,
+        lease: LockHandle,
+        options: TaskLockOptions,
+        waited: float,
+        found: list[holders.Holder] | None = None,
+    ) -> Any:
         request, name = self.request, lease.name
-        found = holders.holders_of(lease)
-        self._ignore_copy_of_self(lease, found)
+        if found is None:
+            found = holders.holders_of(lease)
         why = holders.describe(found)
         if options.conflict == "raise":
             raise LockTimeout(f"{self.name}: lock {name!r} is taken ({why})", name=name)

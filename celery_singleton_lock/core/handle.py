@@ -58,7 +58,7 @@ HOSTNAME = socket.gethostname()
 
 #: Keys of ``owner_info`` stored as fields of their own (admin columns, lookups by task);
 #: the rest is stored as one JSON field, ``info``.
-OWN_INFO_FIELDS = ("task_name", "task_id", "worker")
+OWN_INFO_FIELDS = ("task_name", "task_id", "worker", "attempt")
 
 H = TypeVar("H", bound="LockHandle")
 

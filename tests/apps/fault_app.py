@@ -55,6 +55,11 @@ def events_key(prefix: str) -> str:
     return f"{prefix}events"
 
 
+def gate_key(prefix: str, key: str) -> str:
+    """The key whose existence lets ``fault.gated`` runs of ``key`` end."""
+    return f"{prefix}gate:{key}"
+
+
 def store_keys(prefix: str, key: str) -> list[str]:
     """The fenced store of ``key``: its hash, accepted log and rejected log."""
     return [f"{prefix}store:{key}", f"{prefix}accepted:{key}", f"{prefix}rejected:{key}"]
@@ -160,6 +165,21 @@ def make_app(lock_url: str, broker_url: str, prefix: str, queue: str = "celery")
     def retrying(self: Any, key: str, seconds: float) -> dict[str, Any]:
         """Lock Redis down: retried (autoretry_for) until it is back."""
         return {**hold_until_lost(self, key, seconds), "retries": self.request.retries}
+
+    @app.task(
+        base=SingletonTask, bind=True, shared=False, name="fault.gated",
+        lock_key="gated:{key}", lock_lease=30, lock_ttl=600,
+    )  # fmt: skip
+    def gated(self: Any, key: str, seconds: float) -> dict[str, Any]:
+        """Runs until the test opens the gate of ``key`` (or ``seconds`` pass), on a lease
+        longer than the broker's visibility timeout: a killed run's message comes back while
+        its hold still stands."""
+        task_record(self, "start", key)
+        deadline = time.monotonic() + seconds
+        while not records.exists(gate_key(prefix, key)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        task_record(self, "end", key)
+        return {"locked": self.lock is not None, "pid": os.getpid()}
 
     # -- the chaos task ---------------------------------------------------------------------
 

@@ -97,9 +97,10 @@ class Workers:
         self.workers: list[Worker] = []
         self._count = 0
 
-    def start(self, concurrency: int = 2) -> Worker:
+    def start(self, concurrency: int = 2, name: str | None = None) -> Worker:
+        """A new worker; ``name``: its node name (default: one of its own)."""
         self._count += 1
-        name = f"w{self._count}-{self.tag}@localhost"
+        name = name or f"w{self._count}-{self.tag}@localhost"
         log = self.log_dir / f"w{self._count}-{self.tag}.log"
         env = {
             **os.environ,

@@ -134,3 +134,67 @@ class CuttingProxy(ForwardingProxy):
     def _close(self, *socks: socket.socket) -> None:
         super()._close(*socks)
         self.cut.set()
+
+
+class OutageProxy(ForwardingProxy):
+    """Forwards until told otherwise. :meth:`down` cuts every connection and refuses new ones
+    until :meth:`up`: the server is unreachable for a moment. After :meth:`lose_next_reply`
+    the next reply the server sends to any client is never delivered (``lost`` is set then)
+    and the proxy goes down at that very moment, except that the connection waiting for the
+    lost reply stays open and silent: its request ran, its client runs into its socket
+    timeout, and nothing it does next reaches the server until :meth:`up`."""
+
+    def __init__(self, target: int) -> None:
+        self.lost = threading.Event()
+        self.is_down = threading.Event()
+        self._armed = False
+        self._lock = threading.Lock()
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        super().__init__(target)
+
+    def lose_next_reply(self) -> None:
+        with self._lock:
+            self._armed = True
+            self.lost.clear()
+
+    def down(self, keep: tuple[socket.socket, socket.socket] | None = None) -> None:
+        self.is_down.set()
+        with self._lock:
+            pairs = [pair for pair in self._pairs if pair is not keep]
+            self._pairs = [pair for pair in self._pairs if pair is keep]
+        for pair in pairs:
+            self._close(*pair)
+
+    def up(self) -> None:
+        self.is_down.clear()
+
+    def _connected(self, client: socket.socket, server: socket.socket) -> None:
+        if self.is_down.is_set():
+            self._close(client, server)
+            return
+        pair = (client, server)
+        with self._lock:
+            self._pairs.append(pair)
+        threading.Thread(target=self._up, args=pair, daemon=True).start()
+        threading.Thread(target=self._down, args=(pair,), daemon=True).start()
+
+    def _up(self, client: socket.socket, server: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                server.sendall(data)
+        self._close(client, server)
+
+    def _down(self, pair: tuple[socket.socket, socket.socket]) -> None:
+        client, server = pair
+        held = False
+        with contextlib.suppress(OSError):
+            while data := server.recv(65536):
+                if not held:
+                    with self._lock:
+                        held, self._armed = self._armed, False
+                    if held:
+                        self.down(keep=pair)
+                        self.lost.set()
+                if not held:
+                    client.sendall(data)
+        self._close(client, server)

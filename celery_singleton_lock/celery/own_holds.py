@@ -1,0 +1,277 @@
+"""A run that finds its lock held under its own task id: is that hold dead, its own, or a
+live original?
+
+A message meets a hold of its own task id when a broker delivers it again (``acks_late``
+after a worker died, a visibility timeout) while the delivery it copies still holds the
+lock, when an earlier attempt's acquire took the lock but its reply was lost, or when an
+earlier attempt's enqueue claim was never taken over. Ignoring every such copy loses the call
+whenever the hold is left over, so a delivered message either runs or is *provably* a
+duplicate of a live run:
+
+- a hold of an EARLIER attempt (a run or a claim, ``request.retries`` below this one's): that
+  attempt ended before this one was sent, so nothing runs under it: take it over;
+- a hold of a LATER attempt: the call goes on in that attempt; this message is obsolete:
+  ignore it;
+- a hold of the SAME attempt whose holder is dead (its heartbeat overdue on the Redis clock,
+  by the admin's staleness rule; or its process, on this worker node and host, gone): take it
+  over;
+- a hold of the same attempt whose holder may be alive: a live original. This delivery is
+  re-queued (same task id and attempt, no enqueue claim, the user's retries untouched) to
+  look again once the holder's heartbeat could be overdue, and ignored. A re-queued copy
+  whose task the result backend shows finished is dropped; otherwise it runs once the
+  original's hold is gone or dead.
+
+A take-over replaces exactly the owner token that was read (owner-checked, atomic), so a
+holder that changed meanwhile is not touched. :func:`decide` holds the rules, without I/O;
+the rest reads the hold and acts on the verdict.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Task
+from celery.backends.base import DisabledBackend
+from celery.exceptions import Reject
+
+from ..admin.inspect import (
+    MISSED_TICKS,
+    TICKS_PER_TTL,
+    escape,
+    heartbeat_stopped,
+    list_lease_holders,
+    server_ms,
+)
+from ..core.handle import HOSTNAME
+from ..exceptions import LockBackendError
+from ..kinds.lease import Lease
+from .claims import CLAIM_PREFIX, FINISHED_STATES
+
+log = logging.getLogger("celery_singleton_lock.task")
+
+#: The message header counting how often a copy was re-queued behind a live original.
+REQUEUES_HEADER = "singleton_lock_requeues"
+
+TAKE_OVER, IGNORE, REQUEUE = "take over", "ignore", "requeue"
+
+#: Added to the time until a holder's heartbeat is overdue: the heartbeat's own tick.
+MARGIN_S = 1.0
+
+
+@dataclass(frozen=True)
+class OwnHold:
+    """The hold of a lock under a run's own task id, as Redis has it."""
+
+    owner: str
+    #: The attempt (``request.retries``) that holds it; None if the holder did not say.
+    attempt: int | None
+    #: Held for a queued message (a claim), not by a process.
+    claimed: bool
+    #: Its heartbeat is overdue (the admin's "stale"), on the Redis server's clock.
+    stale: bool
+    #: Seconds until its heartbeat is overdue, if it is renewed no more.
+    overdue_in: float
+    #: Its lease length in seconds (None if unknown).
+    lease: float | None
+    host: str | None
+    pid: int | None
+    worker: str | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a run does about a hold of its own task id (:data:`TAKE_OVER`, :data:`IGNORE` or
+    :data:`REQUEUE` with ``countdown`` seconds), and why, for the log."""
+
+    action: str
+    why: str
+    countdown: float = 0.0
+
+
+def decide(
+    hold: OwnHold,
+    *,
+    attempt: int,
+    node: str | None,
+    pid: int,
+    pid_gone: Callable[[int], bool],
+    requeues: int = 0,
+    max_countdown: float | None = None,
+) -> Verdict:
+    """The verdict on ``hold`` for attempt ``attempt`` of the same task id, running on worker
+    ``node`` in process ``pid`` of this host; ``pid_gone`` says whether a process of this
+    host no longer exists; ``requeues``: how often this copy was re-queued already;
+    ``max_countdown``: the longest a re-queued copy may wait (see :func:`max_countdown`)."""
+    if hold.attempt is not None and hold.attempt < attempt:
+        what = "claim" if hold.claimed else "hold"
+        return Verdict(TAKE_OVER, f"took over the {what} of earlier attempt {hold.attempt}")
+    if hold.attempt is not None and hold.attempt > attempt:
+        return Verdict(IGNORE, f"obsolete: attempt {hold.attempt} of this task holds the lock")
+    if hold.claimed:
+        return Verdict(TAKE_OVER, "took over the claim of its own attempt")
+    if hold.stale:
+        return Verdict(TAKE_OVER, "took over the hold of a dead earlier delivery (heartbeat)")
+    same_process = hold.pid == pid and hold.host == HOSTNAME
+    if (
+        node is not None
+        and hold.worker == node
+        and hold.host == HOSTNAME
+        and hold.pid is not None
+        and not same_process
+        and pid_gone(hold.pid)
+    ):
+        return Verdict(TAKE_OVER, f"took over the hold of a dead earlier delivery (pid {hold.pid})")
+    base = max(hold.overdue_in, 0.0) + MARGIN_S
+    cap = max(base, hold.lease or 0.0)
+    countdown = min(base * 2 ** min(requeues, 16), cap)
+    if max_countdown is not None:
+        countdown = min(countdown, max_countdown)
+    where = hold.worker or hold.host or "an unknown worker"
+    return Verdict(REQUEUE, f"re-queued: a live copy of this task id runs on {where}", countdown)
+
+
+def pid_gone(pid: int) -> bool:
+    """True if no process ``pid`` exists on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists, under another user
+        return False
+    return False
+
+
+# -- reading the hold --------------------------------------------------------------------------
+
+
+def read_own_hold(lease: Lease, client: Any, task_id: str) -> OwnHold | None:
+    """The hold of ``lease``'s name if its holder record carries ``task_id`` (and is not a
+    delay-after), else None. Two round trips: the conflict path only."""
+    records = list_lease_holders(client, escape(lease.name))
+    now_ms = server_ms(client)
+    for record in records:
+        owner, found = _text(record.get("owner")), _text(record.get("task_id"))
+        if not owner or found != task_id:
+            continue
+        claimed = owner.startswith(CLAIM_PREFIX)
+        renewed, ttl = _int(record.get("renewed_ms")), _int(record.get("ttl_ms"))
+        overdue_at = None
+        if renewed is not None and ttl:
+            overdue_at = renewed + ttl * MISSED_TICKS / TICKS_PER_TTL
+        # The admin's staleness rule, for a holder whose heartbeat renews it.
+        beats = _int(record.get("heartbeat")) == 1 and not claimed and renewed is not None
+        return OwnHold(
+            owner=owner,
+            attempt=_claim_attempt(owner, task_id) if claimed else _int(record.get("attempt")),
+            claimed=claimed,
+            stale=beats and heartbeat_stopped(now_ms, renewed or 0, ttl),
+            overdue_in=0.0 if overdue_at is None else max(0.0, overdue_at - now_ms) / 1000,
+            lease=None if not ttl else ttl / 1000,
+            host=_text(record.get("host")),
+            pid=_int(record.get("pid")),
+            worker=_text(record.get("worker")),
+        )
+    return None
+
+
+def assess(task: Any, lease: Lease, node: str | None) -> tuple[OwnHold | None, Verdict | None]:
+    """The hold of ``lease``'s name under the running ``task``'s own task id, and the verdict
+    on it for this run on worker ``node``; (None, None) if there is none (a delay-after of
+    this call, or let go meanwhile). A hold that cannot be read is looked at again soon."""
+    request = task.request
+    try:
+        hold = read_own_hold(lease, task.lock_client, request.id)
+    except LockBackendError as exc:
+        return None, Verdict(REQUEUE, f"re-queued: its own hold could not be read ({exc})", 1.0)
+    if hold is None:
+        return None, None
+    verdict = decide(
+        hold,
+        attempt=request.retries or 0,
+        node=node,
+        pid=os.getpid(),
+        pid_gone=pid_gone,
+        requeues=requeues(request),
+        max_countdown=max_countdown(task.app),
+    )
+    return hold, verdict
+
+
+def _claim_attempt(owner: str, task_id: str) -> int | None:
+    """The attempt of claim token ``owner`` (claims.claim_owner: ``claim:<task id>:<n>``)."""
+    head = f"{CLAIM_PREFIX}{task_id}:"
+    return _int(owner[len(head) :]) if owner.startswith(head) else None
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogatepass")
+    return str(value)
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
+
+
+# -- re-queued copies --------------------------------------------------------------------------
+
+
+def requeues(request: Any) -> int:
+    """How often the message of ``request`` was re-queued behind a live original."""
+    count = getattr(request, REQUEUES_HEADER, None)
+    if count is None and isinstance(request.headers, dict):
+        count = request.headers.get(REQUEUES_HEADER)
+    return _int(count) or 0
+
+
+def finished(task: Any, task_id: str) -> str | None:
+    """The finished state (SUCCESS, FAILURE, REVOKED) the result backend has for ``task_id``,
+    None if it has none, or there is no backend to ask."""
+    try:
+        if isinstance(task.backend, DisabledBackend):
+            return None
+        state = task.AsyncResult(task_id).state
+    except Exception as exc:  # no evidence from a backend that does not answer
+        log.warning("result backend did not answer for %s: %s", task_id, exc)
+        return None
+    return str(state) if state in FINISHED_STATES else None
+
+
+def max_countdown(app: Any) -> float | None:
+    """The longest countdown a re-queued copy may get: under half the broker's visibility
+    timeout (Redis, SQS), which otherwise delivers a message that waits for its countdown
+    a second time, and each copy would then re-queue itself again. None if there is none."""
+    options = app.conf.get("broker_transport_options") or {}
+    timeout = options.get("visibility_timeout") if isinstance(options, dict) else None
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        return None
+    return max(0.1, float(timeout) / 2)
+
+
+def requeue(task: Any, countdown: float) -> None:
+    """Send the running message of ``task`` again, ``countdown`` seconds from now: the same
+    task id, arguments, attempt and canvas options, no enqueue claim (Celery's own
+    ``apply_async``), one more re-queue counted. Raises Reject (back to the broker) if it
+    could not be sent."""
+    request = task.request
+    # Only our header: the request's own may carry the message's eta, which would win over
+    # the countdown.
+    headers = {REQUEUES_HEADER: requeues(request) + 1}
+    signature = task.signature_from_request(
+        request, countdown=countdown, retries=request.retries or 0, headers=headers
+    )
+    options = dict(signature.options)
+    try:
+        Task.apply_async(task, signature.args, signature.kwargs, **options)
+    except Exception as exc:
+        log.error("%s[%s] could not be re-queued: %s", task.name, request.id, exc)
+        raise Reject(exc, requeue=True) from exc
