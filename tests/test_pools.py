@@ -461,18 +461,21 @@ def test_until_start_call_whose_queue_claim_went_waits_and_runs(
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("task", ["stuck", "stuck_cooling"], ids=["no-delay", "delay-after"])
 def test_hard_time_limit_requeues_the_message_only_once_the_killed_run_is_freed(
-    pool_workers: PoolWorkers,
+    pool_workers: PoolWorkers, task: str
 ) -> None:
     """``acks_late`` with ``acks_on_failure_or_timeout=False`` (and ``reject_on_worker_lost``):
     a run killed at its hard time limit is delivered again. The lock must be freed (after
     the kill) before the message is back in the queue: a copy that an idle worker takes at
     once would otherwise meet its own task id's hold and be dropped. Celery rejects through
     the worker's event loop, after the pool's timer callbacks, the release that follows the
-    kill among them; so the copy finds the key free and runs."""
+    kill among them; so the copy finds the key free and runs. With ``lock_release_delay``
+    the killed run, which did not end, leaves no delay-after in its copy's way; the copy,
+    which ends, does."""
     workers = [pool_workers.start("prefork", f"limit{i}", concurrency=1) for i in range(2)]
     pool_workers.wait_ready(*workers)
-    result = pool_workers.send("stuck", "limit")
+    result = pool_workers.send(task, "limit")
     first = pool_workers.wait_record(event="start", task_id=result.id, delivery=1)
     # The copy runs to its end (an ignored copy would leave no such record).
     end = pool_workers.wait_record(event="end", task_id=result.id, delivery=2)
@@ -488,4 +491,8 @@ def test_hard_time_limit_requeues_the_message_only_once_the_killed_run_is_freed(
     assert len(pool_workers.records(event="start", task_id=result.id)) == 2
     logs = "".join(worker.log_text() for worker in workers)
     assert "Hard time limit" in logs and "whose process ended" in logs
-    assert not pool_workers.holder("limit")
+    holder = pool_workers.holder("limit")
+    if task == "stuck_cooling":
+        assert holder.get("state") == "cooldown" and not holder.get("owner"), holder
+    else:
+        assert not holder

@@ -246,16 +246,18 @@ class SingletonTask(Task):  # type: ignore[misc]
         task_id: str,
         pid: int,
         host: str | None = None,
+        delay: float | None = None,
     ) -> bool:
         """Release the lock a call with these arguments takes (see :meth:`make_lock`), after
-        ``lock_release_delay``, if run ``task_id`` in process ``pid`` on ``host`` (default:
-        this machine) holds it: for the worker's main process once that child is gone.
-        Holders are matched by task id, pid and host, so no owner token is needed; a claim
-        handed over to the task's next attempt is left alone. True if something was released."""
+        ``delay`` seconds of delay-after (None: ``lock_release_delay``), if run ``task_id`` in
+        process ``pid`` on ``host`` (default: this machine) holds it: for the worker's main
+        process once that child is gone. Holders are matched by task id, pid and host, so no
+        owner token is needed; a claim handed over to the task's next attempt is left alone.
+        True if something was released."""
         handle = self.make_lock(args, kwargs)
-        return handle.release_holder(
-            task_id=task_id, pid=pid, host=host, delay=self.lock_options.release_delay
-        )
+        if delay is None:
+            delay = self.lock_options.release_delay
+        return handle.release_holder(task_id=task_id, pid=pid, host=host, delay=delay)
 
     @property
     def lock(self) -> LockHandle | None:

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import weakref
@@ -65,24 +66,49 @@ class SingletonRequest(Request):  # type: ignore[misc]
             exc = getattr(exc_info, "exception", None)
             exc = getattr(exc, "exc", exc)  # ExceptionWithTraceback
             if isinstance(exc, _CHILD_GONE):
-                self._release_for_child()
+                self._release_for_child(again=self._runs_again(exc))
             elif isinstance(exc, TimeLimitExceeded):
                 self._release_after_kill()
+
+    def _runs_again(self, exc: BaseException | None) -> bool:
+        """Whether Celery sends the message of a run that ended with ``exc`` (a lost child, a
+        hard time limit) to run again: requeued (``acks_late`` with ``reject_on_worker_lost``,
+        or not acknowledged on a timeout) or retried (``retry_on_worker_lost``)."""
+        task = self.task
+        lost = isinstance(exc, WorkerLostError)
+        if lost and getattr(task, "retry_on_worker_lost", False):
+            return True
+        if not task.acks_late:
+            return False
+        if lost:
+            return bool(task.reject_on_worker_lost)
+        if exc is None or isinstance(exc, TimeLimitExceeded):
+            # Newer Celery splits acks_on_failure_or_timeout; an unset part falls back to it,
+            # and an unset whole acknowledges.
+            ack = getattr(task, "acks_on_timeout", None)
+            if ack is None:
+                ack = getattr(task, "acks_on_failure_or_timeout", None)
+            return ack is not None and not ack
+        return False
 
     def _release_after_kill(self) -> None:
         """Past the hard time limit the pool reports the run (on_failure, on_timeout) while its
         child still runs, and only then kills it: freeing the lock now would let another run
         of the key start beside the dying one. Free it once the pool has killed the child."""
+        release = functools.partial(self._release_for_child, again=self._runs_again(None))
         hub = get_event_loop()
         if hub is not None:
             # After the timer callback that kills the child (billiard: on_hard_timeout).
-            hub.call_later(0, self._release_for_child)  # type: ignore[no-untyped-call]
+            hub.call_later(0, release)  # type: ignore[no-untyped-call]
         else:
-            timer = threading.Timer(_KILL_GRACE, self._release_for_child)
+            timer = threading.Timer(_KILL_GRACE, release)
             timer.daemon = True
             timer.start()
 
-    def _release_for_child(self) -> None:
+    def _release_for_child(self, *, again: bool) -> None:
+        """Free the lock the child ran under. A run cut off before its end leaves no
+        delay-after when its message runs ``again``: the delay-after is for a job that ended,
+        and would stand in the way of that very message."""
         task = self.task
         if not self.worker_pid:
             return  # no child is known to have run it: there is no holder to match
@@ -90,7 +116,12 @@ class SingletonRequest(Request):  # type: ignore[misc]
             name = task.lock_name(self.args, self.kwargs)
             # The child ran on this machine: its holder record carries this host name.
             released = task.release_holder(
-                self.args, self.kwargs, task_id=self.id, pid=self.worker_pid, host=HOSTNAME
+                self.args,
+                self.kwargs,
+                task_id=self.id,
+                pid=self.worker_pid,
+                host=HOSTNAME,
+                delay=0.0 if again else None,
             )
         except LockError as exc:
             log.warning("could not free the lock of %s[%s]: %s", task.name, self.id, exc)

@@ -86,12 +86,7 @@ def make_app(url: str, prefix: str, queue: str = "celery") -> Celery:
             record(self, "end", key)
         return int(self.lock.token)
 
-    @app.task(
-        base=SingletonTask, bind=True, shared=False, name="pool_app.stuck",
-        lock_key="pool:{key}", lock_lease=LEASE, lock_ttl=3600, time_limit=STUCK_LIMIT,
-        acks_late=True, reject_on_worker_lost=True, acks_on_failure_or_timeout=False,
-    )  # fmt: skip
-    def stuck(self: Any, key: str) -> int:
+    def stuck_body(self: Any, key: str) -> int:
         """Its first delivery is stuck until its hard time limit kills it, deaf to SIGTERM as
         a body blocked in C code is (the pool then kills it 0.1 s later); the message is
         delivered again (``acks_late``, not acknowledged on timeout), and that copy returns."""
@@ -106,6 +101,21 @@ def make_app(url: str, prefix: str, queue: str = "celery") -> Celery:
                 time.sleep(0.02)
         record(self, "end", key, delivery=count)
         return int(self.lock.token)
+
+    stuck_options: dict[str, Any] = {
+        "lock_key": "pool:{key}", "lock_lease": LEASE, "lock_ttl": 3600,
+        "time_limit": STUCK_LIMIT, "acks_late": True, "reject_on_worker_lost": True,
+        "acks_on_failure_or_timeout": False,
+    }  # fmt: skip
+    app.task(base=SingletonTask, bind=True, shared=False, name="pool_app.stuck", **stuck_options)(
+        stuck_body
+    )
+    # The same with a delay-after: the killed first delivery did not end, so it leaves none
+    # in the way of its own message coming back.
+    app.task(
+        base=SingletonTask, bind=True, shared=False, name="pool_app.stuck_cooling",
+        lock_release_delay=600, **stuck_options,
+    )(stuck_body)  # fmt: skip
 
     @app.task(
         base=SingletonTask, bind=True, shared=False, name="pool_app.spin",
