@@ -112,3 +112,29 @@ def test_enqueue_claim_stranded_by_a_blip_is_taken_over_and_does_not_block_the_k
         again = job.delay("sync")
         assert again.id != result.id
         assert again.get(timeout=TIMEOUT)["retries"] == 0
+
+
+@pytest.mark.parametrize("on_enqueue", ["until_start", "debounce"])
+def test_queue_claim_stranded_by_a_blip_is_freed_by_the_retry(
+    celery_lock_app: Celery,
+    in_process_worker: WorkerFactory,
+    proxy: OutageProxy,
+    server: redis.Redis,
+    lock_prefix: str,
+    on_enqueue: str,
+) -> None:
+    """Attempt 0 could not free its queue claim (the lock Redis did not answer as it
+    started); its retry frees it, so the next call of the key is queued, not deduplicated
+    to a call that already ran."""
+    job = retrying_task(celery_lock_app, proxy, lock_on_enqueue=on_enqueue)
+    result = job.delay("sync")
+    assert holder(server, lock_prefix, "job:sync#queued")["owner"] == f"claim:{result.id}:0"
+    proxy.down()
+    with in_process_worker(celery_lock_app, concurrency=1):
+        wait_until(lambda: result.state == "RETRY", "the run to be retried")
+        proxy.up()
+        assert result.get(timeout=TIMEOUT)["retries"] >= 1
+        assert not holder(server, lock_prefix, "job:sync#queued")
+        again = job.delay("sync")
+        assert again.id != result.id
+        assert again.get(timeout=TIMEOUT)["retries"] == 0

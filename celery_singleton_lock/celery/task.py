@@ -341,32 +341,37 @@ class SingletonTask(Task):  # type: ignore[misc]
 
     def _leave_queue_at_acquire(self, lease: LockHandle) -> bool:
         """``until_start``/``debounce``: True if the queue claim is freed by the run lock's
-        first acquire (same round trip), or there is none to free (a retry holds the run
-        lock handed to it, never a queue claim); else :meth:`_leave_queue` frees it first."""
+        first acquire (same round trip); else :meth:`_leave_queue` frees it first. A retry
+        frees it too: attempt 0 may have failed before it could (the lock Redis did not
+        answer as it started)."""
         request = self.request
-        if request.retries:
-            return True
-        return isinstance(lease, Lease) and claims.free_at_acquire(self, lease, request.id)
+        return isinstance(lease, Lease) and claims.free_at_acquire(
+            self, lease, request.id, replaceable=not request.retries
+        )
 
     def _replaced_at_acquire(self, lease: LockHandle) -> bool:
         """``debounce``: True if a later call took this one's queue claim over, so the first
         acquire stopped there. ``until_start`` never replaces a call it let into the queue: a
         claim another call holds by then (this one's ran out or was freed) changes nothing,
-        and the run honours ``lock_wait`` and ``lock_conflict`` as any other."""
+        and the run honours ``lock_wait`` and ``lock_conflict`` as any other; nor is a retry,
+        which continues a call that started."""
         if self.lock_options.on_enqueue != DEBOUNCE or not isinstance(lease, Lease):
+            return False
+        if self.request.retries:
             return False
         return claims.replaced_at_acquire(lease)
 
     def _leave_queue(self, args: Any, kwargs: Any) -> bool:
         """``until_start``/``debounce``: this call is no longer queued, so another may queue
-        meanwhile. False if a later call replaced it in the queue (``debounce``)."""
+        meanwhile. False if a later call replaced it in the queue (``debounce``, never for a
+        retry)."""
         request = self.request
         try:
             code = claims.free_claim(self, args, kwargs, task_id=request.id, attempt=0)
         except LockError as exc:  # the claim runs out by itself
             log.warning("%s[%s] could not free its queue claim: %s", self.name, request.id, exc)
             return True
-        return not (code == -1 and self.lock_options.on_enqueue == DEBOUNCE)
+        return not (code == -1 and self.lock_options.on_enqueue == DEBOUNCE and not request.retries)
 
     def _replaced(self, lease: LockHandle, args: Any, kwargs: Any) -> Any:
         request, name = self.request, lease.name
