@@ -143,16 +143,21 @@ def test_exhausted_retries_keep_the_release_delay(
 # -- item: a redelivered copy of a running task ----------------------------------------------
 
 
-@pytest.mark.parametrize("lock_wait", [0, 60], ids=["skip", "wait"])
+@pytest.mark.parametrize(
+    ("lock_wait", "lock_mode"),
+    [(0, "exclusive"), (60, "exclusive"), (0, "write")],
+    ids=["skip", "wait", "write"],
+)
 def test_redelivered_copy_of_a_running_task_is_requeued_and_dropped_once_it_finished(
-    celery_lock_app: Celery, in_process_worker: WorkerFactory, lock_wait: float
+    celery_lock_app: Celery, in_process_worker: WorkerFactory, lock_wait: float, lock_mode: str
 ) -> None:
     started, finish = threading.Event(), threading.Event()
     runs: list[tuple[float, float]] = []
 
     @celery_lock_app.task(
-        base=SingletonTask, shared=False, lock_wait=lock_wait, lock_lease=3, max_retries=0
-    )
+        base=SingletonTask, shared=False, lock_wait=lock_wait, lock_lease=3, max_retries=0,
+        lock_mode=lock_mode,
+    )  # fmt: skip
     def report(day: str) -> str:
         began = time.monotonic()
         started.set()
@@ -172,7 +177,8 @@ def test_redelivered_copy_of_a_running_task_is_requeued_and_dropped_once_it_fini
         wait_until(lambda: bool(states.get(original.id)), "the copy to be re-queued")
         assert states[original.id] == ["IGNORED"]
         assert original.state == "PENDING"  # the copy stored nothing under the original's id
-        assert any("re-queued: a live copy of this task id runs on" in m for m in messages)
+        live = "a live copy of this task id" if lock_mode == "exclusive" else "a hold of this"
+        assert any(f"re-queued: {live}" in m for m in messages), messages
         # Not acked into oblivion: it looks again, finds the original still live (its
         # heartbeat renews it), and is re-queued again, without using up a retry.
         wait_until(lambda: len(states[original.id]) >= 2, "the re-queued copy to look again")

@@ -134,6 +134,17 @@ def decide(
     return Verdict(REQUEUE, f"re-queued: a live copy of this task id runs on {where}", countdown)
 
 
+def requeue_verdict(task: Any) -> Verdict:
+    """For the lock kinds that cannot take a hold over (reader-writer, range, multi-key): a
+    hold of this task id may be a live original, so re-queue and look again once a dead
+    holder's lease (``lock_lease``) could have run out."""
+    countdown = task.lock_options.lease + MARGIN_S
+    cap = max_countdown(task.app)
+    if cap is not None:
+        countdown = min(countdown, cap)
+    return Verdict(REQUEUE, "re-queued: a hold of this task id stands", countdown)
+
+
 def pid_gone(pid: int) -> bool:
     """True if no process ``pid`` exists on this host."""
     try:

@@ -412,9 +412,13 @@ class SingletonTask(Task):  # type: ignore[misc]
         if not any(holder.task_id == request.id for holder in found):
             return False
         if not isinstance(lease, Lease):
-            self._ignore_copy_of_self(lease, found)  # no take-over for the other kinds
-            return False
-        hold, verdict = own_holds.assess(self, lease, node)
+            # No take-over for the other kinds: the copy looks again once a dead holder's
+            # lease could have run out, until the hold is gone or its task finished.
+            cooling = [holder for holder in found if holder.cooldown_until_ms is not None]
+            self._ignore_copy_of_self(lease, cooling)  # the delay-after of this very call
+            hold, verdict = None, own_holds.requeue_verdict(self)
+        else:
+            hold, verdict = own_holds.assess(self, lease, node)
         if hold is not None and verdict is not None and verdict.action == own_holds.TAKE_OVER:
             lease.take_over = hold.owner
             if lease.acquire(0.0):
