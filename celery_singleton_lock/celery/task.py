@@ -411,15 +411,22 @@ class SingletonTask(Task):  # type: ignore[misc]
         request = self.request
         if not any(holder.task_id == request.id for holder in found):
             return False
-        if not isinstance(lease, Lease):
+        hold: own_holds.OwnHold | None = None
+        verdict: own_holds.Verdict | None
+        if isinstance(lease, Lease):
+            hold, verdict = own_holds.assess(self, lease, node)
+        else:
             # No take-over for the other kinds: the copy looks again once a dead holder's
             # lease could have run out, until the hold is gone or its task finished.
             cooling = [holder for holder in found if holder.cooldown_until_ms is not None]
             self._ignore_copy_of_self(lease, cooling)  # the delay-after of this very call
-            hold, verdict = None, own_holds.requeue_verdict(self)
-        else:
-            hold, verdict = own_holds.assess(self, lease, node)
-        if hold is not None and verdict is not None and verdict.action == own_holds.TAKE_OVER:
+            verdict = own_holds.requeue_verdict(self)
+        if (
+            isinstance(lease, Lease)
+            and hold is not None
+            and verdict is not None
+            and verdict.action == own_holds.TAKE_OVER
+        ):
             lease.take_over = hold.owner
             if lease.acquire(0.0):
                 log.warning("%s[%s] %s on %r", self.name, request.id, verdict.why, lease.name)
