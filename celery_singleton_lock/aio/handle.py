@@ -227,6 +227,8 @@ class AsyncLockHandle(HandleState):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if not self._mine():
+            return  # the body gave it back itself (release): nothing to release
         try:
             await self.release()
         except (LockLost, LockBackendError):

@@ -288,6 +288,8 @@ class LockHandle(HandleState, ABC):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if not self._mine():
+            return  # the body gave it back itself (release, hand_over): nothing to release
         try:
             self.release()
         except (LockLost, LockBackendError):
