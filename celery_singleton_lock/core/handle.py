@@ -138,11 +138,11 @@ class LockHandle(HandleState, ABC):
     def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:
         """One script call renewing ``entries``; its reply has one code per entry."""
 
-    def _renew_units(self, owner: str, ttl_ms: int) -> list[RenewUnit]:
+    def _renew_units(self, owner: str, ttl_ms: int, gen: int) -> list[RenewUnit]:
         """On a Redis Cluster, this handle's renewal in units of one slot each: by default
         the whole handle, renewed by its class in the slot of its channel (every key of a
         one-name kind shares that slot)."""
-        return [(type(self)._renew_script_call, self._channel, (self, owner, ttl_ms))]
+        return [(type(self)._renew_script_call, self._channel, (self, owner, ttl_ms, gen))]
 
     @abstractmethod
     def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
@@ -269,11 +269,11 @@ class LockHandle(HandleState, ABC):
 
         On a handle already found lost it raises that :class:`LockLost` again, with no
         round trip: a lost lock is never renewed again, even if its key is still there."""
-        owner, ttl, ttl_ms = self._begin_extend(ttl)
+        owner, _, ttl_ms, gen = self._begin_extend(ttl)
         sent_at = time.monotonic()
-        calls, decode = renew_calls(self._conn, [(self, owner, ttl_ms)])
+        calls, decode = renew_calls(self._conn, [(self, owner, ttl_ms, gen)])
         (code,) = decode(self._conn.call(run_batch, self._conn.redis, calls))
-        return self._extended(owner, ttl, ttl_ms, code, sent_at)
+        return self._extended(owner, code, sent_at, gen)
 
     # -- context manager ---------------------------------------------------------------------
 

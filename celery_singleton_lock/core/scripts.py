@@ -319,12 +319,13 @@ class Scripts:
         reply = self._release_holder(keys=(lock_key,), args=(task_id, pid, host, delay_ms, channel))
         return bool(reply)
 
-    def renew_call(self, leases: Sequence[tuple[bytes, str, int]]) -> ScriptCall:
-        """The renew.lua call for (lock key, owner, ttl ms) triples, to batch with others."""
-        keys = [key for key, _, _ in leases]
+    def renew_call(self, leases: Sequence[tuple[bytes, str, int, int]]) -> ScriptCall:
+        """The renew.lua call for (lock key, owner, ttl ms, generation) tuples, to batch
+        with others."""
+        keys = [key for key, _, _, _ in leases]
         args: list[Any] = []
-        for _, owner, ttl_ms in leases:
-            args += (owner, ttl_ms)
+        for _, owner, ttl_ms, gen in leases:
+            args += (owner, ttl_ms, gen)
         return self._renew, keys, args
 
 

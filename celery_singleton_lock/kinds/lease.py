@@ -332,11 +332,11 @@ class Lease(LockHandle):
     @classmethod
     def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:
         return conn.scripts.renew_call(
-            [(lease._keys.lock, owner, ttl_ms) for lease, owner, ttl_ms in entries]
+            [(lease._keys.lock, owner, ttl_ms, gen) for lease, owner, ttl_ms, gen in entries]
         )
 
-    def _renew_units(self, owner: str, ttl_ms: int) -> list[RenewUnit]:
-        return [(renew_lease_keys, self._keys.lock, (self._keys.lock, owner, ttl_ms))]
+    def _renew_units(self, owner: str, ttl_ms: int, gen: int) -> list[RenewUnit]:
+        return [(renew_lease_keys, self._keys.lock, (self._keys.lock, owner, ttl_ms, gen))]
 
     def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
         return release_holder(
@@ -525,8 +525,9 @@ def read_lease_holders(conn: Connection, keys: list[bytes]) -> list[HolderRecord
     return holders
 
 
-def renew_lease_keys(conn: Connection, units: list[tuple[bytes, str, int]]) -> ScriptCall:
-    """One renew.lua call for (lock key, owner, ttl ms) units: on a Redis Cluster the leases
+def renew_lease_keys(conn: Connection, units: list[tuple[bytes, str, int, int]]) -> ScriptCall:
+    """One renew.lua call for (lock key, owner, ttl ms, generation) units: on a Redis
+    Cluster the leases
     and the names of multi-key locks in one slot are renewed together by it."""
     return conn.scripts.renew_call(units)
 
