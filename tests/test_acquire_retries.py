@@ -256,3 +256,25 @@ def test_an_async_acquire_sent_again_after_its_reply_was_lost_holds_with_its_tok
             await client.close()
 
     asyncio.run(body())
+
+
+# -- a release sent again ----------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["lease", "multi", "write"])
+def test_a_delayed_release_sent_again_after_its_reply_was_lost_is_a_release(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=1)
+    try:
+        warm_up(client, kind)
+        handle = KINDS[kind](client)
+        assert handle.acquire()
+        proxy.hold_next_reply()
+        handle.release(delay=60)  # the first run's reply held back; the retry's answered
+        assert proxy.holding.is_set()
+        assert not handle.held and not handle.lost
+        assert not free(lock_client, kind)  # in its delay-after
+    finally:
+        client.close()
