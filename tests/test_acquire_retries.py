@@ -11,8 +11,6 @@ claim (a fixed owner token) the attempt took over, or held already, stays as it 
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -117,35 +115,23 @@ def test_an_acquire_that_raised_with_its_reply_lost_leaves_the_name_free(
 
 
 @pytest.mark.timeout(60)
-def test_a_waiting_acquire_that_raised_with_its_reply_lost_leaves_the_name_free(
-    lock_client: LockClient, proxy: HoldingProxy
+@pytest.mark.parametrize("fair", [False, True], ids=["pubsub", "fair"])
+def test_an_acquire_that_would_wait_and_raised_with_its_reply_lost_leaves_the_name_free(
+    lock_client: LockClient, proxy: HoldingProxy, fair: bool
 ) -> None:
+    """Its first attempt (marking the name for a release to wake it, or queueing) took the
+    free name, and its reply was lost."""
     client = proxied_client(lock_client, proxy, retries=0)
     try:
         warm_up(client, "lease")
-        holder = lock_client.lease("n", ttl=1.0, heartbeat=False)
-        assert holder.acquire()
-        waiter = client.lease("n", ttl=30)
-        errors: list[BaseException] = []
-
-        def wait() -> None:
-            try:
-                waiter.acquire(wait=20)
-            except BaseException as exc:
-                errors.append(exc)
-
-        thread = threading.Thread(target=wait)
-        thread.start()
-        lock = lock_keys(lock_client.prefix, "n").lock
-        deadline = time.monotonic() + 10
-        while not lock_client.redis.hexists(lock, "waiting"):  # its first attempt failed
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        proxy.hold_next_reply()  # that of its next attempt, once the holder ran out
-        thread.join(20)
-        assert [type(e) for e in errors] == [LockBackendError]
+        waiter = client.lease("n", ttl=30, fair=fair)
+        proxy.hold_next_reply()
+        with pytest.raises(LockBackendError):
+            waiter.acquire(wait=10)
+        assert proxy.holding.is_set()
         assert not waiter.held
         assert free(lock_client, "lease")
+        assert not lock_client.redis.exists(lock_keys(lock_client.prefix, "n").base + b"queue")
     finally:
         client.close()
 
@@ -278,3 +264,30 @@ def test_a_delayed_release_sent_again_after_its_reply_was_lost_is_a_release(
         assert not free(lock_client, kind)  # in its delay-after
     finally:
         client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_an_async_acquire_that_raised_with_its_reply_lost_leaves_the_name_free(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str
+) -> None:
+    async def body() -> None:
+        via = redis.asyncio.Redis(
+            port=proxy.port, socket_timeout=0.5, retry=AsyncRetry(NoBackoff(), 0)
+        )
+        client = AsyncLockClient(via, prefix=lock_client.prefix)
+        try:
+            warm = KINDS[kind](client)
+            assert await warm.acquire()
+            await warm.release()
+            handle = KINDS[kind](client)
+            proxy.hold_next_reply()
+            with pytest.raises(LockBackendError):
+                await handle.acquire()
+            assert proxy.holding.is_set()
+            assert not handle.held
+            assert free(lock_client, kind)
+        finally:
+            await client.close()
+
+    asyncio.run(body())
