@@ -527,8 +527,8 @@ def read_lease_holders(conn: Connection, keys: list[bytes]) -> list[HolderRecord
 
 def renew_lease_keys(conn: Connection, units: list[tuple[bytes, str, int, int]]) -> ScriptCall:
     """One renew.lua call for (lock key, owner, ttl ms, generation) units: on a Redis
-    Cluster the leases
-    and the names of multi-key locks in one slot are renewed together by it."""
+    Cluster the leases and the names of multi-key locks in one slot are renewed together
+    by it."""
     return conn.scripts.renew_call(units)
 
 

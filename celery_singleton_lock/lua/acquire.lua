@@ -40,9 +40,9 @@
 --
 -- The fencing token is max(last token + 1, server time in microseconds): see fencing.lua.
 --
--- A claim taken over is not deleted but renamed to P{T}:undo:<new token>, with its own
--- expiry: if the reply of this attempt is lost, acquire_undo.lua puts the claim back, so an
--- attempt that failed never frees a queued message's claim.
+-- A claim taken over is not deleted but renamed to P{T}:undo:<new token>, keeping its own
+-- expiry (it is left to run out): if the reply of this attempt is lost, acquire_undo.lua
+-- puts the claim back, so an attempt that failed never frees a queued message's claim.
 --
 -- The release of KEYS[3] comes first and stands whatever the acquire does. Its keys are
 -- another name's (another hash tag): not for a Redis Cluster. A release.lua of a marked
@@ -72,7 +72,8 @@ if remaining ~= -2 then
   local owner = redis.call('HGET', KEYS[1], 'owner')
   if owner == ARGV[1] then
     -- Ours already: this very attempt sent again after its reply was lost (redis-py's
-    -- retry), or a fair waiter handed the lease while it was not listening.
+    -- retry), a fair waiter handed the lease while it was not listening, or a claim this
+    -- fixed owner token holds.
     if ARGV[5] == 'fair' then
       redis.call('DEL', KEYS[4], KEYS[5])
     end
