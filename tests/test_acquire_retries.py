@@ -291,3 +291,23 @@ def test_an_async_acquire_that_raised_with_its_reply_lost_leaves_the_name_free(
             await client.close()
 
     asyncio.run(body())
+
+
+@pytest.mark.timeout(60)
+def test_a_hand_over_sent_again_after_its_reply_was_lost_is_a_hand_over(
+    lock_client: LockClient, proxy: HoldingProxy
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=1)
+    try:
+        warm = client.lease("warm-up")
+        assert warm.acquire()
+        warm.hand_over("claim:w:1", ttl=1)  # the script loaded
+        lease = client.lease("n", ttl=30, owner_info={"task_id": "t1"})
+        assert lease.acquire()
+        proxy.hold_next_reply()
+        lease.hand_over("claim:t1:1", ttl=60, owner_info={"task_id": "t1"})
+        assert proxy.holding.is_set()
+        assert not lease.held
+        assert lock_client.holders("n") == [HolderRecord(owner="claim:t1:1", task_id="t1")]
+    finally:
+        client.close()

@@ -15,12 +15,13 @@ for i = 1, #KEYS / 8 do
   local gen = tonumber(ARGV[3 * i])
   local expiry = tonumber(redis.call('ZSCORE', KEYS[o + 1], owner))
   local holder = redis.call('HMGET', KEYS[o + 8], 'deadline_ms', 'state', 'gen')
+  local stored = tonumber(holder[3]) or 0
   if not expiry or expiry <= now_ms then
     prune(o, false)
     result[i] = 0
   elseif holder[2] == 'cooldown' then
     result[i] = 0
-  elseif gen < (tonumber(holder[3]) or 0) then
+  elseif gen < stored then
     result[i] = math.max(1, expiry - now_ms)
   else
     local lease = tonumber(ARGV[3 * i - 1])
@@ -33,7 +34,10 @@ for i = 1, #KEYS / 8 do
     else
       redis.call('ZADD', KEYS[o + 1], now_ms + lease, owner)
       redis.call('PEXPIRE', KEYS[o + 8], lease)
-      redis.call('HSET', KEYS[o + 8], 'renewed_ms', now_ms, 'ttl_ms', ARGV[3 * i - 1], 'gen', gen)
+      redis.call('HSET', KEYS[o + 8], 'renewed_ms', now_ms, 'ttl_ms', ARGV[3 * i - 1])
+      if gen > stored then
+        redis.call('HSET', KEYS[o + 8], 'gen', gen)
+      end
       refresh(o)
       result[i] = lease
     end

@@ -18,11 +18,12 @@ for i = 1, #ARGV / 4 do
     k = k + 1
     local holder = redis.call('HMGET', KEYS[k], 'owner', 'deadline_ms', 'state', 'gen')
     local this
+    local stored = tonumber(holder[4]) or 0
     if not holder[1] then
       this = 0
     elseif holder[1] == '' or holder[3] == 'cooldown' or holder[1] ~= ARGV[4 * i - 2] then
       this = -1
-    elseif gen < (tonumber(holder[4]) or 0) then
+    elseif gen < stored then
       this = math.max(1, redis.call('PTTL', KEYS[k]))
     else
       local lease = tonumber(ARGV[4 * i - 1])
@@ -34,7 +35,10 @@ for i = 1, #ARGV / 4 do
         this = -2
       else
         redis.call('PEXPIRE', KEYS[k], lease)
-        redis.call('HSET', KEYS[k], 'renewed_ms', now_ms, 'ttl_ms', ARGV[4 * i - 1], 'gen', gen)
+        redis.call('HSET', KEYS[k], 'renewed_ms', now_ms, 'ttl_ms', ARGV[4 * i - 1])
+        if gen > stored then
+          redis.call('HSET', KEYS[k], 'gen', gen)
+        end
         this = lease
       end
     end

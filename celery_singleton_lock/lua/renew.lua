@@ -12,7 +12,7 @@
 --
 -- Renewals of one holder can race: a heartbeat tick read the old lease length, and an
 -- extend sent after it runs first. So a renewal of a generation older than the lease's
--- (stored as `gen`) leaves it alone and answers the ms it has; one of the same or a newer
+-- (stored as `gen` once an extend raised it) leaves it alone and answers the ms it has; one of the same or a newer
 -- generation renews. Within one generation the length asked is the same, so no renewal
 -- shortens what a later one of that generation set.
 local t = redis.call('TIME')
@@ -20,12 +20,12 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local result = {}
 for i, key in ipairs(KEYS) do
   local holder = redis.call('HMGET', key, 'owner', 'deadline_ms', 'state', 'gen')
-  local gen = tonumber(ARGV[3 * i])
+  local gen, stored = tonumber(ARGV[3 * i]), tonumber(holder[4]) or 0
   if not holder[1] then
     result[i] = 0
   elseif holder[1] == '' or holder[3] == 'cooldown' or holder[1] ~= ARGV[3 * i - 2] then
     result[i] = -1
-  elseif gen < (tonumber(holder[4]) or 0) then
+  elseif gen < stored then
     result[i] = math.max(1, redis.call('PTTL', key))
   else
     local lease = tonumber(ARGV[3 * i - 1])
@@ -37,7 +37,10 @@ for i, key in ipairs(KEYS) do
       result[i] = -2
     else
       redis.call('PEXPIRE', key, lease)
-      redis.call('HSET', key, 'renewed_ms', now_ms, 'ttl_ms', ARGV[3 * i - 1], 'gen', gen)
+      redis.call('HSET', key, 'renewed_ms', now_ms, 'ttl_ms', ARGV[3 * i - 1])
+      if gen > stored then
+        redis.call('HSET', key, 'gen', gen)
+      end
       result[i] = lease
     end
   end
