@@ -114,7 +114,7 @@ def test_on_lost_raising_a_base_exception_in_the_callers_thread_reaches_the_call
 class EscapingLease(Lease):
     """A lease whose renewal result handler lets a BaseException out of the tick."""
 
-    def _renewed(self, owner: str | None, code: int, sent_at: float) -> None:
+    def _renewed(self, owner: str | None, code: int, sent_at: float, gen: int) -> None:
         raise SystemExit("escaped a tick")
 
 

@@ -1,12 +1,11 @@
 """A connection cut in the middle of a multi-key acquire never leaves a subset of the names
 held. A Redis script is atomic, so a cut either loses the reply (the script ran: every name is
-held, by an owner the client never learnt, and all of them expire within the ttl) or the
-request (nothing is held). A small TCP proxy between client and Redis makes both cuts
+held, by the owner of the acquire that raised, which gives them back) or the request (nothing
+is held). A small TCP proxy between client and Redis makes both cuts
 (support/proxies.py)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -51,19 +50,10 @@ def test_a_cut_multi_acquire_holds_all_names_or_none_and_everything_expires(
     with pytest.raises(LockBackendError):
         multi.acquire()
     assert proxy.cut.wait(5)
-    owners = holders(direct)
-    if mode == "reply":
-        # The script ran: every name held by the one owner the client never heard of...
-        assert owners[0] is not None and owners == [owners[0]] * len(NAMES), owners
-        assert not multi.held
-        assert not client.multi(NAMES).acquire(0)
-        # ...and all of it expires within the ttl.
-        deadline = time.monotonic() + 1.5 + 2
-        while any(holders(direct)):
-            assert time.monotonic() < deadline, holders(direct)
-            time.sleep(0.02)
-    else:
-        assert owners == [None] * len(NAMES), owners
+    # "reply": the script ran, every name held by an owner the client never heard of; the
+    # failed acquire gave them back. "request": nothing ran. Either way nothing is held.
+    assert holders(direct) == [None] * len(NAMES)
+    assert not multi.held
     # Never a subset; afterwards the names are free for anyone, through the same client.
     again = client.multi(NAMES, ttl=5, heartbeat=False)
     assert again.acquire()

@@ -40,7 +40,7 @@ INTACT_MS = 50_000
 
 def renew_as_sent(client: LockClient, handle: Any, owner: str) -> list[int]:
     """Run the renewal the heartbeat builds for ``handle`` with owner token ``owner``."""
-    calls, decode = renew_calls(client, [(handle, owner, handle._ttl_ms)])
+    calls, decode = renew_calls(client, [(handle, owner, *handle._renewal)])
     return decode(client.connection.call(run_batch, client.redis, calls))
 
 
@@ -116,7 +116,7 @@ def test_lease_renewal_never_matches_an_ownerless_delay_after(lock_client: LockC
     lease = lock_client.lease("cool", ttl=3)
     assert lease.acquire()
     lease.release(delay=DELAY)
-    calls = [lock_client.connection.scripts.renew_call([(lease._keys.lock, "", 3000)])]
+    calls = [lock_client.connection.scripts.renew_call([(lease._keys.lock, "", 3000, 0)])]
     assert lock_client.connection.call(run_batch, lock_client.redis, calls) == [[-1]]
     assert lock_client.redis.pttl(lease._keys.lock) > INTACT_MS
     both = lock_client.multi(["m-a", "m-b"], ttl=3)

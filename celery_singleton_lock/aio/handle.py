@@ -31,8 +31,9 @@ log = logging.getLogger("celery_singleton_lock.lease")
 
 H = TypeVar("H", bound="AsyncLockHandle")
 
-#: (handle, owner token, ttl ms): one renewal the subclass turns into script arguments.
-RenewEntry = tuple[Any, str, int]
+#: (handle, owner token, ttl ms, generation): one renewal the subclass turns into script
+#: arguments.
+RenewEntry = tuple[Any, str, int, int]
 
 #: Callbacks run when a handle is found lost that are still running (a task nobody else
 #: holds a reference to could be collected half-way).
@@ -208,11 +209,11 @@ class AsyncLockHandle(HandleState):
 
         On a handle already found lost it raises that :class:`LockLost` again, with no
         round trip."""
-        owner, ttl, ttl_ms = self._begin_extend(ttl)
+        owner, _, ttl_ms, gen = self._begin_extend(ttl)
         sent_at = time.monotonic()
-        calls, decode = renew_calls(self._conn, [(self, owner, ttl_ms)])  # type: ignore[arg-type]
+        calls, decode = renew_calls(self._conn, [(self, owner, ttl_ms, gen)])  # type: ignore[arg-type]
         (code,) = decode(await self._conn.batch(calls))
-        return self._extended(owner, ttl, ttl_ms, code, sent_at)
+        return self._extended(owner, code, sent_at, gen)
 
     # -- context manager ---------------------------------------------------------------------
 
@@ -227,6 +228,8 @@ class AsyncLockHandle(HandleState):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if not self._mine():
+            return  # the body gave it back itself (release): nothing to release
         try:
             await self.release()
         except (LockLost, LockBackendError):

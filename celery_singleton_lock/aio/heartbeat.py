@@ -37,9 +37,9 @@ class Renewable(Protocol):
     ttl: float
     _conn: AsyncConnection
     _owner: str | None
-    _ttl_ms: int
+    _renewal: tuple[int, int]
 
-    def _renewed(self, owner: str | None, code: int, sent_at: float) -> None: ...
+    def _renewed(self, owner: str | None, code: int, sent_at: float, gen: int) -> None: ...
 
     def _renewal_failed(self, owner: str | None, error: LockBackendError) -> None: ...
 
@@ -144,13 +144,16 @@ class AsyncHeartbeat:
         """One round trip: the script calls of every kind batched in a pipeline."""
         # A handle released since the tick listed it has no owner token any more: renewing
         # it with an empty one would renew its ownerless delay-after instead.
-        held = [(handle, owner) for handle in handles if (owner := handle._owner) is not None]
-        if not held:
+        entries = [
+            (handle, owner, *handle._renewal)
+            for handle in handles
+            if (owner := handle._owner) is not None
+        ]
+        if not entries:
             return
-        handles = [handle for handle, _ in held]
-        owners: list[str | None] = [owner for _, owner in held]
+        handles = [handle for handle, _, _, _ in entries]
+        owners: list[str | None] = [owner for _, owner, _, _ in entries]
         conn = handles[0]._conn
-        entries = [(h, owner, h._ttl_ms) for h, owner in held]
         calls, decode = renew_calls(conn, entries)  # type: ignore[arg-type]
         sent_at = time.monotonic()
         try:
@@ -171,9 +174,9 @@ class AsyncHeartbeat:
             for handle, owner in zip(handles, owners, strict=True):
                 handle._renewal_failed(owner, exc)
             return
-        for handle, owner, code in zip(handles, owners, codes, strict=True):
+        for (handle, owner, _, gen), code in zip(entries, codes, strict=True):
             if self.holds(handle):
-                handle._renewed(owner, code, sent_at)
+                handle._renewed(owner, code, sent_at, gen)
 
 
 _heartbeats: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncHeartbeat] = (

@@ -128,5 +128,5 @@ class AsyncLease(AsyncLockHandle):
     @classmethod
     def _renew_script_call(cls, conn: AsyncConnection, entries: list[RenewEntry]) -> ScriptCall:
         return conn.scripts.renew_call(
-            [(lease._keys.lock, owner, ttl_ms) for lease, owner, ttl_ms in entries]
+            [(lease._keys.lock, owner, ttl_ms, gen) for lease, owner, ttl_ms, gen in entries]
         )

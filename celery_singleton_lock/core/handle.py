@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ..exceptions import LockBackendError, LockLost
+from ..exceptions import LockBackendError, LockError, LockLost
 from .connection import Connection, HasConnection, connection_of
 from .handle_state import NO_EXPIRY_RECHECK as NO_EXPIRY_RECHECK
 from .handle_state import HandleState, Options, _Process, check_options, retry_in
@@ -138,11 +138,11 @@ class LockHandle(HandleState, ABC):
     def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:
         """One script call renewing ``entries``; its reply has one code per entry."""
 
-    def _renew_units(self, owner: str, ttl_ms: int) -> list[RenewUnit]:
+    def _renew_units(self, owner: str, ttl_ms: int, gen: int) -> list[RenewUnit]:
         """On a Redis Cluster, this handle's renewal in units of one slot each: by default
         the whole handle, renewed by its class in the slot of its channel (every key of a
         one-name kind shares that slot)."""
-        return [(type(self)._renew_script_call, self._channel, (self, owner, ttl_ms))]
+        return [(type(self)._renew_script_call, self._channel, (self, owner, ttl_ms, gen))]
 
     @abstractmethod
     def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
@@ -174,24 +174,47 @@ class LockHandle(HandleState, ABC):
 
         ``wait`` defaults to the handle's own; ``math.inf`` waits forever. A blocked call is
         woken by a release, or when a conflicting holder's lease could have run out.
+
+        If Redis does not answer (:class:`LockBackendError`) or the call is interrupted,
+        what its attempts may have taken or reserved is given back before it raises.
         """
         wait, owner = self._begin_acquire(wait)
         sent_at = time.monotonic()
-        taken, value = self._try_acquire(owner, wait > 0)
-        if not taken:
-            if wait <= 0:
-                return False
-
-            def attempt() -> tuple[bool, int]:
-                nonlocal sent_at
-                sent_at = time.monotonic()
-                return self._try_acquire(owner, True)
-
-            taken, value = self._wait_for(attempt, wait, lambda: self._abandon(owner))
+        try:
+            taken, value = self._try_acquire(owner, wait > 0)
             if not taken:
-                return False
+                if wait <= 0:
+                    return False
+
+                def attempt() -> tuple[bool, int]:
+                    nonlocal sent_at
+                    sent_at = time.monotonic()
+                    return self._try_acquire(owner, True)
+
+                taken, value = self._wait_for(attempt, wait, lambda: self._abandon(owner))
+                if not taken:
+                    return False
+        except BaseException as exc:
+            # A refusal the script answered (LockError, but not LockBackendError) took
+            # nothing; anything else may have come after the script ran.
+            if not isinstance(exc, LockError) or isinstance(exc, LockBackendError):
+                self._undo_attempts(owner)
+            raise
         self._took(owner, value, sent_at)
         return True
+
+    def _undo_attempts(self, owner: str) -> None:
+        """An attempt of this acquire call failed after its send (a timeout, a dropped
+        connection: the script may have run with its reply lost) or the call was
+        interrupted. Give back whatever ``owner`` holds or reserved, so that a caller who
+        got an error holds nothing, rather than the lock staying taken, unrenewed, until its
+        ttl runs out. The owner token is unique to this call, so whatever it holds, this
+        call took (a lease with a fixed owner token narrows this down)."""
+        try:
+            self._abandon(owner)
+            self._release(owner, 0)
+        except LockBackendError:
+            self._withdraw_failed()
 
     def _wait_for(
         self, attempt: Callable[[], tuple[bool, int]], wait: float, abandon: Callable[[], None]
@@ -246,11 +269,11 @@ class LockHandle(HandleState, ABC):
 
         On a handle already found lost it raises that :class:`LockLost` again, with no
         round trip: a lost lock is never renewed again, even if its key is still there."""
-        owner, ttl, ttl_ms = self._begin_extend(ttl)
+        owner, _, ttl_ms, gen = self._begin_extend(ttl)
         sent_at = time.monotonic()
-        calls, decode = renew_calls(self._conn, [(self, owner, ttl_ms)])
+        calls, decode = renew_calls(self._conn, [(self, owner, ttl_ms, gen)])
         (code,) = decode(self._conn.call(run_batch, self._conn.redis, calls))
-        return self._extended(owner, ttl, ttl_ms, code, sent_at)
+        return self._extended(owner, code, sent_at, gen)
 
     # -- context manager ---------------------------------------------------------------------
 
@@ -265,6 +288,8 @@ class LockHandle(HandleState, ABC):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if not self._mine():
+            return  # the body gave it back itself (release, hand_over): nothing to release
         try:
             self.release()
         except (LockLost, LockBackendError):

@@ -185,6 +185,9 @@ class HandleState:
         #: Called with this handle when it is found lost (see the driver's docstring).
         self.on_lost = options.on_lost
         self._max_hold_ms = timing.max_hold_ms
+        # The generation of the renewals: raised by each extend, so that a renewal read
+        # before an extend and answered after it is told apart (see _renewed).
+        self._gen = 0
         self._set_ttl(timing.ttl, timing.ttl_ms)
         self._owner: str | None = None
         self._pid = 0
@@ -270,6 +273,9 @@ class HandleState:
     def _set_ttl(self, ttl: float, ttl_ms: int) -> None:
         """The lease length renewals (and the next acquire) ask for."""
         self.ttl, self._ttl_ms = ttl, ttl_ms
+        #: (lease length in ms, generation) of the next renewal, read by the heartbeat in
+        #: one go: a renewal of a generation always asks for that generation's length.
+        self._renewal = (ttl_ms, self._gen)
         # Seconds the next acquisition holds before its first renewal: worked out here
         # rather than on every acquire.
         self._first_lease = min(ttl_ms, self._max_hold_ms or math.inf) / 1000
@@ -340,9 +346,16 @@ class HandleState:
 
     # -- extend ------------------------------------------------------------------------------
 
-    def _begin_extend(self, ttl: float | None) -> tuple[str, float, int]:
-        """Before an extend's round trip: the owner to renew for, and the ttl it asks for
-        (capped at max_hold) in seconds and ms. A lost handle raises its loss again."""
+    def _begin_extend(self, ttl: float | None) -> tuple[str, float, int, int]:
+        """Before an extend's round trip: the owner to renew for, the ttl it asks for (capped
+        at max_hold) in seconds and ms, and the new generation of renewals it starts. A
+        lost handle raises its loss again.
+
+        Renewals are ordered by generation. The extend takes the next one together with its
+        ttl, before it is sent, so every renewal the heartbeat reads from now on asks for
+        the new ttl. A renewal of an older generation (read before) never changes the lease
+        on the server (renew.lua) nor this handle's view of it (:meth:`_renewed`), whichever
+        lands or is read first; within one generation no renewal shortens the lease."""
         ttl = self.ttl if ttl is None else validate.check_positive(ttl, "ttl")
         if self.max_hold is not None and ttl > self.max_hold:
             ttl = self.max_hold
@@ -352,10 +365,19 @@ class HandleState:
             raise self._lost.with_traceback(None)
         owner = self._owner
         assert owner is not None
-        return owner, ttl, validate.seconds_to_ms(ttl)
+        ttl_ms = validate.seconds_to_ms(ttl)
+        with self._state:
+            self._gen += 1
+            gen = self._gen
+            self._set_ttl(ttl, ttl_ms)
+            # Until the extend has run the lease may already be shorter than this handle
+            # thinks (it asks for less): no later than the new length from now.
+            self._expires_at = min(self._expires_at, time.monotonic() + ttl)
+        return owner, ttl, ttl_ms, gen
 
-    def _extended(self, owner: str, ttl: float, ttl_ms: int, code: int, sent_at: float) -> float:
-        """The renewal an extend sent at ``sent_at`` answered ``code``: the seconds granted."""
+    def _extended(self, owner: str, code: int, sent_at: float, gen: int) -> float:
+        """The renewal of generation ``gen`` an extend sent at ``sent_at`` answered
+        ``code``: the seconds granted."""
         if code == MAX_HOLD_REACHED:
             return max(0.0, self._expires_at - time.monotonic())
         if code <= 0:
@@ -365,20 +387,24 @@ class HandleState:
         with self._state:
             if self._lost is not None:  # found lost by the heartbeat meanwhile: stays lost
                 raise self._lost.with_traceback(None)
-            self._expires_at = sent_at + code / 1000
-        self._set_ttl(ttl, ttl_ms)
+            if gen == self._gen:  # else a later extend set the lease since
+                self._expires_at = sent_at + code / 1000
         if self.heartbeat:
             self._start_renewing()  # the tick period may have changed
         return code / 1000
 
     # -- heartbeat callbacks -----------------------------------------------------------------
 
-    def _renewed(self, owner: str | None, code: int, sent_at: float) -> None:
-        """The heartbeat's result for this handle; ``owner`` is the owner it renewed for."""
+    def _renewed(self, owner: str | None, code: int, sent_at: float, gen: int) -> None:
+        """The heartbeat's result for this handle; ``owner`` is the owner it renewed for,
+        ``gen`` the generation of renewals it read (see :meth:`_begin_extend`)."""
         if code > 0:
             with self._state:
-                if self._owner == owner:
-                    self._expires_at = sent_at + code / 1000
+                # A renewal of an older generation says nothing about the lease an extend
+                # set since; within a generation no renewal shortens it, so the latest
+                # deadline any of them vouches for holds (replies may be read out of order).
+                if self._owner == owner and gen == self._gen:
+                    self._expires_at = max(self._expires_at, sent_at + code / 1000)
         elif code == MAX_HOLD_REACHED:
             self._stop_renewing()
             log.info("lock %r reached max_hold; it runs out within its ttl", self.name)

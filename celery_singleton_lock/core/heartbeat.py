@@ -50,8 +50,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("celery_singleton_lock.heartbeat")
 
-#: (handle, owner token, ttl ms): one renewal the handle's class turns into script arguments.
-RenewEntry = tuple[Any, str, int]
+#: (handle, owner token, ttl ms, generation): one renewal the handle's class turns into
+#: script arguments (the generation: see ``HandleState._begin_extend``).
+RenewEntry = tuple[Any, str, int, int]
 
 #: Builds the one script call renewing a group of units (its reply: one code per unit).
 Renewer = Callable[["Connection", list[Any]], ScriptCall]
@@ -67,17 +68,17 @@ class Renewable(Protocol):
 
     name: str
     ttl: float
-    _ttl_ms: int
+    _renewal: tuple[int, int]
     _owner: str | None
 
     @property
     def _conn(self) -> Connection: ...
 
-    def _renew_units(self, owner: str, ttl_ms: int) -> list[RenewUnit]:
+    def _renew_units(self, owner: str, ttl_ms: int, gen: int) -> list[RenewUnit]:
         """This handle's renewal as units renewed one slot at a time (Redis Cluster)."""
         ...
 
-    def _renewed(self, owner: str | None, code: int, sent_at: float) -> None: ...
+    def _renewed(self, owner: str | None, code: int, sent_at: float, gen: int) -> None: ...
 
     def _renewal_failed(self, owner: str | None, error: LockBackendError) -> None: ...
 
@@ -335,12 +336,15 @@ class Heartbeat:
         conn = handles[0]._conn
         # A handle released since the tick listed it has no owner token any more: renewing
         # it with none would renew its delay-after instead (the scripts refuse that too).
-        held = [(handle, owner) for handle in handles if (owner := handle._owner) is not None]
-        if not held:
+        entries = [
+            (handle, owner, *handle._renewal)
+            for handle in handles
+            if (owner := handle._owner) is not None
+        ]
+        if not entries:
             return
-        handles = [handle for handle, _ in held]
-        owners = [owner for _, owner in held]
-        entries = [(h, owner, h._ttl_ms) for h, owner in held]
+        handles = [handle for handle, _, _, _ in entries]
+        owners = [owner for _, owner, _, _ in entries]
         calls, decode = renew_calls(conn, entries)
         sent_at = time.monotonic()
         try:
@@ -352,9 +356,9 @@ class Heartbeat:
                     handle._renewal_failed(owner, exc)
             return
         with _applying():
-            for handle, owner, code in zip(handles, owners, codes, strict=True):
+            for (handle, owner, _, gen), code in zip(entries, codes, strict=True):
                 if self.holds(handle):
-                    handle._renewed(owner, code, sent_at)
+                    handle._renewed(owner, code, sent_at, gen)
 
 
 @contextmanager
@@ -482,8 +486,8 @@ def renew_calls(
         groups = {(kind._renew_script_call, 0): group for kind, group in by_kind.items()}
     else:
         slot = conn.redis.keyslot
-        for i, (handle, owner, ttl_ms) in enumerate(entries):
-            for renewer, key, unit in handle._renew_units(owner, ttl_ms):
+        for i, (handle, owner, ttl_ms, gen) in enumerate(entries):
+            for renewer, key, unit in handle._renew_units(owner, ttl_ms, gen):
                 groups.setdefault((renewer, slot(key)), []).append((i, unit))
     calls = [renewer(conn, [u for _, u in group]) for (renewer, _), group in groups.items()]
 

@@ -24,7 +24,15 @@ from .redis_urls import is_cluster
 
 T = TypeVar("T")
 
-SCRIPT_NAMES = ("acquire", "release", "renew", "handover", "release_holder", "fair_abandon")
+SCRIPT_NAMES = (
+    "acquire",
+    "acquire_undo",
+    "release",
+    "renew",
+    "handover",
+    "release_holder",
+    "fair_abandon",
+)
 
 #: Codes shared by release.lua and renew.lua.
 GONE = 0
@@ -229,6 +237,7 @@ class Scripts:
             redis, source_after(WAKE_FAIR_WAITER, "release_holder")
         )
         self._fair_abandon: Script = register(redis, source("fair_abandon"))
+        self._acquire_undo: Script = register(redis, source("acquire_undo"))
 
     def acquire(
         self,
@@ -242,15 +251,18 @@ class Scripts:
         *,
         waiting: bool = False,
         fair_ms: int = 0,
+        attempt: str = "",
     ) -> tuple[bool, int]:
         """(True, fencing token) when taken, else (False, ms until the holder's expiry).
         ``holder``: the holder's fields, packed by :func:`pack_holder`. ``takeover``: the
         owner token of a claim this acquisition may replace. ``waiting``: the caller will
         wait for a release, so a busy holder's release must publish. ``fair_ms`` > 0: it
-        waits in the queue instead, registered for that long."""
+        waits in the queue instead, registered for that long. ``attempt``: the acquire
+        call's id, for :meth:`acquire_undo` (needed when ``owner`` is not the call's own)."""
         keys, args = acquire_call(
-            lock_key, fence_key, owner, ttl_ms, max_hold_ms, holder, takeover, waiting, fair_ms
-        )
+            lock_key, fence_key, owner, ttl_ms, max_hold_ms, holder, takeover, waiting, fair_ms,
+            attempt,
+        )  # fmt: skip
         taken, value = self._acquire(keys=keys, args=args)
         return bool(taken), int(value)
 
@@ -264,6 +276,7 @@ class Scripts:
         holder: bytes,
         takeover: str,
         free: tuple[bytes, str, bool],
+        attempt: str = "",
     ) -> tuple[bool, int, int]:
         """One try of :meth:`acquire` that first releases another lease, ``free`` = (its lock
         key, the owner token holding it, whether to stop when another owner holds it), in
@@ -274,7 +287,7 @@ class Scripts:
         reply = self._acquire(
             keys=(lock_key, fence_key, free_key),
             args=(owner, ttl_ms, max_hold_ms, takeover,
-                  "free-or-stop" if stop else "free", free_owner, holder),
+                  "free-or-stop" if stop else "free", free_owner, holder, attempt),
         )  # fmt: skip
         return bool(reply[0]), int(reply[1]), int(reply[2])
 
@@ -282,6 +295,11 @@ class Scripts:
         """1 released (or handed to the oldest fair waiter), GONE or TAKEN; a release a
         waiter waits for is published on the lock's channel (``P{T}:chan``)."""
         return int(self._release(keys=(lock_key,), args=(owner, delay_ms)))
+
+    def acquire_undo(self, lock_key: bytes, owner: str, attempt: str) -> int:
+        """Undo what the acquire call ``attempt`` of ``owner`` took (acquire_undo.lua): 2 a
+        claim taken over is back, 1 it holds the name (release it), 0 nothing of its own."""
+        return int(self._acquire_undo(keys=(lock_key,), args=(owner, attempt)))
 
     def fair_abandon(self, lock_key: bytes, owner: str) -> int:
         """A fair waiter gives up: its fencing token if it was handed the lease meanwhile
@@ -301,12 +319,13 @@ class Scripts:
         reply = self._release_holder(keys=(lock_key,), args=(task_id, pid, host, delay_ms, channel))
         return bool(reply)
 
-    def renew_call(self, leases: Sequence[tuple[bytes, str, int]]) -> ScriptCall:
-        """The renew.lua call for (lock key, owner, ttl ms) triples, to batch with others."""
-        keys = [key for key, _, _ in leases]
+    def renew_call(self, leases: Sequence[tuple[bytes, str, int, int]]) -> ScriptCall:
+        """The renew.lua call for (lock key, owner, ttl ms, generation) tuples, to batch
+        with others."""
+        keys = [key for key, _, _, _ in leases]
         args: list[Any] = []
-        for _, owner, ttl_ms in leases:
-            args += (owner, ttl_ms)
+        for _, owner, ttl_ms, gen in leases:
+            args += (owner, ttl_ms, gen)
         return self._renew, keys, args
 
 
@@ -326,6 +345,7 @@ def acquire_call(
     takeover: str,
     waiting: bool,
     fair_ms: int,
+    attempt: str = "",
 ) -> tuple[tuple[bytes, ...], tuple[Any, ...]]:
     """KEYS and ARGV of acquire.lua for one attempt (the sync and the asyncio lease's), as
     :meth:`Scripts.acquire` describes its arguments."""
@@ -334,7 +354,7 @@ def acquire_call(
         mode, keys = "fair", (lock_key, fence_key, *fair_keys(key_base(lock_key), owner))
     else:
         mode, keys = "1" if waiting else "", (lock_key, fence_key)
-    return keys, (owner, ttl_ms, max_hold_ms, takeover, mode, fair_ms, holder)
+    return keys, (owner, ttl_ms, max_hold_ms, takeover, mode, fair_ms, holder, attempt)
 
 
 def fair_abandon_keys(lock_key: bytes, owner: str) -> tuple[bytes, ...]:

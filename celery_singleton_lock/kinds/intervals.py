@@ -301,9 +301,9 @@ class IntervalHandle(IntervalHold, LockHandle):
     def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:
         keys: list[bytes] = []
         args: list[Any] = []
-        for handle, owner, ttl_ms in entries:
+        for handle, owner, ttl_ms, gen in entries:
             keys += (*handle._keys.indexes, handle._keys.holder(owner))
-            args += (owner, ttl_ms)
+            args += (owner, ttl_ms, gen)
         return scripts(conn).renew, keys, args
 
 

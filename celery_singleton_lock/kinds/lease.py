@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -130,6 +131,9 @@ class Lease(LockHandle):
         # fresh one, and/or take over a claim held under that token.
         self._fixed_owner = owner
         self._takeover = take_over or ""
+        # The id of the current acquire call when its owner token is fixed ('' otherwise):
+        # what tells what this call took from what that owner held already.
+        self._attempt = ""
         self._free_first: tuple[bytes, str, bool] | None = None
         #: What the last acquire's :meth:`free_first` release did (1 released, 0 nothing
         #: held, -1 held by another owner); None if it had none.
@@ -202,7 +206,34 @@ class Lease(LockHandle):
     def _new_owner(self) -> str:
         owner = self._fixed_owner or super()._new_owner()
         self._queued = owner
+        self._attempt = os.urandom(8).hex() if self._fixed_owner else ""
         return owner
+
+    def _undo_attempts(self, owner: str) -> None:
+        """Undo what this acquire call took, and only that (see the base class).
+
+        The rule, for each way the name can be held by ``owner`` after the failed call:
+
+        - taken fresh by this call: released (its waiters woken, as by a release);
+        - taken over from the claim ``take_over`` by this call: that claim is put back as it
+          was (owner token, holder record, expiry; acquire.lua kept it aside), so a failed
+          take-over never frees the queued message's claim;
+        - held under a fixed ``owner`` token since before this call (a claim that token
+          holds already, which a re-sent attempt finds and answers as taken): left alone.
+
+        The last two need to know which call took the name: a random owner token is the
+        call's own, and a fixed one is stored with the call's id (acquire.lua's ``attempt``).
+        A claim this call freed first (:meth:`free_first`) stays freed: that release stands
+        whatever the acquire does."""
+        conn = self._conn
+        try:
+            if self.fair:
+                self._leave_queue(owner)
+            undone = conn.call(conn.scripts.acquire_undo, self._keys.lock, owner, self._attempt)
+            if undone == 1:
+                self._release(owner, 0)
+        except LockBackendError:
+            self._withdraw_failed()
 
     def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
         conn = self._conn
@@ -225,7 +256,7 @@ class Lease(LockHandle):
         )
         if free is not None:
             taken, value, self.freed_first = conn.call(
-                conn.scripts.acquire_freeing, *acquire_args, free
+                conn.scripts.acquire_freeing, *acquire_args, free, self._attempt
             )
             return taken, value
         taken, value = conn.call(
@@ -233,6 +264,7 @@ class Lease(LockHandle):
             *acquire_args,
             waiting=reserve,
             fair_ms=FAIR_REGISTRATION_MS if reserve and self.fair else 0,
+            attempt=self._attempt,
         )
         # A fair wait's first block ends no later than the holder's lease could.
         self._queued_hint = value
@@ -300,11 +332,11 @@ class Lease(LockHandle):
     @classmethod
     def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:
         return conn.scripts.renew_call(
-            [(lease._keys.lock, owner, ttl_ms) for lease, owner, ttl_ms in entries]
+            [(lease._keys.lock, owner, ttl_ms, gen) for lease, owner, ttl_ms, gen in entries]
         )
 
-    def _renew_units(self, owner: str, ttl_ms: int) -> list[RenewUnit]:
-        return [(renew_lease_keys, self._keys.lock, (self._keys.lock, owner, ttl_ms))]
+    def _renew_units(self, owner: str, ttl_ms: int, gen: int) -> list[RenewUnit]:
+        return [(renew_lease_keys, self._keys.lock, (self._keys.lock, owner, ttl_ms, gen))]
 
     def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
         return release_holder(
@@ -493,9 +525,10 @@ def read_lease_holders(conn: Connection, keys: list[bytes]) -> list[HolderRecord
     return holders
 
 
-def renew_lease_keys(conn: Connection, units: list[tuple[bytes, str, int]]) -> ScriptCall:
-    """One renew.lua call for (lock key, owner, ttl ms) units: on a Redis Cluster the leases
-    and the names of multi-key locks in one slot are renewed together by it."""
+def renew_lease_keys(conn: Connection, units: list[tuple[bytes, str, int, int]]) -> ScriptCall:
+    """One renew.lua call for (lock key, owner, ttl ms, generation) units: on a Redis
+    Cluster the leases and the names of multi-key locks in one slot are renewed together
+    by it."""
     return conn.scripts.renew_call(units)
 
 

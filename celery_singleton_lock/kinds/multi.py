@@ -159,14 +159,14 @@ class MultiLease(LockHandle):
     def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:
         keys: list[bytes] = []
         args: list[Any] = []
-        for handle, owner, ttl_ms in entries:
+        for handle, owner, ttl_ms, gen in entries:
             keys += (k.lock for k in handle._keys)
-            args += (len(handle._keys), owner, ttl_ms)
+            args += (len(handle._keys), owner, ttl_ms, gen)
         return scripts(conn).renew, keys, args
 
-    def _renew_units(self, owner: str, ttl_ms: int) -> list[RenewUnit]:
+    def _renew_units(self, owner: str, ttl_ms: int, gen: int) -> list[RenewUnit]:
         # A script may touch one slot only: each name is renewed as a lease is.
-        return [(renew_lease_keys, k.lock, (k.lock, owner, ttl_ms)) for k in self._keys]
+        return [(renew_lease_keys, k.lock, (k.lock, owner, ttl_ms, gen)) for k in self._keys]
 
     def _listening(self) -> AbstractContextManager[Wakeup]:
         """One Wakeup set by a release of any of the names."""

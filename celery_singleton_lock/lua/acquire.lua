@@ -18,8 +18,13 @@
 --          MessagePack array of strings: the caller packs them once per process and thread
 --          rather than sending a dozen arguments on every attempt; stored as fields of
 --          their own, which the admin listing reads
+-- ARGV[8]: the acquire call's own id, stored as `attempt` with what it takes ('' none): for
+--          an owner token that is not unique per acquire call (a claim's), it tells what
+--          this call took from what that owner held already (acquire_undo.lua)
 -- FENCE_TTL_MS (defined before this text by scripts.py): the fencing counter's ttl, ms
--- returns {1, fencing token}     taken (or, for a fair waiter, handed to it meanwhile)
+-- returns {1, fencing token}     taken, or held by this owner already: a re-sent attempt
+--                                 whose first run's reply was lost (or, for a fair waiter,
+--                                 handed to it meanwhile) gets the token it has, unchanged
 --         {0, remaining ms}       held by another; when a waiter should look again at the latest
 --         with 'free' and 'free-or-stop', a third item: what releasing KEYS[3] did, as
 --         release.lua's codes (1 released, 0 not held, -1 held by another owner)
@@ -34,6 +39,10 @@
 -- is skipped by the release instead of being handed the lease.
 --
 -- The fencing token is max(last token + 1, server time in microseconds): see fencing.lua.
+--
+-- A claim taken over is not deleted but renamed to P{T}:undo:<new token>, keeping its own
+-- expiry (it is left to run out): if the reply of this attempt is lost, acquire_undo.lua
+-- puts the claim back, so an attempt that failed never frees a queued message's claim.
 --
 -- The release of KEYS[3] comes first and stands whatever the acquire does. Its keys are
 -- another name's (another hash tag): not for a Redis Cluster. A release.lua of a marked
@@ -61,12 +70,17 @@ local remaining = redis.call('PTTL', KEYS[1])
 local waiting = nil
 if remaining ~= -2 then
   local owner = redis.call('HGET', KEYS[1], 'owner')
+  if owner == ARGV[1] then
+    -- Ours already: this very attempt sent again after its reply was lost (redis-py's
+    -- retry), a fair waiter handed the lease while it was not listening, or a claim this
+    -- fixed owner token holds.
+    if ARGV[5] == 'fair' then
+      redis.call('DEL', KEYS[4], KEYS[5])
+    end
+    return {1, redis.call('HGET', KEYS[1], 'token'), freed}
+  end
   if ARGV[4] == '' or owner ~= ARGV[4] then
     if ARGV[5] == 'fair' then
-      if owner == ARGV[1] then  -- handed over while it was not listening
-        redis.call('DEL', KEYS[4], KEYS[5])
-        return {1, redis.call('HGET', KEYS[1], 'token')}
-      end
       if redis.call('EXISTS', KEYS[4]) == 0 then
         redis.call('RPUSH', KEYS[3], ARGV[1])
         redis.call('HSET', KEYS[4], 'ttl_ms', ARGV[2], 'max_hold_ms', ARGV[3],
@@ -81,12 +95,14 @@ if remaining ~= -2 then
     return {0, remaining, freed}
   end
   waiting = redis.call('HGET', KEYS[1], 'waiting')
-  redis.call('DEL', KEYS[1])
 end
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
 local token = next_fencing_token(KEYS[2], now_us, FENCE_TTL_MS)
+if remaining ~= -2 then
+  redis.call('RENAME', KEYS[1], string.sub(KEYS[1], 1, -5) .. 'undo:' .. token)
+end
 local lease = tonumber(ARGV[2])
 local max_hold = tonumber(ARGV[3])
 local deadline = 0
@@ -101,6 +117,9 @@ redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token, 'acquired_ms', now
   unpack(cmsgpack.unpack(ARGV[7])))
 if waiting then
   redis.call('HSET', KEYS[1], 'waiting', waiting)
+end
+if ARGV[8] and ARGV[8] ~= '' then
+  redis.call('HSET', KEYS[1], 'attempt', ARGV[8])
 end
 redis.call('PEXPIRE', KEYS[1], lease)
 if ARGV[5] == 'fair' and redis.call('EXISTS', KEYS[4]) == 1 then

@@ -3,10 +3,15 @@
 -- KEYS[1]: lock hash
 -- ARGV[1]: current owner token   ARGV[2]: new owner token   ARGV[3]: new expiry, ms
 -- ARGV[4..]: field, value pairs to set on the holder
--- returns 1 handed over; 0 not held (expired, nobody holds it); -1 held by another owner
+-- returns 1 handed over (also when sent again after its reply was lost: the name is held
+--           by the new owner token already); 0 not held (expired, nobody holds it);
+--         -1 held by another owner
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if not owner then
   return 0
+end
+if owner == ARGV[2] then
+  return 1
 end
 if owner ~= ARGV[1] then
   return -1

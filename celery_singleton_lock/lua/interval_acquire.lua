@@ -7,7 +7,8 @@
 -- ARGV[9]: owner of the upgradable hold a write nests in ('' none)
 -- ARGV[10]: publish channel    ARGV[11]: '1' the caller will wait if blocked ('' it will not)
 -- ARGV[12..]: field, value pairs describing the holder
--- returns {1, fencing token}    taken
+-- returns {1, fencing token}    taken, or held by this owner already: a re-sent attempt whose
+--                               first run's reply was lost gets the token it has, unchanged
 --         {0, ms}                blocked; ms until a conflicting holder could run out
 --         {-3, 0}                the parent upgradable hold is gone or does not cover [lo, hi]
 --
@@ -19,6 +20,11 @@ local parent = ARGV[9]
 local latest = 0  -- ms: the latest expiry of the holders already there
 if parent ~= '' or redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
     KEYS[7], KEYS[11]) > 0 then
+  -- Ours already (owner tokens are unique per acquire call): this very attempt sent again.
+  local mine = redis.call('HMGET', KEYS[8], 'token', 'state')
+  if mine[1] and mine[2] ~= 'cooldown' and redis.call('ZSCORE', KEYS[1], owner) then
+    return {1, mine[1]}
+  end
   local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
   if last[2] then
     latest = tonumber(last[2])

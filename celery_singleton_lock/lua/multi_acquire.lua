@@ -5,16 +5,23 @@
 -- ARGV[4]: fence ttl, ms   ARGV[5]: '1' if the caller will wait for a release, else ''
 -- ARGV[6..5+n]: the names (stored as each hash's `name`)
 -- ARGV[6+n..]: field, value pairs describing the holder (kind, host, pid, ...)
--- returns {1, token 1, ..., token n}   all taken, one fencing token per name
+-- returns {1, token 1, ..., token n}   all taken, one fencing token per name; or all held by
+--                                       this owner already (a re-sent attempt whose first
+--                                       run's reply was lost): the tokens they have
 --         {0, ms}                       some name is held: ms until the first busy one could
 --                                       run out (-1: a busy one has no expiry); nothing taken
 -- One script over every key makes it atomic, so two multi-locks over overlapping names can
 -- never each hold part of what the other needs: no deadlock, no ordering rule.
 local n = #KEYS / 2
 local hint = nil
+local mine, owned = {1}, 0
 for i = 1, n do
   local remaining = redis.call('PTTL', KEYS[i])
-  if remaining ~= -2 then
+  local holder = remaining ~= -2 and redis.call('HMGET', KEYS[i], 'owner', 'token')
+  if holder and holder[1] == ARGV[1] then
+    mine[i + 1] = holder[2]
+    owned = owned + 1
+  elseif remaining ~= -2 then
     if hint == nil or hint < 0 or (remaining >= 0 and remaining < hint) then
       hint = remaining
     end
@@ -25,6 +32,9 @@ for i = 1, n do
 end
 if hint ~= nil then
   return {0, hint}
+end
+if owned == n then
+  return mine
 end
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])

@@ -6,16 +6,19 @@
 -- Waiters mark the hash (acquire.lua): only a marked one is published, and its oldest live
 -- fair waiter is woken to take the freed name itself (wake_fair_waiter.lua, prepended).
 -- returns 1 all released; else -1 if some name is held by another owner, 0 if some expired
+-- A delay-after left names its owner (`released_by`): a delayed release sent again after
+-- its reply was lost (redis-py's retry) finds it released, not held by another.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local delay = tonumber(ARGV[2])
 local result = 1
 for i, key in ipairs(KEYS) do
-  local holder = redis.call('HMGET', key, 'owner', 'token', 'waiting')
+  local holder = redis.call('HMGET', key, 'owner', 'token', 'waiting', 'released_by')
   local owner = holder[1]
   if owner == ARGV[1] and (ARGV[3] == '' or holder[2] == ARGV[3]) then
     if delay > 0 then
-      redis.call('HSET', key, 'owner', '', 'state', 'cooldown', 'released_ms', now_ms)
+      redis.call('HSET', key, 'owner', '', 'state', 'cooldown', 'released_ms', now_ms,
+        'released_by', ARGV[1])
       redis.call('PEXPIRE', key, delay)
     else
       redis.call('DEL', key)
@@ -24,6 +27,8 @@ for i, key in ipairs(KEYS) do
         wake_fair_waiter(string.sub(key, 1, -5))
       end
     end
+  elseif owner == '' and holder[4] == ARGV[1] and ARGV[3] == '' then
+    -- released already, by this very call sent again
   elseif owner then
     result = -1
   elseif result == 1 then

@@ -2,7 +2,9 @@
 -- KEYS[1]: lock hash (P{T}:lock)
 -- ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)
 -- FENCE_TTL_MS (defined before this text by scripts.py): the fencing counter's ttl, ms
--- returns 1   released (or handed to the oldest live fair waiter)
+-- returns 1   released (or handed to the oldest live fair waiter); also for a delayed
+--             release sent again after its reply was lost (redis-py's retry): the delay-after
+--             it left names its owner as `released_by`
 --         0   not held: the lease expired and nobody holds the name
 --        -1   another owner holds the name (or it is in another holder's delay-after)
 --
@@ -20,13 +22,17 @@ if not owner then
   return 0
 end
 if owner ~= ARGV[1] then
+  if owner == '' and redis.call('HGET', KEYS[1], 'released_by') == ARGV[1] then
+    return 1
+  end
   return -1
 end
 local delay = tonumber(ARGV[2])
 if delay > 0 then
   local t = redis.call('TIME')
   local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('HSET', KEYS[1], 'owner', '', 'state', 'cooldown', 'released_ms', now_ms)
+  redis.call('HSET', KEYS[1], 'owner', '', 'state', 'cooldown', 'released_ms', now_ms,
+    'released_by', ARGV[1])
   redis.call('PEXPIRE', KEYS[1], delay)
   return 1
 end
