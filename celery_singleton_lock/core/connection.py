@@ -18,7 +18,6 @@ from redis.exceptions import RedisClusterException
 from ..exceptions import ConfigurationError, LockBackendError
 from . import redis_urls, validate
 from .keys import LockKeys, lock_keys
-from .lanes import lanes_of
 from .notifier import Notifier
 from .scripts import Scripts
 
@@ -81,15 +80,10 @@ class Connection:
         return int(seconds), int(micros)
 
     def close(self) -> None:
-        """Stop the waiter listener and close the Redis connections: the pool's, if the
-        client owns its pool (it was made from a URL), and then the threads' own script
-        connections too (lanes.py)."""
+        """Stop the waiter listener (closing its pub/sub connection) and close the client:
+        its pool too if the client owns it (it was made from a URL)."""
         self.notifier.close()
         self.redis.close()
-        if getattr(self.redis, "auto_close_connection_pool", False):
-            lanes = lanes_of(self.redis)
-            if lanes is not None:
-                lanes.close()
 
     def __repr__(self) -> str:
         return f"<Connection {self.url} prefix={self.prefix!r}>"
