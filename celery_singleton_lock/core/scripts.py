@@ -12,6 +12,7 @@ from functools import cache
 from importlib import resources
 from typing import Any, TypeVar
 
+from redis.client import Pipeline
 from redis.commands.core import Script as RedisScript
 from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, KeyT
@@ -36,13 +37,17 @@ class Script(RedisScript):
     is down (a failover in progress) that fails, and with it every lock on the healthy nodes
     whose script cache was empty (a restarted or newly added node).
 
-    Anywhere else it is redis-py's Script: EVALSHA through the client (a connection of its
-    pool, so the pool's ``max_connections`` holds), SCRIPT LOAD on NOSCRIPT, and in a
-    pipeline, loaded before the pipeline runs."""
+    Anywhere else it is sent as redis-py's Script sends it, through the client's public API
+    (a connection of its pool, so the pool's ``max_connections`` holds), loaded on NOSCRIPT;
+    in a pipeline it is redis-py's Script, loaded before the pipeline runs. On a plain
+    client it calls ``execute_command`` itself: the layers between (``Script.__call__`` and
+    ``evalsha``) would add their Python to every acquire and release."""
 
     def __init__(self, registered_client: Any, script: Any) -> None:
         super().__init__(registered_client, script)
         self._cluster = is_cluster(registered_client)
+        #: Told once: an isinstance test of a redis-py client runs typing's Protocol check.
+        self._plain = not self._cluster and not isinstance(registered_client, Pipeline)
 
     def __call__(
         self,
@@ -50,13 +55,25 @@ class Script(RedisScript):
         args: Iterable[EncodableT] | None = None,
         client: Any = None,
     ) -> Any:
+        keys, args = keys or (), args or ()
         if client is None:
-            client, cluster = self.registered_client, self._cluster
-        else:
-            cluster = is_cluster(client)
-        if not cluster:
+            if self._plain:
+                return self._evalsha(self.registered_client, keys, args)
+            client = self.registered_client
+        if is_cluster(client):
+            return self._on_node(client, list(keys), list(args))
+        if isinstance(client, Pipeline):
             return super().__call__(keys, args, client)
-        keys, args = list(keys or ()), list(args or ())
+        return self._evalsha(client, keys, args)
+
+    def _evalsha(self, client: Any, keys: Sequence[KeyT], args: Iterable[EncodableT]) -> Any:
+        try:
+            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            self.sha = client.script_load(self.script)
+            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+
+    def _on_node(self, client: Any, keys: list[Any], args: list[Any]) -> Any:
         try:
             return client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
