@@ -260,3 +260,44 @@ def test_a_child_forked_while_the_notifiers_lock_is_held_still_waits(
         forked = worker.start(lambda: run_in_child(lambda: _child_waits(lock_client), alarm=30))
         report = finish(forked, 40)  # a child stuck on the lock is ended by its alarm
     assert report["got"] is True and report["took"] < WOKEN_WITHIN
+
+
+def test_clients_on_one_pool_share_its_pub_sub_connection_until_the_last_one_closes(
+    lock_redis_url: str, lock_prefix: str
+) -> None:
+    """Two lock clients on one pool (as one made per request would be): their waiters share
+    one pub/sub connection; closing one leaves it to the other, whose waiter is woken by the
+    release; closing the last one closes it."""
+    name = f"pool-{uuid.uuid4().hex[:12]}"
+    pool = redis.ConnectionPool.from_url(lock_redis_url, client_name=name)
+    first, second = (
+        LockClient(redis.Redis(connection_pool=pool), prefix=lock_prefix) for _ in range(2)
+    )
+    try:
+        # "a" is held for 2 s at a time: once nothing listens, its waiter's hint is short.
+        pairs = [(client.lease(lock, ttl=ttl), client.lease(lock, ttl=TTL))
+                 for client, lock, ttl in ((first, "a", 2.0), (second, "b", TTL))]  # fmt: skip
+        blocked = []
+        for holder, waiter in pairs:
+            assert holder.acquire()
+            blocked.append(BackgroundAcquire(waiter, wait=TTL))
+            wait_for_subscriber(first, holder._channel)
+        assert pubsub_connections(first.redis, name) == 1
+        first.close()
+        (holder, waiter), waiting = pairs[1], blocked[1]
+        released = time.monotonic()
+        holder.release()
+        waiting.finish(WOKEN_WITHIN)
+        assert waiting.results == [True] and time.monotonic() - released < WOKEN_WITHIN
+        waiter.release()
+        assert pubsub_connections(first.redis, name) == 1  # still subscribed for "a"
+        second.close()
+        wait_for(lambda: pubsub_connections(first.redis, name) == 0, 10, "the listener to close")
+        pairs[0][0].release()
+        blocked[0].finish(WOKEN_WITHIN)  # unheard now: it takes the name at its hint
+        assert blocked[0].results == [True]
+        pairs[0][1].release()
+    finally:
+        first.close()
+        second.close()
+        pool.disconnect()

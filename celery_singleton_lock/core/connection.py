@@ -18,7 +18,7 @@ from redis.exceptions import RedisClusterException
 from ..exceptions import ConfigurationError, LockBackendError
 from . import redis_urls, validate
 from .keys import LockKeys, lock_keys
-from .notifier import Notifier
+from .notifier import notifier_for
 from .scripts import Scripts
 
 T = TypeVar("T")
@@ -43,7 +43,9 @@ class Connection:
         #: from (a Celery app's ``singleton_lock_url``), so the message names what to fix.
         self.url_argument = "url"
         self.scripts = Scripts(redis_client)
-        self.notifier = Notifier(redis_client)
+        #: Shared by every Connection on the same pool (one pub/sub connection).
+        self.notifier = notifier_for(redis_client)
+        self._closed = False
 
     def keys(self, name: str) -> LockKeys:
         """The Redis keys of lock ``name`` (checked) under this prefix."""
@@ -80,9 +82,12 @@ class Connection:
         return int(seconds), int(micros)
 
     def close(self) -> None:
-        """Stop the waiter listener (closing its pub/sub connection) and close the client:
-        its pool too if the client owns it (it was made from a URL)."""
-        self.notifier.close()
+        """Close the client (its pool too if the client owns it: it was made from a URL),
+        and the waiter listener with its pub/sub connection if no other open client on
+        the pool shares it."""
+        if not self._closed:
+            self._closed = True
+            self.notifier.leave()
         self.redis.close()
 
     def __repr__(self) -> str:
