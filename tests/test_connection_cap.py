@@ -145,9 +145,11 @@ def test_twenty_threads_open_no_more_connections_than_the_pools_cap(
         until_done(busy.release, refused)
         finished.wait(120)
         at_the_end = named(admin, name)
-    finally:
+    except BaseException:
         waiting.abort()  # a failure here must not leave the threads at a barrier
         finished.abort()
+        raise
+    finally:
         leave.set()
         for thread in threads:
             thread.join(30)
