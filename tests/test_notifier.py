@@ -1,7 +1,6 @@
-"""The shared pub/sub listener that wakes the blocked acquirers of gevent and eventlet
-processes: its QueueWakeup, and the channel a waiter leaves, which a thread of the listener
-unsubscribes after the waiter has returned. (Threads read connections of their own:
-test_subscriber.py.)
+"""The pub/sub listener that wakes a client's blocked acquirers: its QueueWakeup, and the
+channel a waiter leaves, which a thread of the listener unsubscribes after the waiter has
+returned. (Whole waits through it: test_waiting_threads.py.)
 
 The interleavings are driven by hand: the test swaps in a queue of channels left that the
 unsubscriber does not read, and runs the unsubscriber's step itself where the interleaving
@@ -19,7 +18,7 @@ import pytest
 from support.waiting import wait_for
 
 from celery_singleton_lock import LockClient
-from celery_singleton_lock.core.notifier import QueueWakeup, SharedListener
+from celery_singleton_lock.core.notifier import Notifier, QueueWakeup
 
 
 def subscribers(client: LockClient, channel: bytes) -> int:
@@ -27,15 +26,15 @@ def subscribers(client: LockClient, channel: bytes) -> int:
 
 
 @pytest.fixture
-def notifier(lock_client: LockClient) -> SharedListener:
-    return lock_client.connection.notifier.shared
+def notifier(lock_client: LockClient) -> Notifier:
+    return lock_client.connection.notifier
 
 
 def channel_of(lock_client: LockClient, name: str) -> bytes:
     return lock_client.connection.keys(name).channel
 
 
-def hold_left_channels(notifier: SharedListener) -> queue.SimpleQueue[bytes]:
+def hold_left_channels(notifier: Notifier) -> queue.SimpleQueue[bytes]:
     """Channels left from now on queue where the unsubscriber does not look; returns it."""
     with notifier._lock:
         notifier._ensure_threads()
@@ -70,9 +69,7 @@ def test_wakeup_wakes_a_thread_blocked_in_wait() -> None:
     assert results == [True]
 
 
-def test_the_last_waiter_leaving_unsubscribes(
-    lock_client: LockClient, notifier: SharedListener
-) -> None:
+def test_the_last_waiter_leaving_unsubscribes(lock_client: LockClient, notifier: Notifier) -> None:
     channel = channel_of(lock_client, "leaving")
     with notifier.listening(channel):
         assert subscribers(lock_client, channel) == 1
@@ -81,7 +78,7 @@ def test_the_last_waiter_leaving_unsubscribes(
 
 
 def test_a_waiter_back_before_the_unsubscribe_keeps_the_subscription(
-    lock_client: LockClient, notifier: SharedListener
+    lock_client: LockClient, notifier: Notifier
 ) -> None:
     channel = channel_of(lock_client, "back")
     left = hold_left_channels(notifier)
@@ -100,7 +97,7 @@ def test_a_waiter_back_before_the_unsubscribe_keeps_the_subscription(
 
 
 def test_one_wakeup_listens_on_several_channels(
-    lock_client: LockClient, notifier: SharedListener
+    lock_client: LockClient, notifier: Notifier
 ) -> None:
     first, second = channel_of(lock_client, "one"), channel_of(lock_client, "two")
     with notifier.listening(first, second) as wakeup:
@@ -117,7 +114,7 @@ def test_one_wakeup_listens_on_several_channels(
 
 
 def test_a_reconnect_drops_channels_left_rather_than_subscribing_them_again(
-    lock_client: LockClient, notifier: SharedListener
+    lock_client: LockClient, notifier: Notifier
 ) -> None:
     left_behind, live = channel_of(lock_client, "left"), channel_of(lock_client, "live")
     hold_left_channels(notifier)
@@ -140,7 +137,7 @@ def test_a_reconnect_drops_channels_left_rather_than_subscribing_them_again(
 
 
 def test_a_closed_notifier_starts_again_for_a_later_waiter(
-    lock_client: LockClient, notifier: SharedListener
+    lock_client: LockClient, notifier: Notifier
 ) -> None:
     channel = channel_of(lock_client, "again")
     with notifier.listening(channel):

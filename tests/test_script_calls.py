@@ -1,6 +1,7 @@
-"""Script calls sent straight on a connection (core/scripts.py, core/lanes.py): taken on a
-plain client, left to ``execute_command`` where that would be wrong, and never leaving a
-reply unread on a connection used again, the pool's or the thread's own."""
+"""Script calls (core/scripts.py) go through the client's public API on a connection of its
+pool: one checkout per call, whatever the client's class or its ``execute_command`` and
+response callbacks do, loaded again after ``SCRIPT FLUSH`` or a restart, and never leaving a
+reply unread on a connection used again."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from support.forked import run_in_child
 from support.script_calls import COUNTER, SLOW_COUNTER, call_in_thread, evalsha_postponed
 from support.waiting import wait_for
 
@@ -159,14 +161,13 @@ def test_a_pipeline_keeps_its_own_path(server: RedisServer) -> None:
 
 
 def client_on(server: RedisServer, path: str, **kwargs: Any) -> redis.Redis:
-    """A client whose script calls go out on a connection of its pool, which it has one of
-    ("pooled": a pool subclass keeps that path), or on the calling thread's own ("lane")."""
-    if path == "pooled":
+    """A client on a pool of one connection ("one"), or on redis-py's default pool."""
+    if path == "one":
         return pooled_client(server, max_connections=1, **kwargs)
     return redis.Redis.from_url(server.url, **kwargs)
 
 
-PATHS = ["pooled", "lane"]
+PATHS = ["one", "default"]
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -198,8 +199,7 @@ def test_a_connection_killed_while_waiting_for_the_reply_retries_as_the_policy_s
 @pytest.mark.parametrize("path", PATHS)
 def test_a_timeout_leaves_no_reply_behind_for_the_next_call(server: RedisServer, path: str) -> None:
     """With no retries, the timeout is raised; the slow script's reply, written once it
-    ends, must not be read by the next call on that connection (the pool's only one, or
-    the thread's own)."""
+    ends, must not be read by the next call on that connection."""
     client = client_on(server, path, socket_timeout=0.3, retry=Retry(NoBackoff(), 0))
     admin = redis.Redis.from_url(server.url)
     slow, echo = register(client, SLOW_COUNTER), register(client, ECHO)
@@ -208,3 +208,30 @@ def test_a_timeout_leaves_no_reply_behind_for_the_next_call(server: RedisServer,
         slow(keys=("n",), args=(600_000,))
     assert admin.get("n") == b"1"  # answered once the script has ended
     assert echo(args=("own", 5)) == [b"own", 5, b"text"]
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced_before_the_send(
+    server: RedisServer,
+) -> None:
+    """No retries: a connection found closed after the send would raise; the pool polls it
+    at checkout, so a new one is opened and the call runs once."""
+    client = redis.Redis.from_url(server.url, retry=Retry(NoBackoff(), 0))
+    admin = redis.Redis.from_url(server.url)
+    counter = register(client, COUNTER)
+    assert counter(keys=("n",)) == 1
+    admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    assert counter(keys=("n",)) == 2
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads running
+def test_a_forked_child_calls_on_a_connection_of_its_own(server: RedisServer) -> None:
+    client = redis.Redis.from_url(server.url)
+    counter = register(client, COUNTER)
+    assert counter(keys=("n",)) == 1
+
+    def child() -> dict[str, Any]:
+        return {"replies": [counter(keys=("n",)) for _ in range(3)]}
+
+    assert run_in_child(child) == {"replies": [2, 3, 4]}
+    assert counter(keys=("n",)) == 5  # the parent's connection was not read by the child

@@ -27,9 +27,13 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from ..core.notifier import RECONNECT_DELAY, RECONNECT_DELAY_MAX
+from ..core.notifier import (
+    CONNECTION_ERRORS,
+    RECONNECT_DELAY,
+    RECONNECT_DELAY_MAX,
+    SUBSCRIBE_TIMEOUT,
+)
 from ..core.redis_urls import pubsub_connection_of
-from ..core.subscriber import CONNECTION_ERRORS, SUBSCRIBE_TIMEOUT
 
 log = logging.getLogger("celery_singleton_lock.waiting")
 

@@ -18,8 +18,7 @@ from redis.exceptions import RedisClusterException
 from ..exceptions import ConfigurationError, LockBackendError
 from . import redis_urls, validate
 from .keys import LockKeys, lock_keys
-from .lanes import lanes_of
-from .notifier import Notifier
+from .notifier import notifier_for
 from .scripts import Scripts
 
 T = TypeVar("T")
@@ -44,7 +43,9 @@ class Connection:
         #: from (a Celery app's ``singleton_lock_url``), so the message names what to fix.
         self.url_argument = "url"
         self.scripts = Scripts(redis_client)
-        self.notifier = Notifier(redis_client)
+        #: Shared by every Connection on the same pool (one pub/sub connection).
+        self.notifier = notifier_for(redis_client)
+        self._closed = False
 
     def keys(self, name: str) -> LockKeys:
         """The Redis keys of lock ``name`` (checked) under this prefix."""
@@ -81,15 +82,13 @@ class Connection:
         return int(seconds), int(micros)
 
     def close(self) -> None:
-        """Stop the waiter listener and close the Redis connections: the pool's, if the
-        client owns its pool (it was made from a URL), and then the threads' own script
-        connections too (lanes.py)."""
-        self.notifier.close()
+        """Close the client (its pool too if the client owns it: it was made from a URL),
+        and the waiter listener with its pub/sub connection if no other open client on
+        the pool shares it."""
+        if not self._closed:
+            self._closed = True
+            self.notifier.leave()
         self.redis.close()
-        if getattr(self.redis, "auto_close_connection_pool", False):
-            lanes = lanes_of(self.redis)
-            if lanes is not None:
-                lanes.close()
 
     def __repr__(self) -> str:
         return f"<Connection {self.url} prefix={self.prefix!r}>"

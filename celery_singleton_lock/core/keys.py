@@ -20,27 +20,7 @@ and one Lua script may touch them all.
 from __future__ import annotations
 
 import hashlib
-import importlib
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-
-def _builtin_sha256() -> Callable[[bytes], Any]:
-    """SHA-256 for the tag of a long or braced name (every default Celery task key has
-    braces, so one per task run): CPython's built-in implementation where there is one
-    (``_sha2``, before 3.12 ``_sha256``). The same digest as OpenSSL's; inside a busy worker
-    OpenSSL's set-up per call (context, digest fetch) took 15-20 µs, the built-in a few."""
-    for module in ("_sha2", "_sha256"):
-        try:
-            sha256: Callable[[bytes], Any] = importlib.import_module(module).sha256
-            return sha256
-        except (ImportError, AttributeError):
-            continue
-    return hashlib.sha256
-
-
-_sha256 = _builtin_sha256()
 
 #: The prefix every key gets unless configured otherwise.
 DEFAULT_PREFIX = "csl:"
@@ -71,7 +51,7 @@ def name_tag(name: str) -> bytes:
     )
     if plain:
         return raw
-    digest: str = _sha256(raw).hexdigest()
+    digest = hashlib.sha256(raw).hexdigest()
     return b"#" + digest[:40].encode()
 
 

@@ -1,10 +1,11 @@
 """How blocked acquirers are woken: by a release published on their lock's channel.
 
-Each waiting thread reads a pub/sub connection of its own (subscriber.py). Under gevent or
-eventlet, where a thread is a greenlet, the waiters of a client share one pub/sub connection
-per process instead, read by a listener: the rest of this module. So do the waiters of a
-client on a ``redis.BlockingConnectionPool``, which caps the connections a process opens: a
-connection per waiting thread would get around the cap.
+The waiters of every client on one connection pool (on a Cluster, of one client) share one
+pub/sub connection per process, read by a listener thread (a greenlet under gevent or
+eventlet). It is opened at the first wait with the pool's settings but no read timeout,
+outside the pool: a pooled connection would be taken from the pool for good, and a
+``BlockingConnectionPool`` of one would then block every lock call. So the library opens at
+most the pool's ``max_connections`` plus this one.
 
 A waiter subscribes to its lock's channel, waits until Redis confirms the subscription, tries
 the lock once more (closing the race with a release that came before the subscription), then
@@ -17,9 +18,9 @@ in the order commands were sent, so counting ``subscribe`` acknowledgements per 
 each waiter when *its* subscription is live.
 
 The last waiter of a channel does not send the UNSUBSCRIBE on its way out of ``acquire``: that
-send costs more than the rest of leaving (20-80 µs of a hand-off's ~1 ms here). It marks the
-channel as left and a second thread, the unsubscriber, sends it once it gets to run. Until then
-the subscription stays live: a waiter that comes back meanwhile keeps it, with no SUBSCRIBE.
+send costs more than the rest of leaving. It marks the channel as left and a second thread,
+the unsubscriber, sends it once it gets to run. Until then the subscription stays live: a
+waiter that comes back meanwhile keeps it, with no SUBSCRIBE.
 """
 
 from __future__ import annotations
@@ -30,25 +31,28 @@ import os
 import queue
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import redis
 
 from .forking import reset_in_child
-from .lanes import green_threads
-from .redis_urls import pubsub_connection
-from .subscriber import CONNECTION_ERRORS, SUBSCRIBE_TIMEOUT, ThreadSubscribers
-from .subscriber import RECONNECT_DELAY_MAX as RECONNECT_DELAY_MAX
+from .redis_urls import pubsub_connection, pubsub_source
 
 #: Keeps the module's old name: logging configurations name it (docs/lease.md).
 log = logging.getLogger("celery_singleton_lock.waiting")
 
+#: A waiter waits at most this long for Redis to confirm its subscription.
+SUBSCRIBE_TIMEOUT = 1.0
 #: How long the listener waits before reconnecting after Redis went away (doubles up to
 #: ``RECONNECT_DELAY_MAX``).
 RECONNECT_DELAY = 0.05
+RECONNECT_DELAY_MAX = 2.0
+#: The errors that mean a pub/sub connection is gone (or never came): waiters look again.
+CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 
 class Wakeup(Protocol):
@@ -101,35 +105,16 @@ class _Channel:
 
 
 class Notifier:
-    """What wakes the blocked acquirers of one :class:`LockClient`."""
+    """What wakes the blocked acquirers of the clients on one connection pool: one pub/sub
+    connection and listener thread shared by all their waiters in one process (see
+    :func:`notifier_for`)."""
 
     def __init__(self, redis_client: Any) -> None:
-        self.own = ThreadSubscribers(redis_client)
-        self.shared = SharedListener(redis_client)
-        pool = getattr(redis_client, "connection_pool", None)
-        self._capped = isinstance(pool, redis.BlockingConnectionPool)
-
-    def listening(self, *channels: bytes) -> AbstractContextManager[Wakeup]:
-        """Subscribed to ``channels`` for the duration of the block; yields what the waiter
-        sleeps on. On entry the subscription is confirmed, or ``SUBSCRIBE_TIMEOUT`` passed
-        and the waiter falls back to its hint."""
-        if self._capped or green_threads():
-            return self.shared.listening(*channels)
-        return self.own.listening(*channels)
-
-    def close(self) -> None:
-        """Close the waiters' connections (tests, clean shutdown). Waiters look once more,
-        then fall back to their hints; a later waiter opens a new one."""
-        self.own.close()
-        self.shared.close()
-
-
-class SharedListener:
-    """One pub/sub connection and listener thread shared by every waiter of one
-    :class:`LockClient` in one process (gevent, eventlet)."""
-
-    def __init__(self, redis_client: Any) -> None:
-        self._redis = redis_client
+        # Weak: the registry keeps a notifier only as long as its pool lives (a client
+        # made from a URL and dropped unclosed takes its pool with it).
+        self._source = weakref.ref(pubsub_source(redis_client))
+        #: The clients using it that have not closed (the last one to close stops it).
+        self._users = 0
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._channels: dict[bytes, _Channel] = {}
@@ -253,7 +238,11 @@ class SharedListener:
             self._unsubscriber.start()
 
     def _connect(self, stop: threading.Event) -> Any:
-        conn = pubsub_connection(self._redis)  # on a Cluster: any node, PUBLISH reaches all
+        source = self._source()
+        if source is None:  # the pool is gone, and with it every client that could wait
+            stop.set()
+            return None
+        conn = pubsub_connection(source)
         conn.connect()
         with self._lock:
             if stop.is_set():  # closed while connecting: a later listener owns _conn
@@ -327,6 +316,14 @@ class SharedListener:
                 if state is not None and self._acked[channel] >= state.need:
                     state.confirmed.set()
 
+    def leave(self) -> None:
+        """One client of this notifier closed; the last one stops the listener."""
+        with _registry_lock:
+            self._users -= 1
+            last = self._users <= 0
+        if last:
+            self.close()
+
     def close(self) -> None:
         """Stop the listener and the unsubscriber (tests, clean shutdown). Waiters look once
         more, then fall back to their hints; a waiter that comes later starts both again."""
@@ -340,3 +337,29 @@ class SharedListener:
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.disconnect()
+
+
+_notifiers: weakref.WeakKeyDictionary[Any, Notifier] = weakref.WeakKeyDictionary()
+_registry_lock = threading.Lock()
+
+
+def notifier_for(redis_client: Any) -> Notifier:
+    """The notifier of ``redis_client``'s connection pool in this process, shared by every
+    client on that pool (on a Cluster, the client's own); counts one more user of it, for
+    :meth:`Notifier.leave`."""
+    source = pubsub_source(redis_client)
+    with _registry_lock:
+        notifier = _notifiers.get(source)
+        if notifier is None:
+            notifier = _notifiers[source] = Notifier(redis_client)
+        notifier._users += 1
+        return notifier
+
+
+def _after_fork_in_child() -> None:
+    # The registry's lock may have been held by another thread at the fork.
+    global _registry_lock
+    _registry_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -226,19 +226,20 @@ def is_cluster(redis_client: Any) -> bool:
     return isinstance(redis_client, RedisCluster)
 
 
-def pubsub_pool(redis_client: Any) -> Any:
-    """The connection pool the waiter listener opens its pub/sub connection from: the
-    client's own, or on a Cluster a random node's (plain ``PUBLISH`` reaches every node)."""
-    if is_cluster(redis_client):
-        node = redis_client.get_random_node()
-        return redis_client.get_redis_connection(node).connection_pool
-    return redis_client.connection_pool
+def pubsub_source(redis_client: Any) -> Any:
+    """What the waiters' pub/sub connection is made from, and what the clients sharing its
+    listener have in common: the client's connection pool, or on a Cluster the client."""
+    return redis_client if is_cluster(redis_client) else redis_client.connection_pool
 
 
-def pubsub_connection(redis_client: Any) -> Any:
-    """A new, unconnected connection for SUBSCRIBE, with the client's settings (TLS, ACL
-    user, ...) but no read timeout: a waiter blocks in its read as long as it waits."""
-    return pubsub_connection_of(pubsub_pool(redis_client))
+def pubsub_connection(source: Any) -> Any:
+    """A new, unconnected connection for SUBSCRIBE from a :func:`pubsub_source`, with the
+    client's settings (TLS, ACL user, ...) but no read timeout: a listener blocks in its read
+    as long as it waits. On a Cluster, to a random node (plain ``PUBLISH`` reaches all)."""
+    if is_cluster(source):
+        pool = source.get_redis_connection(source.get_random_node()).connection_pool
+        return pubsub_connection_of(pool)
+    return pubsub_connection_of(source)
 
 
 def pubsub_connection_of(pool: Any) -> Any:

@@ -12,14 +12,12 @@ from functools import cache
 from importlib import resources
 from typing import Any, TypeVar
 
-from redis import Redis
-from redis.client import CaseInsensitiveDict
+from redis.client import Pipeline
 from redis.commands.core import Script as RedisScript
 from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, KeyT
 
 from .keys import FENCE_TTL_MS, key_base
-from .lanes import IN_USE, TRY_AGAIN, evalsha_on_pooled_connection, lanes_of
 from .redis_urls import is_cluster
 
 T = TypeVar("T")
@@ -47,15 +45,17 @@ class Script(RedisScript):
     is down (a failover in progress) that fails, and with it every lock on the healthy nodes
     whose script cache was empty (a restarted or newly added node).
 
-    On the plain client it was registered with, a call is one ``EVALSHA`` sent and read on
-    the calling thread's own connection (lanes.py), or on one checked out of the client's
-    pool where the pool keeps that path: this is on every acquire's and release's path, and
-    ``execute_command`` adds its retry wrapper and observability hooks to each call."""
+    Anywhere else it is sent as redis-py's Script sends it, through the client's public API
+    (a connection of its pool, so the pool's ``max_connections`` holds), loaded on NOSCRIPT;
+    in a pipeline it is redis-py's Script, loaded before the pipeline runs. On a plain
+    client it calls ``execute_command`` itself: the layers between (``Script.__call__`` and
+    ``evalsha``) would add their Python to every acquire and release."""
 
     def __init__(self, registered_client: Any, script: Any) -> None:
         super().__init__(registered_client, script)
         self._cluster = is_cluster(registered_client)
-        self._lanes = None if self._cluster else lanes_of(registered_client)
+        #: Told once: an isinstance test of a redis-py client runs typing's Protocol check.
+        self._plain = not self._cluster and not isinstance(registered_client, Pipeline)
 
     def __call__(
         self,
@@ -63,73 +63,30 @@ class Script(RedisScript):
         args: Iterable[EncodableT] | None = None,
         client: Any = None,
     ) -> Any:
-        if not self._cluster and (client is None or client is self.registered_client):
-            return self._evalsha(self.registered_client, keys or (), tuple(args or ()))
-        client = self.registered_client if client is None else client
-        if not is_cluster(client):
+        keys, args = keys or (), args or ()
+        if client is None:
+            if self._plain:
+                return self._evalsha(self.registered_client, keys, args)
+            client = self.registered_client
+        if is_cluster(client):
+            return self._on_node(client, list(keys), list(args))
+        if isinstance(client, Pipeline):
             return super().__call__(keys, args, client)
-        keys, args = list(keys or ()), list(args or ())
-        try:
-            return client.evalsha(self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            self.sha = load_on_node(client, self.script, client.get_node_from_key(keys[0]))
-            return client.evalsha(self.sha, len(keys), *keys, *args)
+        return self._evalsha(client, keys, args)
 
-    def _evalsha(self, client: Any, keys: Sequence[KeyT], args: tuple[EncodableT, ...]) -> Any:
-        if sends_directly(client):
-            try:
-                reply = self._send(client, keys, args)
-            except NoScriptError:
-                self.sha = client.script_load(self.script)
-                reply = self._send(client, keys, args)
-            if reply is not TRY_AGAIN:
-                return reply
-            # The connection failed and is closed; the client's retry policy would try
-            # again: execute_command does, with its backoff and reconnection.
-        return self._evalsha_via_client(client, keys, args)
-
-    def _send(self, client: Any, keys: Sequence[KeyT], args: tuple[EncodableT, ...]) -> Any:
-        """EVALSHA on this thread's lane, else (none, or in use) on a pooled connection."""
-        lanes = self._lanes
-        reply = IN_USE if lanes is None else lanes.evalsha(self.sha, keys, args)
-        if reply is IN_USE:
-            reply = evalsha_on_pooled_connection(client, self.sha, keys, args)
-        return reply
-
-    def _evalsha_via_client(
-        self, client: Any, keys: Sequence[KeyT], args: tuple[EncodableT, ...]
-    ) -> Any:
+    def _evalsha(self, client: Any, keys: Sequence[KeyT], args: Iterable[EncodableT]) -> Any:
         try:
             return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
         except NoScriptError:
             self.sha = client.script_load(self.script)
             return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
-
-#: redis-py's own ``Redis.execute_command``: a client whose class replaced it (a subclass,
-#: a pipeline, an instrumentation library patching the class or the client) keeps its
-#: ordinary path.
-_PLAIN_EXECUTE_COMMAND = Redis.execute_command
-
-
-def sends_directly(client: Any) -> bool:
-    """Whether an EVALSHA on ``client`` may skip ``execute_command``: a plain client with a
-    connection pool (also Sentinel's), whose reply to EVALSHA nothing post-processes."""
-    return (
-        client.connection is None  # single_connection_client: one locked connection
-        and type(client).execute_command is _PLAIN_EXECUTE_COMMAND
-        and "execute_command" not in client.__dict__  # nor replaced on this client alone
-        and not _has_evalsha_callback(client.response_callbacks)
-    )
-
-
-def _has_evalsha_callback(callbacks: Any) -> bool:
-    """Whether EVALSHA has a response callback: on redis-py's CaseInsensitiveDict, dict's own
-    test (it stores every key upper-cased, and its own test upper-cases the key asked about,
-    in Python, on every script call); on anything else, its own."""
-    if type(callbacks) is CaseInsensitiveDict:
-        return dict.__contains__(callbacks, "EVALSHA")
-    return "EVALSHA" in callbacks
+    def _on_node(self, client: Any, keys: list[Any], args: list[Any]) -> Any:
+        try:
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            self.sha = load_on_node(client, self.script, client.get_node_from_key(keys[0]))
+            return client.evalsha(self.sha, len(keys), *keys, *args)
 
 
 def register(redis: Any, text: str) -> Script:
