@@ -84,16 +84,6 @@ def worker_node(request: Any) -> str | None:
     if hostname and "@" in hostname:
         return str(hostname)
     task_id = request.id
-    # The WeakSet's own set of references where it has one: iterating the WeakSet (a
-    # generator under an iteration guard) cost more than the rest of the lookup, on every run
-    # of the solo and threads pools.
-    refs = getattr(worker_state.active_requests, "data", None)
-    if isinstance(refs, set):
-        for ref in tuple(refs):
-            active = ref()
-            if active is not None and active.id == task_id:
-                return str(active.hostname)
-        return None
     for active in tuple(worker_state.active_requests):
         if active.id == task_id:
             return str(active.hostname)
