@@ -90,6 +90,21 @@ def test_history_check_flags_a_call_a_killed_process_received_and_nobody_ran_aga
     assert "pid 11 killed@101.100" in violation and report.lost_calls == 1
 
 
+def test_history_check_counts_a_retry_a_killed_worker_popped_as_the_brokers_loss() -> None:
+    received = {"event": "received", "time": 100.0, "task_id": "t-a", "pid": 11}
+    retried = {"event": "outcome", "time": 100.5, "task_id": "t-a", "pid": 11, "state": "RETRY"}
+    events = [received, retried]
+    # A whole worker killed after the retry was sent: Kombu's pop may have taken it.
+    report = _check(events, {"t-a": "RETRY"}, Faults(worker_kills=[101.0]))
+    assert report.violations == [] and report.broker_dropped == 1
+    assert report.dropped[0].startswith("k0: call t-a (fault.chaos)")
+    # No worker killed since it was received, or the retry ended in Ignore: that call is lost.
+    assert _check(events, {"t-a": "RETRY"}, Faults(worker_kills=[99.9])).lost_calls == 1
+    ignored = {**retried, "state": "IGNORED", "time": 101.5}
+    events += [{**received, "time": 101.4, "pid": 12}, ignored]
+    assert _check(events, {"t-a": "RETRY"}, Faults(worker_kills=[101.0, 102.0])).lost_calls == 1
+
+
 def test_history_check_takes_failed_calls_and_skips_for_another_call_as_reported() -> None:
     skip = {"event": "skipped", "time": 101.0, "task_id": "t-b", "pid": 12, "reason": "taken"}
     events = _run("t-a", 11, 1, 100.0, 102.0) + [{**skip, "holder": "t-a"}]

@@ -17,10 +17,11 @@ injected. The check fails on:
 - a call that neither completed (a run ended and the backend says SUCCESS) nor was reported:
   FAILURE or REVOKED in the backend, or skipped (``lock_skipped``) for another call holding
   its key. A call a killed process had received is no exception: ``acks_late`` and
-  ``reject_on_worker_lost`` deliver it again. The one exception is the broker's: after whole
-  workers were SIGKILLed, a call no process ever received and that is neither queued nor
-  unacked was taken by a worker between Kombu's pop and its unacked record (counted as
-  ``broker_dropped``, shown, never silently).
+  ``reject_on_worker_lost`` deliver it again. The one exception is the broker's: a message
+  (the call's first, its retry, or one given back by a killed run) that no process
+  received, that is neither queued nor unacked, and that was sent before a whole worker was
+  SIGKILLed, was taken by that worker between Kombu's pop and its unacked record (counted
+  as ``broker_dropped`` and shown, never silently).
 
 Every violation names the key, the task id and what was missing or overlapping.
 """
@@ -45,6 +46,7 @@ class Faults:
     pauses: list[tuple[int, float, float]] = field(default_factory=list)
     restarts: list[tuple[float, float]] = field(default_factory=list)
     reply_delays: int = 0
+    worker_kills: list[float] = field(default_factory=list)  # just before each
 
 
 @dataclass
@@ -62,7 +64,6 @@ class History:
     states: dict[str, str]  # task id -> result backend state
     in_broker: set[str]  # task ids still queued or unacked
     faults: Faults
-    worker_kills: int = 0
 
 
 @dataclass
@@ -87,6 +88,7 @@ class Report:
     lost_calls: int = 0
     broker_dropped: int = 0
     violations: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)  # what the broker lost, shown apart
 
     def summary(self) -> str:
         return (
@@ -267,9 +269,12 @@ def _check_calls(
         elif state in REPORTED_STATES:
             report.failed += 1
         else:
-            received = any(e["event"] == "received" for e in by_call[task_id])
-            if history.worker_kills and not received and task_id not in history.in_broker:
+            if _dropped_by_broker(task_id, by_call[task_id], history):
                 report.broker_dropped += 1
+                report.dropped.append(
+                    f"{call.key}: call {task_id} ({call.task}), a message of which no process"
+                    f" received: {_story(by_call[task_id], killed_at)}"
+                )
                 continue
             where = "still in the broker" if task_id in history.in_broker else "not queued"
             lost.append((task_id, f"backend state {state}, {where}"))
@@ -280,6 +285,32 @@ def _check_calls(
             f"{call.key}: call {task_id} ({call.task}) neither completed nor was reported"
             f" ({missing}): {_story(by_call[task_id], killed_at)}"
         )
+
+
+def _dropped_by_broker(task_id: str, events: list[dict[str, Any]], history: History) -> bool:
+    """Whether the call's last message (its first, the retry its last delivery sent, or
+    its last delivery's message given back when that process was killed) reached no
+    process, is not in the broker, and a whole worker was killed after it was sent (that
+    worker's pop took it)."""
+    if task_id in history.in_broker:
+        return False
+    received = [e for e in events if e["event"] == "received"]
+    since = float("-inf")
+    if received:
+        last = max(received, key=lambda e: e["time"])
+        since = last["time"]
+        outcomes = [
+            e.get("state")
+            for e in events
+            if e["event"] == "outcome" and e["pid"] == last["pid"] and e["time"] >= since
+        ]
+        killed = not outcomes and any(
+            last["pid"] in pids and after_kill >= since
+            for _, after_kill, pids in history.faults.kills
+        )
+        if "RETRY" not in outcomes and not killed:
+            return False  # its last message was received: what followed is not the broker's
+    return any(at > since for at in history.faults.worker_kills)
 
 
 def _story(events: list[dict[str, Any]], killed_at: dict[int, tuple[float, float]]) -> str:
