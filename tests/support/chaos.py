@@ -53,6 +53,9 @@ REPLY_DELAY = 1.5
 #: so it comes on its own, more often than the others: only a delay that hits an acquire
 #: whose take went through tests the calls' fate.
 REPLY_DELAY_EVERY = (0.5, 2.0)
+#: Seconds a call sent counts as in flight at most: a call's wait for its key (15 s) and a
+#: few retries.
+IN_FLIGHT_FOR = 30.0
 #: One call in this many is a ``fault.chaos_skip`` call.
 SKIP_EVERY = 4
 
@@ -184,6 +187,7 @@ def run_chaos(
             broker = pool.broker
             calls: dict[str, Call] = {}  # task id -> the call sent
             settled: set[str] = set()  # task ids whose delivery ended with a final state
+            sent_at: dict[str, float] = {}  # task id -> when sent (monotonic)
             running: dict[int, float] = {}  # pid -> start time of its open run
             offset = 0
             paused: list[tuple[int, float, float]] = []  # pid, stopped at (server), cont at
@@ -225,11 +229,16 @@ def run_chaos(
             while time.monotonic() < end:
                 poll()
                 resume_due()
-                while len(calls) - len(settled) < in_flight:
+                # A call unsettled for long is lost or stuck (the check says which at the
+                # end): it no longer takes a place, so that lost calls cannot stop the chaos.
+                recent = time.monotonic() - IN_FLIGHT_FOR
+                pending = [t for t, at in sent_at.items() if at > recent and t not in settled]
+                for _ in range(in_flight - len(pending)):
                     key = f"k{rng.randrange(keys)}"
                     task = tasks[1] if rng.randrange(SKIP_EVERY) == 0 else tasks[0]
                     result = task.apply_async((key, rng.uniform(0.05, 0.4)))
                     calls[result.id] = Call(key, task.name)
+                    sent_at[result.id] = time.monotonic()
                 if time.monotonic() >= next_delay:
                     next_delay = time.monotonic() + rng.uniform(*REPLY_DELAY_EVERY)
                     proxy.delay_next_script(REPLY_DELAY)
