@@ -1,5 +1,6 @@
-"""Chaos soak driver: real prefork workers killed, paused and cut off from a restarted lock
-Redis for as long as asked, then mutual exclusion checked (support/chaos.py says how).
+"""Chaos soak driver: real prefork workers killed, paused, cut off from a restarted lock Redis
+and answered late by it for as long as asked, then the history of every call checked
+(support/chaos.py and support/history.py say how).
 
     .venv/bin/python tests/chaos.py --seconds 300       # a soak; tests/test_chaos.py runs ~60 s
 """
@@ -13,7 +14,7 @@ from support.chaos import run_chaos
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Chaos check of mutual exclusion.")
+    parser = argparse.ArgumentParser(description="Chaos history check.")
     parser.add_argument("--seconds", type=float, default=300.0, help="chaos duration")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--keys", type=int, default=3)

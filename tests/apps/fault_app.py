@@ -19,14 +19,24 @@ from typing import Any
 
 import redis
 from celery import Celery
-from celery.signals import task_prerun
+from celery.signals import task_postrun, task_prerun
 
-from celery_singleton_lock import LockBackendError, LockLost, SingletonTask, lock_lost
+from celery_singleton_lock import (
+    LockBackendError,
+    LockError,
+    LockLost,
+    SingletonTask,
+    lock_lost,
+    lock_skipped,
+)
 
 #: Every record key expires.
 RECORD_TTL = 3600
 #: The chaos tasks' lease: a holder SIGSTOPped longer than this loses its lock.
 CHAOS_LEASE = 3.0
+#: The chaos tasks: ``fault.chaos`` waits and retries until it runs, ``fault.chaos_skip`` is
+#: skipped while another call runs its key.
+CHAOS_TASKS = ("fault.chaos", "fault.chaos_skip")
 
 #: The fencing recipe of docs/fencing.md, with a log: KEYS[1] the store hash of one key,
 #: KEYS[2] the log of accepted writes, KEYS[3] the log of rejected ones.
@@ -181,21 +191,23 @@ def make_app(lock_url: str, broker_url: str, prefix: str, queue: str = "celery")
         task_record(self, "end", key)
         return {"locked": self.lock is not None, "pid": os.getpid()}
 
-    # -- the chaos task ---------------------------------------------------------------------
+    # -- the chaos tasks --------------------------------------------------------------------
 
-    @app.task(
-        base=SingletonTask, bind=True, shared=False, name="fault.chaos",
-        lock_key="chaos:{key}", lock_lease=CHAOS_LEASE, lock_ttl=600, lock_wait=15,
-        lock_conflict="retry", lock_retry_countdown=0.2, max_retries=None,
-        autoretry_for=(LockBackendError,), default_retry_delay=0.5,
-    )  # fmt: skip
-    def chaos(self: Any, key: str, run: str, seconds: float) -> int:
+    def fenced_run(task: Any, key: str, seconds: float) -> int:
         """One run: a fenced ``begin`` write, work, a fenced ``commit`` write (made whether
-        or not the lease was lost meanwhile, as a write already under way would be)."""
-        lease = self.lock
+        or not the lease was lost meanwhile, as a write already under way would be). Its
+        start and end are recorded with the call's task id, the run's fencing token, worker,
+        pid and attempt."""
+        request, lease = task.request, task.lock
         token = int(lease.token)
-        execution = f"{run}/{os.getpid()}/{token}"
-        task_record(self, "start", key, run=run, execution=execution)
+        execution = f"{request.id}/{request.retries or 0}/{os.getpid()}/{token}"
+        run = {
+            "execution": execution,
+            "worker": request.hostname,
+            "attempt": request.retries or 0,
+            "redelivered": bool((request.delivery_info or {}).get("redelivered")),
+        }
+        task_record(task, "start", key, **run)
         keys = store_keys(prefix, key)
         begun, begin_at = fenced(keys=keys, args=[token, execution, "begin", RECORD_TTL])
         committed, commit_at = 0, None
@@ -205,21 +217,64 @@ def make_app(lock_url: str, broker_url: str, prefix: str, queue: str = "celery")
                 time.sleep(0.01)
             committed, commit_at = fenced(keys=keys, args=[token, execution, "commit", RECORD_TTL])
         task_record(
-            self, "end", key, run=run, execution=execution, begun=bool(begun),
-            committed=bool(committed), lost=lease.lost,
-            begin_at=float(begin_at), commit_at=None if commit_at is None else float(commit_at),
+            task, "end", key, **run, begun=bool(begun), committed=bool(committed),
+            lost=lease.lost, begin_at=float(begin_at),
+            commit_at=None if commit_at is None else float(commit_at),
         )  # fmt: skip
         return token
 
+    # Configured as users configure a task that must not be lost: a message is acknowledged
+    # after its run (a run killed is redelivered), and an unreachable lock Redis is retried
+    # with a backoff short enough for the chaos run to drain.
+    chaos_options: dict[str, Any] = {
+        "base": SingletonTask, "bind": True, "shared": False, "lock_lease": CHAOS_LEASE,
+        "lock_ttl": 600, "lock_key": "chaos:{key}", "max_retries": None, "acks_late": True,
+        "reject_on_worker_lost": True, "autoretry_for": (LockBackendError,),
+        "retry_backoff": True, "retry_backoff_max": 2,
+    }  # fmt: skip
+
+    @app.task(
+        name="fault.chaos", lock_wait=15, lock_conflict="retry", lock_retry_countdown=0.2,
+        **chaos_options,
+    )  # fmt: skip
+    def chaos(self: Any, key: str, seconds: float) -> int:
+        """A call that must run: waits for the key, retries while it is taken."""
+        return fenced_run(self, key, seconds)
+
+    @app.task(name="fault.chaos_skip", lock_wait=1, lock_conflict="skip", **chaos_options)
+    def chaos_skip(self: Any, key: str, seconds: float) -> int:
+        """A call that is skipped (``lock_skipped``) while another run holds the key."""
+        return fenced_run(self, key, seconds)
+
+    def chaos_task(sender: Any) -> bool:
+        return getattr(sender, "app", None) is app and sender.name in CHAOS_TASKS
+
     @task_prerun.connect(weak=False)
-    def on_prerun(sender: Any = None, task_id: str = "", args: Any = (), **_: Any) -> None:
-        if getattr(sender, "app", None) is app and sender.name == "fault.chaos":
-            record("received", task_id=task_id, run=args[1] if len(args) > 1 else None)
+    def on_prerun(sender: Any = None, task_id: str = "", **_: Any) -> None:
+        if chaos_task(sender):
+            record("received", task_id=task_id, worker=sender.request.hostname)
+
+    @task_postrun.connect(weak=False)
+    def on_postrun(sender: Any = None, task_id: str = "", state: Any = None, **_: Any) -> None:
+        if chaos_task(sender):
+            record("outcome", task_id=task_id, state=str(state))
+
+    @lock_skipped.connect(weak=False)
+    def on_skipped(
+        sender: Any, name: str, task_id: str, holder: Any, wait: float, **_: Any
+    ) -> None:
+        if chaos_task(sender):
+            reason = "taken by another call" if holder not in (None, task_id) else "taken"
+            record("skipped", task_id=task_id, name=name, holder=holder, wait=wait, reason=reason)
 
     @lock_lost.connect(weak=False)
     def on_lost(sender: Any, name: str, task_id: str, lease: Any, **_: Any) -> None:
         if getattr(sender, "app", None) is app:
-            reason = lease._lost.reason if lease._lost is not None else "ran out"
+            try:
+                lease.check()  # no round trip: it raises what the lease was lost to
+                reason = "ran out"
+            except LockError as exc:
+                reason = str(getattr(exc, "reason", type(exc).__name__))
             record("lost", name=name, task_id=task_id, token=lease.token, reason=reason)
 
     return app

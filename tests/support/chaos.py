@@ -1,28 +1,24 @@
-"""Chaos check of mutual exclusion with real ``celery worker`` processes (the library; the
-soak driver is tests/chaos.py, the suite's short run tests/test_chaos.py).
+"""Chaos history check with real ``celery worker`` processes (the library; the soak driver is
+tests/chaos.py, the suite's short run tests/test_chaos.py).
 
-Several prefork workers run many ``fault.chaos`` tasks (tests/apps/fault_app.py) on a few keys
-while this driver SIGKILLs pool children and whole workers (replacing them), SIGSTOPs holders
-past their lease and SIGCONTs them, and restarts the LOCK Redis (empty). The broker, the
-records and the fenced store live on a second Redis that is never touched, so a restart
-cannot wipe the evidence.
+Several prefork workers run many calls of the ``fault.chaos`` and ``fault.chaos_skip`` tasks
+(tests/apps/fault_app.py) on a few keys while this driver SIGKILLs pool children and whole
+workers (replacing them), SIGSTOPs holders past their lease and SIGCONTs them, restarts the
+LOCK Redis (empty), and holds back the reply of a script call past the client's socket
+timeout (the lock Redis is reached through a delaying proxy: the script ran, the caller saw
+a timeout and tries again). The broker, the result backend, the records and the fenced store
+live on a second Redis, the evidence Redis, that is never touched, so a restart cannot wipe
+the evidence.
 
-Every run makes a fenced ``begin`` write, works, and a fenced ``commit`` write (regardless of
-whether its lease was lost, as a write already under way would be). The checker then proves:
-
-- accepted writes of a key carry non-decreasing tokens, equal only within one execution;
-- no two ACCEPTED runs of a key (begin and commit both accepted) overlap in store time;
-- raw execution overlap (two runs of a key running at once) happens only where the earlier
-  run was SIGSTOPped or the lock Redis restarted under it, and so does every rejected write:
-  an undisturbed holder is never overlapped nor fenced off;
-- no run is lost: every run sent completes in the end (killed runs are redelivered:
-  ``acks_late``), except one a killed process had received.
+Every call sent is tracked by its task id; every run of it records its start and end (with
+its fencing token, worker, pid and attempt) and makes a fenced ``begin`` and ``commit``
+write. support/history.py checks the history.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
+import functools
 import json
 import os
 import random
@@ -31,8 +27,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +35,29 @@ import redis
 from apps.fault_app import CHAOS_LEASE, events_key, make_app, server_time, store_keys
 
 from celery_singleton_lock.embedded import RedisServer
+from support.history import Call, Faults, History, Report, check
+from support.proxies import DelayingProxy
 from support.waiting import start_celery_worker
 
 START_TIMEOUT = 90.0
-#: The faults the driver injects: kill a pool child, pause a holder past its lease, restart
-#: the lock Redis empty, kill a whole worker.
+#: The faults the driver injects in turn: kill a pool child, pause a holder past its lease,
+#: restart the lock Redis empty, kill a whole worker.
 FAULTS = ["kill_child", "pause", "restart", "kill_worker"]
+#: How often each fault is drawn once every kind has happened.
+FAULT_WEIGHTS = [3, 3, 2, 1]
+#: The workers' socket timeout on the lock Redis, and how long a held-back reply waits: past
+#: the timeout, well within the lease (the heartbeat tries again in time).
+SOCKET_TIMEOUT = 1.0
+REPLY_DELAY = 1.5
+#: Seconds between two held-back replies (drawn in this range). The fault destroys nothing,
+#: so it comes on its own, more often than the others: only a delay that hits an acquire
+#: whose take went through tests the calls' fate.
+REPLY_DELAY_EVERY = (0.5, 2.0)
+#: Seconds a call sent counts as in flight at most: a call's wait for its key (15 s) and a
+#: few retries.
+IN_FLIGHT_FOR = 30.0
+#: One call in this many is a ``fault.chaos_skip`` call.
+SKIP_EVERY = 4
 
 
 # -- workers ------------------------------------------------------------------------------------
@@ -146,50 +158,7 @@ class Workers:
         return [json.loads(item) for item in raw]
 
 
-# -- the report ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Report:
-    seconds: float
-    runs_sent: int = 0
-    runs_completed: int = 0
-    executions: int = 0
-    accepted_runs: int = 0
-    accepted_writes: int = 0
-    rejected_writes: int = 0
-    raw_overlaps: int = 0
-    child_kills: int = 0
-    worker_kills: int = 0
-    killed_mid_run: int = 0
-    pauses: int = 0
-    restarts: int = 0
-    lost_signals: int = 0
-    lost_runs: int = 0
-    broker_dropped: int = 0
-    violations: list[str] = field(default_factory=list)
-
-    def summary(self) -> str:
-        return (
-            f"chaos {self.seconds:.0f} s: runs={self.runs_sent} completed={self.runs_completed}"
-            f" executions={self.executions} accepted_runs={self.accepted_runs}"
-            f" accepted_writes={self.accepted_writes} rejected_writes={self.rejected_writes}"
-            f" raw_overlaps={self.raw_overlaps} child_kills={self.child_kills}"
-            f" worker_kills={self.worker_kills} killed_mid_run={self.killed_mid_run}"
-            f" pauses={self.pauses} restarts={self.restarts} lock_lost={self.lost_signals}"
-            f" lost_runs={self.lost_runs} broker_dropped={self.broker_dropped}"
-            f" violations={len(self.violations)}"
-        )
-
-
 # -- the driver ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Faults:
-    kills: list[tuple[float, set[int]]] = field(default_factory=list)
-    pauses: list[tuple[int, float, float]] = field(default_factory=list)
-    restarts: list[tuple[float, float]] = field(default_factory=list)
 
 
 def run_chaos(
@@ -209,18 +178,22 @@ def run_chaos(
     report = Report(seconds)
     faults = Faults()
     with RedisServer() as broker_server, RedisServer() as lock_server:
-        pool = Workers(lock_server.url, broker_server.url, prefix, log_dir)
+        proxy = DelayingProxy(lock_server.port)
+        lock_url = f"{proxy.url}?socket_timeout={SOCKET_TIMEOUT}"
+        pool = Workers(lock_url, broker_server.url, prefix, log_dir)
         try:
             started = [pool.start() for _ in range(workers)]
             pool.wait_ready(*started)
-            chaos = pool.app.tasks["fault.chaos"]
+            tasks = [pool.app.tasks["fault.chaos"], pool.app.tasks["fault.chaos_skip"]]
             broker = pool.broker
-            sent: dict[str, str] = {}  # run id -> key
-            ended: set[str] = set()
-            running: dict[int, float] = {}  # pid -> start time of its open execution
+            calls: dict[str, Call] = {}  # task id -> the call sent
+            settled: set[str] = set()  # task ids whose delivery ended with a final state
+            sent_at: dict[str, float] = {}  # task id -> when sent (monotonic)
+            running: dict[int, float] = {}  # pid -> start time of its open run
             offset = 0
             paused: list[tuple[int, float, float]] = []  # pid, stopped at (server), cont at
             next_fault = time.monotonic() + rng.uniform(1.0, 2.5)
+            next_delay = time.monotonic() + rng.uniform(*REPLY_DELAY_EVERY)
             unseen = list(FAULTS)
             rng.shuffle(unseen)
             end = time.monotonic() + seconds
@@ -230,11 +203,12 @@ def run_chaos(
                 new = pool.events(offset)
                 offset += len(new)
                 for event in new:
-                    if event["event"] == "start" and "run" in event:
+                    if event["event"] == "start":
                         running[event["pid"]] = event["time"]
-                    elif event["event"] == "end" and "run" in event:
+                    elif event["event"] == "end":
                         running.pop(event["pid"], None)
-                        ended.add(event["run"])
+                    elif event["event"] == "outcome" and event["state"] in FINAL_STATES:
+                        settled.add(event["task_id"])
 
             def resume_due(force: bool = False) -> None:
                 for item in list(paused):
@@ -248,37 +222,45 @@ def run_chaos(
             def live_workers() -> list[Worker]:
                 return [w for w in pool.workers if w.alive()]
 
+            def kill(pids: set[int], how: Any) -> None:
+                before = server_time(broker)
+                how()
+                faults.kills.append((before, server_time(broker), pids))
+
             while time.monotonic() < end:
                 poll()
                 resume_due()
-                while len(sent) - len(ended & sent.keys()) < in_flight:
-                    run = uuid.uuid4().hex[:10]
+                # A call unsettled for long is lost or stuck (the check says which at the
+                # end): it no longer takes a place, so that lost calls cannot stop the chaos.
+                recent = time.monotonic() - IN_FLIGHT_FOR
+                pending = [t for t, at in sent_at.items() if at > recent and t not in settled]
+                for _ in range(in_flight - len(pending)):
                     key = f"k{rng.randrange(keys)}"
-                    sent[run] = key
-                    chaos.apply_async((key, run, rng.uniform(0.05, 0.4)))
+                    task = tasks[1] if rng.randrange(SKIP_EVERY) == 0 else tasks[0]
+                    result = task.apply_async((key, rng.uniform(0.05, 0.4)))
+                    calls[result.id] = Call(key, task.name)
+                    sent_at[result.id] = time.monotonic()
+                if time.monotonic() >= next_delay:
+                    next_delay = time.monotonic() + rng.uniform(*REPLY_DELAY_EVERY)
+                    proxy.delay_next_script(REPLY_DELAY)
                 if time.monotonic() >= next_fault:
                     next_fault = time.monotonic() + rng.uniform(1.5, 3.0)
                     holders = [pid for pid in running if pid not in {p for p, _, _ in paused}]
                     # Every kind of fault at least once (the test asserts each happened),
                     # then at random: a short run must not depend on the seed's luck.
                     fault = (
-                        next(
-                            (f for f in unseen if holders or f in ("restart", "kill_worker")), None
-                        )
-                        or rng.choices(FAULTS, [3, 3, 2, 1])[0]
+                        next((f for f in unseen if holders or f not in NEED_HOLDER), None)
+                        or rng.choices(FAULTS, FAULT_WEIGHTS)[0]
                     )
                     if fault in unseen:
                         unseen.remove(fault)
                     if fault == "kill_child" and holders:
                         pid = rng.choice(holders)
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, signal.SIGKILL)
-                        faults.kills.append((server_time(broker), {pid}))
+                        kill({pid}, functools.partial(_signal, pid, signal.SIGKILL))
                         report.child_kills += 1
                     elif fault == "pause" and holders:
                         pid = rng.choice(holders)
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, signal.SIGSTOP)
+                        _signal(pid, signal.SIGSTOP)
                         cont_at = time.monotonic() + CHAOS_LEASE + rng.uniform(0.5, 1.5)
                         paused.append((pid, server_time(broker), cont_at))
                     elif fault == "restart":
@@ -289,9 +271,8 @@ def run_chaos(
                         faults.restarts.append((stopped_at, server_time(broker)))
                     elif fault == "kill_worker" and live_workers():
                         victim = rng.choice(live_workers())
-                        pids = {victim.pid, *victim.children()}
-                        victim.kill()
-                        faults.kills.append((server_time(broker), pids))
+                        faults.worker_kills.append(server_time(broker))
+                        kill({victim.pid, *victim.children()}, victim.kill)
                         report.worker_kills += 1
                         pool.start()  # keep the capacity; it joins while the chaos goes on
                 time.sleep(0.05)  # pacing of the driver
@@ -301,150 +282,60 @@ def run_chaos(
             lock_server.start()
             pool.wait_ready(*live_workers())
             deadline = time.monotonic() + drain_timeout
-            while time.monotonic() < deadline and not sent.keys() <= ended:
+            while time.monotonic() < deadline and not calls.keys() <= settled:
                 poll()
                 time.sleep(0.1)
-            poll()
-            report.pauses = len(faults.pauses)
-            report.restarts = len(faults.restarts)
-            check(pool, sent, ended, faults, report)
+            faults.reply_delays = proxy.delayed
+            history = _history(pool, calls, faults)
+            check(history, report)
         finally:
             pool.close()
+            proxy.close()
     out(report.summary())
-    for violation in report.violations[:20]:
+    for dropped in report.dropped[:10]:
+        out("BROKER DROPPED: " + dropped)
+    for violation in report.violations[:30]:
         out("VIOLATION: " + violation)
     return report
 
 
-# -- the checker --------------------------------------------------------------------------------
+#: Faults that need a run in progress to hit.
+NEED_HOLDER = ("kill_child", "pause")
+#: Delivery states after which a call is not run again.
+FINAL_STATES = ("SUCCESS", "FAILURE", "REVOKED")
 
 
-def _overlaps(a0: float, a1: float, b0: float, b1: float) -> bool:
-    return a0 < b1 and b0 < a1
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
 
 
-def check(
-    pool: Workers, sent: dict[str, str], ended: set[str], faults: Faults, report: Report
-) -> None:
-    events = pool.events()
-    starts = {e["execution"]: e for e in events if e["event"] == "start" and "execution" in e}
-    ends = {e["execution"]: e for e in events if e["event"] == "end" and "execution" in e}
-    received: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for e in events:
-        if e["event"] == "received":
-            received[(e["task_id"], e["pid"])].append(e["time"])
-    report.lost_signals = sum(1 for e in events if e["event"] == "lost")
-    report.runs_sent = len(sent)
-    report.runs_completed = len(sent.keys() & ended)
-    report.executions = len(starts)
-    killed = {pid: at for at, pids in faults.kills for pid in pids}
+def _history(pool: Workers, calls: dict[str, Call], faults: Faults) -> History:
+    """Everything the check reads, gathered from the evidence Redis at the end."""
     broker = pool.broker
-
-    def began(execution: str) -> float:
-        start = starts[execution]
-        times = [
-            t for t in received.get((start["task_id"], start["pid"]), []) if t <= start["time"]
-        ]
-        return max(times) if times else start["time"]
-
-    def excused(execution: str, until: float) -> bool:
-        """Paused, or the lock server restarted, while this execution ran."""
-        pid, since = starts[execution]["pid"], began(execution)
-        if any(p == pid and _overlaps(since, until, s, c) for p, s, c in faults.pauses):
-            return True
-        return any(_overlaps(since, until, s, c) for s, c in faults.restarts)
-
-    # Executions that never ended were killed; anything else vanished.
-    for execution, start in starts.items():
-        if execution not in ends:
-            if start["pid"] in killed:
-                report.killed_mid_run += 1
-            else:
-                report.violations.append(f"execution {execution} started and never ended")
-
-    for key in sorted(set(sent.values())):
+    accepted, rejected = {}, {}
+    for key in {call.key for call in calls.values()}:
         _, accepted_key, rejected_key = store_keys(pool.prefix, key)
-        accepted = [entry.decode().split() for entry in broker.lrange(accepted_key, 0, -1)]
-        rejected = [entry.decode().split() for entry in broker.lrange(rejected_key, 0, -1)]
-        report.accepted_writes += len(accepted)
-        report.rejected_writes += len(rejected)
-        # 1. Tokens of accepted writes never go down; equal only within one execution.
-        for (token0, exe0, _, _), (token1, exe1, _, _) in zip(accepted, accepted[1:], strict=False):
-            if int(token1) < int(token0) or (int(token1) == int(token0) and exe1 != exe0):
-                report.violations.append(f"{key}: accepted {exe1} token {token1} after {token0}")
-        # 2. Accepted runs (begin and commit both accepted) never overlap in store time.
-        spans: dict[str, dict[str, float]] = defaultdict(dict)
-        for _, execution, op, at in accepted:
-            spans[execution][op] = float(at)
-        runs = sorted(
-            (span["begin"], span["commit"], execution)
-            for execution, span in spans.items()
-            if "begin" in span and "commit" in span
-        )
-        report.accepted_runs += len(runs)
-        for (_, end0, exe0), (begin1, _, exe1) in zip(runs, runs[1:], strict=False):
-            if begin1 < end0:
-                report.violations.append(f"{key}: accepted runs {exe0} and {exe1} overlap")
-        # 3. Every rejected write comes from a disturbed execution.
-        for _, execution, op, at in rejected:
-            if execution not in starts or not excused(execution, float(at)):
-                report.violations.append(f"{key}: {op} of undisturbed {execution} was rejected")
-        # 4. Raw overlap only where the earlier execution was disturbed.
-        done = sorted(
-            (starts[x]["time"], ends[x]["time"], x)
-            for x in ends
-            if x in starts and starts[x]["key"] == key
-        )
-        for i, (start1, _, exe1) in enumerate(done):
-            for start0, end0, exe0 in done[:i]:
-                if end0 > start1:
-                    report.raw_overlaps += 1
-                    if not excused(exe0, end0):
-                        report.violations.append(
-                            f"{key}: undisturbed {exe0} overlapped by {exe1} ({start0}-{end0},"
-                            f" {start1})"
-                        )
-    # Killed runs are redelivered (acks_late) and normally complete; one that never did is
-    # excused only if a killed process had received it. A run nobody received is lost.
-    received_by = defaultdict(set)
-    for e in events:
-        if e["event"] == "received" and e.get("run"):
-            received_by[e["run"]].add(e["pid"])
-    unfinished = sorted(set(sent) - ended)
-    lost = [run for run in unfinished if not received_by[run] & killed.keys()]
-    report.killed_mid_run += len(unfinished) - len(lost)
-    # A run no process ever received, after whole workers were SIGKILLed, was dropped by
-    # the broker: Kombu's Redis transport pops a message (BRPOP) before it records it as
-    # unacked, and a worker killed in between takes the message with it. That is the
-    # broker's delivery guarantee, not the lock's; it is counted and shown, not excused
-    # silently, and without worker kills it stays a violation.
-    if report.worker_kills:
-        waiting = _runs_in_broker(broker, pool.queue)
-        dropped = [run for run in lost if not received_by[run] and run not in waiting]
-        report.broker_dropped = len(dropped)
-        lost = [run for run in lost if run not in dropped]
-    report.lost_runs = len(lost)
-    for run in lost[:10]:
-        story = [
-            f"{e['event']}@{e['time']:.3f} pid={e['pid']}"
-            + (f" token={e['token']}" if e.get("token") else "")
-            for e in events
-            if e.get("run") == run
-        ]
-        report.violations.append(
-            f"run {run} ({sent[run]}) was never completed nor killed: {', '.join(story)}"
-        )
+        accepted[key] = [entry.decode().split() for entry in broker.lrange(accepted_key, 0, -1)]
+        rejected[key] = [entry.decode().split() for entry in broker.lrange(rejected_key, 0, -1)]
+    return History(
+        calls=calls,
+        events=pool.events(),
+        accepted=accepted,
+        rejected=rejected,
+        states={task_id: str(pool.app.AsyncResult(task_id).state) for task_id in calls},
+        in_broker=_calls_in_broker(broker, pool.queue),
+        faults=faults,
+    )
 
 
-def _runs_in_broker(broker: Any, queue: str) -> set[str]:
-    """Run ids of the messages still queued or unacked in Kombu's Redis transport."""
+def _calls_in_broker(broker: Any, queue: str) -> set[str]:
+    """Task ids of the messages still queued or unacked in Kombu's Redis transport."""
     raw = list(broker.lrange(queue, 0, -1)) + list(broker.hvals("unacked"))
-    runs = set()
+    task_ids = set()
     for item in raw:
         payload = json.loads(item)
         if isinstance(payload, list):  # unacked entries are [message, exchange, routing key]
             payload = payload[0]
-        args = json.loads(base64.b64decode(payload["body"]))[0]
-        if len(args) > 1:
-            runs.add(args[1])
-    return runs
+        task_ids.add(payload["headers"]["id"])
+    return task_ids

@@ -1,12 +1,13 @@
 """TCP proxies in front of a Redis server that misbehave on demand, to make the moments a
-network fault leaves behind: a request that never arrives, or one that ran on the server
-while its client never hears back."""
+network fault leaves behind: a request that never arrives, one that ran on the server while
+its client never hears back, or one whose answer comes after its client stopped waiting."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
 import threading
+import time
 
 
 class ForwardingProxy:
@@ -35,7 +36,11 @@ class ForwardingProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            server = socket.create_connection(("127.0.0.1", self.target))
+            try:
+                server = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:  # the server is down: its client sees the connection closed
+                self._close(client)
+                continue
             self._sockets += [client, server]
             self._connected(client, server)
 
@@ -197,4 +202,48 @@ class OutageProxy(ForwardingProxy):
                         self.lost.set()
                 if not held:
                     client.sendall(data)
+        self._close(client, server)
+
+
+class DelayingProxy(ForwardingProxy):
+    """After :meth:`delay_next_script`, the next script call (``EVALSHA``/``EVAL``) through
+    the proxy runs on the server at once, but its connection's replies are held back
+    ``seconds`` (past the client's socket timeout, its client has given up by then and
+    closed the connection). ``delayed`` counts the replies held back so far."""
+
+    def __init__(self, target: int) -> None:
+        self.delayed = 0
+        self._seconds: float | None = None
+        self._lock = threading.Lock()
+        super().__init__(target)
+
+    def delay_next_script(self, seconds: float) -> None:
+        with self._lock:
+            self._seconds = seconds
+
+    def _connected(self, client: socket.socket, server: socket.socket) -> None:
+        hold: list[float] = []  # seconds this connection's next reply is held back
+        threading.Thread(target=self._up, args=(client, server, hold), daemon=True).start()
+        threading.Thread(target=self._down, args=(server, client, hold), daemon=True).start()
+
+    def _up(self, client: socket.socket, server: socket.socket, hold: list[float]) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                if b"EVAL" in data:
+                    with self._lock:
+                        seconds, self._seconds = self._seconds, None
+                    if seconds is not None:
+                        hold.append(seconds)  # before sending: the reply may come at once
+                server.sendall(data)
+        self._close(client, server)
+
+    def _down(self, server: socket.socket, client: socket.socket, hold: list[float]) -> None:
+        with contextlib.suppress(OSError):
+            while data := server.recv(65536):
+                if hold:
+                    seconds = hold.pop()
+                    with self._lock:
+                        self.delayed += 1
+                    time.sleep(seconds)  # the fault itself: the reply is late
+                client.sendall(data)
         self._close(client, server)
