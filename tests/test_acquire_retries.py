@@ -51,6 +51,20 @@ def proxied_client(lock_client: LockClient, proxy: HoldingProxy, retries: int) -
     return LockClient(via, prefix=lock_client.prefix)
 
 
+async def async_proxied_client(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str, *, retries: int
+) -> AsyncLockClient:
+    """An asyncio client through ``proxy``, warmed up for ``kind`` as :func:`warm_up` does."""
+    via = redis.asyncio.Redis(
+        port=proxy.port, socket_timeout=0.5, retry=AsyncRetry(NoBackoff(), retries)
+    )
+    client = AsyncLockClient(via, prefix=lock_client.prefix)
+    warm = KINDS[kind](client)
+    assert await warm.acquire()
+    await warm.release()
+    return client
+
+
 def warm_up(client: LockClient, kind: str) -> None:
     """A connection open and the kind's scripts loaded: the next reply is the attempt's."""
     handle = client.lease("warm-up") if kind == "claimed" else KINDS[kind](client)
@@ -222,14 +236,8 @@ def test_an_async_acquire_sent_again_after_its_reply_was_lost_holds_with_its_tok
     lock_client: LockClient, proxy: HoldingProxy, kind: str
 ) -> None:
     async def body() -> None:
-        via = redis.asyncio.Redis(
-            port=proxy.port, socket_timeout=0.5, retry=AsyncRetry(NoBackoff(), 1)
-        )
-        client = AsyncLockClient(via, prefix=lock_client.prefix)
+        client = await async_proxied_client(lock_client, proxy, kind, retries=1)
         try:
-            warm = KINDS[kind](client)
-            assert await warm.acquire()
-            await warm.release()
             handle = KINDS[kind](client)
             proxy.hold_next_reply()
             assert await handle.acquire()
@@ -272,14 +280,8 @@ def test_an_async_acquire_that_raised_with_its_reply_lost_leaves_the_name_free(
     lock_client: LockClient, proxy: HoldingProxy, kind: str
 ) -> None:
     async def body() -> None:
-        via = redis.asyncio.Redis(
-            port=proxy.port, socket_timeout=0.5, retry=AsyncRetry(NoBackoff(), 0)
-        )
-        client = AsyncLockClient(via, prefix=lock_client.prefix)
+        client = await async_proxied_client(lock_client, proxy, kind, retries=0)
         try:
-            warm = KINDS[kind](client)
-            assert await warm.acquire()
-            await warm.release()
             handle = KINDS[kind](client)
             proxy.hold_next_reply()
             with pytest.raises(LockBackendError):
