@@ -11,6 +11,9 @@ Layout for a lock named N under prefix P (default ``csl:``)::
     P{T}:w:<o>    hash   fair waiter o's registration (ttl, max-hold, holder fields); expires
                          unless o refreshes it
     P{T}:m:<o>    list   where a release hands the lease to fair waiter o (its token)
+    P{T}:undo:<t> hash   a claim the acquisition with fencing token t took over, kept with
+                         the claim's own expiry so that an acquire whose reply was lost can
+                         put it back (acquire_undo.lua)
 
 T is the *tag*: N itself when it is short and brace-free, else ``#`` + a SHA-256 of N.
 The braces make T a Redis Cluster hash tag, so every key of one lock lives in one slot
