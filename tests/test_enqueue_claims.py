@@ -195,6 +195,15 @@ def test_a_purged_queue_leaves_claims_that_clear_unqueued_removes(
         assert fresh.get(timeout=TIMEOUT) == 5
 
 
+def wait_for_settled_claims(app: Celery) -> None:
+    """Until every claim is older than a message in flight and a worker answers."""
+    wait_until(
+        lambda: all(item["age_s"] >= IN_FLIGHT_S for item in listed(app).values()),
+        "claims older than a message in flight",
+    )
+    wait_until(lambda: bool(app.control.inspect(timeout=1).ping()), "worker answers")
+
+
 def test_clear_unqueued_leaves_claims_whose_message_waits_in_a_queue_or_on_a_worker(
     celery_lock_app: Celery, in_process_worker: WorkerFactory, lock_prefix: str
 ) -> None:
@@ -206,13 +215,7 @@ def test_clear_unqueued_leaves_claims_whose_message_waits_in_a_queue_or_on_a_wor
         waiting = sync.apply_async((1,), queue=f"{lock_prefix}unconsumed")
         # The worker receives it and holds it until its countdown (unacknowledged).
         scheduled = sync.apply_async((2,), countdown=120)
-        wait_until(
-            lambda: all(item["age_s"] >= IN_FLIGHT_S for item in listed(celery_lock_app).values()),
-            "claims older than a message in flight",
-        )
-        wait_until(
-            lambda: bool(celery_lock_app.control.inspect(timeout=1).ping()), "worker answers"
-        )
+        wait_for_settled_claims(celery_lock_app)
         refused = run_celery(celery_lock_app, "--timeout", "1", "clear", "--unqueued", "--yes")
         assert refused.exit_code == 1, refused.output
         found = listed(celery_lock_app, timeout=1)
@@ -246,13 +249,7 @@ def test_on_a_broker_that_cannot_be_read_only_purged_clears_claims_no_worker_hol
     assert celery_lock_app.control.purge() == 1
     with in_process_worker(celery_lock_app):
         scheduled = sync.apply_async((2,), countdown=120)
-        wait_until(
-            lambda: all(item["age_s"] >= IN_FLIGHT_S for item in listed(celery_lock_app).values()),
-            "claims older than a message in flight",
-        )
-        wait_until(
-            lambda: bool(celery_lock_app.control.inspect(timeout=1).ping()), "worker answers"
-        )
+        wait_for_settled_claims(celery_lock_app)
         unsure = run_celery(celery_lock_app, "--timeout", "1", "clear", "--unqueued", "--yes")
         assert unsure.exit_code == 1, unsure.output  # not read, not known to be gone
         assert listed(celery_lock_app, timeout=1)[purged.id]["state"] == "queued"
