@@ -9,7 +9,7 @@ from typing import Any
 import redis
 
 from celery_singleton_lock import LockClient
-from celery_singleton_lock.heartbeat import heartbeat
+from celery_singleton_lock.core.heartbeat import heartbeat
 
 from .context import Context
 from .stats import median

@@ -362,7 +362,7 @@ def measure(
             text = profile_default(variants[1], count, numbers, recorder)
         pinged = ping_us(probe)
     finally:
-        from celery_singleton_lock.task import close_lock_client
+        from celery_singleton_lock.celery.app_client import close_lock_client
 
         recorder.close()
         probe.close()

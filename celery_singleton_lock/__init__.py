@@ -66,13 +66,13 @@ __all__ = [
 ]
 
 _CELERY_LAYER = {
-    "SingletonTask": "task",
-    "is_skipped": "task",
-    "install": "worker",
-    "lock_acquired": "signals",
-    "lock_skipped": "signals",
-    "lock_lost": "signals",
-    "lock_released": "signals",
+    "SingletonTask": "celery.task",
+    "is_skipped": "celery.results",
+    "install": "celery.worker",
+    "lock_acquired": "celery.signals",
+    "lock_skipped": "celery.signals",
+    "lock_lost": "celery.signals",
+    "lock_released": "celery.signals",
 }
 
 

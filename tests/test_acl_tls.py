@@ -18,10 +18,10 @@ from click.testing import CliRunner, Result
 from support.redis_topologies import ACLServer, TLSServer, running
 
 from celery_singleton_lock import LockClient, cli
-from celery_singleton_lock.config import AppSettings
+from celery_singleton_lock.celery.options import AppSettings
+from celery_singleton_lock.celery.task import lock_client_for
 from celery_singleton_lock.core import redis_urls
 from celery_singleton_lock.exceptions import ConfigurationError, LockBackendError
-from celery_singleton_lock.task import lock_client_for
 
 PASSWORD = "pw-" + uuid.uuid4().hex  # unique: found nowhere unless leaked
 

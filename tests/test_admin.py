@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from celery_singleton_lock import LockClient, LockError, LockExpired, admin, output
+from celery_singleton_lock import LockClient, LockError, LockExpired, admin
+from celery_singleton_lock.cli import output
+from celery_singleton_lock.cli.output import to_json
 from celery_singleton_lock.core import scan
-from celery_singleton_lock.heartbeat import heartbeat
-from celery_singleton_lock.output import to_json
+from celery_singleton_lock.core.heartbeat import heartbeat
 
 #: The documented shape of one object of ``--json`` (docs/admin.md).
 NUMBER_OR_NULL = (int, float, type(None))

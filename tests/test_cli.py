@@ -22,8 +22,8 @@ from celery.bin.base import CLIContext
 from celery.contrib.testing.worker import start_worker
 from click.testing import CliRunner, Result
 
-from celery_singleton_lock import LockClient, admin, cli, output
-from celery_singleton_lock.cli import commands
+from celery_singleton_lock import LockClient, admin, cli
+from celery_singleton_lock.cli import commands, output
 from celery_singleton_lock.embedded import RedisServer
 
 TESTS = Path(__file__).parent

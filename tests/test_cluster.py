@@ -19,9 +19,9 @@ from redis.cluster import RedisCluster
 from support.redis_topologies import Cluster, running, wait_until
 
 from celery_singleton_lock import LockClient, LockTaken, cli
-from celery_singleton_lock.heartbeat import heartbeat
-from celery_singleton_lock.intervals import interval_keys
-from celery_singleton_lock.task import lock_client_for
+from celery_singleton_lock.celery.task import lock_client_for
+from celery_singleton_lock.core.heartbeat import heartbeat
+from celery_singleton_lock.kinds.intervals import interval_keys
 
 
 @pytest.fixture(scope="module")
@@ -337,7 +337,7 @@ def test_celery_setting_takes_a_cluster_url(cluster: Cluster) -> None:
 
 
 def test_skip_messages_name_holders_on_a_cluster(client: LockClient) -> None:
-    from celery_singleton_lock.holders import describe, holders_of
+    from celery_singleton_lock.celery.holders import describe, holders_of
 
     lease = client.lease("alpha", owner_info={"task_id": "t1"})
     assert lease.acquire(0)

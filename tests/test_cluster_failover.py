@@ -29,7 +29,7 @@ from test_cluster import node_port
 from test_sentinel import acquire_eventually
 
 from celery_singleton_lock import LockClient, LockExpired, LockLost
-from celery_singleton_lock.heartbeat import heartbeat
+from celery_singleton_lock.core.heartbeat import heartbeat
 
 #: A lease that must outlive the failover. Renewed just before the kill, it lasts this long;
 #: the heartbeat's first renewal on the promoted node comes within the failover (about 4 s

@@ -23,20 +23,18 @@ from celery_singleton_lock import (
     LockClient,
     SingletonTask,
     admin,
-    multi,
-    rangelock,
-    rwlock,
 )
-from celery_singleton_lock.claims import claim_owner
+from celery_singleton_lock.celery.claims import claim_owner
+from celery_singleton_lock.celery.task import lock_client_for
+from celery_singleton_lock.core.handle import HOSTNAME, LockHandle
+from celery_singleton_lock.core.heartbeat import Heartbeat, heartbeat
 from celery_singleton_lock.core.keys import lock_keys
 from celery_singleton_lock.embedded import RedisServer, free_port
 from celery_singleton_lock.exceptions import LockExpired
-from celery_singleton_lock.handle import HOSTNAME, LockHandle
-from celery_singleton_lock.heartbeat import Heartbeat, heartbeat
-from celery_singleton_lock.intervals import IntervalHandle
-from celery_singleton_lock.lease import Lease
-from celery_singleton_lock.multi import MultiLease
-from celery_singleton_lock.task import lock_client_for
+from celery_singleton_lock.kinds import multi, rangelock, rwlock
+from celery_singleton_lock.kinds.intervals import IntervalHandle
+from celery_singleton_lock.kinds.lease import Lease
+from celery_singleton_lock.kinds.multi import MultiLease
 
 
 def script_calls(client: LockClient) -> int:

@@ -21,10 +21,15 @@ from support.waiting import wait_for_subscriber
 from support.workers import WorkerPrograms
 
 from celery_singleton_lock import SingletonTask, is_skipped, lock_acquired, lock_skipped
-from celery_singleton_lock import events as events_module
+from celery_singleton_lock.celery import events as events_module
+from celery_singleton_lock.celery.events import (
+    EVENT_TYPES,
+    EventSender,
+    lock_fields,
+    send_lock_event,
+)
+from celery_singleton_lock.celery.testing import TaskLocks
 from celery_singleton_lock.embedded import RedisServer, free_port
-from celery_singleton_lock.events import EVENT_TYPES, EventSender, lock_fields, send_lock_event
-from celery_singleton_lock.testing import TaskLocks
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
 

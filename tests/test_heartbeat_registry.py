@@ -9,7 +9,7 @@ import weakref
 from typing import Any
 
 from celery_singleton_lock import LockClient
-from celery_singleton_lock.heartbeat import Heartbeat
+from celery_singleton_lock.core.heartbeat import Heartbeat
 
 #: Long enough that no tick comes during a test.
 LONG_TTL = 30.0

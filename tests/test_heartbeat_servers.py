@@ -14,8 +14,8 @@ import pytest
 from support.forked import run_in_child
 
 from celery_singleton_lock import LockClient, LockExpired
+from celery_singleton_lock.core.heartbeat import Heartbeat, heartbeat
 from celery_singleton_lock.embedded import RedisServer
-from celery_singleton_lock.heartbeat import Heartbeat, heartbeat
 
 #: Long enough that the tests' own renewals, not the ttl, decide what the server holds.
 LONG_TTL = 30.0

@@ -18,7 +18,8 @@ import pytest
 from support.pubsub import Channel
 from support.waiting import BackgroundAcquire
 
-from celery_singleton_lock import LockClient, rwlock
+from celery_singleton_lock import LockClient
+from celery_singleton_lock.kinds import rwlock
 from celery_singleton_lock.kinds.intervals import IntervalHandle, release_hold
 
 #: A wake-up by a publish arrives well within this; the hint of a 30 s hold is 30 s.

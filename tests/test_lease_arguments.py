@@ -19,8 +19,8 @@ from celery_singleton_lock import (
     LockBackendError,
     LockClient,
 )
+from celery_singleton_lock.core.heartbeat import heartbeat
 from celery_singleton_lock.embedded import free_port
-from celery_singleton_lock.heartbeat import heartbeat
 
 
 @pytest.fixture

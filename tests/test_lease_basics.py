@@ -15,7 +15,7 @@ from celery_singleton_lock import (
     LockTaken,
     LockTimeout,
 )
-from celery_singleton_lock.heartbeat import heartbeat
+from celery_singleton_lock.core.heartbeat import heartbeat
 
 
 def test_second_acquire_refused_until_release(lock_client: LockClient) -> None:

@@ -17,7 +17,7 @@ from support.waiting import BackgroundAcquire, wait_for
 
 from celery_singleton_lock import ConfigurationError, Lease, LockBackendError, LockClient
 from celery_singleton_lock.core.scripts import fair_keys, pack_holder
-from celery_singleton_lock.lease import FAIR_REGISTRATION_MS
+from celery_singleton_lock.kinds.lease import FAIR_REGISTRATION_MS
 
 
 @pytest.fixture

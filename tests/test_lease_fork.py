@@ -9,7 +9,7 @@ import pytest
 from support.forked import run_in_child
 
 from celery_singleton_lock import LockClient, LockNotHeld
-from celery_singleton_lock.heartbeat import heartbeat
+from celery_singleton_lock.core.heartbeat import heartbeat
 
 
 def _child(client: LockClient, parent_lease: Any, ttl: float) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from support.waiting import wait_for_subscriber
 
 from celery_singleton_lock import ConfigurationError, LockClient
 from celery_singleton_lock.embedded import RedisServer
-from celery_singleton_lock.lease import Lease
+from celery_singleton_lock.kinds.lease import Lease
 
 CLAIM = "job#queued"
 CLAIM_OWNER = "claim:t1:0"

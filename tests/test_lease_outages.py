@@ -14,8 +14,8 @@ from support.waiting import BackgroundAcquire, wait_for_subscriber
 
 from celery_singleton_lock import Lease, LockBackendError, LockClient, LockExpired, LockNotHeld
 from celery_singleton_lock.client import mask_password
+from celery_singleton_lock.core.heartbeat import heartbeat
 from celery_singleton_lock.embedded import RedisServer
-from celery_singleton_lock.heartbeat import heartbeat
 
 PASSWORD = "s3cret-" + uuid.uuid4().hex[:8]
 

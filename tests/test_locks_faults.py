@@ -23,17 +23,9 @@ import pytest
 from support.kind_children import holder_process, make_handle, multi_names
 from support.waiting import BackgroundAcquire, wait_for_subscriber
 
-from celery_singleton_lock import (
-    LockBackendError,
-    LockClient,
-    LockExpired,
-    LockLost,
-    MultiLease,
-    multi,
-    rangelock,
-    rwlock,
-)
+from celery_singleton_lock import LockBackendError, LockClient, LockExpired, LockLost, MultiLease
 from celery_singleton_lock.embedded import RedisServer
+from celery_singleton_lock.kinds import multi, rangelock, rwlock
 
 KINDS = ["rw-read", "rw-write", "range-write", "multi"]
 

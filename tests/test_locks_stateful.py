@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, multiple, rule
 
 from celery_singleton_lock import LockClient
-from celery_singleton_lock.heartbeat import heartbeat
+from celery_singleton_lock.core.heartbeat import heartbeat
 
 COMPATIBLE = {("r", "r"), ("r", "u"), ("u", "r")}
 points = st.integers(0, 12).map(float)

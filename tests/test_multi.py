@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from support.kind_children import multi_worker
 
-from celery_singleton_lock import ConfigurationError, LockClient, LockTaken, MultiLease, multi
+from celery_singleton_lock import ConfigurationError, LockClient, LockTaken, MultiLease
+from celery_singleton_lock.kinds import multi
 
 
 def test_all_or_nothing(lock_client: LockClient) -> None:

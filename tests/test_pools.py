@@ -29,8 +29,8 @@ from support.workers import WorkerProgram as PoolWorker
 from support.workers import WorkerPrograms
 
 from celery_singleton_lock import LockClient, SingletonTask, lock_released
+from celery_singleton_lock.celery.worker import SingletonLockStep, install, release_all_held
 from celery_singleton_lock.core.keys import lock_keys
-from celery_singleton_lock.worker import SingletonLockStep, install, release_all_held
 
 TIMEOUT = 30.0
 

@@ -18,8 +18,8 @@ from support.lost_lock import task_losing_its_lock
 from support.workers import WorkerPrograms
 
 from celery_singleton_lock import SingletonTask
-from celery_singleton_lock.prometheus import LockMetrics, register_metrics
-from celery_singleton_lock.testing import TaskLocks
+from celery_singleton_lock.celery.prometheus import LockMetrics, register_metrics
+from celery_singleton_lock.celery.testing import TaskLocks
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
 

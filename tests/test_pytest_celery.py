@@ -14,10 +14,10 @@ import pytest_celery.plugin
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
-import celery_singleton_lock.pytest_plugin
+import celery_singleton_lock.celery.pytest_plugin
 from celery_singleton_lock import ConfigurationError, LockBackendError, LockClient, SingletonTask
+from celery_singleton_lock.celery.testing import TaskLocks
 from celery_singleton_lock.embedded import free_port
-from celery_singleton_lock.testing import TaskLocks
 
 pytest_plugins = ["pytester"]
 
@@ -44,7 +44,7 @@ def test_both_plugins_load_with_no_fixture_clash(pytestconfig: pytest.Config) ->
     plugins = pytestconfig.pluginmanager
     assert plugins.has_plugin("celery")  # pytest-celery's entry point
     assert plugins.has_plugin("celery_singleton_lock")
-    ours = fixture_names(celery_singleton_lock.pytest_plugin)
+    ours = fixture_names(celery_singleton_lock.celery.pytest_plugin)
     assert {"lock_redis_url", "task_locks", "singleton_lock_config", "singleton_lock_app"} <= ours
     celerys = fixture_names(celery.contrib.pytest) | fixture_names(pytest_celery.plugin)
     assert {"celery_app", "celery_config", "celery_worker"} <= celerys

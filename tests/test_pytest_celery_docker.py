@@ -21,7 +21,7 @@ from pytest_celery import (
 )
 
 import celery_singleton_lock
-from celery_singleton_lock.testing import TaskLocks
+from celery_singleton_lock.celery.testing import TaskLocks
 
 
 def docker_missing() -> str | None:

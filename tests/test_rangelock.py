@@ -13,8 +13,9 @@ import pytest
 from support.kind_children import killable_holder
 from support.waiting import wait_for
 
-from celery_singleton_lock import ConfigurationError, LockClient, LockError, rangelock
+from celery_singleton_lock import ConfigurationError, LockClient, LockError
 from celery_singleton_lock.embedded import RedisServer
+from celery_singleton_lock.kinds import rangelock
 
 COMPATIBLE = {("r", "r"), ("r", "u"), ("u", "r")}
 #: Requested intervals against a held [10, 20]: (request, overlaps?)

@@ -18,9 +18,9 @@ from celery_singleton_lock import (
     LockError,
     LockExpired,
     LockTimeout,
-    rwlock,
 )
-from celery_singleton_lock.intervals import RESERVATION_MS
+from celery_singleton_lock.kinds import rwlock
+from celery_singleton_lock.kinds.intervals import RESERVATION_MS
 
 
 def numsub(client: LockClient, channel: bytes) -> int:

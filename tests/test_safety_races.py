@@ -28,10 +28,10 @@ from click.testing import CliRunner, Result
 from support.waiting import start_celery_worker, wait_for
 
 from celery_singleton_lock import LockClient, LockError, SingletonTask, admin, cli
+from celery_singleton_lock.celery.evidence import worker_check
 from celery_singleton_lock.cli import commands
+from celery_singleton_lock.core.heartbeat import heartbeat, renew_calls
 from celery_singleton_lock.core.scripts import run_batch
-from celery_singleton_lock.evidence import worker_check
-from celery_singleton_lock.heartbeat import heartbeat, renew_calls
 
 #: The delay-after the tests release with, and the least PTTL that shows it is intact.
 DELAY = 60.0
@@ -59,8 +59,8 @@ def make_handle(client: LockClient, kind: str, **options: Any) -> Any:
 
 def hold_keys(handle: Any, owner: str) -> list[bytes]:
     """The keys whose expiry is the hold's delay-after."""
-    from celery_singleton_lock.intervals import IntervalHandle
-    from celery_singleton_lock.multi import MultiLease
+    from celery_singleton_lock.kinds.intervals import IntervalHandle
+    from celery_singleton_lock.kinds.multi import MultiLease
 
     if isinstance(handle, MultiLease):
         return [k.lock for k in handle._keys]
@@ -169,8 +169,8 @@ def test_interval_hold_in_delay_after_is_listed_cooldown(
 
 def pause_heartbeat(client: LockClient, handle: Any) -> None:
     """What a holder paused for a minute (GC, VM stop) looks like: its last renewal is old."""
-    from celery_singleton_lock.intervals import IntervalHandle
-    from celery_singleton_lock.multi import MultiLease
+    from celery_singleton_lock.kinds.intervals import IntervalHandle
+    from celery_singleton_lock.kinds.multi import MultiLease
 
     assert handle._owner is not None
     if isinstance(handle, IntervalHandle):

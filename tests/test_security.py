@@ -37,17 +37,17 @@ from celery_singleton_lock import (
     LockLost,
     SingletonTask,
 )
-from celery_singleton_lock.cli import Session
-from celery_singleton_lock.config import (
+from celery_singleton_lock.celery.options import (
     TASK_OPTIONS,
     AppSettings,
     TaskLockOptions,
     check_task_options,
 )
+from celery_singleton_lock.cli import Session
+from celery_singleton_lock.core.heartbeat import heartbeat
 from celery_singleton_lock.core.keys import encode_name, lock_keys
 from celery_singleton_lock.embedded import RedisServer
-from celery_singleton_lock.heartbeat import heartbeat
-from celery_singleton_lock.intervals import interval_keys
+from celery_singleton_lock.kinds.intervals import interval_keys
 
 PASSWORD = "pw-" + uuid.uuid4().hex
 PREFIX = "sec:"

@@ -23,7 +23,7 @@ from celery.worker import state
 from support.redis_topologies import SENTINEL_MASTER, SentinelSet, TLSServer, running
 
 from celery_singleton_lock import ConfigurationError, LockClient, SingletonTask, install
-from celery_singleton_lock.config import (
+from celery_singleton_lock.celery.options import (
     APP_SETTINGS,
     KIND_OPTIONS,
     MODE_KINDS,
@@ -32,9 +32,9 @@ from celery_singleton_lock.config import (
     AppSettings,
     TaskLockOptions,
 )
+from celery_singleton_lock.celery.task import lock_client_for
 from celery_singleton_lock.embedded import RedisServer, free_port
 from celery_singleton_lock.kinds.registry import family_named
-from celery_singleton_lock.task import lock_client_for
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
 

@@ -215,7 +215,7 @@ def test_app_settings_give_defaults_and_task_options_win() -> None:
 
 
 def test_lock_url_defaults_to_a_redis_broker_and_is_required_otherwise() -> None:
-    from celery_singleton_lock.config import AppSettings
+    from celery_singleton_lock.celery.options import AppSettings
 
     app = Celery("u", set_as_current=False, broker="redis://example:6379/3")
     assert AppSettings.from_conf(app.conf).url == "redis://example:6379/3"

@@ -16,8 +16,9 @@ from celery import Celery, chain, chord, group
 from celery.signals import task_postrun, task_retry, task_revoked
 from celery.utils import uuid
 
-from celery_singleton_lock import SingletonTask, admin, enqueue, evidence, is_skipped
-from celery_singleton_lock.testing import TaskLocks
+from celery_singleton_lock import SingletonTask, admin, is_skipped
+from celery_singleton_lock.celery import claims, evidence
+from celery_singleton_lock.celery.testing import TaskLocks
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
 
@@ -430,7 +431,7 @@ def test_until_start_keeps_one_queued_copy_beside_the_running_one(
 
     def queue_claimed() -> bool:
         client = rebuild.lock_client
-        name = enqueue.queue_name(rebuild.lock_name(("products",)))
+        name = claims.queue_name(rebuild.lock_name(("products",)))
         return bool(client.redis.exists(client.connection.keys(name).lock))
 
     # Two threads: one runs, one waits in the worker for the run-time lock; a third call then

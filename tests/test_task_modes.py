@@ -20,8 +20,8 @@ from celery_singleton_lock import (
     RWLockHandle,
     SingletonTask,
 )
+from celery_singleton_lock.celery.testing import TaskLocks
 from celery_singleton_lock.core.handle import LockHandle
-from celery_singleton_lock.testing import TaskLocks
 
 TIMEOUT = 30
 

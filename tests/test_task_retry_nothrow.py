@@ -12,7 +12,7 @@ from typing import Any
 from celery import Celery
 
 from celery_singleton_lock import SingletonTask
-from celery_singleton_lock.testing import TaskLocks
+from celery_singleton_lock.celery.testing import TaskLocks
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
 

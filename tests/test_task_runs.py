@@ -23,8 +23,8 @@ from celery_singleton_lock import (
     lock_released,
     lock_skipped,
 )
+from celery_singleton_lock.celery.testing import TaskLocks
 from celery_singleton_lock.embedded import free_port
-from celery_singleton_lock.testing import TaskLocks
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
 

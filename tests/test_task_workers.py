@@ -24,11 +24,12 @@ from support.waiting import wait_for
 from support.workers import WorkerProgram as Worker
 from support.workers import WorkerPrograms
 
-from celery_singleton_lock import LockClient, intervals, rangelock, rwlock
+from celery_singleton_lock import LockClient
+from celery_singleton_lock.celery.testing import TaskLocks
+from celery_singleton_lock.core.handle import LockHandle
 from celery_singleton_lock.core.keys import lock_keys
-from celery_singleton_lock.handle import LockHandle
-from celery_singleton_lock.intervals import interval_keys
-from celery_singleton_lock.testing import TaskLocks
+from celery_singleton_lock.kinds import intervals, rangelock, rwlock
+from celery_singleton_lock.kinds.intervals import interval_keys
 
 TESTS = Path(__file__).resolve().parent
 TIMEOUT = 30.0

@@ -29,14 +29,13 @@ from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle import OWN_INFO_FIELDS
 from ..core.patterns import escape, literal_name
 from ..core.scan import BATCH, Record, read_hashes
-from ..kinds import lease
 from ..kinds.registry import FAMILIES, LEASES, KindFamily
 
 __all__ = [
     "BATCH", "CLAIMED", "CLAIM_OWNER_PREFIX", "COOLDOWN", "DELAY_AFTER", "HEARTBEAT_FRESH",
     "HEARTBEAT_STOPPED", "KINDS", "LEASES", "LIVE", "MISSED_TICKS", "NO_EVIDENCE", "QUEUED",
-    "STALE", "TICKS_PER_TTL", "Check", "Holder", "LockInfo", "Lister", "clear_lease_holder",
-    "escape", "heartbeat_stopped", "list_lease_holders", "list_locks", "listers",
+    "STALE", "TICKS_PER_TTL", "Check", "Holder", "LockInfo", "Lister", "escape",
+    "heartbeat_stopped", "list_locks", "listers",
     "literal_name", "lock_info", "server_ms",
 ]  # fmt: skip
 
@@ -63,10 +62,6 @@ MISSED_TICKS = 2
 
 #: How one family of lock kinds is listed and cleared (an entry of the kind registry).
 Lister = KindFamily
-
-#: The lease family's lister and clearer, by their old names.
-list_lease_holders = lease.list_holders
-clear_lease_holder = lease.clear_holder
 
 Holder = dict[str, Any]
 

@@ -30,9 +30,6 @@ from ..exceptions import DuplicateTask
 from ..kinds.lease import Lease
 from . import holders
 from .claims import claim_lease, claim_life, claim_name, finished_claim
-from .claims import free_claim as free_claim
-from .claims import queue_name as queue_name
-from .claims import replaced_by as replaced_by
 from .options import DEBOUNCE
 
 log = logging.getLogger("celery_singleton_lock.task")

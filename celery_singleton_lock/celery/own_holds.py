@@ -43,12 +43,11 @@ from ..admin.inspect import (
     TICKS_PER_TTL,
     escape,
     heartbeat_stopped,
-    list_lease_holders,
     server_ms,
 )
 from ..core.handle import HOSTNAME
 from ..exceptions import LockBackendError
-from ..kinds.lease import Lease
+from ..kinds.lease import Lease, list_holders
 from .claims import CLAIM_PREFIX, FINISHED_STATES
 
 log = logging.getLogger("celery_singleton_lock.task")
@@ -162,7 +161,7 @@ def pid_gone(pid: int) -> bool:
 def read_own_hold(lease: Lease, client: Any, task_id: str) -> OwnHold | None:
     """The hold of ``lease``'s name if its holder record carries ``task_id`` (and is not a
     delay-after), else None. Two round trips: the conflict path only."""
-    records = list_lease_holders(client, escape(lease.name))
+    records = list_holders(client, escape(lease.name))
     now_ms = server_ms(client)
     for record in records:
         owner, found = _text(record.get("owner")), _text(record.get("task_id"))

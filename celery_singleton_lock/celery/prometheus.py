@@ -1,6 +1,6 @@
 """Prometheus metrics from this package's signals (install the ``prometheus`` extra).
 
-    from celery_singleton_lock.prometheus import register_metrics
+    from celery_singleton_lock.celery.prometheus import register_metrics
 
     register_metrics()              # into prometheus_client's default registry
 

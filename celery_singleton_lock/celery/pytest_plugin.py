@@ -8,7 +8,7 @@
 - ``restartable_redis``: a private server per test that the test may ``stop()`` and
   ``start()`` again (same port, empty after restart).
 - ``task_locks``: hold the lock a SingletonTask call would take, and assert that a run was
-  skipped or ran (see :class:`celery_singleton_lock.testing.TaskLocks`). It refuses an app
+  skipped or ran (see :class:`celery_singleton_lock.celery.testing.TaskLocks`). It refuses an app
   whose locks would fall back to a broker Redis other than the test Redis.
 
 With Celery's fixtures (``celery.contrib.pytest``, loaded by pytest-celery):
@@ -72,7 +72,7 @@ def restartable_redis() -> Iterator[RedisServer]:
 
 @pytest.fixture
 def task_locks(lock_redis_url: str) -> Any:
-    """A :class:`~celery_singleton_lock.testing.TaskLocks` that refuses to lock in a broker
+    """A :class:`~celery_singleton_lock.celery.testing.TaskLocks` that refuses to lock in a broker
     Redis other than the test one unless the app names its ``singleton_lock_url``."""
     from .testing import TaskLocks
 

@@ -31,7 +31,6 @@ from . import claims, enqueue, holders, own_holds
 # Connects the receivers that turn our signals into Celery task events (and must be in place
 # before a worker starts, which always imports its tasks first).
 from . import events as _events  # noqa: F401
-from .app_client import close_lock_client as close_lock_client
 from .app_client import lock_client_for
 from .options import (
     DEBOUNCE,
@@ -43,8 +42,6 @@ from .options import (
     check_lease_within_ttl,
     check_task_options,
 )
-from .results import SKIPPED as SKIPPED
-from .results import is_skipped as is_skipped
 from .results import skipped_result
 from .signals import lock_acquired, lock_lost, lock_released, lock_skipped
 from .task_keys import TaskKey

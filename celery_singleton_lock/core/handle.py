@@ -26,13 +26,8 @@ from typing import Any, TypeVar
 
 from ..exceptions import LockBackendError, LockError, LockLost
 from .connection import Connection, HasConnection, connection_of
-from .handle_state import NO_EXPIRY_RECHECK as NO_EXPIRY_RECHECK
-from .handle_state import HandleState, Options, _Process, check_options, retry_in
-from .handle_state import Timing as Timing
-from .handle_state import hint_seconds as hint_seconds
-from .handle_state import lost_error as lost_error
-from .heartbeat import RenewEntry as RenewEntry  # where the kinds used to import it from
-from .heartbeat import RenewUnit, heartbeat, renew_calls, renewing
+from .handle_state import HandleState, Options, Timing, _Process, check_options, retry_in
+from .heartbeat import RenewEntry, RenewUnit, heartbeat, renew_calls, renewing
 from .keys import encode_name
 from .notifier import Wakeup
 from .scripts import ScriptCall, pack_holder, run_batch

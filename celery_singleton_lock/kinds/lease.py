@@ -17,13 +17,11 @@ from ..core.handle import (
     HOSTNAME,
     HolderRecord,
     LockHandle,
-    Timing,
-    hint_seconds,
     holder_fields,
     info_fields,
     log,
 )
-from ..core.handle_state import _Process
+from ..core.handle_state import Timing, _Process, hint_seconds
 from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.keys import encode_name, lock_keys, lock_pattern
 from ..core.patterns import literal_name

@@ -6,7 +6,7 @@ imports its app, before the pool forks, and prometheus_client runs in multiproce
 from __future__ import annotations
 
 from apps.worker_app import app
-from celery_singleton_lock.prometheus import register_metrics
+from celery_singleton_lock.celery.prometheus import register_metrics
 
 register_metrics()
 

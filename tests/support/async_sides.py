@@ -17,7 +17,7 @@ import pytest
 
 from celery_singleton_lock import AsyncLockClient, LockClient
 from celery_singleton_lock.aio.heartbeat import heartbeat as loop_heartbeat
-from celery_singleton_lock.heartbeat import heartbeat as thread_heartbeat
+from celery_singleton_lock.core.heartbeat import heartbeat as thread_heartbeat
 
 T = TypeVar("T")
 

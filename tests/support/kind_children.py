@@ -65,7 +65,7 @@ def shared_holder(
     heartbeat still renews the hold and how often ``on_lost`` was called. "release":
     report what ``release()`` did. "exit": close the client and return.
     """
-    from celery_singleton_lock.heartbeat import heartbeat
+    from celery_singleton_lock.core.heartbeat import heartbeat
 
     client = LockClient.from_url(url, prefix=prefix)
     lost_calls: list[object] = []

@@ -90,7 +90,7 @@ def cpu_holder(
 ) -> None:
     """Hold a short lease while spinning in pure-Python loops (holding the GIL as much as
     Python lets one thread), then report whether the lease survived."""
-    from celery_singleton_lock.heartbeat import heartbeat
+    from celery_singleton_lock.core.heartbeat import heartbeat
 
     client = LockClient.from_url(url, prefix=prefix)
     lease = client.lease(name, ttl=ttl)

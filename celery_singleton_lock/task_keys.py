@@ -1,3 +1,0 @@
-"""Old path of :mod:`celery_singleton_lock.celery.task_keys`, kept for one release."""
-
-from .celery.task_keys import *  # noqa: F403
