@@ -174,16 +174,15 @@ def free_claim(task: Any, args: Any, kwargs: Any, *, task_id: str, attempt: int)
     return int(task.lock_client.release_owner(name, claim_owner(task_id, attempt)))
 
 
-def free_at_acquire(task: Any, lease: Lease, task_id: str, *, replaceable: bool = True) -> bool:
+def free_at_acquire(lease: Lease, task_id: str, *, stop_if_replaced: bool) -> bool:
     """``until_start``/``debounce``: make the first acquire of ``lease`` (the run lock of an
     attempt of ``task_id``) free attempt 0's queue claim in the same round trip, as
-    :func:`free_claim` would, whether or not the lock is then taken. For a ``replaceable``
-    ``debounce`` call, a claim another call holds stops the acquire
-    (:func:`replaced_at_acquire`). False on a Redis Cluster, where the two names' keys are in
-    different slots: use :func:`free_claim`."""
-    replaced_stops = replaceable and task.lock_options.on_enqueue == DEBOUNCE
+    :func:`free_claim` would, whether or not the lock is then taken. With
+    ``stop_if_replaced`` (a ``debounce`` call a later one may replace), a claim another call
+    holds stops the acquire (:func:`replaced_at_acquire`). False on a Redis Cluster, where the
+    two names' keys are in different slots: use :func:`free_claim`."""
     name = queue_name(lease.name)
-    return lease.free_first(name, claim_owner(task_id, 0), stop_if_taken=replaced_stops)
+    return lease.free_first(name, claim_owner(task_id, 0), stop_if_taken=stop_if_replaced)
 
 
 def replaced_at_acquire(lease: Lease) -> bool:

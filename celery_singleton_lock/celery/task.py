@@ -331,10 +331,14 @@ class SingletonTask(Task):  # type: ignore[misc]
         first acquire (same round trip); else :meth:`_leave_queue` frees it first. A retry
         frees it too: attempt 0 may have failed before it could (the lock Redis did not
         answer as it started)."""
-        request = self.request
         return isinstance(lease, Lease) and claims.free_at_acquire(
-            self, lease, request.id, replaceable=not request.retries
+            lease, self.request.id, stop_if_replaced=self._replaceable()
         )
+
+    def _replaceable(self) -> bool:
+        """Whether a later call may replace this one in the queue: ``debounce``, and not a
+        retry (which continues a call that started)."""
+        return self.lock_options.on_enqueue == DEBOUNCE and not self.request.retries
 
     def _replaced_at_acquire(self, lease: LockHandle) -> bool:
         """``debounce``: True if a later call took this one's queue claim over, so the first
@@ -342,11 +346,9 @@ class SingletonTask(Task):  # type: ignore[misc]
         claim another call holds by then (this one's ran out or was freed) changes nothing,
         and the run honours ``lock_wait`` and ``lock_conflict`` as any other; nor is a retry,
         which continues a call that started."""
-        if self.lock_options.on_enqueue != DEBOUNCE or not isinstance(lease, Lease):
-            return False
-        if self.request.retries:
-            return False
-        return claims.replaced_at_acquire(lease)
+        return (
+            isinstance(lease, Lease) and self._replaceable() and claims.replaced_at_acquire(lease)
+        )
 
     def _leave_queue(self, args: Any, kwargs: Any) -> bool:
         """``until_start``/``debounce``: this call is no longer queued, so another may queue
@@ -358,7 +360,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         except LockError as exc:  # the claim runs out by itself
             log.warning("%s[%s] could not free its queue claim: %s", self.name, request.id, exc)
             return True
-        return not (code == -1 and self.lock_options.on_enqueue == DEBOUNCE and not request.retries)
+        return not (code == -1 and self._replaceable())
 
     def _replaced(self, lease: LockHandle, args: Any, kwargs: Any) -> Any:
         request, name = self.request, lease.name
@@ -398,6 +400,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         request = self.request
         if not any(holder.task_id == request.id for holder in found):
             return False
+        # The delay-after of this very call (it ran): nothing more to do.
+        cooling = [holder for holder in found if holder.cooldown_until_ms is not None]
         hold: own_holds.OwnHold | None = None
         verdict: own_holds.Verdict | None
         if isinstance(lease, Lease):
@@ -405,8 +409,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         else:
             # No take-over for the other kinds: the copy looks again once a dead holder's
             # lease could have run out, until the hold is gone or its task finished.
-            cooling = [holder for holder in found if holder.cooldown_until_ms is not None]
-            self._ignore_copy_of_self(lease, cooling)  # the delay-after of this very call
+            self._ignore_copy_of_self(lease, cooling)
             verdict = own_holds.requeue_verdict(self)
         if (
             isinstance(lease, Lease)
@@ -420,8 +423,6 @@ class SingletonTask(Task):  # type: ignore[misc]
                 return True
             verdict = None
         if verdict is None:
-            # The delay-after of this very call (it ran): nothing more to do.
-            cooling = [holder for holder in found if holder.cooldown_until_ms is not None]
             self._ignore_copy_of_self(lease, cooling)
             # Changed hands meanwhile (let go, or another copy took it over): look again soon.
             verdict = own_holds.Verdict(
