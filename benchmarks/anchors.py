@@ -200,7 +200,7 @@ class OurScripts:
         lease = self._lease
         self._owner = os.urandom(16).hex()
         taken, _ = self._scripts.acquire(
-            lease._keys.lock, lease._keys.fence, self._owner, lease._ttl_ms, 0,
+            lease.keys.lock, lease.keys.fence, self._owner, lease._ttl_ms, 0,
             lease._packed_holder(),
         )  # fmt: skip
         return taken
@@ -210,7 +210,7 @@ class OurScripts:
 
     def release(self) -> None:
         lease = self._lease
-        if self._scripts.release(lease._keys.lock, self._owner, 0) != 1:
+        if self._scripts.release(lease.keys.lock, self._owner, 0) != 1:
             raise RuntimeError("not held")
 
     def close(self) -> None:

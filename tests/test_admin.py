@@ -223,7 +223,7 @@ def test_stale_when_the_holders_heartbeat_stopped(
 def test_lease_without_heartbeat_is_never_stale_by_age(lock_client: LockClient) -> None:
     lease = lock_client.lease("manual", ttl=30, heartbeat=False)
     assert lease.acquire()
-    key = lease._keys.lock
+    key = lease.keys.lock
     lock_client.redis.hset(key, "renewed_ms", admin.server_ms(lock_client) - 25_000)
     info = by_name(lock_client)["manual"]
     assert (info.state, info.evidence, info.heartbeat) == ("live", "no evidence", False)
@@ -249,7 +249,7 @@ def test_cooldown_after_delayed_release(lock_client: LockClient) -> None:
 def test_claim_is_queued_whatever_its_renewal_age(lock_client: LockClient) -> None:
     lease = lock_client.lease("claimed", ttl=30, owner="claim:t-5:0", heartbeat=False)
     assert lease.acquire()
-    lock_client.redis.hset(lease._keys.lock, mapping={"renewed_ms": 1})
+    lock_client.redis.hset(lease.keys.lock, mapping={"renewed_ms": 1})
     info = by_name(lock_client)["claimed"]
     assert (info.state, info.evidence) == ("queued", admin.CLAIMED)
     # Its age is how long it has waited, from its expiry on the server's clock.
@@ -264,7 +264,7 @@ def test_clear_live_refused_without_force(lock_client: LockClient) -> None:
     assert lease.acquire()
     with pytest.raises(LockError, match="live"):
         lock_client.clear("busy")
-    assert lease.held and lock_client.redis.hget(lease._keys.lock, "owner") == lease._owner.encode()
+    assert lease.held and lock_client.redis.hget(lease.keys.lock, "owner") == lease._owner.encode()
     assert lock_client.clear("busy", force=True) is True
     # The holder learns at its next heartbeat that the lock is gone.
     heartbeat().tick()
@@ -279,12 +279,12 @@ def test_clear_is_token_checked(lock_client: LockClient) -> None:
     old = lock_client.lease("contested", ttl=30, heartbeat=False)
     assert old.acquire()
     (listed,) = lock_client.locks()
-    lock_client.redis.delete(old._keys.lock)  # the old holder's lease ran out...
+    lock_client.redis.delete(old.keys.lock)  # the old holder's lease ran out...
     new = lock_client.lease("contested", ttl=30)
     assert new.acquire()  # ...and someone else took the name before the admin cleared
     assert admin.clear_info(lock_client, listed) is False
     assert lock_client.clear("contested", token=old.token, force=True) is False
-    assert lock_client.redis.hget(new._keys.lock, "owner") == new._owner.encode()
+    assert lock_client.redis.hget(new.keys.lock, "owner") == new._owner.encode()
     assert new.held
     assert lock_client.clear("contested", token=new.token, force=True) is True
     assert lock_client.locks() == []

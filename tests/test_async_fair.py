@@ -36,7 +36,7 @@ def test_releases_hand_the_lease_to_queued_waiters_oldest_first(
     async def body(s: Side) -> None:
         holder = s.lease("fair", ttl=30)
         assert await holder.acquire()
-        queue = holder._keys.base + b"queue"
+        queue = holder.keys.base + b"queue"
         order: list[int] = []
         waiters = [s.lease("fair", ttl=30, fair=True) for _ in range(3)]
 
@@ -56,7 +56,7 @@ def test_releases_hand_the_lease_to_queued_waiters_oldest_first(
         assert time.monotonic() - released_at < 10  # handed over, not found at a 30 s hint
         tokens = [holder.token] + [w.token for w in waiters]
         assert tokens == sorted(tokens) and len(set(tokens)) == 4
-        assert not lock_client.redis.exists(holder._keys.lock, queue)
+        assert not lock_client.redis.exists(holder.keys.lock, queue)
 
     run_with(side, body)
 
@@ -68,7 +68,7 @@ def test_sync_and_async_fair_waiters_share_one_queue(
         aclient = AsyncLockClient.from_url(lock_redis_url, prefix=lock_prefix)
         holder = lock_client.lease("mixed", ttl=30)
         assert holder.acquire()
-        queue = holder._keys.base + b"queue"
+        queue = holder.keys.base + b"queue"
         sync_waiter = lock_client.lease("mixed", ttl=30, fair=True)
         async_waiter = aclient.lease("mixed", ttl=30, fair=True)
         try:
@@ -98,11 +98,11 @@ def test_fair_wait_that_times_out_leaves_no_trace(lock_client: LockClient) -> No
         waiter = aclient.lease("fair-t", fair=True)
         try:
             assert not await waiter.acquire(wait=0.3)
-            base = holder._keys.base
+            base = holder.keys.base
             assert lock_client.redis.llen(base + b"queue") == 0
             assert not lock_client.redis.exists(*fair_keys(base, waiter._queued)[1:])
             holder.release()
-            assert not lock_client.redis.exists(holder._keys.lock)  # nobody was handed it
+            assert not lock_client.redis.exists(holder.keys.lock)  # nobody was handed it
         finally:
             await aclient.close()
 
@@ -114,7 +114,7 @@ def test_cancelled_fair_waiter_leaves_the_queue(lock_client: LockClient) -> None
         aclient = AsyncLockClient(lock_client_async(lock_client), prefix=lock_client.prefix)
         holder = lock_client.lease("fair-c", ttl=30)
         assert holder.acquire()
-        queue = holder._keys.base + b"queue"
+        queue = holder.keys.base + b"queue"
         waiter = aclient.lease("fair-c", fair=True)
         try:
             task = asyncio.ensure_future(waiter.acquire(wait=20))
@@ -123,9 +123,9 @@ def test_cancelled_fair_waiter_leaves_the_queue(lock_client: LockClient) -> None
             with pytest.raises(asyncio.CancelledError):
                 await task
             assert lock_client.redis.llen(queue) == 0
-            assert not lock_client.redis.exists(*fair_keys(holder._keys.base, waiter._queued)[1:])
+            assert not lock_client.redis.exists(*fair_keys(holder.keys.base, waiter._queued)[1:])
             holder.release()
-            assert not lock_client.redis.exists(holder._keys.lock)
+            assert not lock_client.redis.exists(holder.keys.lock)
             assert not waiter.held
         finally:
             await aclient.close()
@@ -152,19 +152,19 @@ def test_waiter_cancelled_after_being_handed_the_lease_gives_it_back(
         aclient = AsyncLockClient.from_url(proxy.url, prefix=lock_client.prefix)
         holder = lock_client.lease("fair-h", ttl=30)
         assert holder.acquire()
-        queue = holder._keys.base + b"queue"
+        queue = holder.keys.base + b"queue"
         waiter = aclient.lease("fair-h", ttl=30, fair=True)
         try:
             task = asyncio.ensure_future(waiter.acquire(wait=20))
             await queued(lock_client, queue, 1)
             proxy.hold_next_reply()
             holder.release()  # hands the lease to the waiter: its owner now holds the name
-            assert lock_client.redis.hget(holder._keys.lock, "owner") == waiter._queued.encode()
+            assert lock_client.redis.hget(holder.keys.lock, "owner") == waiter._queued.encode()
             assert await asyncio.to_thread(proxy.holding.wait, 10)
             task.cancel()
             assert await outcome(task) == "cancelled"
             assert not waiter.held
-            assert not lock_client.redis.exists(holder._keys.lock)  # given back
+            assert not lock_client.redis.exists(holder.keys.lock)  # given back
             assert lock_client.redis.llen(queue) == 0
             assert lock_client.lease("fair-h").acquire()
         finally:
@@ -188,8 +188,8 @@ def test_acquire_cancelled_with_its_first_attempt_unread_leaves_nothing_held(
         if fair:
             assert holder.acquire()
         waiter = aclient.lease("first", ttl=30, fair=fair)
-        lock_key = waiter._keys.lock
-        queue = waiter._keys.base + b"queue"
+        lock_key = waiter.keys.lock
+        queue = waiter.keys.base + b"queue"
         try:
             await warm_up(aclient)  # the scripts loaded: the next reply is the attempt's
             proxy.hold_next_reply()
@@ -204,7 +204,7 @@ def test_acquire_cancelled_with_its_first_attempt_unread_leaves_nothing_held(
             assert not waiter.held
             assert not lock_client.redis.exists(lock_key)
             assert lock_client.redis.llen(queue) == 0
-            assert not lock_client.redis.exists(*fair_keys(waiter._keys.base, waiter._queued)[1:])
+            assert not lock_client.redis.exists(*fair_keys(waiter.keys.base, waiter._queued)[1:])
         finally:
             await aclient.close()
 
@@ -256,7 +256,7 @@ def test_waits_cancelled_at_random_moments_always_raise_and_leave_nothing(
         aclient = AsyncLockClient(lock_client_async(lock_client), prefix=lock_client.prefix)
         holder = lock_client.lease("random", ttl=30)
         assert holder.acquire()
-        base = holder._keys.base
+        base = holder.keys.base
         rng = random.Random(7)
         try:
             for _ in range(150):
@@ -270,7 +270,7 @@ def test_waits_cancelled_at_random_moments_always_raise_and_leave_nothing(
                 assert not waiter.held
                 assert lock_client.redis.llen(base + b"queue") == 0
                 assert not lock_client.redis.exists(*fair_keys(base, waiter._queued)[1:])
-                assert lock_client.redis.hget(holder._keys.lock, "owner") == (
+                assert lock_client.redis.hget(holder.keys.lock, "owner") == (
                     holder._owner.encode()  # type: ignore[union-attr]
                 )
         finally:

@@ -50,12 +50,12 @@ def test_200_async_leases_are_renewed_in_one_round_trip_per_tick(
             assert len(beat.leases()) == 200
             await beat.tick()  # loads the renew script if this server has not seen it
             for lease in leases:
-                probe.pexpire(lease._keys.lock, 5000)  # as if the last renewal was long ago
+                probe.pexpire(lease.keys.lock, 5000)  # as if the last renewal was long ago
             writes, scripts = CountingConnection.writes, script_calls(probe)
             await beat.tick()
             assert CountingConnection.writes - writes == 1
             assert script_calls(probe) - scripts == 1  # all 200 in one renew.lua call
-            assert all(probe.pttl(lease._keys.lock) > 20_000 for lease in leases)
+            assert all(probe.pttl(lease.keys.lock) > 20_000 for lease in leases)
             assert all(lease.held for lease in leases)
         finally:
             for lease in leases:
@@ -252,7 +252,7 @@ def test_a_batch_listed_before_a_delayed_release_leaves_the_delay_alone(
         assert listed == [lease]
         await lease.release(delay=2)
         await heartbeat()._renew(listed)
-        key = lease._keys.lock
+        key = lease.keys.lock
         assert lock_client.redis.hget(key, "state") == b"cooldown"
         assert 0 < lock_client.redis.pttl(key) <= 2000  # not renewed to the 30 s lease
         assert lost == [] and not lease.lost

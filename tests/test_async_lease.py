@@ -53,7 +53,7 @@ def test_release_of_lost_lease_raises_taken_and_keeps_the_new_owner(
         assert await new.acquire(wait=2)
         with pytest.raises(LockTaken):
             await old.release()
-        assert await asyncio.to_thread(lock_client.redis.hget, new._keys.lock, "owner") == (
+        assert await asyncio.to_thread(lock_client.redis.hget, new.keys.lock, "owner") == (
             new._owner.encode()
         )
         await new.release()
@@ -67,7 +67,7 @@ def test_release_after_expiry_with_nobody_holding_raises_expired(
     async def body(s: Side) -> None:
         lease = s.lease("k", ttl=0.05, heartbeat=False)
         assert await lease.acquire()
-        lock_client.redis.delete(lease._keys.lock)
+        lock_client.redis.delete(lease.keys.lock)
         with pytest.raises(LockExpired):
             await lease.release()
         with pytest.raises(LockNotHeld):
@@ -86,14 +86,14 @@ def test_extend_on_a_lost_handle_raises_its_loss_and_renews_nothing(
     async def body(s: Side) -> None:
         lease = s.lease("lost-ext", ttl=0.2, heartbeat=False)
         assert await lease.acquire()
-        assert lock_client.redis.pexpire(lease._keys.lock, 5_000)  # outlives the lease
+        assert lock_client.redis.pexpire(lease.keys.lock, 5_000)  # outlives the lease
         await eventually(lambda: lease.lost, 10, "the lease to run out locally")
         with pytest.raises(LockExpired) as found:
             lease.check()
         with pytest.raises(LockExpired) as extended:
             await lease.extend(60)
         assert extended.value is found.value
-        assert lock_client.redis.pttl(lease._keys.lock) <= 5_000  # not renewed to 60 s
+        assert lock_client.redis.pttl(lease.keys.lock) <= 5_000  # not renewed to 60 s
         assert lease.lost
 
     run_with(side, body)
@@ -107,17 +107,17 @@ def test_extend_sets_rather_than_adds_and_a_non_owner_changes_nothing(
         assert await lease.acquire()
         for _ in range(5):
             assert await lease.extend(2) == pytest.approx(2.0)
-        assert lock_client.redis.pttl(lease._keys.lock) <= 2000
+        assert lock_client.redis.pttl(lease.keys.lock) <= 2000
         await lease.release()
         old = s.lease("ext2", ttl=0.05, heartbeat=False)
         assert await old.acquire()
         new = s.lease("ext2", ttl=5, heartbeat=False)  # no renewal between the two reads
         assert await new.acquire(wait=2)
-        pttl = lock_client.redis.pttl(new._keys.lock)
+        pttl = lock_client.redis.pttl(new.keys.lock)
         with pytest.raises(LockTaken):
             await old.extend(100)
         assert old.lost
-        assert lock_client.redis.pttl(new._keys.lock) <= pttl
+        assert lock_client.redis.pttl(new.keys.lock) <= pttl
         await new.release()
 
     run_with(side, body)
@@ -129,7 +129,7 @@ def test_heartbeat_keeps_a_short_lease_alive(side: Side, lock_client: LockClient
         assert await lease.acquire()
         deadline = time.monotonic() + 1.5  # five ttls
         while time.monotonic() < deadline:
-            assert lock_client.redis.exists(lease._keys.lock)
+            assert lock_client.redis.exists(lease.keys.lock)
             lease.check()
             await asyncio.sleep(0.05)  # the time passing is the test
         assert not lock_client.lease("hb").acquire()
@@ -186,7 +186,7 @@ def test_waiter_is_woken_by_the_release_not_its_hint(side: Side, lock_client: Lo
         assert await holder.acquire()
         waiter = s.lease("handoff")
         waiting = asyncio.ensure_future(waiter.acquire(wait=20))
-        await subscribed(lock_client.redis, holder._keys.channel)
+        await subscribed(lock_client.redis, holder.keys.channel)
         released_at = time.monotonic()
         await holder.release()
         assert await waiting
@@ -229,7 +229,7 @@ def test_tokens_strictly_increase_across_both_clients(
             expiring = aio.lease("fenced", ttl=0.05, heartbeat=False)
             assert await expiring.acquire()
             tokens.append(expiring.token)
-            sync.redis.delete(expiring._keys.lock, expiring._keys.fence)  # cleared by hand
+            sync.redis.delete(expiring.keys.lock, expiring.keys.fence)  # cleared by hand
             async with aio.lease("fenced") as lease:
                 tokens.append(lease.token)
         finally:
@@ -250,14 +250,14 @@ def test_async_and_sync_leases_exclude_each_other(lock_redis_url: str, lock_pref
                 assert not sync.lease("shared").acquire()
                 # A sync waiter (in a thread) is woken by the async release.
                 waiting = asyncio.ensure_future(asyncio.to_thread(sync.lease("shared").acquire, 20))
-                await subscribed(sync.redis, aio.lease("shared")._keys.channel)
+                await subscribed(sync.redis, aio.lease("shared").keys.channel)
             assert await waiting
             # ...and an async waiter by the sync release.
             held = sync.lease("other")
             assert held.acquire()
             waiter = aio.lease("other")
             waiting = asyncio.ensure_future(waiter.acquire(wait=20))
-            await subscribed(sync.redis, waiter._keys.channel)
+            await subscribed(sync.redis, waiter.keys.channel)
             assert not waiting.done()
             await asyncio.to_thread(held.release)
             assert await waiting

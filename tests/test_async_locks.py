@@ -50,7 +50,7 @@ def test_readers_share_and_a_waiting_writer_holds_new_readers_back(
         assert not await lock.write().acquire()
         writer = lock.write()
         waiting = asyncio.ensure_future(writer.acquire(wait=20))
-        channel = writer._keys.channel
+        channel = writer.keys.channel
         await eventually(lambda: subscribers(lock_client, channel), 10, "the writer to wait")
         late = lock.read()
         assert not await late.acquire()  # writer preference: the reservation holds it back
@@ -140,7 +140,7 @@ def test_multi_is_all_or_nothing_and_excludes_plain_leases(
         assert not await s.lease("d").acquire()
         waiter = s.lease("c")
         waiting = asyncio.ensure_future(waiter.acquire(wait=20))
-        channel = waiter._keys.channel
+        channel = waiter.keys.channel
         await eventually(lambda: subscribers(lock_client, channel), 10, "the waiter to wait")
         await names.release()
         assert await waiting
@@ -271,7 +271,7 @@ def test_a_cancelled_waiting_writer_withdraws_its_reservation(
         assert await reader.acquire()
         writer = lock.write()
         waiting = asyncio.ensure_future(writer.acquire(wait=30))
-        channel = writer._keys.channel
+        channel = writer.keys.channel
         await eventually(lambda: subscribers(lock_client, channel), 10, "the writer to wait")
         assert not await lock.read().acquire()  # held back by the writer's reservation
         waiting.cancel()

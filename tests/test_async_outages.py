@@ -51,7 +51,7 @@ def test_a_blocked_waiter_fails_when_redis_goes_away_and_the_client_recovers(
         assert await holder.acquire()
         waiter = client.lease("busy")
         waiting = asyncio.ensure_future(waiter.acquire(wait=60))
-        channel = holder._keys.channel
+        channel = holder.keys.channel
 
         def subscribed() -> bool:
             return dict(probe.pubsub_numsub(channel)).get(channel, 0) >= 1

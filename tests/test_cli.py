@@ -51,7 +51,7 @@ def hold(client: LockClient, name: str, **options: Any) -> Any:
 def make_stale(client: LockClient, lease: Any) -> None:
     """What a holder whose heartbeat stopped long ago looks like."""
     client.redis.hset(
-        lease._keys.lock, mapping={"heartbeat": 1, "renewed_ms": admin.server_ms(client) - 60_000}
+        lease.keys.lock, mapping={"heartbeat": 1, "renewed_ms": admin.server_ms(client) - 60_000}
     )
 
 
@@ -243,7 +243,7 @@ def test_clear_leaves_a_lock_taken_again_while_asking(
     taken: list[Any] = []
 
     def prompt_while_someone_takes_it(*args: Any, **kwargs: Any) -> str:
-        lock_client.redis.delete(old._keys.lock)
+        lock_client.redis.delete(old.keys.lock)
         taken.append(hold(lock_client, "contested"))
         return "yes"
 
@@ -252,7 +252,7 @@ def test_clear_leaves_a_lock_taken_again_while_asking(
     result = run_plain(lock_redis_url, lock_prefix, "clear", "contested")
     assert result.exit_code == 1 and "left contested" in result.stdout
     assert taken[0].held
-    assert lock_client.redis.hget(old._keys.lock, "owner") == taken[0]._owner.encode()
+    assert lock_client.redis.hget(old.keys.lock, "owner") == taken[0]._owner.encode()
 
 
 def test_color_only_on_a_terminal_without_no_color(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -71,7 +71,7 @@ def test_on_lost_raising_a_base_exception_does_not_stop_the_other_renewals(
     doomed = lock_client.lease("doomed", ttl=0.6, on_lost=on_lost)
     other = lock_client.lease("other", ttl=0.6)
     assert doomed.acquire() and other.acquire()
-    lock_client.redis.delete(doomed._keys.lock)  # cleared behind its back
+    lock_client.redis.delete(doomed.keys.lock)  # cleared behind its back
     wait_for(lambda: calls, 10, "the heartbeat to find the lease gone and call on_lost")
     assert doomed.lost and calls == [doomed]
 
@@ -80,7 +80,7 @@ def test_on_lost_raising_a_base_exception_does_not_stop_the_other_renewals(
     seen: list[int] = []
 
     def renewed_three_more_times() -> bool:
-        renewed = int(lock_client.redis.hget(other._keys.lock, "renewed_ms") or 0)
+        renewed = int(lock_client.redis.hget(other.keys.lock, "renewed_ms") or 0)
         if not seen or renewed != seen[-1]:
             seen.append(renewed)
         return len(seen) >= 5
@@ -143,7 +143,7 @@ def test_extend_on_a_lost_handle_raises_with_no_round_trip_and_no_renewal(
     lease = private_client.lease("report", ttl=0.3)
     assert lease.acquire()
     heartbeat().remove(lease)  # as if the process was paused: no renewal from now on
-    private_client.redis.pexpire(lease._keys.lock, 60_000)  # the key outlives the lease
+    private_client.redis.pexpire(lease.keys.lock, 60_000)  # the key outlives the lease
     wait_for(lambda: lease.lost, 10, "the lease to run out locally")
     with pytest.raises(LockExpired) as found:
         lease.check()
@@ -194,12 +194,12 @@ def release_holder(client: LockClient, kind: str, **match: Any) -> bool:
 def holder_hashes(handle: LockHandle) -> list[bytes]:
     """The Redis hashes holding ``handle``'s holder record (host, pid, task_id...)."""
     if isinstance(handle, MultiLease):
-        return [keys.lock for keys in handle._keys]
+        return [keys.lock for keys in handle.keys]
     if isinstance(handle, IntervalHandle):
         assert handle._owner is not None
-        return [handle._keys.holder(handle._owner)]
+        return [handle.keys.holder(handle._owner)]
     assert isinstance(handle, Lease)
-    return [handle._keys.lock]
+    return [handle.keys.lock]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -267,7 +267,7 @@ def test_release_holder_leaves_the_claim_of_the_next_attempt(lock_client: LockCl
     assert isinstance(lease, Lease)
     claim = claim_owner("t-retry", 1)
     lease.hand_over(claim, ttl=60.0, owner_info={"task_id": "t-retry", "state": "retry"})
-    key = lease._keys.lock
+    key = lease.keys.lock
     assert lock_client.redis.hget(key, "owner") == claim.encode()
 
     assert not lock_client.release_holder("job", task_id="t-retry", pid=os.getpid())
@@ -532,7 +532,7 @@ def test_a_release_that_finds_the_lock_lost_calls_on_lost_once(lock_client: Lock
     calls: list[Any] = []
     lease = lock_client.lease("found-at-release", ttl=30, heartbeat=False, on_lost=calls.append)
     assert lease.acquire()
-    lock_client.redis.delete(lease._keys.lock)  # expired unnoticed
+    lock_client.redis.delete(lease.keys.lock)  # expired unnoticed
     with pytest.raises(LockExpired):
         lease.release()
     assert calls == [lease] and lease.lost
@@ -540,7 +540,7 @@ def test_a_release_that_finds_the_lock_lost_calls_on_lost_once(lock_client: Lock
     marked: list[Any] = []
     other = lock_client.lease("found-by-renewal", ttl=30, on_lost=marked.append)
     assert other.acquire()
-    lock_client.redis.delete(other._keys.lock)
+    lock_client.redis.delete(other.keys.lock)
     heartbeat().tick()
     assert marked == [other]
     with pytest.raises(LockExpired):

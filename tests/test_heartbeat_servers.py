@@ -31,11 +31,11 @@ def other_client(restartable_redis: RedisServer, lock_prefix: str) -> Iterator[L
 
 def shorten(client: LockClient, lease: Any) -> None:
     """Leave the lease 5 s on the server, so a renewal shows as a longer PTTL."""
-    assert client.redis.pexpire(lease._keys.lock, 5000)
+    assert client.redis.pexpire(lease.keys.lock, 5000)
 
 
 def renewed(client: LockClient, lease: Any) -> bool:
-    return int(client.redis.pttl(lease._keys.lock)) > 20_000
+    return int(client.redis.pttl(lease.keys.lock)) > 20_000
 
 
 def spy_on_renewals(monkeypatch: pytest.MonkeyPatch, beat: Heartbeat) -> list[threading.Thread]:
@@ -100,8 +100,8 @@ def test_a_frozen_server_does_not_cost_the_leases_on_another(
             # Still renewed after the frozen server's call timed out, and still ours there.
             lease_a.check()
             assert lease_a.held and not a_lost.is_set()
-            assert int(lock_client.redis.hget(lease_a._keys.lock, "token")) == token
-            assert lock_client.redis.pttl(lease_a._keys.lock) > 0
+            assert int(lock_client.redis.hget(lease_a.keys.lock, "token")) == token
+            assert lock_client.redis.pttl(lease_a.keys.lock) > 0
         finally:
             os.kill(pid, signal.SIGCONT)
         with counting:

@@ -28,7 +28,7 @@ PROMPT = 1.0
 
 @pytest.fixture
 def channel(lock_client: LockClient) -> Iterator[Channel]:
-    subscriber = Channel(lock_client, lock_client.rwlock("wake").read()._keys.channel)
+    subscriber = Channel(lock_client, lock_client.rwlock("wake").read().keys.channel)
     yield subscriber
     subscriber.close()
 
@@ -61,12 +61,12 @@ def waiting_reader(client: LockClient) -> tuple[IntervalHandle, BackgroundAcquir
 
 
 def marked(client: LockClient) -> bool:
-    return bool(client.redis.exists(client.rwlock("wake").read()._keys.waiting))
+    return bool(client.redis.exists(client.rwlock("wake").read().keys.waiting))
 
 
 def release(client: LockClient, owner: str, delay_ms: int = 0) -> int:
     handle = client.rwlock("wake").read()
-    return release_hold(client.connection, handle._keys, owner, delay_ms)
+    return release_hold(client.connection, handle.keys, owner, delay_ms)
 
 
 def test_uncontended_releases_publish_nothing(lock_client: LockClient, channel: Channel) -> None:
@@ -91,7 +91,7 @@ def test_failed_attempt_of_a_waiter_marks_and_the_release_publishes_once(
     assert not taken and 0 < hint <= 30_000
     assert marked(lock_client)
     # The mark outlives the hint: the waiter sleeps that long before it looks again.
-    assert lock_client.redis.pttl(writer._keys.waiting) > hint
+    assert lock_client.redis.pttl(writer.keys.waiting) > hint
     writer.release()
     assert not marked(lock_client)  # taken by the release that published
     assert channel.published() == [b"released"]
@@ -119,7 +119,7 @@ def test_a_shorter_hint_never_shortens_the_mark(lock_client: LockClient) -> None
     assert not rw.write()._try_acquire("queued", True)[0]
     taken, hint = rw.read()._try_acquire("short", True)
     assert not taken and hint <= 1_500
-    assert lock_client.redis.pttl(reader._keys.waiting) > 1_500 + 1_000
+    assert lock_client.redis.pttl(reader.keys.waiting) > 1_500 + 1_000
     assert release(lock_client, "queued") == 1
     reader.release()
 
@@ -162,7 +162,7 @@ def test_clear_by_the_admin_wakes_a_waiter(lock_client: LockClient) -> None:
 def test_waiter_whose_mark_is_gone_still_gets_in_at_its_hint(lock_client: LockClient) -> None:
     writer = hold(lock_client, "write", ttl=3)  # the reader's hint: at most 3 s
     reader, blocked = waiting_reader(lock_client)
-    lock_client.redis.delete(writer._keys.waiting)  # as if it ran out
+    lock_client.redis.delete(writer.keys.waiting)  # as if it ran out
     writer.release()  # publishes nothing: nobody marked the lock now
     assert not blocked.done.wait(0.3)
     blocked.finish(5)

@@ -155,12 +155,12 @@ def test_largest_accepted_ttl_and_delay_work_on_the_real_server(lock_client: Loc
 
     lease = lock_client.lease("long", ttl=MAX_SECONDS, max_hold=MAX_SECONDS)
     assert lease.acquire()
-    assert lock_client.redis.pttl(lease._keys.lock) > (MAX_SECONDS - 60) * 1000
+    assert lock_client.redis.pttl(lease.keys.lock) > (MAX_SECONDS - 60) * 1000
     assert heartbeat()._thread is not None and heartbeat()._thread.is_alive()
     lease.release(delay=MAX_SECONDS)
-    assert lock_client.redis.pttl(lease._keys.lock) > (MAX_SECONDS - 60) * 1000
-    assert lock_client.redis.hget(lease._keys.lock, "owner") == b""
-    lock_client.redis.delete(lease._keys.lock)
+    assert lock_client.redis.pttl(lease.keys.lock) > (MAX_SECONDS - 60) * 1000
+    assert lock_client.redis.hget(lease.keys.lock, "owner") == b""
+    lock_client.redis.delete(lease.keys.lock)
     with pytest.raises(ConfigurationError):
         lock_client.lease("long", ttl=MAX_SECONDS * 1.01)
 
@@ -170,7 +170,7 @@ def test_owner_info_is_stored(lock_client: LockClient) -> None:
         "info", owner_info={"task_name": "app.report", "task_id": "abc", "retries": 2, "x": 1.5}
     )
     assert lease.acquire()
-    holder = lock_client.redis.hgetall(lease._keys.lock)
+    holder = lock_client.redis.hgetall(lease.keys.lock)
     assert holder[b"task_name"] == b"app.report"
     assert holder[b"task_id"] == b"abc"
     lease.release()
@@ -187,7 +187,7 @@ def test_holder_fields_are_stored_byte_for_byte_whatever_their_length(
     value = ("é" * size)[: max(0, size - 1)] + "x" if size else ""
     lease = lock_client.lease(name, owner_info={"task_name": value, "worker": "w", "k": "v"})
     assert lease.acquire()
-    stored = lock_client.redis.hgetall(lease._keys.lock)
+    stored = lock_client.redis.hgetall(lease.keys.lock)
     assert stored[b"name"] == name.encode("utf-8", "surrogatepass")
     assert stored[b"task_name"] == value.encode()
     assert stored[b"worker"] == b"w"
@@ -232,6 +232,6 @@ def test_any_name_works_or_is_refused_and_names_never_collide(
             lease.release()
         for lease in leases:  # released: free again
             assert lock_client.lease(lease.name, heartbeat=False).acquire()
-            lock_client.redis.delete(lease._keys.lock)
+            lock_client.redis.delete(lease.keys.lock)
     finally:
-        lock_client.redis.delete(*(lease._keys.lock for lease in leases), "unused")
+        lock_client.redis.delete(*(lease.keys.lock for lease in leases), "unused")

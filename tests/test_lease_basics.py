@@ -37,7 +37,7 @@ def test_tokens_strictly_increase_across_release_expiry_and_clear(lock_client: L
     expiring = lock_client.lease("fenced", ttl=0.05, heartbeat=False)
     assert expiring.acquire()
     tokens.append(expiring.token)
-    lock_client.redis.delete(expiring._keys.lock, expiring._keys.fence)  # cleared by hand
+    lock_client.redis.delete(expiring.keys.lock, expiring.keys.fence)  # cleared by hand
     with lock_client.lease("fenced") as lease:
         tokens.append(lease.token)
     assert all(isinstance(t, int) for t in tokens)
@@ -51,14 +51,14 @@ def test_release_of_lost_lease_raises_and_keeps_new_owner(lock_client: LockClien
     assert new.acquire(wait=2)
     with pytest.raises(LockTaken):
         old.release()
-    assert lock_client.redis.hget(new._keys.lock, "owner") == new._owner.encode()
+    assert lock_client.redis.hget(new.keys.lock, "owner") == new._owner.encode()
     new.release()
 
 
 def test_release_after_expiry_with_nobody_holding_raises_expired(lock_client: LockClient) -> None:
     lease = lock_client.lease("k", ttl=0.05, heartbeat=False)
     assert lease.acquire()
-    lock_client.redis.delete(lease._keys.lock)
+    lock_client.redis.delete(lease.keys.lock)
     with pytest.raises(LockExpired):
         lease.release()
 
@@ -69,7 +69,7 @@ def test_heartbeat_keeps_short_lease_alive(lock_client: LockClient) -> None:
     ticks = heartbeat().ticks
     deadline = time.monotonic() + 1.5  # five ttls
     while time.monotonic() < deadline:
-        assert lock_client.redis.exists(lease._keys.lock)
+        assert lock_client.redis.exists(lease.keys.lock)
         lease.check()
         time.sleep(0.05)
     assert heartbeat().ticks >= ticks + 4
@@ -103,7 +103,7 @@ def test_extend_sets_rather_than_adds(lock_client: LockClient) -> None:
     assert lease.acquire()
     for _ in range(5):
         assert lease.extend(2) == pytest.approx(2.0)
-    assert lock_client.redis.pttl(lease._keys.lock) <= 2000
+    assert lock_client.redis.pttl(lease.keys.lock) <= 2000
     lease.release()
 
 
@@ -112,10 +112,10 @@ def test_extend_by_non_owner_raises_and_changes_nothing(lock_client: LockClient)
     assert old.acquire()
     new = lock_client.lease("ext2", ttl=5)
     assert new.acquire(wait=2)
-    pttl = lock_client.redis.pttl(new._keys.lock)
+    pttl = lock_client.redis.pttl(new.keys.lock)
     with pytest.raises(LockTaken):
         old.extend(100)
-    assert lock_client.redis.pttl(new._keys.lock) <= pttl
+    assert lock_client.redis.pttl(new.keys.lock) <= pttl
     new.release()
 
 

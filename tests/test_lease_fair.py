@@ -31,21 +31,21 @@ def queue_up(client: LockClient, lease: Lease, owner: str, thread: str) -> tuple
     """One queued attempt of fair waiter ``owner`` (as its acquire makes while blocked)."""
     fields = [b"name", b"fair", b"kind", b"lease", b"thread", thread]
     return client.connection.scripts.acquire(
-        lease._keys.lock, lease._keys.fence, owner, 20_000, 0, pack_holder(fields),
+        lease.keys.lock, lease.keys.fence, owner, 20_000, 0, pack_holder(fields),
         waiting=True, fair_ms=FAIR_REGISTRATION_MS,
     )  # fmt: skip
 
 
 def release(client: LockClient, lease: Lease, owner: str, delay_ms: int = 0) -> int:
-    return client.connection.scripts.release(lease._keys.lock, owner, delay_ms)
+    return client.connection.scripts.release(lease.keys.lock, owner, delay_ms)
 
 
 def holder_of(client: LockClient, lease: Lease) -> dict[bytes, bytes]:
-    return client.redis.hgetall(lease._keys.lock)
+    return client.redis.hgetall(lease.keys.lock)
 
 
 def handed(client: LockClient, lease: Lease, owner: str) -> list[bytes]:
-    return client.redis.lrange(fair_keys(lease._keys.base, owner)[2], 0, -1)
+    return client.redis.lrange(fair_keys(lease.keys.base, owner)[2], 0, -1)
 
 
 def test_releases_hand_the_lease_to_waiters_in_arrival_order(
@@ -65,20 +65,20 @@ def test_releases_hand_the_lease_to_waiters_in_arrival_order(
         assert record[b"owner"] == owner.encode()
         assert record[b"thread"] == f"thread-{owner}".encode()  # its own holder fields
         assert record[b"ttl_ms"] == b"20000" and b"max_hold_ms" not in record
-        assert 0 < lock_client.redis.pttl(holder._keys.lock) <= 20_000
+        assert 0 < lock_client.redis.pttl(holder.keys.lock) <= 20_000
         assert handed(lock_client, holder, owner) == [record[b"token"]]
-        assert 0 < lock_client.redis.pttl(fair_keys(holder._keys.base, owner)[2]) <= 20_000
+        assert 0 < lock_client.redis.pttl(fair_keys(holder.keys.base, owner)[2]) <= 20_000
         tokens.append(int(record[b"token"]))
-        lock_client.redis.delete(fair_keys(holder._keys.base, owner)[2])  # as its BLPOP does
+        lock_client.redis.delete(fair_keys(holder.keys.base, owner)[2])  # as its BLPOP does
         previous = owner
     assert tokens == sorted(set(tokens))
     assert release(lock_client, holder, "c") == 1
-    assert not lock_client.redis.exists(holder._keys.lock, holder._keys.base + b"queue")
+    assert not lock_client.redis.exists(holder.keys.lock, holder.keys.base + b"queue")
 
 
 def test_registration_expires_unless_refreshed(lock_client: LockClient, holder: Lease) -> None:
     queue_up(lock_client, holder, "a", "t")
-    queue, registration, _ = fair_keys(holder._keys.base, "a")
+    queue, registration, _ = fair_keys(holder.keys.base, "a")
     for key in (queue, registration):
         assert 0 < lock_client.redis.pttl(key) <= FAIR_REGISTRATION_MS
     queue_up(lock_client, holder, "a", "t")  # a refresh does not queue it twice
@@ -89,7 +89,7 @@ def test_a_dead_waiter_is_skipped(lock_client: LockClient, holder: Lease) -> Non
     queue_up(lock_client, holder, "dead", "t")
     queue_up(lock_client, holder, "alive", "t")
     # "dead" stopped refreshing: its registration ran out (deleted here rather than waited for).
-    lock_client.redis.delete(fair_keys(holder._keys.base, "dead")[1])
+    lock_client.redis.delete(fair_keys(holder.keys.base, "dead")[1])
     assert holder._owner is not None
     assert release(lock_client, holder, holder._owner) == 1
     assert holder_of(lock_client, holder)[b"owner"] == b"alive"
@@ -98,21 +98,21 @@ def test_a_dead_waiter_is_skipped(lock_client: LockClient, holder: Lease) -> Non
 
 def test_nobody_left_alive_frees_the_name(lock_client: LockClient, holder: Lease) -> None:
     queue_up(lock_client, holder, "dead", "t")
-    lock_client.redis.delete(fair_keys(holder._keys.base, "dead")[1])
+    lock_client.redis.delete(fair_keys(holder.keys.base, "dead")[1])
     assert holder._owner is not None
     assert release(lock_client, holder, holder._owner) == 1
-    assert not lock_client.redis.exists(holder._keys.lock)
+    assert not lock_client.redis.exists(holder.keys.lock)
     assert lock_client.lease("fair").acquire()
 
 
 def test_waiter_that_gives_up_leaves_the_queue(lock_client: LockClient, holder: Lease) -> None:
     queue_up(lock_client, holder, "a", "t")
-    assert lock_client.connection.scripts.fair_abandon(holder._keys.lock, "a") == 0
-    queue, registration, _ = fair_keys(holder._keys.base, "a")
+    assert lock_client.connection.scripts.fair_abandon(holder.keys.lock, "a") == 0
+    queue, registration, _ = fair_keys(holder.keys.base, "a")
     assert not lock_client.redis.exists(queue, registration)
     assert holder._owner is not None
     assert release(lock_client, holder, holder._owner) == 1
-    assert not lock_client.redis.exists(holder._keys.lock)
+    assert not lock_client.redis.exists(holder.keys.lock)
 
 
 def test_waiter_giving_up_while_being_handed_the_lease_keeps_it(
@@ -121,7 +121,7 @@ def test_waiter_giving_up_while_being_handed_the_lease_keeps_it(
     queue_up(lock_client, holder, "a", "t")
     assert holder._owner is not None
     assert release(lock_client, holder, holder._owner) == 1  # handed over...
-    token = lock_client.connection.scripts.fair_abandon(holder._keys.lock, "a")  # ...as it gave up
+    token = lock_client.connection.scripts.fair_abandon(holder.keys.lock, "a")  # ...as it gave up
     record = holder_of(lock_client, holder)
     assert record[b"owner"] == b"a" and token == int(record[b"token"])
     assert handed(lock_client, holder, "a") == []
@@ -136,7 +136,7 @@ def test_waiter_handed_the_lease_between_two_blocks_gets_it_from_its_next_attemp
     taken, token = queue_up(lock_client, holder, "a", "t")
     assert taken and token == int(holder_of(lock_client, holder)[b"token"])
     assert handed(lock_client, holder, "a") == []
-    assert not lock_client.redis.exists(fair_keys(holder._keys.base, "a")[1])
+    assert not lock_client.redis.exists(fair_keys(holder.keys.base, "a")[1])
 
 
 def test_delay_after_release_hands_nothing_over(lock_client: LockClient, holder: Lease) -> None:
@@ -151,7 +151,7 @@ def test_delay_after_release_hands_nothing_over(lock_client: LockClient, holder:
 def test_blocked_fair_acquire_is_handed_the_lease(lock_client: LockClient, holder: Lease) -> None:
     waiter = lock_client.lease("fair", ttl=30, heartbeat=False, fair=True)
     blocked = BackgroundAcquire(waiter, wait=25)
-    queue = holder._keys.base + b"queue"
+    queue = holder.keys.base + b"queue"
     wait_for(lambda: lock_client.redis.llen(queue) == 1, 10, "the waiter to queue")
     released_at = time.monotonic()
     holder.release()
@@ -162,7 +162,7 @@ def test_blocked_fair_acquire_is_handed_the_lease(lock_client: LockClient, holde
     assert waiter.token > holder.token
     assert holder_of(lock_client, holder)[b"owner"] == waiter._owner.encode()  # type: ignore[union-attr]
     waiter.release()
-    assert not lock_client.redis.exists(holder._keys.lock, queue)
+    assert not lock_client.redis.exists(holder.keys.lock, queue)
 
 
 def test_fair_acquire_that_times_out_leaves_no_trace(
@@ -170,10 +170,10 @@ def test_fair_acquire_that_times_out_leaves_no_trace(
 ) -> None:
     waiter = lock_client.lease("fair", ttl=30, heartbeat=False, fair=True)
     assert not waiter.acquire(wait=0.3)
-    assert lock_client.redis.llen(holder._keys.base + b"queue") == 0
-    assert not lock_client.redis.exists(fair_keys(holder._keys.base, waiter._queued)[1])
+    assert lock_client.redis.llen(holder.keys.base + b"queue") == 0
+    assert not lock_client.redis.exists(fair_keys(holder.keys.base, waiter._queued)[1])
     holder.release()
-    assert not lock_client.redis.exists(holder._keys.lock)
+    assert not lock_client.redis.exists(holder.keys.lock)
 
 
 def test_fair_must_be_a_bool(lock_client: LockClient) -> None:
@@ -185,7 +185,7 @@ def test_newcomer_after_an_expiry_is_marked_by_the_next_refresh_and_hands_over(
     lock_client: LockClient, holder: Lease
 ) -> None:
     queue_up(lock_client, holder, "a", "t")
-    lock_client.redis.delete(holder._keys.lock)  # the holder's lease ran out
+    lock_client.redis.delete(holder.keys.lock)  # the holder's lease ran out
     newcomer = lock_client.lease("fair", ttl=30, heartbeat=False)
     assert newcomer.acquire()  # a free name is taken by whoever comes: no hand-off to make
     assert b"waiting" not in holder_of(lock_client, holder)
@@ -209,7 +209,7 @@ def test_wait_that_fails_after_being_handed_the_lease_gives_it_back(
     try:
         waiter = client.lease("fair", ttl=30, fair=True)
         blocked = BackgroundAcquire(waiter, wait=20)
-        queue = holder._keys.base + b"queue"
+        queue = holder.keys.base + b"queue"
         wait_for(lambda: lock_client.redis.llen(queue) == 1, 10, "the waiter to queue")
         wait_for(
             lambda: any(c.get("cmd") == "blpop" for c in lock_client.redis.client_list()),
@@ -222,7 +222,7 @@ def test_wait_that_fails_after_being_handed_the_lease_gives_it_back(
         blocked.finish(20)
         assert [type(e) for e in blocked.errors] == [LockBackendError]
         assert not waiter.held
-        assert not lock_client.redis.exists(holder._keys.lock)  # given back
+        assert not lock_client.redis.exists(holder.keys.lock)  # given back
         assert lock_client.redis.llen(queue) == 0
     finally:
         client.close()

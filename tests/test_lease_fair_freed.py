@@ -38,7 +38,7 @@ def queued_waiter(client: LockClient, name: str, ahead: int = 0) -> tuple[Lease,
     """A fair waiter blocked behind ``ahead`` others already queued."""
     waiter = client.lease(name, ttl=30, heartbeat=False, fair=True)
     blocked = BackgroundAcquire(waiter, wait=25)
-    queue = waiter._keys.base + b"queue"
+    queue = waiter.keys.base + b"queue"
     wait_for(lambda: client.redis.llen(queue) == ahead + 1, 10, "the waiter to queue")
     wait_for_blpop(client)
     return waiter, blocked
@@ -63,7 +63,7 @@ def assert_gets_it_promptly(
     assert blocked.results == [True] and not blocked.errors
     assert waiter.held
     waiter.release()
-    assert not client.redis.exists(waiter._keys.lock, waiter._keys.base + b"queue")
+    assert not client.redis.exists(waiter.keys.lock, waiter.keys.base + b"queue")
 
 
 @pytest.fixture
@@ -107,7 +107,7 @@ def test_dead_waiter_is_skipped_and_the_next_one_woken(
     lock_client: LockClient, holder: Lease
 ) -> None:
     # Queued, but its registration ran out.
-    lock_client.redis.rpush(holder._keys.base + b"queue", "gone")
+    lock_client.redis.rpush(holder.keys.base + b"queue", "gone")
     waiter, blocked = queued_waiter(lock_client, "freed", ahead=1)
     assert_gets_it_promptly(
         lock_client, waiter, blocked, lambda: lock_client.clear("freed", force=True)

@@ -22,26 +22,26 @@ def test_counter_ahead_of_the_clock_is_followed(lock_client: LockClient) -> None
     # As after the server clock stepped back by about eleven days.
     lease = lock_client.lease("ahead", heartbeat=False)
     ahead = server_us(lock_client) + 10**12
-    lock_client.redis.set(lease._keys.fence, ahead, px=60_000)
+    lock_client.redis.set(lease.keys.fence, ahead, px=60_000)
     tokens = []
     for _ in range(3):
         with lease:
             tokens.append(lease.token)
-            assert_counter_expires(lock_client, lease._keys.fence)
+            assert_counter_expires(lock_client, lease.keys.fence)
     assert tokens == [ahead + 1, ahead + 2, ahead + 3]
-    assert int(lock_client.redis.get(lease._keys.fence)) == ahead + 3
+    assert int(lock_client.redis.get(lease.keys.fence)) == ahead + 3
 
 
 def test_counter_behind_the_clock_is_overtaken_and_keeps_an_expiry(
     lock_client: LockClient,
 ) -> None:
     lease = lock_client.lease("behind", heartbeat=False)
-    lock_client.redis.set(lease._keys.fence, 5)  # no expiry: as if written by hand
+    lock_client.redis.set(lease.keys.fence, 5)  # no expiry: as if written by hand
     before = server_us(lock_client)
     with lease:
         assert lease.token is not None and lease.token >= before
-        assert int(lock_client.redis.get(lease._keys.fence)) == lease.token
-        assert_counter_expires(lock_client, lease._keys.fence)
+        assert int(lock_client.redis.get(lease.keys.fence)) == lease.token
+        assert_counter_expires(lock_client, lease.keys.fence)
 
 
 def test_many_acquisitions_within_one_millisecond_get_increasing_tokens(
@@ -51,7 +51,7 @@ def test_many_acquisitions_within_one_millisecond_get_increasing_tokens(
     with lease:  # loads the scripts
         first = lease.token
     scripts = lock_client.connection.scripts
-    keys = lease._keys
+    keys = lease.keys
     pipe = lock_client.redis.pipeline(transaction=False)
     for i in range(300):
         owner = f"owner-{i}"
@@ -79,14 +79,14 @@ def test_tokens_increase_after_the_counter_is_deleted_and_after_a_restart(
         lease = client.lease("restarted", heartbeat=False)
         with lease:
             first = lease.token
-        client.redis.delete(lease._keys.fence)
+        client.redis.delete(lease.keys.fence)
         with lease:
             second = lease.token
         restartable_redis.stop()
         restartable_redis.start()  # empty: no counter, scripts not loaded
         with lease:
             third = lease.token
-            assert_counter_expires(client, lease._keys.fence)
+            assert_counter_expires(client, lease.keys.fence)
         assert first is not None and second is not None and third is not None
         assert first < second < third
     finally:
@@ -97,13 +97,13 @@ def test_interval_locks_follow_a_counter_ahead_of_the_clock(lock_client: LockCli
     # Reader-writer holds share the counter of the lease of the same name.
     lease = lock_client.lease("shared", heartbeat=False)
     ahead = server_us(lock_client) + 10**12
-    lock_client.redis.set(lease._keys.fence, ahead, px=60_000)
+    lock_client.redis.set(lease.keys.fence, ahead, px=60_000)
     rw = lock_client.rwlock("shared")
     tokens = []
     for hold in (rw.read(heartbeat=False), rw.write(heartbeat=False), lease):
         with hold:
             tokens.append(hold.token)
-        assert_counter_expires(lock_client, lease._keys.fence)
+        assert_counter_expires(lock_client, lease.keys.fence)
     assert tokens == [ahead + 1, ahead + 2, ahead + 3]
 
 
@@ -114,8 +114,8 @@ def test_multi_key_locks_follow_counters_ahead_of_and_behind_the_clock(
     ahead_lease = lock_client.lease("m-ahead", heartbeat=False)
     behind_lease = lock_client.lease("m-behind", heartbeat=False)
     ahead = server_us(lock_client) + 10**12
-    lock_client.redis.set(ahead_lease._keys.fence, ahead, px=60_000)
-    lock_client.redis.set(behind_lease._keys.fence, 5)  # no expiry: as if written by hand
+    lock_client.redis.set(ahead_lease.keys.fence, ahead, px=60_000)
+    lock_client.redis.set(behind_lease.keys.fence, 5)  # no expiry: as if written by hand
     before = server_us(lock_client)
     multi = lock_client.multi(["m-ahead", "m-behind"], heartbeat=False)
     with multi:
@@ -123,6 +123,6 @@ def test_multi_key_locks_follow_counters_ahead_of_and_behind_the_clock(
     assert tokens["m-ahead"] == ahead + 1
     assert tokens["m-behind"] >= before
     for lease in (ahead_lease, behind_lease):
-        assert_counter_expires(lock_client, lease._keys.fence)
+        assert_counter_expires(lock_client, lease.keys.fence)
     with ahead_lease:
         assert ahead_lease.token == ahead + 2

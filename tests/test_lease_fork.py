@@ -29,14 +29,14 @@ def _child(client: LockClient, parent_lease: Any, ttl: float) -> dict[str, Any]:
         own.check()
         time.sleep(0.05)
     report["own_held"] = own.held
-    report["own_token_kept"] = int(client.redis.hget(own._keys.lock, "token")) == token
+    report["own_token_kept"] = int(client.redis.hget(own.keys.lock, "token")) == token
     report["own_heartbeat_thread"] = (
         heartbeat()._thread is not None and heartbeat()._thread.is_alive()
     )
     own.release()
     # The parent's lease is untouched in Redis by anything the child did.
     report["parent_owner_intact"] = (
-        client.redis.hget(parent_lease._keys.lock, "owner") == parent_lease._owner.encode()
+        client.redis.hget(parent_lease.keys.lock, "owner") == parent_lease._owner.encode()
     )
     return report
 
@@ -65,6 +65,6 @@ def test_forked_child_holds_nothing_and_renews_its_own_leases(lock_client: LockC
     assert heartbeat().ticks >= parent_ticks + 3
     lease.check()
     assert lease.held
-    assert int(lock_client.redis.hget(lease._keys.lock, "token")) == token
-    assert lock_client.redis.pttl(lease._keys.lock) > 0
+    assert int(lock_client.redis.hget(lease.keys.lock, "token")) == token
+    assert lock_client.redis.pttl(lease.keys.lock) > 0
     lease.release()

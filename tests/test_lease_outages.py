@@ -121,7 +121,7 @@ def test_long_outage_marks_the_lease_lost_as_unreachable_and_the_heartbeat_survi
     deadline = time.monotonic() + 2.0  # four ttls
     while time.monotonic() < deadline:
         fresh.check()
-        assert int(client.redis.hget(fresh._keys.lock, "token")) == token
+        assert int(client.redis.hget(fresh.keys.lock, "token")) == token
         time.sleep(0.05)
     assert heartbeat().ticks >= ticks + 4
     fresh.release()
@@ -135,7 +135,7 @@ def test_waiter_blocked_during_a_restart_raises_backend_error_and_the_client_rec
     assert holder.acquire()
     waiter = client.lease("busy")
     waiting = BackgroundAcquire(waiter, wait=30)
-    wait_for_subscriber(client, waiter._keys.channel)
+    wait_for_subscriber(client, waiter.keys.channel)
     stopped_at = time.monotonic()
     restartable_redis.stop()
     # The dropped subscription wakes the waiter, which then cannot reach Redis: it says so
@@ -155,7 +155,7 @@ def test_waiter_blocked_during_a_restart_raises_backend_error_and_the_client_rec
     second = client.lease("busy")
     thread = threading.Thread(target=lambda: second.acquire(wait=20) and got.set())
     thread.start()
-    wait_for_subscriber(client, second._keys.channel)
+    wait_for_subscriber(client, second.keys.channel)
     released_at = time.monotonic()
     holder.release()
     assert got.wait(10)
@@ -242,7 +242,7 @@ def test_a_release_that_redis_did_not_answer_can_be_retried(
     try:
         lease = client.lease("held", ttl=30.0)
         assert lease.acquire()
-        key = lease._keys.lock
+        key = lease.keys.lock
         assert restartable_redis.process is not None
         pid = restartable_redis.process.pid
         os.kill(pid, signal.SIGSTOP)

@@ -94,7 +94,7 @@ def test_sigkilled_holder_frees_the_name_within_its_ttl(
 
     thread = threading.Thread(target=wait_for_it)
     thread.start()
-    wait_for_subscriber(lock_client, waiter._keys.channel)
+    wait_for_subscriber(lock_client, waiter.keys.channel)
     killed_at = time.monotonic()
     os.kill(process.pid, signal.SIGKILL)
     thread.join(15)
@@ -139,7 +139,7 @@ def test_paused_holder_loses_the_lease_and_its_late_write_is_fenced_off(
     assert int(lock_client.redis.hget(store, "fence_token")) == successor.token
     # The resumed process's heartbeat never took the name back.
     successor.check()
-    assert lock_client.redis.hget(successor._keys.lock, "owner") == successor._owner.encode()
+    assert lock_client.redis.hget(successor.keys.lock, "owner") == successor._owner.encode()
     successor.release()
 
 
@@ -154,7 +154,7 @@ def test_heartbeat_keeps_a_short_lease_alive_through_cpu_bound_work(
     status, token = receive(conn)
     assert status == "acquired"
     other = lock_client.lease("busy")
-    lock_key = other._keys.lock
+    lock_key = other.keys.lock
     checks = 0
     # Until the worker reports, look from outside: held all along, by the same acquisition.
     while not conn.poll(0.1):

@@ -174,7 +174,7 @@ def test_leases_of_one_template_acquired_in_turn_store_their_own_holder(
         lease = template.lease(name, owner_info={"task_id": task_id, "task_name": "t"})
         assert lease.acquire()
         try:
-            stored = lock_client.redis.hgetall(lease._keys.lock)
+            stored = lock_client.redis.hgetall(lease.keys.lock)
             assert stored[b"name"] == name.encode()
             assert stored[b"task_id"] == task_id.encode()
             assert stored[b"owner"] == lease.owner.encode()

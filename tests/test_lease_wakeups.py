@@ -26,7 +26,7 @@ def lease(lock_client: LockClient) -> Lease:
 
 @pytest.fixture
 def channel(lock_client: LockClient, lease: Lease) -> Iterator[Channel]:
-    subscriber = Channel(lock_client, lease._keys.channel)
+    subscriber = Channel(lock_client, lease.keys.channel)
     yield subscriber
     subscriber.close()
 
@@ -36,17 +36,17 @@ def attempt(
 ) -> Any:
     """One run of acquire.lua for ``owner`` on ``lease``'s name."""
     return client.connection.scripts.acquire(
-        lease._keys.lock, lease._keys.fence, owner, 30_000, 0, lease._packed_holder(),
+        lease.keys.lock, lease.keys.fence, owner, 30_000, 0, lease._packed_holder(),
         takeover, waiting=waiting,
     )  # fmt: skip
 
 
 def release(client: LockClient, lease: Lease, owner: str, delay_ms: int = 0) -> int:
-    return client.connection.scripts.release(lease._keys.lock, owner, delay_ms)
+    return client.connection.scripts.release(lease.keys.lock, owner, delay_ms)
 
 
 def marked(client: LockClient, lease: Lease) -> bool:
-    return client.redis.hget(lease._keys.lock, "waiting") is not None
+    return client.redis.hget(lease.keys.lock, "waiting") is not None
 
 
 def test_uncontended_release_publishes_nothing(
@@ -89,7 +89,7 @@ def test_release_before_the_waiter_subscribed_is_caught_by_its_retry(
     assert attempt(lock_client, lease, "holder", waiting=False)[0]
     assert not attempt(lock_client, lease, "waiter", waiting=True)[0]
     assert release(lock_client, lease, "holder") == 1
-    late = Channel(lock_client, lease._keys.channel)
+    late = Channel(lock_client, lease.keys.channel)
     try:
         taken, token = attempt(lock_client, lease, "waiter", waiting=True)
         assert taken and token > 0
@@ -142,7 +142,7 @@ def test_claim_taken_over_keeps_the_mark(
     assert not attempt(lock_client, lease, "waiter", waiting=True)[0]
     taken, _ = attempt(lock_client, lease, "worker", waiting=False, takeover="claim:t:0")
     assert taken
-    assert lock_client.redis.hget(lease._keys.lock, "owner") == b"worker"
+    assert lock_client.redis.hget(lease.keys.lock, "owner") == b"worker"
     assert release(lock_client, lease, "worker") == 1
     assert channel.published() == [b"released"]
 
@@ -166,7 +166,7 @@ def test_blocked_waiter_is_woken_by_the_release(lock_client: LockClient, lease: 
     assert lease.acquire()
     waiter = lock_client.lease("wake", ttl=30, heartbeat=False)
     blocked = BackgroundAcquire(waiter, wait=25)
-    wait_for_subscriber(lock_client, lease._keys.channel)
+    wait_for_subscriber(lock_client, lease.keys.channel)
     assert marked(lock_client, lease)
     released_at = time.monotonic()
     lease.release()
@@ -187,7 +187,7 @@ def test_waiters_take_the_name_in_turn_each_woken_by_a_release(
     blocked = [BackgroundAcquire(w, wait=25) for w in waiters]
     wait_for(
         lambda: (
-            dict(lock_client.redis.pubsub_numsub(lease._keys.channel)).get(lease._keys.channel, 0)
+            dict(lock_client.redis.pubsub_numsub(lease.keys.channel)).get(lease.keys.channel, 0)
             >= 1
         ),
         10,

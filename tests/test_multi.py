@@ -122,7 +122,7 @@ def test_heartbeat_renews_a_multi_and_extend_sets(lock_client: LockClient) -> No
         held.check()
         time.sleep(0.05)
     assert held.extend(5) == pytest.approx(5.0)
-    assert all(lock_client.redis.pttl(k.lock) <= 5000 for k in held._keys)
+    assert all(lock_client.redis.pttl(k.lock) <= 5000 for k in held.keys)
     held.release()
 
 

@@ -101,7 +101,7 @@ def test_holds_up_to_infinity_overlap_and_shrink_like_any_other(lock_client: Loc
     lock = lock_client.range_lock("open")
     up = lock.upgradable(5, math.inf, heartbeat=False)
     assert up.acquire()
-    keys = up._keys
+    keys = up.keys
     assert lock_client.redis.zscore(keys.indexes[4], up._owner or "") is None  # u:hi
     assert not lock.write(1e300, math.inf).acquire()
     assert not lock.upgradable(-math.inf, 5).acquire()
@@ -137,7 +137,7 @@ def test_a_release_takes_its_hold_out_of_every_index_and_asks_no_more() -> None:
             for hold in (finite, open_ended, shrunk):
                 assert hold.acquire()
             shrunk.shrink(5, 6)
-            indexes = finite._keys.indexes
+            indexes = finite.keys.indexes
             assert client.redis.zscore(indexes[4], shrunk._owner or "") == 6.0  # u:hi
 
             def zrems() -> int:
@@ -180,7 +180,7 @@ def test_upgradable_nests_a_write_that_waits_only_for_other_readers(
     thread = threading.Thread(target=lambda: blocked.acquire(wait=10) and done.set())
     thread.start()
     deadline = time.monotonic() + 5
-    while not lock_client.redis.exists(up._keys.queue[2]):
+    while not lock_client.redis.exists(up.keys.queue[2]):
         assert time.monotonic() < deadline
         time.sleep(0.005)
     assert not lock.read(31, 32).acquire()  # the waiting write holds new readers back
@@ -263,7 +263,7 @@ def test_dead_holder_frees_its_range_when_the_expiry_index_ran_out_before_its_ow
     released.release()
     brief = lock.read(5, 6, ttl=0.5, heartbeat=False)
     assert brief.acquire()
-    keys = dead._keys
+    keys = dead.keys
     wait_for(
         lambda: not lock_client.redis.exists(keys.indexes[0]), 5, "the expiry index to run out"
     )

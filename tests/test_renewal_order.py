@@ -41,10 +41,10 @@ def pttl(lock_client: LockClient, handle: Any) -> int:
     """The ms the server gives ``handle``'s hold (the least over a multi-key lock's names)."""
     redis = lock_client.redis
     if hasattr(handle, "names"):
-        return min(redis.pttl(keys.lock) for keys in handle._keys)
+        return min(redis.pttl(keys.lock) for keys in handle.keys)
     if hasattr(handle, "mode"):
-        return int(redis.pttl(handle._keys.holder(handle._owner)))
-    return int(redis.pttl(handle._keys.lock))
+        return int(redis.pttl(handle.keys.holder(handle._owner)))
+    return int(redis.pttl(handle.keys.lock))
 
 
 def renews(calls: Any, handle: Any) -> bool:

@@ -63,10 +63,10 @@ def hold_keys(handle: Any, owner: str) -> list[bytes]:
     from celery_singleton_lock.kinds.multi import MultiLease
 
     if isinstance(handle, MultiLease):
-        return [k.lock for k in handle._keys]
+        return [k.lock for k in handle.keys]
     if isinstance(handle, IntervalHandle):
-        return [handle._keys.holder(owner)]
-    return [handle._keys.lock]
+        return [handle.keys.holder(owner)]
+    return [handle.keys.lock]
 
 
 def assert_delay_intact(client: LockClient, handle: Any, owner: str) -> None:
@@ -74,7 +74,7 @@ def assert_delay_intact(client: LockClient, handle: Any, owner: str) -> None:
         assert client.redis.pttl(key) > INTACT_MS, key
     if hasattr(handle, "mode"):  # an interval hold: its index entry keeps the interval locked
         now_ms = int(client.server_time() * 1000)
-        expiry = client.redis.zscore(handle._keys.indexes[0], owner)
+        expiry = client.redis.zscore(handle.keys.indexes[0], owner)
         assert expiry is not None and expiry - now_ms > INTACT_MS
 
 
@@ -116,9 +116,9 @@ def test_lease_renewal_never_matches_an_ownerless_delay_after(lock_client: LockC
     lease = lock_client.lease("cool", ttl=3)
     assert lease.acquire()
     lease.release(delay=DELAY)
-    calls = [lock_client.connection.scripts.renew_call([(lease._keys.lock, "", 3000, 0)])]
+    calls = [lock_client.connection.scripts.renew_call([(lease.keys.lock, "", 3000, 0)])]
     assert lock_client.connection.call(run_batch, lock_client.redis, calls) == [[-1]]
-    assert lock_client.redis.pttl(lease._keys.lock) > INTACT_MS
+    assert lock_client.redis.pttl(lease.keys.lock) > INTACT_MS
     both = lock_client.multi(["m-a", "m-b"], ttl=3)
     assert both.acquire()
     both.release(delay=DELAY)
@@ -149,7 +149,7 @@ def test_interval_hold_in_delay_after_is_listed_cooldown(
     assert handle.acquire()
     owner = handle._owner
     handle.release(delay=DELAY)
-    age_renewal(lock_client, handle._keys.holder(owner))
+    age_renewal(lock_client, handle.keys.holder(owner))
     (info,) = lock_client.locks("cool")
     assert (info.state, info.evidence, info.heartbeat_age_s) == ("cooldown", "delay-after", None)
     assert info.token == handle.token
@@ -174,11 +174,11 @@ def pause_heartbeat(client: LockClient, handle: Any) -> None:
 
     assert handle._owner is not None
     if isinstance(handle, IntervalHandle):
-        keys = [handle._keys.holder(handle._owner)]
+        keys = [handle.keys.holder(handle._owner)]
     elif isinstance(handle, MultiLease):
-        keys = [k.lock for k in handle._keys]
+        keys = [k.lock for k in handle.keys]
     else:
-        keys = [handle._keys.lock]
+        keys = [handle.keys.lock]
     for key in keys:
         age_renewal(client, key)
 

@@ -69,7 +69,7 @@ class AsyncIntervalHandle(IntervalHold, AsyncLockHandle):
     ) -> None:
         super().__init__(client, name, **options)
         self._set_interval(self._conn.prefix, mode, lo, hi, parent)
-        self._channels = (self._keys.channel,)
+        self._channels = (self.keys.channel,)
 
     async def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
         keys, args, queued = self._acquire_call(owner, reserve)
@@ -81,7 +81,7 @@ class AsyncIntervalHandle(IntervalHold, AsyncLockHandle):
             await self._release(owner, 0)
 
     async def _release(self, owner: str, delay_ms: int) -> int:
-        return await release_hold(self._conn, self._keys, owner, delay_ms)
+        return await release_hold(self._conn, self.keys, owner, delay_ms)
 
     async def _change(
         self, op: str, lo: float = 0.0, hi: float = 0.0, reserve: int = 0

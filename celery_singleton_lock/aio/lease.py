@@ -40,8 +40,9 @@ class AsyncLease(AsyncLockHandle):
         #: A blocked acquire queues, and a release hands the lease straight to the oldest
         #: live waiter (sync or async): first come, first served, and no second round trip.
         self.fair = validate.check_bool(fair, "fair")
-        self._keys = self._conn.keys(self.name)
-        self._channels = (self._keys.channel,)
+        #: The Redis keys of this lease (lock hash, fencing counter, channel).
+        self.keys = self._conn.keys(self.name)
+        self._channels = (self.keys.channel,)
         self._queued = ""  # the owner token a fair acquire waits in the queue with
         self._queued_hint = 0  # ms the last attempt said the holder's lease may still run
 
@@ -51,7 +52,7 @@ class AsyncLease(AsyncLockHandle):
 
     async def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
         conn = self._conn
-        keys = self._keys
+        keys = self.keys
         # No claim to take over (""): the async lease has no owner or take_over options.
         script_keys, args = acquire_call(
             keys.lock, keys.fence, owner, self._ttl_ms, self._max_hold_ms,
@@ -81,7 +82,7 @@ class AsyncLease(AsyncLockHandle):
         over meanwhile; a cancelled or failed one leaves it too (_undo_attempts)."""
         conn = self._conn
         owner = self._queued
-        handed = fair_keys(self._keys.base, owner)[2]
+        handed = fair_keys(self.keys.base, owner)[2]
         deadline = time.monotonic() + wait
         hint = hint_seconds(self._queued_hint)
         while True:
@@ -112,7 +113,7 @@ class AsyncLease(AsyncLockHandle):
         """Withdraw from the queue; the token if a release handed the lease over meanwhile
         (this waiter then holds it)."""
         conn = self._conn
-        keys = fair_abandon_keys(self._keys.lock, owner)
+        keys = fair_abandon_keys(self.keys.lock, owner)
         return int(await conn.script(conn.lease_scripts.fair_abandon, keys, (owner,)))
 
     async def _release(self, owner: str, delay_ms: int) -> int:
@@ -120,7 +121,7 @@ class AsyncLease(AsyncLockHandle):
         return int(
             await conn.script(
                 conn.lease_scripts.release,
-                (self._keys.lock,),
+                (self.keys.lock,),
                 (owner, delay_ms),
             )
         )
@@ -128,5 +129,5 @@ class AsyncLease(AsyncLockHandle):
     @classmethod
     def _renew_script_call(cls, conn: AsyncConnection, entries: list[RenewEntry]) -> ScriptCall:
         return conn.scripts.renew_call(
-            [(lease._keys.lock, owner, ttl_ms, gen) for lease, owner, ttl_ms, gen in entries]
+            [(lease.keys.lock, owner, ttl_ms, gen) for lease, owner, ttl_ms, gen in entries]
         )

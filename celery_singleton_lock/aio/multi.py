@@ -34,10 +34,11 @@ class AsyncMultiLease(AsyncLockHandle):
         self.names = tuple(checked)
         keyed = ((self._conn.keys(name), name) for name in checked)
         pairs = sorted(keyed, key=lambda p: p[0].lock)
-        self._keys: list[LockKeys] = [keys for keys, _ in pairs]
+        #: The Redis keys of each name, in key order.
+        self.keys: tuple[LockKeys, ...] = tuple(keys for keys, _ in pairs)
         self._ordered = [name for _, name in pairs]  # the names in key order
         # Woken by a release of any of the names.
-        self._channels = tuple(keys.channel for keys in self._keys)
+        self._channels = tuple(keys.channel for keys in self.keys)
         self._tokens: dict[str, int] = {}
 
     @property
@@ -49,7 +50,7 @@ class AsyncMultiLease(AsyncLockHandle):
         # multi_acquire.lua: KEYS locks then fences.
         reply = await self._conn.script(
             multi_scripts(self._conn).acquire,
-            [k.lock for k in self._keys] + [k.fence for k in self._keys],
+            [k.lock for k in self.keys] + [k.fence for k in self.keys],
             wire.multi_acquire_args(
                 owner, self._ttl_ms, self._max_hold_ms, reserve, self._ordered,
                 self._describe_holder(named=False),
@@ -64,7 +65,7 @@ class AsyncMultiLease(AsyncLockHandle):
         return int(
             await self._conn.script(
                 multi_scripts(self._conn).release,
-                [k.lock for k in self._keys],
+                [k.lock for k in self.keys],
                 (owner, delay_ms, "", *self._channels),
             )
         )

@@ -136,7 +136,8 @@ class IntervalHold(HandleState):
     lo: float
     hi: float
     _parent: IntervalHold | None
-    _keys: IntervalKeys
+    #: The Redis keys of this hold (its holder hash, the name's indexes, channel).
+    keys: IntervalKeys
 
     def _set_interval(
         self, prefix: str, mode: str, lo: float, hi: float, parent: IntervalHold | None
@@ -144,7 +145,7 @@ class IntervalHold(HandleState):
         self.mode = mode
         self.lo, self.hi = lo, hi
         self._parent = parent
-        self._keys = interval_keys(prefix, self.name, self._family)
+        self.keys = interval_keys(prefix, self.name, self._family)
 
     def _acquire_call(self, owner: str, reserve: bool) -> tuple[list[bytes], list[Any], bool]:
         """KEYS and ARGV of interval_acquire.lua for ``owner``, and whether it queues a
@@ -159,10 +160,10 @@ class IntervalHold(HandleState):
         queued = reserve and self.mode == "w"
         args = [
             owner, self.mode, score(self.lo), score(self.hi), self._ttl_ms, self._max_hold_ms,
-            FENCE_TTL_MS, RESERVATION_MS if queued else 0, parent, self._keys.channel,
+            FENCE_TTL_MS, RESERVATION_MS if queued else 0, parent, self.keys.channel,
             "1" if reserve else "", *self._describe_holder(),
         ]  # fmt: skip
-        return self._keys.all(owner), args, queued
+        return self.keys.all(owner), args, queued
 
     def _acquired(self, reply: Any, queued: bool) -> tuple[bool, int]:
         """interval_acquire.lua's reply: (True, token) or (False, ms a waiter may sleep)."""
@@ -184,8 +185,8 @@ class IntervalHold(HandleState):
         owner = self._owner
         if owner is None or not self._mine():
             raise LockNotHeld(f"lock {self.name!r} is not held", name=self.name)
-        keys = self._keys.all(owner)[:12]
-        return keys, [op, owner, score(lo), score(hi), reserve, self._keys.channel]
+        keys = self.keys.all(owner)[:12]
+        return keys, [op, owner, score(lo), score(hi), reserve, self.keys.channel]
 
     def _changed_lost(self, op: str) -> LockError:
         error = self._lost_error(0, op)
@@ -237,7 +238,7 @@ class IntervalHandle(IntervalHold, LockHandle):
     ) -> None:
         super().__init__(client, name, **options)
         self._set_interval(self._conn.prefix, mode, lo, hi, parent)
-        self._channel = self._keys.channel
+        self._channel = self.keys.channel
         self._scripts = scripts(self._conn)
 
     def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
@@ -249,10 +250,10 @@ class IntervalHandle(IntervalHold, LockHandle):
             self._release(owner, 0)
 
     def _release(self, owner: str, delay_ms: int) -> int:
-        return release_hold(self._conn, self._keys, owner, delay_ms)
+        return release_hold(self._conn, self.keys, owner, delay_ms)
 
     def holders(self) -> list[HolderRecord]:
-        conn, keys = self._conn, self._keys
+        conn, keys = self._conn, self.keys
 
         def read_owners() -> list[Any]:
             pipe = conn.redis.pipeline(transaction=False)
@@ -302,7 +303,7 @@ class IntervalHandle(IntervalHold, LockHandle):
         keys: list[bytes] = []
         args: list[Any] = []
         for handle, owner, ttl_ms, gen in entries:
-            keys += (*handle._keys.indexes, handle._keys.holder(owner))
+            keys += (*handle.keys.indexes, handle.keys.holder(owner))
             args += (owner, ttl_ms, gen)
         return scripts(conn).renew, keys, args
 

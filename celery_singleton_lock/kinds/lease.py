@@ -123,8 +123,9 @@ class Lease(LockHandle):
         self.fair = fair
         self._queued = ""  # the owner token a fair acquire waits in the queue with
         self._queued_hint = 0  # ms its last attempt said the holder's lease may still run
-        self._keys = self._conn.keys(self.name)
-        self._channel = self._keys.channel
+        #: The Redis keys of this lease (lock hash, fencing counter, channel).
+        self.keys = self._conn.keys(self.name)
+        self._channel = self.keys.channel
         # Claims (celery/claims.py): hold the name as this fixed owner token instead of a
         # fresh one, and/or take over a claim held under that token.
         self._fixed_owner = owner
@@ -182,7 +183,7 @@ class Lease(LockHandle):
         return True
 
     def holders(self) -> list[HolderRecord]:
-        return read_lease_holders(self._conn, [self._keys.lock])
+        return read_lease_holders(self._conn, [self.keys.lock])
 
     def _packed_holder(self) -> bytes:
         shared = self._thread_fields
@@ -227,7 +228,7 @@ class Lease(LockHandle):
         try:
             if self.fair:
                 self._leave_queue(owner)
-            undone = conn.call(conn.scripts.acquire_undo, self._keys.lock, owner, self._attempt)
+            undone = conn.call(conn.scripts.acquire_undo, self.keys.lock, owner, self._attempt)
             if undone == 1:
                 self._release(owner, 0)
         except LockBackendError:
@@ -244,8 +245,8 @@ class Lease(LockHandle):
                 return False, 0
             free = None
         acquire_args = (
-            self._keys.lock,
-            self._keys.fence,
+            self.keys.lock,
+            self.keys.fence,
             owner,
             self._ttl_ms,
             self._max_hold_ms,
@@ -282,7 +283,7 @@ class Lease(LockHandle):
         release hands it the lease; refresh the registration between blocks."""
         conn = self._conn
         owner = self._queued
-        handed = fair_keys(self._keys.base, owner)[2]
+        handed = fair_keys(self.keys.base, owner)[2]
         deadline = time.monotonic() + wait
         hint = hint_seconds(self._queued_hint)
         try:
@@ -312,7 +313,7 @@ class Lease(LockHandle):
         (this waiter then holds it, taken as its wait ran out)."""
         conn = self._conn
         try:
-            return conn.call(conn.scripts.fair_abandon, self._keys.lock, owner)
+            return conn.call(conn.scripts.fair_abandon, self.keys.lock, owner)
         except LockBackendError:
             log.warning("could not withdraw the wait of %r", self.name, exc_info=True)
             return 0
@@ -325,16 +326,16 @@ class Lease(LockHandle):
 
     def _release(self, owner: str, delay_ms: int) -> int:
         conn = self._conn
-        return conn.call(conn.scripts.release, self._keys.lock, owner, delay_ms)
+        return conn.call(conn.scripts.release, self.keys.lock, owner, delay_ms)
 
     @classmethod
     def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:
         return conn.scripts.renew_call(
-            [(lease._keys.lock, owner, ttl_ms, gen) for lease, owner, ttl_ms, gen in entries]
+            [(lease.keys.lock, owner, ttl_ms, gen) for lease, owner, ttl_ms, gen in entries]
         )
 
     def _renew_units(self, owner: str, ttl_ms: int, gen: int) -> list[RenewUnit]:
-        return [(renew_lease_keys, self._keys.lock, (self._keys.lock, owner, ttl_ms, gen))]
+        return [(renew_lease_keys, self.keys.lock, (self.keys.lock, owner, ttl_ms, gen))]
 
     def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
         return release_holder(
@@ -348,7 +349,7 @@ class Lease(LockHandle):
         owner = self._forget()
         code = self._conn.call(
             self._conn.scripts.handover,
-            self._keys.lock,
+            self.keys.lock,
             owner,
             new_owner,
             validate.seconds_to_ms(ttl),

@@ -86,9 +86,10 @@ class MultiLease(LockHandle):
         #: The names held, sorted.
         self.names = tuple(checked)
         pairs = sorted(((self._conn.keys(n), n) for n in checked), key=lambda p: p[0].lock)
-        self._keys: list[LockKeys] = [keys for keys, _ in pairs]
+        #: The Redis keys of each name, in key order.
+        self.keys: tuple[LockKeys, ...] = tuple(keys for keys, _ in pairs)
         self._ordered = [name for _, name in pairs]  # the names in key order
-        self._channel = self._keys[0].channel
+        self._channel = self.keys[0].channel
         self._tokens: dict[str, int] = {}
         self._scripts = scripts(self._conn)
 
@@ -102,7 +103,7 @@ class MultiLease(LockHandle):
             return self._try_acquire_in_order(owner, reserve)
         reply = self._conn.call(
             self._scripts.acquire,
-            keys=[k.lock for k in self._keys] + [k.fence for k in self._keys],
+            keys=[k.lock for k in self.keys] + [k.fence for k in self.keys],
             args=[
                 owner, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS, "1" if reserve else "",
                 *(encode_name(name) for name in self._ordered),
@@ -118,14 +119,14 @@ class MultiLease(LockHandle):
         """Redis Cluster: one lease per name in key order; on a busy name give back the rest."""
         base = self._conn.scripts
         tokens: dict[str, int] = {}
-        for keys, name in zip(self._keys, self._ordered, strict=True):
+        for keys, name in zip(self.keys, self._ordered, strict=True):
             holder = [b"name", encode_name(name), *self._describe_holder(named=False)]
             taken, value = self._conn.call(
                 base.acquire, keys.lock, keys.fence, owner, self._ttl_ms,
                 self._max_hold_ms, pack_holder(holder), waiting=reserve,
             )  # fmt: skip
             if not taken:
-                for done in self._keys[: len(tokens)]:
+                for done in self.keys[: len(tokens)]:
                     self._conn.call(base.release, done.lock, owner, 0)
                 return False, value
             tokens[name] = value
@@ -133,7 +134,7 @@ class MultiLease(LockHandle):
         return True, max(tokens.values())
 
     def holders(self) -> list[HolderRecord]:
-        return read_lease_holders(self._conn, [keys.lock for keys in self._keys])
+        return read_lease_holders(self._conn, [keys.lock for keys in self.keys])
 
     def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
         return release_holder(
@@ -144,14 +145,14 @@ class MultiLease(LockHandle):
         if is_cluster(self._conn.redis):
             codes = [
                 self._conn.call(self._conn.scripts.release, k.lock, owner, delay_ms)
-                for k in self._keys
+                for k in self.keys
             ]
             return TAKEN if TAKEN in codes else GONE if GONE in codes else 1
         return int(
             self._conn.call(
                 self._scripts.release,
-                keys=[k.lock for k in self._keys],
-                args=[owner, delay_ms, token, *(k.channel for k in self._keys)],
+                keys=[k.lock for k in self.keys],
+                args=[owner, delay_ms, token, *(k.channel for k in self.keys)],
             )
         )
 
@@ -160,17 +161,17 @@ class MultiLease(LockHandle):
         keys: list[bytes] = []
         args: list[Any] = []
         for handle, owner, ttl_ms, gen in entries:
-            keys += (k.lock for k in handle._keys)
-            args += (len(handle._keys), owner, ttl_ms, gen)
+            keys += (k.lock for k in handle.keys)
+            args += (len(handle.keys), owner, ttl_ms, gen)
         return scripts(conn).renew, keys, args
 
     def _renew_units(self, owner: str, ttl_ms: int, gen: int) -> list[RenewUnit]:
         # A script may touch one slot only: each name is renewed as a lease is.
-        return [(renew_lease_keys, k.lock, (k.lock, owner, ttl_ms, gen)) for k in self._keys]
+        return [(renew_lease_keys, k.lock, (k.lock, owner, ttl_ms, gen)) for k in self.keys]
 
     def _listening(self) -> AbstractContextManager[Wakeup]:
         """One Wakeup set by a release of any of the names."""
-        return self._conn.notifier.listening(*(k.channel for k in self._keys))
+        return self._conn.notifier.listening(*(k.channel for k in self.keys))
 
 
 def list_holders(
