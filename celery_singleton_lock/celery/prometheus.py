@@ -17,16 +17,31 @@ default key there is one per argument set, and a label per lock would grow witho
 
 The signals are sent in the process that runs the task: under the prefork pool, a child.
 Use prometheus_client's multiprocess mode there (docs/monitoring.md).
+
+What is held now is read from Redis at each scrape, in the one process that serves them:
+
+    register_lock_states(app)       # or a LockClient; and a registry
+
+- ``celery_singleton_lock_holders``: holders by ``kind`` and ``state`` (live, stale, queued,
+  the admin listing's states), as ``celery -A proj locks list`` shows them;
+- ``celery_singleton_lock_listing_up``: 1 if the last scrape could read the locks, else 0.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
+from collections import Counter as Tally
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from ..client import LockClient
+from ..exceptions import LockBackendError
+from .app_client import lock_client_for
 from .signals import lock_acquired, lock_lost, lock_released, lock_skipped
 
 #: Buckets of the wait histogram, in seconds: most runs do not wait; ``lock_wait`` is
@@ -119,3 +134,48 @@ def register_metrics(registry: CollectorRegistry | None = None) -> LockMetrics:
         if metrics is None:
             metrics = _registered[registry] = LockMetrics(registry)
         return metrics
+
+
+class LockStates(Collector):
+    """Holders by kind and state, listed from Redis at each scrape (one listing, as ``celery
+    locks list`` makes: a SCAN of the lock keys under the client's prefix)."""
+
+    def __init__(self, client: LockClient) -> None:
+        self.client = client
+
+    def collect(self) -> Iterator[Metric]:
+        holders = GaugeMetricFamily(
+            "celery_singleton_lock_holders",
+            "Lock holders now, by kind and state (as `celery locks list` shows them).",
+            labels=["kind", "state"],
+        )
+        try:
+            tally = Tally((info.kind, info.state) for info in self.client.locks())
+        except LockBackendError:
+            # A Redis that does not answer is a value, not a failed scrape: the counters
+            # of the same registry still reach Prometheus.
+            up = 0.0
+        else:
+            up = 1.0
+            for (kind, state), count in sorted(tally.items()):
+                holders.add_metric([kind, state], count)
+        yield holders
+        yield GaugeMetricFamily(
+            "celery_singleton_lock_listing_up",
+            "1 if the last scrape could list the locks, else 0.",
+            value=up,
+        )
+
+
+def register_lock_states(
+    client_or_app: LockClient | Any, registry: CollectorRegistry | None = None
+) -> LockStates:
+    """List the locks of ``client_or_app`` (a :class:`LockClient`, or a Celery app: its lock
+    client) into ``registry`` (default: prometheus_client's ``REGISTRY``) at each scrape.
+    Register it in one process only (the one serving the metrics), not per pool child."""
+    client = client_or_app if isinstance(client_or_app, LockClient) else None
+    if client is None:
+        client = lock_client_for(client_or_app)
+    states = LockStates(client)
+    (REGISTRY if registry is None else registry).register(states)
+    return states
