@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
@@ -35,6 +36,8 @@ preload_options: Callable[[F], F] = handle_preload_options
 EXIT_OK, EXIT_NOTHING, EXIT_ERROR = 0, 1, 2
 #: Seconds ``celery locks`` waits for workers to say which tasks they run.
 DEFAULT_TIMEOUT = 1.0
+#: Seconds between two listings of ``list --watch`` without a value.
+WATCH_INTERVAL = 2.0
 _SESSION = "celery_singleton_lock.session"
 
 
@@ -60,10 +63,15 @@ class Session:
     def connect(self) -> LockClient:
         from ..client import LockClient
 
+        if not self.url and self.app is None:
+            raise click.UsageError(
+                "no Redis URL: pass --url redis://HOST:PORT/DB (or set REDIS_URL); "
+                "python -m celery_singleton_lock has no Celery app to read it from"
+            )
         if not self.url:
             raise click.UsageError(
                 "no Redis URL: set singleton_lock_url (or a redis:// broker_url) in the app's "
-                "configuration, or pass --url / REDIS_URL"
+                "configuration"
             )
         # Short socket timeouts: an admin command should fail fast, naming the server (unless
         # the app's own client settings say otherwise).
@@ -108,6 +116,10 @@ def app_session(app: Any, *, timeout: float, no_color: bool) -> Session:
 
 def _session(ctx: click.Context) -> Session:
     session: Session = ctx.meta[_SESSION]()
+    # `celery locks list --timeout 0`: the group's option, typed after the sub-command.
+    timeout = ctx.params.get("timeout")
+    if timeout is not None:
+        session = replace(session, timeout=timeout)
     return session
 
 
@@ -146,6 +158,19 @@ class LocksGroup(click.Group):
 # -- the commands (shared by both front ends) ------------------------------------------------
 
 
+def _timeout_option(group: str) -> Callable[[F], F]:
+    """The group's ``--timeout``, also taken after the sub-command (where users type it)."""
+    return click.option(
+        "--timeout",
+        type=click.FloatRange(min=0),
+        default=None,
+        cls=CeleryOption,
+        help_group=group,
+        help="Seconds to wait for workers to say which tasks they run (0: do not ask; "
+        "celery locks only).",
+    )
+
+
 def _json_option(group: str) -> Callable[[F], F]:
     return click.option(
         "--json",
@@ -169,28 +194,76 @@ def _json_option(group: str) -> Callable[[F], F]:
     "--stale", is_flag=True, cls=CeleryOption, help_group="List Options", help="Only stale locks."
 )
 @_json_option("List Options")
+@click.option(
+    "--watch",
+    metavar="[SECONDS]",
+    type=click.FloatRange(min=0.1),
+    is_flag=False,
+    flag_value=WATCH_INTERVAL,
+    default=None,
+    cls=CeleryOption,
+    help_group="List Options",
+    help=f"List again every SECONDS (default {WATCH_INTERVAL:g}) until Ctrl-C: redrawn in "
+    "place on a terminal, one table (or one JSON line) after another when piped.",
+)
+@_timeout_option("List Options")
 @click.pass_context
-def list_locks(ctx: click.Context, pattern: str | None, stale: bool, as_json: bool) -> None:
+def list_locks(
+    ctx: click.Context,
+    pattern: str | None,
+    stale: bool,
+    as_json: bool,
+    watch: float | None,
+    timeout: float | None,
+) -> None:
     """List the locks, who holds them and whether they are live, stale or cooling down.
 
-    Exit 1 when no lock matched.
+    Exit 1 when no lock matched (without --watch).
     """
     from .. import admin
     from . import output
 
-    with _connected(ctx) as (session, client):
+    def listed(session: Session, client: LockClient) -> list[LockInfo]:
         infos = admin.list_locks(client, pattern, checks=session.checks())
-    if stale:
-        infos = [info for info in infos if info.state == admin.STALE]
+        return [info for info in infos if info.state == admin.STALE] if stale else infos
+
+    with _connected(ctx) as (session, client):
+        if watch is not None:
+            _watch(lambda: listed(session, client), watch, as_json, _color(session))
+            ctx.exit(EXIT_OK)
+        infos = listed(session, client)
     output.show_list(infos, as_json=as_json, color=_color(session))
     ctx.exit(EXIT_OK if infos else EXIT_NOTHING)
+
+
+def _watch(
+    listed: Callable[[], list[LockInfo]], interval: float, as_json: bool, color: bool
+) -> None:
+    """List every ``interval`` seconds until Ctrl-C (which ends the command quietly)."""
+    from . import output
+
+    # Redrawn in place only for a person at a terminal; piped output keeps every round.
+    redraw = sys.stdout.isatty() and not as_json
+    try:
+        while True:
+            started = time.monotonic()
+            infos = listed()
+            if redraw:
+                click.clear()
+            output.show_round(infos, as_json=as_json, color=color)
+            if not redraw:
+                sys.stdout.flush()
+            time.sleep(max(0.0, interval - (time.monotonic() - started)))
+    except KeyboardInterrupt:
+        click.echo("")
 
 
 @click.command("show", cls=CeleryCommand)
 @click.argument("name")
 @_json_option("Show Options")
+@_timeout_option("Show Options")
 @click.pass_context
-def show_lock(ctx: click.Context, name: str, as_json: bool) -> None:
+def show_lock(ctx: click.Context, name: str, as_json: bool, timeout: float | None) -> None:
     """Show every detail of lock NAME (each holder, for shared locks). Exit 1 if no lock
     has that name."""
     from . import output
@@ -249,6 +322,7 @@ def show_lock(ctx: click.Context, name: str, as_json: bool) -> None:
     help_group="Clear Options",
     help="Do not ask for confirmation.",
 )
+@_timeout_option("Clear Options")
 @click.pass_context
 def clear_locks(
     ctx: click.Context,
@@ -260,6 +334,7 @@ def clear_locks(
     pattern: str | None,
     force: bool,
     yes: bool,
+    timeout: float | None,
 ) -> None:
     """Clear locks: the named ones, every stale one, every claim of a message no longer
     queued, or all. Each is cleared only if it still has the holder that was listed, so a

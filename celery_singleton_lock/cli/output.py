@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
+from datetime import datetime, timezone
 
 import click
 
@@ -43,6 +45,26 @@ def show_list(infos: Sequence[LockInfo], *, as_json: bool, color: bool) -> None:
         elif color:
             cells[2] = _styled(cells[2], infos[n - 1].state)
         click.echo("  ".join(cells).rstrip(), color=color)
+
+
+def show_round(infos: Sequence[LockInfo], *, as_json: bool, color: bool) -> None:
+    """One round of ``list --watch``: a header with the time (UTC) and the count of each
+    state, then the table; with ``as_json``, the list on one line (JSON Lines)."""
+    if as_json:
+        click.echo(json.dumps([info.to_dict() for info in infos], ensure_ascii=False))
+        return
+    counts = Counter(info.state for info in infos)
+    states = ", ".join(
+        _styled(f"{counts[state]} {state}", state) if color else f"{counts[state]} {state}"
+        for state in STATE_STYLES
+    )
+    now = datetime.now(timezone.utc).strftime("%H:%M:%S UTC")
+    click.echo(f"{now}  {len(infos)} lock(s): {states}", color=color)
+    if infos:
+        show_list(infos, as_json=False, color=color)
+    else:
+        click.echo("no locks")
+    click.echo("")
 
 
 def show_details(infos: Sequence[LockInfo], *, as_json: bool, color: bool) -> None:
