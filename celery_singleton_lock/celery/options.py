@@ -8,9 +8,10 @@ then the built-in default below. The default ``lock_lease`` adapts to a short ``
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,7 +265,8 @@ def check_task_options(task_name: str, attrs: dict[str, Any]) -> None:
         if option not in TASK_OPTIONS:
             known = ", ".join(sorted(TASK_OPTIONS))
             raise ConfigurationError(
-                f"{task_name}.{option}", f"unknown option (known options: {known})"
+                f"{task_name}.{option}",
+                f"unknown option{did_you_mean(option, TASK_OPTIONS)} (known options: {known})",
             )
         if value is not None:
             TASK_OPTIONS[option][1](value, f"{task_name}.{option}")
@@ -438,9 +440,12 @@ def check_setting_names(conf: Any) -> None:
     """Refuse a ``singleton_lock_*`` key this package does not read (a typo such as
     ``singleton_lock_tll`` would silently change nothing), however it is spelled: with
     Django's ``CELERY_`` namespace the keys keep their upper-case prefixed names."""
+    # Listing the keys first: Celery loads a pending configuration (config_from_object)
+    # only then, and until it has, ``conf.prefix`` reads None even with a namespace.
+    keys = list(conf.keys())
     namespace = (getattr(conf, "prefix", None) or "").upper()
-    unknown = []
-    for key in list(conf.keys()):
+    unknown: dict[str, str] = {}  # key as spelled -> its name without the namespace
+    for key in keys:
         if not isinstance(key, str):
             continue
         name = key.upper()
@@ -448,12 +453,27 @@ def check_setting_names(conf: Any) -> None:
             name = name[len(namespace) :]
         name = name.lower()
         if name.startswith("singleton_lock_") and name not in APP_SETTINGS:
-            unknown.append(key)
+            unknown[key] = name
     if unknown:
+        key = sorted(unknown)[0]
+        # The suggestion spelled as the key was: CELERY_SINGLETON_LOCK_TTL in Django.
+        spelled = key.isupper()
+        choices = {
+            (namespace + known.upper() if spelled else known): known for known in APP_SETTINGS
+        }
+        hint = did_you_mean(key if spelled else unknown[key], choices)
         raise ConfigurationError(
-            sorted(unknown)[0],
-            f"bad configuration: unknown setting (known settings: {', '.join(APP_SETTINGS)})",
+            key,
+            f"bad configuration: unknown setting{hint} "
+            f"(known settings: {', '.join(APP_SETTINGS)})",
         )
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the known name closest to a misspelled ``word``, or
+    ``""`` when none is close."""
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.75)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def check_setting_values(conf: Any) -> None:
