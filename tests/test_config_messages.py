@@ -3,13 +3,20 @@ misspelled one, and when a task's bad options are refused (the app finalized, or
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from celery import Celery
 
-from celery_singleton_lock import ConfigurationError, SingletonTask
+from celery_singleton_lock import ConfigurationError, LockBackendError, SingletonTask
 from celery_singleton_lock.celery.options import AppSettings
+from celery_singleton_lock.embedded import free_port
+
+WorkerFactory = Callable[..., AbstractContextManager[Any]]
 
 
 def test_a_misspelled_task_option_is_refused_at_finalize_with_the_closest_name() -> None:
@@ -69,3 +76,30 @@ def test_a_misspelled_setting_suggests_the_closest_spelled_as_it_was(
         AppSettings.for_app(app)
     assert info.value.argument == next(iter(config))
     assert f"did you mean {suggested}?" in str(info.value)
+
+
+def test_a_run_the_lock_redis_refused_names_the_fixes(
+    in_process_worker: WorkerFactory, lock_redis_url: str, lock_prefix: str
+) -> None:
+    app = Celery(f"messages-{uuid.uuid4().hex[:8]}", set_as_current=False)
+    app.conf.update(
+        broker_url=lock_redis_url,
+        result_backend=lock_redis_url,
+        task_default_queue=f"{lock_prefix}queue",
+        singleton_lock_url=f"redis://127.0.0.1:{free_port()}/0",  # nothing listens
+        worker_hijack_root_logger=False,
+    )
+
+    @app.task(base=SingletonTask, shared=False)
+    def job() -> str:
+        return "ran"
+
+    with in_process_worker(app, pool="solo", concurrency=1):
+        result = job.delay()
+        with pytest.raises(LockBackendError) as info:
+            result.get(timeout=30)
+    message = str(info.value)
+    assert "127.0.0.1" in message  # the server, as before
+    assert f"{job.name} did not run" in message
+    assert "autoretry_for=(LockBackendError,)" in message
+    assert 'lock_backend_down="run"' in message

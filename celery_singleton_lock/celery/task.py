@@ -314,7 +314,12 @@ class SingletonTask(Task):  # type: ignore[misc]
         except LockBackendError as exc:
             if options.backend_down != "run":
                 self._autoretry(exc)
-                raise
+                raise LockBackendError(
+                    f"{exc}; {self.name} did not run. To retry it when the lock Redis is "
+                    "back: autoretry_for=(LockBackendError,); to run it unlocked instead: "
+                    'lock_backend_down="run"',
+                    name=exc.name,
+                ) from exc
             log.warning("running %s[%s] UNLOCKED: %s", self.name, task_id, exc)
             return self._run_holding(None, args, kwargs)
         waited = time.monotonic() - started
