@@ -464,8 +464,7 @@ def check_setting_names(conf: Any) -> None:
         hint = did_you_mean(key if spelled else unknown[key], choices)
         raise ConfigurationError(
             key,
-            f"bad configuration: unknown setting{hint} "
-            f"(known settings: {', '.join(APP_SETTINGS)})",
+            f"bad configuration: unknown setting{hint} (known settings: {', '.join(APP_SETTINGS)})",
         )
 
 
