@@ -131,7 +131,7 @@ def test_bad_prefix(prefix: Any) -> None:
         "http://:hunter2@localhost:6379/0",
         "localhost:6379",
         "redis+cluster://:hunter2@localhost:7000",
-        "sentinel://:hunter2@localhost:26379/mymaster",
+        "sentinel://:hunter2@localhost:26379",  # no master name
     ],
 )
 def test_bad_or_unsupported_url(url: Any) -> None:

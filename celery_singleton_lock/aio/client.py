@@ -6,22 +6,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import redis.asyncio
-
 from ..admin import LockInfo
-from ..client import bad_url, check_url, mask_password
+from ..client import bad_url, check_url
 from ..core import redis_urls, validate
 from ..core.keys import DEFAULT_PREFIX
 from ..exceptions import ConfigurationError
+from ..kinds.lease import release_holder_args
 from . import admin
 from .connection import AsyncConnection
 from .intervals import AsyncRangeLock, AsyncRWLock
 from .lease import AsyncLease
 from .multi import AsyncMultiLease
-
-#: URL schemes the asyncio client does not take yet (pass a ``redis.asyncio`` client made
-#: your own way instead, e.g. ``redis.asyncio.sentinel.Sentinel(...).master_for(name)``).
-UNSUPPORTED_SCHEMES = (*redis_urls.CLUSTER_SCHEMES, *redis_urls.SENTINEL_SCHEMES)
 
 
 class AsyncLockClient:
@@ -59,20 +54,14 @@ class AsyncLockClient:
     def from_url(
         cls, url: str, *, prefix: str = DEFAULT_PREFIX, **redis_kwargs: Any
     ) -> AsyncLockClient:
-        """A client for the Redis at ``url`` (``redis://``, ``rediss://``, ``unix://``);
-        extra keyword arguments go to ``redis.asyncio.Redis.from_url``. No I/O until the
-        first lock call."""
+        """A client for the Redis at ``url``: ``redis://``, ``rediss://``, ``unix://`` or
+        Sentinel (``sentinel://host:port,.../master-name``), read as :meth:`LockClient.from_url`
+        reads it; extra keyword arguments go to the ``redis.asyncio`` client. A Cluster URL
+        is refused (docs/asyncio.md). No I/O until the first lock call."""
         url = check_url(url, redis_kwargs)
         validate.check_prefix(prefix)
-        scheme = redis_urls.url_scheme(url)  # read as LockClient.from_url reads it
-        if scheme in UNSUPPORTED_SCHEMES:
-            raise ConfigurationError(
-                "url",
-                f"{mask_password(url)}: {scheme}:// is not supported by AsyncLockClient yet;"
-                " pass a redis.asyncio client instead (docs/asyncio.md)",
-            )
         try:
-            client = redis.asyncio.Redis.from_url(url, **redis_kwargs)
+            client = redis_urls.connect_async(url, **redis_kwargs)
         except ValueError as exc:
             raise bad_url(url, exc) from None
         return cls(client, prefix=prefix)
@@ -134,6 +123,23 @@ class AsyncLockClient:
             owner_info=owner_info,
             on_lost=on_lost,
         )
+
+    async def release_holder(
+        self,
+        name: str,
+        *,
+        task_id: str,
+        pid: int,
+        host: str | None = None,
+        delay: float = 0.0,
+    ) -> bool:
+        """Release lease ``name`` (after ``delay`` seconds of delay-after) if task ``task_id``
+        running in process ``pid`` on ``host`` (default: this machine) holds it, as
+        :meth:`LockClient.release_holder`. True if released."""
+        conn = self.connection
+        keys = conn.keys(name)
+        args = release_holder_args(task_id, pid, host, delay, keys.channel)
+        return bool(await conn.script(conn.lease_scripts.release_holder, [keys.lock], args))
 
     async def locks(self, pattern: str | None = None) -> list[LockInfo]:
         """Every lock under this client's prefix whose name matches the glob ``pattern``,

@@ -66,3 +66,4 @@ class LeaseScripts:
         self.release = register(redis, with_fence_ttl("release"))
         self.clear = register(redis, source_after(WAKE_FAIR_WAITER, "clear"))
         self.fair_abandon = register(redis, source("fair_abandon"))
+        self.release_holder = register(redis, source_after(WAKE_FAIR_WAITER, "release_holder"))

@@ -197,10 +197,13 @@ def _sentinel_parts(url: str, tls: bool) -> tuple[list[tuple[str, int]], str, di
     return nodes, master, _options(tls, login, "/" + parts[0] if parts else "", query)
 
 
-def _sentinel(url: str, tls: bool, redis_kwargs: dict[str, Any]) -> Any:
-    from redis import sentinel
+def _sentinel(url: str, tls: bool, redis_kwargs: dict[str, Any], sentinel_class: Any = None) -> Any:
+    """The master client of a Sentinel URL: ``sentinel_class`` is redis-py's ``Sentinel``
+    (default) or its asyncio twin."""
+    if sentinel_class is None:
+        from redis import sentinel
 
-    sentinel_class: Any = sentinel.Sentinel  # untyped in redis-py
+        sentinel_class = sentinel.Sentinel  # untyped in redis-py
     nodes, master, options = _sentinel_parts(url, tls)
     options.update(redis_kwargs)
     sentinel_kwargs = options.pop("sentinel_kwargs", None)
@@ -214,6 +217,32 @@ def _sentinel(url: str, tls: bool, redis_kwargs: dict[str, Any]) -> Any:
     sentinels = [(host, port or DEFAULT_SENTINEL_PORT) for host, port in nodes]
     manager = sentinel_class(sentinels, sentinel_kwargs=sentinel_kwargs, **options)
     return manager.master_for(master)
+
+
+def connect_async(url: str, **redis_kwargs: Any) -> Any:
+    """The ``redis.asyncio`` client for ``url``: ``redis.asyncio.Redis``, or a
+    Sentinel-managed master client. A Cluster URL is a ``ValueError``: the asyncio lock core
+    does not run on a Redis Cluster."""
+    check_url(url)
+    scheme = url_scheme(url)
+    if scheme in CLUSTER_SCHEMES:
+        raise ValueError(
+            "the asyncio client does not run on a Redis Cluster (its waiters listen on one "
+            "node's pub/sub); use LockClient, or a single Redis or Sentinel for AsyncLockClient"
+        )
+    if scheme in SENTINEL_SCHEMES:
+        from redis.asyncio import sentinel
+
+        return _sentinel(url, SENTINEL_SCHEMES[scheme], redis_kwargs, sentinel.Sentinel)
+    import redis.asyncio
+
+    client = redis.asyncio.Redis.from_url(url, **redis_kwargs)
+    pool: Any = client.connection_pool
+    try:
+        pool.connection_class(**pool.connection_kwargs)  # as connect(): refuse bad keywords
+    except TypeError as exc:
+        raise ValueError(f"bad client keyword argument: {exc}") from None
+    return client
 
 
 # -- what kind of client ---------------------------------------------------------------------

@@ -546,14 +546,21 @@ def release_holder(
     attempt is never released here. True if released."""
     conn = connection_of(client)
     keys = conn.keys(name)
+    args = release_holder_args(task_id, pid, host, delay, keys.channel)
+    return conn.call(conn.scripts.release_holder, keys.lock, *args)
+
+
+def release_holder_args(
+    task_id: str, pid: int, host: str | None, delay: float, channel: bytes
+) -> tuple[Any, ...]:
+    """ARGV of release_holder.lua (after the lock key), the arguments checked: task id, pid,
+    host (default: this machine), delay-after ms, the channel its release is published on."""
     task_id = validate.check_text(task_id, "task_id")
     pid = validate.check_pid(pid)
     host = validate.check_host(host, HOSTNAME)
     delay = validate.check_delay(delay)
     delay_ms = validate.seconds_to_ms(delay) if delay > 0 else 0
-    return conn.call(
-        conn.scripts.release_holder, keys.lock, task_id, pid, host, delay_ms, keys.channel
-    )
+    return (task_id, pid, host, delay_ms, channel)
 
 
 # -- the admin side: listing and clearing holders ----------------------------------------------
