@@ -56,8 +56,9 @@ def test_killed_worker_message_comes_back_to_its_node_and_runs_at_once(pool: Wor
     first = wait_for(lambda: events(pool, event="start", task_id=result.id), TIMEOUT, "a run")
     first_worker.kill()
     killed_at = now(pool)
-    # The same node restarted: the dead run's process is gone, so its hold is taken over
-    # as soon as the message comes back (visibility timeout), not once the lease runs out.
+    # The same node restarted: the dead run's process is gone, so the worker frees its hold
+    # as it starts and the message that comes back (visibility timeout) runs at once, not
+    # once the lease runs out.
     second_worker = pool.start(concurrency=1, name=node)
     pool.wait_ready(second_worker)
     starts = wait_for(
@@ -68,9 +69,9 @@ def test_killed_worker_message_comes_back_to_its_node_and_runs_at_once(pool: Wor
     assert result.state == "SUCCESS" and outcome["locked"], outcome
     copy = starts[0]
     assert copy["pid"] != first[0]["pid"] and copy["time"] > killed_at  # never beside it
-    # Taken over from the dead process, not run once the lease ran out.
+    # Freed from the dead process, not run once the lease ran out.
     assert copy["time"] - killed_at < LEASE, (copy, killed_at)
-    assert "took over the hold of a dead earlier delivery (pid" in second_worker.log_tail(200)
+    assert "left by a previous life of worker" in second_worker.log_tail(200)
     assert len(events(pool, event="start", task_id=result.id)) == 2
     assert len(events(pool, event="end", task_id=result.id)) == 1
 

@@ -275,6 +275,34 @@ def test_sigkilled_pool_child_is_freed_at_once_by_the_main_process(
     cluster.wait_ready(pair.w0)  # the worker itself lives on, with a new child
 
 
+@pytest.mark.timeout(120)
+def test_a_worker_restarted_under_its_node_name_frees_its_previous_lifes_locks_at_start(
+    extra_workers: Cluster, pair: Pair, task_locks: TaskLocks
+) -> None:
+    cluster = extra_workers
+    queue = cluster.queue("reborn")
+    first_life = cluster.start("reborn", queue)
+    cluster.wait_ready(first_life)
+    key = "reborn"
+    first = cluster.task("long_lease").apply_async((key, 600), queue=queue)  # lock_lease=60
+    started = cluster.wait_record(event="start", task_id=first.id)
+    first_life.kill()  # systemd's SIGKILL: the main process and its children
+    killed_at = cluster.server_time()
+    wait_for(lambda: process_gone(started["pid"]), TIMEOUT, "the pool child to die too")
+    assert cluster.redis.pttl(cluster.lock_key(key)) > 40_000  # the lease would hold it
+
+    second_life = cluster.start("reborn", queue)  # the same node name, as systemd restarts it
+    assert second_life.name == first_life.name
+    cluster.wait_ready(second_life)
+    # Freed as the worker started (before it answered a ping), not after the 60 s lease.
+    assert not cluster.is_locked(key)
+    assert cluster.server_time() - killed_at < 40
+    assert f"'job:{key}' held by worker_app.long_lease[{first.id}]" in second_life.log_text()
+    assert "left by a previous life of worker" in second_life.log_text()
+    again = cluster.task("long_lease").apply_async((key, 0), queue=pair.q1)
+    assert task_locks.assert_ran(again, timeout=TIMEOUT) > started["token"]
+
+
 @dataclass(frozen=True)
 class LockKind:
     """A task of a lock kind other than the exclusive lease (``lock_lease=60``), a call of it

@@ -145,14 +145,21 @@ def requeue_verdict(task: Any) -> Verdict:
 
 
 def pid_gone(pid: int) -> bool:
-    """True if no process ``pid`` exists on this host."""
+    """True if no process ``pid`` runs on this host: none exists, or it is a zombie (it has
+    exited and runs no code; a killed worker's children stay zombies until reaped, which a
+    container's first process may never do)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except OSError:  # it exists, under another user
-        return False
-    return False
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # "pid (comm) state ...": comm may hold spaces and parentheses, so after the last ')'.
+            return stat.read().rpartition(b")")[2].split()[:1] == [b"Z"]
+    except OSError:  # no /proc (not Linux), or it exited just now
+        return not os.path.exists(f"/proc/{pid}") and os.path.isdir("/proc")
 
 
 # -- reading the hold --------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from ..core.handle import HOSTNAME
 from ..exceptions import ConfigurationError, LockError
 from .app_client import lock_client_for
 from .options import AppSettings
+from .previous_life import free_previous_life
 
 log = logging.getLogger("celery_singleton_lock.task")
 #: The bootstep's own logger name, as before the worker side was one module.
@@ -167,6 +168,10 @@ class SingletonLockStep(bootsteps.StartStopStep):  # type: ignore[misc]
             step_log.warning("singleton locks: Redis not reachable at start: %s", exc)
             return
         step_log.info("singleton locks on %s (prefix %r)", client.url, client.prefix)
+        try:
+            free_previous_life(client, worker.hostname)
+        except LockError as exc:
+            step_log.warning("singleton locks: could not look for a previous life's: %s", exc)
 
     def stop(self, worker: Any) -> None:
         """Warm shutdown: the pool has drained, so no task of this process runs any more;
