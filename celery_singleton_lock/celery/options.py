@@ -236,6 +236,8 @@ APP_SETTINGS = (
     "singleton_lock_url",
     "singleton_lock_prefix",
     "singleton_lock_client_kwargs",
+    # Tasks locked by name (celery/named_tasks.py): {name or glob: {lock_* option: value}}.
+    "singleton_lock_tasks",
     *(setting_name(option) for option in TASK_OPTIONS if option not in PER_TASK_ONLY),
 )
 

@@ -154,6 +154,9 @@ class SingletonLockStep(bootsteps.StartStopStep):  # type: ignore[misc]
         options that can never work; only warn when Redis is merely down right now."""
         app = worker.app
         AppSettings.for_app(app)  # refuses bad or unknown singleton_lock_* settings first
+        named_tasks_error = getattr(app, "_singleton_lock_named_tasks_error", None)
+        if named_tasks_error is not None:
+            raise named_tasks_error  # singleton_lock_tasks, read at worker_init
         for task in list(app.tasks.values()):
             # SingletonTask's check, found by name: the task module imports this one.
             check = getattr(task, "check_lock_configuration", None)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 from celery.bin.base import CeleryCommand, CeleryOption, handle_preload_options
+from celery.signals import worker_init
 
 from ..core.keys import DEFAULT_PREFIX
 
@@ -491,3 +492,20 @@ def main(ctx: click.Context, url: str | None, prefix: str) -> None:
 for _command in COMMANDS:
     locks.add_command(_command)
     main.add_command(_command)
+
+
+# -- an app that locks tasks by name -----------------------------------------------------------
+
+
+def _lock_named_tasks(sender: Any = None, **_: Any) -> None:
+    """``singleton_lock_tasks`` (celery/named_tasks.py) in a starting worker. Celery imports
+    this module in every ``celery`` program, and no task of such an app need be a
+    SingletonTask that would have added the worker step."""
+    app = getattr(sender, "app", None)
+    if app is not None and app.conf.get("singleton_lock_tasks", None):
+        from ..celery.named_tasks import lock_named_tasks_at_worker_init
+
+        lock_named_tasks_at_worker_init(app)
+
+
+worker_init.connect(_lock_named_tasks, weak=False)

@@ -1,0 +1,140 @@
+"""``singleton_lock_tasks``: tasks that are not SingletonTasks (another package's, a
+``shared_task`` you do not own), locked by name in real ``celery worker`` processes exactly as
+a SingletonTask is — and a setting that can never work stops the worker at start."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apps.named_tasks_app import make_app
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+from support.workers import WorkerPrograms
+
+from celery_singleton_lock import ConfigurationError, LockClient, SingletonTask, is_skipped
+from celery_singleton_lock.celery.named_tasks import lock_named_tasks
+from celery_singleton_lock.celery.signals import lock_acquired
+
+TIMEOUT = 30.0
+
+
+@pytest.fixture
+def programs(lock_redis_url: str, lock_prefix: str, tmp_path: Path) -> Iterator[WorkerPrograms]:
+    workers = WorkerPrograms(
+        "apps.named_tasks_app", make_app, lock_redis_url, lock_prefix, tmp_path, "named"
+    )
+    yield workers
+    workers.close()
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_a_task_named_in_the_setting_locks_as_a_singleton_task(
+    programs: WorkerPrograms, lock_client: LockClient, pool: str
+) -> None:
+    queue = programs.queue("named")
+    worker = programs.launch("named", [queue], pool=pool, concurrency=2)
+    programs.wait_ready(worker)
+    export = programs.app.tasks["named.export"]
+    first = export.apply_async((7, 5), queue=queue)
+    programs.wait_record(event="start", task_id=first.id)
+    # The same customer while the first runs: skipped, the holder named.
+    second = export.apply_async((7, 0), queue=queue)
+    skipped = second.get(timeout=TIMEOUT)
+    assert is_skipped(skipped) and skipped["holder_task_id"] == first.id
+    # The lock is listed with its task, as any SingletonTask's.
+    [info] = [info for info in lock_client.locks() if info.task_id == first.id]
+    assert (info.name, info.task_name, info.state) == (
+        'named.export:{"customer_id":7}', "named.export", "live"
+    )
+    assert info.lease_remaining_s is not None and info.lease_remaining_s <= 10  # lock_lease
+    # Another customer runs beside it; a task the setting does not name holds nothing.
+    assert export.apply_async((8, 0), queue=queue).get(timeout=TIMEOUT) == 8
+    assert programs.app.tasks["named.unlocked"].apply_async(queue=queue).get(TIMEOUT) == "ran"
+    assert first.get(timeout=TIMEOUT) == 7
+    assert "singleton locks on" in worker.log_text()
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"named.nothing.*": {}}, "singleton_lock_tasks['named.nothing.*']: bad configuration: "
+         "matches no registered task"),
+        ({"named.export": {"lock_tll": 60}}, "singleton_lock_tasks['named.export'].lock_tll: "
+         "bad configuration: unknown option; did you mean 'lock_ttl'?"),
+        ({"named.export": {"lock_ttl": 10, "lock_lease": 20}}, "must not exceed lock_ttl"),
+        ({"named.export": ["lock_ttl"]}, "must be a dict of lock_* options"),
+        ({"named.export": {"ttl": 60}}, "'ttl' is not a lock_* option"),
+    ],
+)  # fmt: skip
+def test_a_setting_that_can_never_work_stops_the_worker_at_start(
+    programs: WorkerPrograms, setting: dict[str, Any], message: str
+) -> None:
+    worker = programs.launch(
+        "bad", [programs.queue("bad")], pool="solo", env={"CSL_NAMED_TASKS": json.dumps(setting)}
+    )
+    assert worker.process.wait(TIMEOUT) == 1
+    assert message in worker.log_text()
+
+
+def test_in_process_the_named_task_takes_its_lock_and_sends_the_signals(
+    celery_lock_app: Celery,
+) -> None:
+    app = celery_lock_app
+    started, finish = threading.Event(), threading.Event()
+
+    @app.task(name="lib.sync", shared=False)
+    def sync(customer_id: int) -> int:
+        started.set()
+        assert finish.wait(TIMEOUT)
+        return customer_id
+
+    app.conf.singleton_lock_tasks = {"lib.*": {"lock_key": ["customer_id"]}}
+    acquired: list[str] = []
+
+    def on_acquired(sender: Any = None, name: str = "", **_: Any) -> None:
+        acquired.append(name)
+
+    lock_acquired.connect(on_acquired, weak=False)
+    try:
+        # worker_init locks the named tasks (as `celery worker` does through this package).
+        with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+            assert isinstance(app.tasks["lib.sync"], SingletonTask)
+            first = sync.delay(1)
+            assert started.wait(TIMEOUT)
+            assert is_skipped(sync.delay(1).get(timeout=TIMEOUT))
+            finish.set()
+            assert first.get(timeout=TIMEOUT) == 1
+    finally:
+        lock_acquired.disconnect(on_acquired)
+    assert acquired == ['lib.sync:{"customer_id":1}']
+    assert lock_named_tasks(app) == []  # done once
+
+
+def test_a_singleton_task_matched_by_a_pattern_keeps_its_own_options(
+    celery_lock_app: Celery,
+) -> None:
+    app = celery_lock_app
+
+    @app.task(base=SingletonTask, name="own.report", lock_ttl=120, shared=False)
+    def report() -> None:
+        return None
+
+    @app.task(name="own.plain", shared=False)
+    def plain() -> None:
+        return None
+
+    app.conf.singleton_lock_tasks = {"own.*": {"lock_ttl": 60}}
+    assert lock_named_tasks(app) == ["own.plain"]
+    assert app.tasks["own.report"].lock_ttl == 120 and app.tasks["own.plain"].lock_ttl == 60
+
+
+def test_the_setting_is_checked_before_any_task_is_changed(celery_lock_app: Celery) -> None:
+    celery_lock_app.conf.singleton_lock_tasks = "named.*"
+    with pytest.raises(ConfigurationError) as info:
+        lock_named_tasks(celery_lock_app)
+    assert info.value.argument == "singleton_lock_tasks"
