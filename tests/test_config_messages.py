@@ -3,6 +3,8 @@ misspelled one, and when a task's bad options are refused (the app finalized, or
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -12,7 +14,13 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_singleton_lock import ConfigurationError, LockBackendError, SingletonTask
+from celery_singleton_lock import (
+    ConfigurationError,
+    LockBackendError,
+    LockClient,
+    LockExpired,
+    SingletonTask,
+)
 from celery_singleton_lock.celery.options import AppSettings
 from celery_singleton_lock.embedded import free_port
 
@@ -103,3 +111,53 @@ def test_a_run_the_lock_redis_refused_names_the_fixes(
     assert f"{job.name} did not run" in message
     assert "autoretry_for=(LockBackendError,)" in message
     assert 'lock_backend_down="run"' in message
+
+
+def wait_gone(client: LockClient, key: bytes) -> None:
+    deadline = time.monotonic() + 30
+    while client.redis.exists(key):
+        assert time.monotonic() < deadline, "the lease never ran out"
+        time.sleep(0.05)
+
+
+def test_a_lease_past_its_max_hold_says_so_not_that_it_expired(lock_client: LockClient) -> None:
+    capped = lock_client.lease("capped", ttl=1, max_hold=2)  # renewed, but not past 2 s
+    assert capped.acquire()
+    wait_gone(lock_client, capped.keys.lock)
+    with pytest.raises(LockExpired) as info:
+        capped.release()
+    assert info.value.reason == "max_hold"
+    assert "ran out at its max_hold (2 s)" in str(info.value) and "raise max_hold" in str(
+        info.value
+    )
+
+    stalled = lock_client.lease("stalled", ttl=1, heartbeat=False)  # no max_hold: expired
+    assert stalled.acquire()
+    wait_gone(lock_client, stalled.keys.lock)
+    with pytest.raises(LockExpired) as info:
+        stalled.release()
+    assert info.value.reason == "expired" and "nobody holds it" in str(info.value)
+
+
+def test_a_run_past_lock_ttl_is_reported_as_lock_ttl_reached(
+    celery_lock_app: Celery,
+    in_process_worker: WorkerFactory,
+    lock_client: LockClient,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    @celery_lock_app.task(
+        base=SingletonTask, shared=False, lock_key="long-report", lock_ttl=2, lock_lease=1
+    )
+    def long_report() -> str:
+        wait_gone(lock_client, lock_client.connection.keys("long-report").lock)
+        return "done"
+
+    long_report.lock_key = "long-report"
+    with (
+        caplog.at_level(logging.ERROR),
+        in_process_worker(celery_lock_app, pool="solo", concurrency=1),
+    ):
+        assert long_report.delay().get(timeout=30) == "done"
+    assert "ran past lock_ttl (2 s)" in caplog.text
+    assert "lock_ttl reached" in caplog.text and "raise lock_ttl" in caplog.text
+    assert "nobody holds it" not in caplog.text

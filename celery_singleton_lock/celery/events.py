@@ -206,7 +206,8 @@ def _lost_reason(lease: Any) -> str:
     try:
         lease.check()
     except LockLost as exc:
-        return str(exc.reason)
+        # A run's max_hold is its lock_ttl: named as the task option that sets it.
+        return "lock_ttl" if exc.reason == "max_hold" else str(exc.reason)
     except LockError:
         pass
     return "lost"

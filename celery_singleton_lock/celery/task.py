@@ -510,6 +510,13 @@ class SingletonTask(Task):  # type: ignore[misc]
             lease.release(delay=self.lock_options.release_delay)
         except LockLost as exc:
             # Not released by this run: lock_lost was sent (on_lost) when it was found lost.
+            if exc.reason == "max_hold":
+                log.error(
+                    "%s[%s] ran past lock_ttl (%g s), the cap on one run's hold: lock_ttl "
+                    "reached, its lock ran out then; raise lock_ttl for runs this long",
+                    self.name, self.request.id, self.lock_options.ttl,
+                )  # fmt: skip
+                return
             log.error("%s[%s] ran without its lock at the end: %s", self.name, self.request.id, exc)
             return
         except LockError as exc:

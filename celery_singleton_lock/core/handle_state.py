@@ -194,6 +194,9 @@ class HandleState:
         self._token: int | None = None
         self._lost: LockLost | None = None
         self._expires_at = 0.0  # monotonic; a conservative local view of the server's expiry
+        # Monotonic time from which max_hold may have ended the hold (math.inf: no max_hold):
+        # a lease found gone from then on ran out at its max_hold, and says so.
+        self._hold_ends_at = math.inf
 
     # -- what a driver provides --------------------------------------------------------------
 
@@ -298,6 +301,8 @@ class HandleState:
             self._token = token
             self._lost = None
             self._expires_at = sent_at + self._first_lease
+            # From the send: the server's deadline (acquired + max_hold) is no earlier.
+            self._hold_ends_at = sent_at + (self.max_hold or math.inf)
         if self.heartbeat:
             self._start_renewing()
 
@@ -335,7 +340,7 @@ class HandleState:
         if code == 1:
             self._lost = None
             return
-        error = lost_error(self.name, code, "release")
+        error = self._lost_error(code, "release")
         # Found lost only now (a starved heartbeat, a paused process): on_lost fires here,
         # once, as it would have from the renewal that should have found it.
         with self._state:
@@ -381,7 +386,7 @@ class HandleState:
         if code == MAX_HOLD_REACHED:
             return max(0.0, self._expires_at - time.monotonic())
         if code <= 0:
-            error = lost_error(self.name, code, "extend")
+            error = self._lost_error(code, "extend")
             self._mark_lost(owner, error)
             raise error
         with self._state:
@@ -409,7 +414,7 @@ class HandleState:
             self._stop_renewing()
             log.info("lock %r reached max_hold; it runs out within its ttl", self.name)
         else:
-            self._mark_lost(owner, lost_error(self.name, code, "heartbeat"))
+            self._mark_lost(owner, self._lost_error(code, "heartbeat"))
 
     def _renewal_failed(self, owner: str | None, error: LockBackendError) -> None:
         """Redis did not answer a tick: keep trying until the lock would have expired."""
@@ -457,4 +462,12 @@ class HandleState:
         return self._owner is not None and self._pid == _Process.pid
 
     def _lost_error(self, code: int, during: str) -> LockLost:
+        if code == GONE and time.monotonic() >= self._hold_ends_at:
+            error = LockExpired(
+                f"{during}: lease on {self.name!r} ran out at its max_hold ({self.max_hold:g} s):"
+                " it is not renewed past it; raise max_hold for longer holds",
+                name=self.name,
+            )
+            error.reason = "max_hold"
+            return error
         return lost_error(self.name, code, during)
