@@ -15,7 +15,7 @@ from redis.retry import Retry
 from support.proxies import HoldingProxy
 from support.waiting import BackgroundAcquire, wait_for
 
-from celery_singleton_lock import ConfigurationError, Lease, LockBackendError, LockClient
+from celery_singleton_lock import ConfigurationError, Lease, LockClient
 from celery_singleton_lock.core.scripts import fair_keys, pack_holder
 from celery_singleton_lock.kinds.lease import FAIR_REGISTRATION_MS
 
@@ -194,12 +194,13 @@ def test_newcomer_after_an_expiry_is_marked_by_the_next_refresh_and_hands_over(
     assert holder_of(lock_client, holder)[b"owner"] == b"a"
 
 
-def test_wait_that_fails_after_being_handed_the_lease_gives_it_back(
+def test_wait_whose_hand_off_reply_is_lost_takes_the_lease_it_was_handed(
     lock_client: LockClient, holder: Lease
 ) -> None:
     """The interleaving: a release hands the lease to a waiter blocked in BLPOP, and the
-    reply that says so never reaches it (its connection times out). The acquire raises
-    LockBackendError, and the lease it was handed is not left to run out unrenewed."""
+    reply that says so never reaches it (its connection times out). The waiter keeps trying
+    within its wait, as the same owner: its next attempt is answered as the holder, so it
+    holds (and renews) the lease it was handed, rather than leaving it to run out."""
     port = int(lock_client.redis.connection_pool.connection_kwargs["port"])
     proxy = HoldingProxy(port)
     client = LockClient(
@@ -219,11 +220,13 @@ def test_wait_that_fails_after_being_handed_the_lease_gives_it_back(
         proxy.hold_next_reply()
         holder.release()  # hands the lease to the waiter
         assert holder_of(lock_client, holder)[b"owner"] == waiter._queued.encode()
+        owner = waiter._queued.encode()
         blocked.finish(20)
-        assert [type(e) for e in blocked.errors] == [LockBackendError]
-        assert not waiter.held
-        assert not lock_client.redis.exists(holder.keys.lock)  # given back
+        assert blocked.errors == [] and blocked.results == [True]
+        assert waiter.held and holder_of(lock_client, holder)[b"owner"] == owner
         assert lock_client.redis.llen(queue) == 0
+        waiter.release()
+        assert not lock_client.redis.exists(holder.keys.lock)
     finally:
         client.close()
         proxy.close()

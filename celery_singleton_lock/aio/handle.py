@@ -20,7 +20,14 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ..core.handle import holder_fields
-from ..core.handle_state import NO_LOCK, HandleState, _Process, check_options, retry_in
+from ..core.handle_state import (
+    NO_LOCK,
+    HandleState,
+    _Process,
+    check_options,
+    outage_pause,
+    retry_in,
+)
 from ..core.heartbeat import renew_calls
 from ..core.scripts import ScriptCall
 from ..exceptions import LockBackendError, LockLost
@@ -169,9 +176,21 @@ class AsyncLockHandle(HandleState):
         until it succeeds or ``wait`` seconds pass; ``abandon`` runs when giving up (when
         the waiting task is cancelled, :meth:`_undo_attempts` does)."""
         deadline = time.monotonic() + wait
+        failures = 0
         async with self._conn.notifier().listening(self._channels) as woken:
             while True:
-                taken, value = await attempt()
+                try:
+                    taken, value = await attempt()
+                except LockBackendError:
+                    # Redis stopped answering while this call waited: keep trying within
+                    # the wait, as the sync handles do (core/handle.py).
+                    failures += 1
+                    pause = outage_pause(deadline, failures)
+                    if pause is None:
+                        raise
+                    await woken.wait(pause)
+                    continue
+                failures = 0
                 if taken:
                     return True, value
                 sleep = retry_in(deadline, value)

@@ -3,12 +3,13 @@ scripts, so it excludes the sync lease and SingletonTask runs of the same name."
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..core import validate
-from ..core.handle_state import hint_seconds
+from ..core.handle_state import hint_seconds, outage_pause
 from ..core.scripts import (
     ScriptCall,
     acquire_call,
@@ -85,15 +86,26 @@ class AsyncLease(AsyncLockHandle):
         handed = fair_keys(self.keys.base, owner)[2]
         deadline = time.monotonic() + wait
         hint = hint_seconds(self._queued_hint)
+        failures = 0
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            reply = await conn.call(conn.redis.blpop, [handed], block_for(hint, remaining))
-            token = handed_token(reply)
-            if token:
-                return True, token
-            taken, value = await attempt()
+            try:
+                reply = await conn.call(conn.redis.blpop, [handed], block_for(hint, remaining))
+                token = handed_token(reply)
+                if token:
+                    return True, token
+                taken, value = await attempt()
+            except LockBackendError:
+                # Redis stopped answering: keep trying within the wait (as the sync lease).
+                failures += 1
+                pause = outage_pause(deadline, failures)
+                if pause is None:
+                    raise
+                await asyncio.sleep(pause)
+                continue
+            failures = 0
             if taken:
                 return True, value
             hint = hint_seconds(value)

@@ -26,7 +26,15 @@ from typing import Any, TypeVar
 
 from ..exceptions import LockBackendError, LockError, LockLost
 from .connection import Connection, HasConnection, connection_of
-from .handle_state import HandleState, Options, Timing, _Process, check_options, retry_in
+from .handle_state import (
+    HandleState,
+    Options,
+    Timing,
+    _Process,
+    check_options,
+    outage_pause,
+    retry_in,
+)
 from .heartbeat import RenewEntry, RenewUnit, heartbeat, renew_calls, renewing
 from .keys import encode_name
 from .notifier import Wakeup
@@ -218,10 +226,24 @@ class LockHandle(HandleState, ABC):
         it succeeds or ``wait`` seconds pass; ``abandon`` runs when giving up."""
         deadline = time.monotonic() + wait
         done = False
+        failures = 0
         try:
             with self._listening() as woken:
                 while True:
-                    taken, value = attempt()
+                    try:
+                        taken, value = attempt()
+                    except LockBackendError:
+                        # Redis stopped answering while this call waited (a failover, a
+                        # restart): a waiter holds nothing, so it keeps trying within its
+                        # wait, with the same owner token (a re-sent attempt is answered as
+                        # the first), and takes the lock on the server that answers next.
+                        failures += 1
+                        pause = outage_pause(deadline, failures)
+                        if pause is None:
+                            raise
+                        woken.wait(pause)
+                        continue
+                    failures = 0
                     if taken:
                         done = True
                         return True, value

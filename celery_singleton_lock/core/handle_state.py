@@ -139,6 +139,19 @@ def hint_seconds(hint_ms: int) -> float:
     return (hint_ms + 1) / 1000
 
 
+#: The pauses of a waiter between attempts Redis did not answer (a failover, a restart):
+#: the first soon, then doubling to the longest.
+OUTAGE_FIRST_PAUSE, OUTAGE_LONGEST_PAUSE = 0.05, 1.0
+
+
+def outage_pause(deadline: float, failures: int) -> float | None:
+    """How long a waiter whose attempt number ``failures`` in a row Redis did not answer
+    pauses before it tries again; None when the monotonic ``deadline`` comes first (the
+    waiter then raises the last error: Redis did not answer within its wait)."""
+    pause = min(OUTAGE_FIRST_PAUSE * 2 ** min(failures - 1, 16), OUTAGE_LONGEST_PAUSE)
+    return None if time.monotonic() + pause >= deadline else pause
+
+
 def retry_in(deadline: float, hint_ms: int) -> float | None:
     """How long a waiter whose attempt failed with ``hint_ms`` sleeps (unless a release
     wakes it first) before it tries again; None once the monotonic ``deadline`` passed."""

@@ -21,7 +21,7 @@ from ..core.handle import (
     info_fields,
     log,
 )
-from ..core.handle_state import Timing, _Process, hint_seconds
+from ..core.handle_state import Timing, _Process, hint_seconds, outage_pause
 from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.keys import encode_name, lock_keys, lock_pattern
 from ..core.patterns import literal_name
@@ -286,16 +286,31 @@ class Lease(LockHandle):
         handed = fair_keys(self.keys.base, owner)[2]
         deadline = time.monotonic() + wait
         hint = hint_seconds(self._queued_hint)
+        failures = 0
         try:
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                reply = conn.call(conn.redis.blpop, [handed], timeout=block_for(hint, remaining))
-                token = handed_token(reply)
-                if token:
-                    return True, token
-                taken, value = attempt()
+                try:
+                    reply = conn.call(
+                        conn.redis.blpop, [handed], timeout=block_for(hint, remaining)
+                    )
+                    token = handed_token(reply)
+                    if token:
+                        return True, token
+                    taken, value = attempt()
+                except LockBackendError:
+                    # Redis stopped answering (a failover, a restart): keep trying within
+                    # the wait, as a waiter that is not queued does (core/handle.py). The
+                    # next attempt queues again, as the same owner.
+                    failures += 1
+                    pause = outage_pause(deadline, failures)
+                    if pause is None:
+                        raise
+                    time.sleep(pause)
+                    continue
+                failures = 0
                 if taken:
                     return True, value
                 hint = hint_seconds(value)
