@@ -22,6 +22,7 @@ TINY = [
     *("--rounds", "1", "--pairs", "5", "--handoffs", "2", "--leases", "10", "--ticks", "1"),
     *("--rw-rounds", "1", "--rw-pairs", "5", "--rw-handoffs", "2", "--rw-server-rounds", "1"),
     *("--task-count", "5", "--task-rounds", "1", "--worker-count", "5", "--worker-rounds", "1"),
+    *("--redis-time-rounds", "1", "--redis-time-pairs", "5"),
 ]
 #: The rows of the reader-writer section's throughput table.
 RW_ROWS = ["lease", "read", "write", "range read"]
