@@ -89,7 +89,7 @@ def assert_nothing_mutable_shared(one: Any, other: Any) -> None:
 
 
 STATE = ("name", "ttl", "max_hold", "heartbeat", "wait", "owner_info", "fair", "take_over")
-STATE += ("on_lost", "_ttl_ms", "_max_hold_ms", "_keys", "_channel", "_fixed_owner", "_conn")
+STATE += ("on_lost", "_ttl_ms", "_max_hold_ms", "keys", "_channel", "_fixed_owner", "_conn")
 
 
 @pytest.mark.parametrize("max_hold", [None, 7.5])

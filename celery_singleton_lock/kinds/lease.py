@@ -439,14 +439,14 @@ class LeaseTemplate:
         state["owner_info"] = info
         state["on_lost"] = on_lost
         state["_state"] = threading.Lock()
-        state["_keys"] = keys
+        state["keys"] = keys
         state["_channel"] = keys.channel
         return lease
 
 
 #: A lease's attributes that are its own, set by :meth:`LeaseTemplate.lease`: what depends
 #: on its name and arguments, and its state lock.
-_OWN_STATE = frozenset(("name", "owner_info", "on_lost", "_state", "_keys", "_channel"))
+_OWN_STATE = frozenset(("name", "owner_info", "on_lost", "_state", "keys", "_channel"))
 #: Types of values leases may share (immutable), besides the connection.
 _SHAREABLE = (str, bytes, int, float, bool, type(None), tuple, frozenset)
 
