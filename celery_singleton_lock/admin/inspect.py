@@ -27,6 +27,7 @@ from typing import Any
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle import OWN_INFO_FIELDS
+from ..core.heartbeat import TICKS_PER_TTL
 from ..core.patterns import escape, literal_name
 from ..core.scan import BATCH, Record, read_hashes
 from ..kinds.registry import FAMILIES, LEASES, KindFamily
@@ -56,8 +57,8 @@ CLAIMED = "claim for a queued message"
 #: neither its heartbeat nor its task's absence from the workers says anything.
 CLAIM_OWNER_PREFIX = "claim:"
 
-#: A heartbeat ticks every ttl/TICKS_PER_TTL; a holder that missed MISSED_TICKS ticks is gone.
-TICKS_PER_TTL = 3
+#: A heartbeat ticks every ttl / TICKS_PER_TTL (core/heartbeat.py); a holder that missed
+#: MISSED_TICKS ticks is gone.
 MISSED_TICKS = 2
 
 #: How one family of lock kinds is listed and cleared (an entry of the kind registry).

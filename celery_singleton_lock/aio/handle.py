@@ -45,8 +45,8 @@ class AsyncLockHandle(HandleState):
 
     Made by the factories of :class:`AsyncLockClient`. ``await acquire()`` takes the lock,
     ``await release()`` gives it back, and while it is held the event loop's heartbeat task
-    renews it every ``ttl / 3`` seconds, so a holder whose loop stops frees it within ``ttl``.
-    ``async with`` acquires (waiting up to ``wait`` seconds, else raising
+    renews it every ``ttl / TICKS_PER_TTL`` seconds, so a holder whose loop stops frees it
+    within ``ttl``. ``async with`` acquires (waiting up to ``wait`` seconds, else raising
     :class:`LockTimeout`) and releases on exit.
 
     The state and its decisions are :class:`HandleState`'s, as for the sync handle; this

@@ -5,7 +5,7 @@
 
 The lock is taken in the worker right before the body runs (so ``send_task``, beat,
 redelivered messages and retries all go through it), renewed by the heartbeat every
-``lock_lease / 3`` seconds, and released when the body ends however it ends.
+``lock_lease / TICKS_PER_TTL`` seconds, and released when the body ends however it ends.
 """
 
 from __future__ import annotations

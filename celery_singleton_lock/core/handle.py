@@ -63,7 +63,7 @@ class LockHandle(HandleState, ABC):
 
     Not made directly: :class:`LockClient` has a factory per kind. ``acquire`` takes the lock,
     ``release`` gives it back, and while it is held the process's heartbeat renews it every
-    ``ttl / 3`` seconds, so a holder that dies frees it within ``ttl``. Used as a context
+    ``ttl / TICKS_PER_TTL`` s, so a holder that dies frees it within ``ttl``. Used as a context
     manager it acquires (waiting up to ``wait`` seconds, else raising :class:`LockTimeout`)
     and releases on exit.
 

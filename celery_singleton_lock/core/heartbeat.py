@@ -2,8 +2,8 @@
 
 One daemon thread per process renews every lease that process holds with ``heartbeat=True``,
 in one round trip per Redis server per tick (per node of a Redis Cluster), however many
-leases it holds. The tick period is
-a third of the shortest lease held, so every lease gets two more chances before it runs out.
+leases it holds. The tick period is the shortest lease held divided by ``TICKS_PER_TTL``, so
+every lease gets more chances before it runs out.
 
 Leases on several Redis clients are renewed concurrently, one batch per client on a small
 pool of daemon threads, because a server that stops answering costs each call a socket
@@ -49,6 +49,11 @@ if TYPE_CHECKING:
     from .connection import Connection, HasConnection
 
 log = logging.getLogger("celery_singleton_lock.heartbeat")
+
+#: Renewals per ttl: a heartbeat (this thread, and the asyncio task) renews every
+#: ``ttl / TICKS_PER_TTL`` seconds, so a lease missing one tick still has time for the next.
+#: The admin's staleness rule counts missed ticks of this same period.
+TICKS_PER_TTL = 3
 
 #: (handle, owner token, ttl ms, generation): one renewal the handle's class turns into
 #: script arguments (the generation: see ``HandleState._begin_extend``).
@@ -127,7 +132,7 @@ class Heartbeat:
 
     def add(self, lease: Renewable) -> None:
         """Renew ``lease`` from now on (again, if its ttl changed)."""
-        period = lease.ttl / 3
+        period = lease.ttl / TICKS_PER_TTL
         with self._lock:
             # No callback on the reference: the garbage collector may run one on a thread
             # that holds _lock already (an allocation in here), which would deadlock on it.
@@ -188,7 +193,7 @@ class Heartbeat:
                 del self._leases[key]  # collected while held: nothing left to renew
             else:
                 ttls.append(lease.ttl)
-        return min(ttls) / 3 if ttls else None
+        return min(ttls) / TICKS_PER_TTL if ttls else None
 
     def stop(self) -> None:
         self._stop.set()
@@ -382,10 +387,11 @@ def _warn_if_starved(late: float, period: float) -> None:
             "heartbeat ran %.1f s late (it renews every %.1f s): nothing let it run; leases "
             "shorter than the wait may have run out. Under the gevent or eventlet pool a task "
             "body must pause (gevent.sleep(0.001) / eventlet.sleep(0.001), or any I/O) more "
-            "often than lock_lease / 3, or lock_lease must be longer than its longest stretch "
+            "often than lock_lease / %d, or lock_lease must be longer than its longest stretch "
             "without pausing",
             late + period,
             period,
+            TICKS_PER_TTL,
         )
 
 

@@ -65,7 +65,7 @@ class Lease(LockHandle):
     """An exclusive, expiring lock on one name.
 
     Made by :meth:`LockClient.lease`. ``acquire`` takes it, ``release`` gives it back, and
-    while it is held the process's heartbeat renews it every ``ttl / 3`` seconds, so a holder
+    while it is held the process's heartbeat renews it every ``ttl / TICKS_PER_TTL`` s, so a holder
     that dies frees the name within ``ttl``. Used as a context manager it acquires (waiting up
     to ``wait`` seconds, else raising :class:`LockTimeout`) and releases on exit.
     """
