@@ -30,6 +30,7 @@ from ..core.handle import OWN_INFO_FIELDS
 from ..core.heartbeat import TICKS_PER_TTL
 from ..core.patterns import escape, literal_name
 from ..core.scan import BATCH, Record, read_hashes
+from ..kinds.lease import CLAIM_OWNER_PREFIX
 from ..kinds.registry import FAMILIES, LEASES, KindFamily
 
 __all__ = [
@@ -52,10 +53,6 @@ HEARTBEAT_STOPPED = "heartbeat stopped"
 HEARTBEAT_FRESH = "heartbeat fresh"
 NO_EVIDENCE = "no evidence"
 CLAIMED = "claim for a queued message"
-
-#: Owner tokens of claims (celery/claims.py): a lock held for a queued message, not a process, so
-#: neither its heartbeat nor its task's absence from the workers says anything.
-CLAIM_OWNER_PREFIX = "claim:"
 
 #: A heartbeat ticks every ttl / TICKS_PER_TTL (core/heartbeat.py); a holder that missed
 #: MISSED_TICKS ticks is gone.
@@ -193,6 +190,8 @@ def lock_info(holder: Holder, now_ms: int) -> LockInfo:
     # A lease's delay-after has no owner; an interval hold's keeps its owner (the admin clears
     # it by owner), so the state field alone says it was released.
     cooling = _opt_text(holder.get("state")) == COOLDOWN
+    # A claim is held for a queued message, not by a process: neither its heartbeat nor its
+    # task's absence from the workers says anything.
     claimed = owner is not None and owner.startswith(CLAIM_OWNER_PREFIX)
     heartbeat_age = None
     if renewed is not None and uses_heartbeat is not False and not (cooling or claimed):

@@ -39,7 +39,7 @@ from typing import Any, Protocol, TypeVar
 from celery.backends.base import DisabledBackend
 
 from ..core import validate
-from ..kinds.lease import Lease
+from ..kinds.lease import CLAIM_OWNER_PREFIX, Lease
 from .options import DEBOUNCE, UNTIL_START
 
 log = logging.getLogger("celery_singleton_lock.task")
@@ -47,13 +47,10 @@ log = logging.getLogger("celery_singleton_lock.task")
 #: Result states after which a task holds nothing any more, and a claim of it is stale.
 FINISHED_STATES = ("SUCCESS", "FAILURE", "REVOKED")
 
-#: Every claim's owner token starts with this.
-CLAIM_PREFIX = "claim:"
-
 
 def claim_owner(task_id: str, attempt: int) -> str:
     """The owner token of the claim for attempt ``attempt`` (``request.retries``) of a task."""
-    return f"{CLAIM_PREFIX}{task_id}:{attempt}"
+    return f"{CLAIM_OWNER_PREFIX}{task_id}:{attempt}"
 
 
 # -- names -------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..core.handle import LockHandle
 from ..exceptions import LockBackendError
-from .claims import CLAIM_PREFIX
+from ..kinds.lease import CLAIM_OWNER_PREFIX
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Holder:
     @property
     def claimed(self) -> bool:
         """Held for a queued message (enqueue-time lock, retry), not a running process."""
-        return bool(self.owner) and str(self.owner).startswith(CLAIM_PREFIX)
+        return bool(self.owner) and str(self.owner).startswith(CLAIM_OWNER_PREFIX)
 
     def describe(self) -> str:
         """``task <id>``, ``queued task <id>``, ``a waiting writer`` or ``cooling down until

@@ -47,8 +47,8 @@ from ..admin.inspect import (
 )
 from ..core.handle import HOSTNAME
 from ..exceptions import LockBackendError
-from ..kinds.lease import Lease, list_holders
-from .claims import CLAIM_PREFIX, FINISHED_STATES
+from ..kinds.lease import CLAIM_OWNER_PREFIX, Lease, list_holders
+from .claims import FINISHED_STATES
 
 log = logging.getLogger("celery_singleton_lock.task")
 
@@ -167,7 +167,7 @@ def read_own_hold(lease: Lease, client: Any, task_id: str) -> OwnHold | None:
         owner, found = _text(record.get("owner")), _text(record.get("task_id"))
         if not owner or found != task_id:
             continue
-        claimed = owner.startswith(CLAIM_PREFIX)
+        claimed = owner.startswith(CLAIM_OWNER_PREFIX)
         renewed, ttl = _int(record.get("renewed_ms")), _int(record.get("ttl_ms"))
         overdue_at = None
         if renewed is not None and ttl:
@@ -213,7 +213,7 @@ def assess(task: Any, lease: Lease, node: str | None) -> tuple[OwnHold | None, V
 
 def _claim_attempt(owner: str, task_id: str) -> int | None:
     """The attempt of claim token ``owner`` (claims.claim_owner: ``claim:<task id>:<n>``)."""
-    head = f"{CLAIM_PREFIX}{task_id}:"
+    head = f"{CLAIM_OWNER_PREFIX}{task_id}:"
     return _int(owner[len(head) :]) if owner.startswith(head) else None
 
 

@@ -46,6 +46,11 @@ FAIR_REGISTRATION_MS = 1000
 #: without a hand-off: expiry, delay-after, a clear) this often.
 FAIR_REFRESH = 0.25
 
+#: Every claim's owner token starts with this: a lease held for a queued message or handed
+#: over to a retry (celery/claims.py), not by a process, which :func:`release_holder` never
+#: frees (lua/release_holder.lua has the same literal: a script cannot import it).
+CLAIM_OWNER_PREFIX = "claim:"
+
 
 def block_for(hint: float, remaining: float) -> float:
     """Seconds a fair waiter's next ``BLPOP`` blocks: until its next refresh, the holder's

@@ -2,8 +2,9 @@
 -- child killed by a hard time limit, revoked with terminate, or lost): the worker's main
 -- process knows the task id, the child's pid and its host, not the owner token.
 -- The host is matched too: pids are reused across machines (and containers). A claim (owner
--- 'claim:...', see claims.py) is never released here: it was handed over for the task's next
--- attempt and still carries the task id and pid of the run that handed it over.
+-- 'claim:...', see celery/claims.py) is never released here: it was handed over for the task's
+-- next attempt and still carries the task id and pid of the run that handed it over.
+-- 'claim:' below is CLAIM_OWNER_PREFIX of kinds/lease.py, which a script cannot import.
 -- KEYS[1]: lock hash
 -- ARGV[1]: task id   ARGV[2]: pid   ARGV[3]: host
 -- ARGV[4]: delay, ms (0: free now)   ARGV[5]: wake-up channel
