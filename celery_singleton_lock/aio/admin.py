@@ -23,6 +23,7 @@ from ..admin import (
     lock_info,
 )
 from ..core.keys import lock_keys, lock_pattern
+from ..core.replies import ClearReply
 from ..exceptions import LockError
 from ..kinds.intervals import interval_keys
 from ..kinds.rangelock import FAMILY as RANGE_FAMILY
@@ -94,7 +95,7 @@ async def list_locks(
 
 async def clear_listed(
     client: AsyncConnection | HasAsyncConnection, info: LockInfo, *, force: bool = False
-) -> int:
+) -> ClearReply:
     """Clear the listed holder ``info`` in one atomic step that checks it is still that holder
     (its fencing token) and, unless ``force``, that a holder listed stale was not renewed since
     (see :func:`..admin.clear_listed`): CLEARED, GONE, TAKEN or RESUMED."""
@@ -113,7 +114,7 @@ async def clear_listed(
         code = await release_hold(conn, ikeys, info.owner or "", 0, token, renewed)
     else:
         return GONE
-    return int(code)
+    return ClearReply(int(code))
 
 
 async def clear_info(client: AsyncConnection | HasAsyncConnection, info: LockInfo) -> bool:

@@ -88,7 +88,7 @@ class AsyncLockHandle(HandleState):
         """The caller stopped waiting: drop whatever ``_try_acquire`` reserved."""
 
     async def _release(self, owner: str, delay_ms: int) -> int:
-        """One release round trip: 1 released, else GONE or TAKEN."""
+        """One release round trip: a ``HolderReply`` (DONE, GONE or TAKEN)."""
         raise NotImplementedError
 
     @classmethod

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..admin import COOLDOWN, STALE, LockInfo
 from ..core.keys import FENCE_TTL_MS, encode_name, lock_pattern
+from ..core.replies import AcquireReply
 from ..kinds.intervals import MODE_NAMES, decode_holder
 from ..kinds.rwlock import FAMILY as RW_FAMILY
 
@@ -44,7 +45,7 @@ def multi_acquired(
 ) -> tuple[bool, int, dict[str, int]]:
     """multi_acquire.lua's reply for the names in key order ``ordered``: (True, largest
     token, the token of each name) or (False, ms a waiter may sleep, {})."""
-    if int(reply[0]) != 1:
+    if int(reply[0]) != AcquireReply.ACQUIRED:
         return False, int(reply[1]), {}
     tokens = {name: int(t) for name, t in zip(ordered, reply[1:], strict=True)}
     return True, max(tokens.values()), tokens

@@ -24,7 +24,7 @@ from ..client import LockClient
 from ..core.handle import LockHandle
 from ..exceptions import ConfigurationError, LockBackendError, LockError, LockLost, LockTimeout
 from ..kinds import registry
-from ..kinds.lease import Lease
+from ..kinds.lease import Lease, ReleaseResult
 from ..kinds.registry import HandleFactory
 from . import claims, enqueue, holders, own_holds
 
@@ -360,7 +360,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         except LockError as exc:  # the claim runs out by itself
             log.warning("%s[%s] could not free its queue claim: %s", self.name, request.id, exc)
             return True
-        return not (code == -1 and self._replaceable())
+        return not (code == ReleaseResult.HELD_BY_ANOTHER and self._replaceable())
 
     def _replaced(self, lease: LockHandle, args: Any, kwargs: Any) -> Any:
         request, name = self.request, lease.name
@@ -723,7 +723,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         """Free the claim that attempt ``attempt`` of task ``task_id`` (a call with these
         arguments) holds for its queued message, if it still holds it: the message will not
         run (revoked, expired). True if a claim was freed."""
-        return claims.free_claim(self, args, kwargs, task_id=task_id, attempt=attempt) == 1
+        freed = claims.free_claim(self, args, kwargs, task_id=task_id, attempt=attempt)
+        return freed == ReleaseResult.RELEASED
 
 
 def _take_deferred(lease: LockHandle | None) -> list[_RetrySend]:

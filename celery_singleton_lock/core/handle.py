@@ -126,7 +126,7 @@ class LockHandle(HandleState, ABC):
 
     @abstractmethod
     def _release(self, owner: str, delay_ms: int) -> int:
-        """One release round trip: 1 released, else GONE or TAKEN."""
+        """One release round trip: a ``HolderReply`` (DONE, GONE or TAKEN)."""
 
     @classmethod
     @abstractmethod

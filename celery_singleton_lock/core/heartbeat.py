@@ -19,7 +19,7 @@ the renewals have been applied when it returns.
 Any lock kind can be renewed here, and none is named: a handle is a :class:`Renewable` (its
 ``_conn``, ``ttl``, ``_owner``, the callbacks ``_renewed`` and ``_renewal_failed``), its class
 has ``_renew_script_call(conn, entries)`` returning one script call whose reply holds one code
-per handle (> 0 ms granted, 0 gone, -1 taken, -2 max-hold reached; see lua/renew.lua), and on a
+per handle (> 0 ms granted, else a ``HolderReply``: core/replies.py), and on a
 Redis Cluster the handle splits itself into the units renewed in one slot (``_renew_units``).
 
 The thread holds only weak references: a lease object nobody can reach any more is no longer
@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ..exceptions import LockBackendError
 from . import redis_urls
-from .scripts import GONE, MAX_HOLD_REACHED, TAKEN, ScriptCall, run_batch
+from .replies import HolderReply
+from .scripts import ScriptCall, run_batch
 
 if TYPE_CHECKING:
     from .connection import Connection, HasConnection
@@ -464,7 +465,7 @@ class _Workers:
 
 
 #: Codes of renew.lua, worst first: the worst of a multi-key lock's names decides.
-_RANK = {TAKEN: 3, GONE: 2, MAX_HOLD_REACHED: 1}
+_RANK: dict[int, int] = {HolderReply.TAKEN: 3, HolderReply.GONE: 2, HolderReply.MAX_HOLD_REACHED: 1}
 
 
 def renew_calls(
@@ -505,7 +506,7 @@ def renew_calls(
                 worse, rank = _RANK.get(code, 0), _RANK.get(was, 0) if was is not None else -1
                 if was is None or worse > rank or (worse == rank == 0 and code < was):
                     codes[i] = code
-        return [GONE if code is None else code for code in codes]
+        return [HolderReply.GONE if code is None else code for code in codes]
 
     return calls, decode
 

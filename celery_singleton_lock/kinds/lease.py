@@ -26,9 +26,9 @@ from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.keys import encode_name, lock_keys, lock_pattern
 from ..core.patterns import literal_name
 from ..core.redis_urls import is_cluster
+from ..core.replies import HolderReply, UndoReply
 from ..core.scan import Record, read_hashes, scan
 from ..core.scripts import (
-    TAKEN,
     WAKE_FAIR_WAITER,
     ScriptCall,
     array_header,
@@ -139,8 +139,8 @@ class Lease(LockHandle):
         # what tells what this call took from what that owner held already.
         self._attempt = ""
         self._free_first: tuple[bytes, str, bool] | None = None
-        #: What the last acquire's :meth:`free_first` release did (1 released, 0 nothing
-        #: held, -1 held by another owner); None if it had none.
+        #: What the last acquire's :meth:`free_first` release did (a :class:`HolderReply`:
+        #: DONE, GONE or TAKEN); None if it had none.
         self.freed_first: int | None = None
 
     @property
@@ -234,7 +234,7 @@ class Lease(LockHandle):
             if self.fair:
                 self._leave_queue(owner)
             undone = conn.call(conn.scripts.acquire_undo, self.keys.lock, owner, self._attempt)
-            if undone == 1:
+            if undone == UndoReply.HELD:
                 self._release(owner, 0)
         except LockBackendError:
             self._withdraw_failed()
@@ -246,7 +246,7 @@ class Lease(LockHandle):
             # acquire.lua's mode argument says reserve or fair: release in a call of its own.
             free_key, free_owner, stop = free
             self.freed_first = conn.call(conn.scripts.release, free_key, free_owner, 0)
-            if stop and self.freed_first == TAKEN:
+            if stop and self.freed_first == HolderReply.TAKEN:
                 return False, 0
             free = None
         acquire_args = (
@@ -360,7 +360,7 @@ class Lease(LockHandle):
             validate.seconds_to_ms(ttl),
             flat,
         )
-        if code != 1:
+        if code != HolderReply.DONE:
             raise self._lost_error(code, "hand over")
 
 
@@ -605,8 +605,7 @@ def list_holders(
 def clear_holder(client: Connection | HasConnection, holder: dict[str, Any]) -> int:
     """Delete the lease (or one name of a multi-key lock, or the delay-after any holder left
     on a lease key) if it still carries the listed fencing token and, when the holder dict
-    has a ``renewed_ms``, was not renewed since (clear.lua); a code of clear.lua: 1 cleared,
-    0 gone, -1 taken by another holder, -2 renewed since."""
+    has a ``renewed_ms``, was not renewed since (clear.lua): a :class:`ClearReply`."""
     conn = connection_of(client)
     keys = lock_keys(conn.prefix, _text(holder["name"]))
     # Registering computes a SHA, no I/O; admin calls are rare enough to do it per call.

@@ -22,6 +22,7 @@
 --          an owner token that is not unique per acquire call (a claim's), it tells what
 --          this call took from what that owner held already (acquire_undo.lua)
 -- FENCE_TTL_MS (defined before this text by scripts.py): the fencing counter's ttl, ms
+-- Reply codes: AcquireReply in core/replies.py (keep the two in step).
 -- returns {1, fencing token}     taken, or held by this owner already: a re-sent attempt
 --                                 whose first run's reply was lost (or, for a fair waiter,
 --                                 handed to it meanwhile) gets the token it has, unchanged

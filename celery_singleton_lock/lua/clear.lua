@@ -4,6 +4,7 @@
 -- ARGV[2]: wake-up channel
 -- ARGV[3]: the holder's renewed_ms when it was listed stale ('': do not check; a forced
 --          clear, or a delay-after)
+-- Reply codes: ClearReply in core/replies.py (keep the two in step).
 -- returns 1   cleared; waiters were woken
 --         0   gone: released or expired since it was listed
 --        -1   another holder has the name now: left alone

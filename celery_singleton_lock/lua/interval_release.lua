@@ -5,6 +5,7 @@
 -- ARGV[4]: fencing token the holder must have ('' : any)
 -- ARGV[5]: renewed_ms the holder must still have ('' : any): the admin's clear of a hold it
 --          listed stale leaves it alone once its heartbeat resumed
+-- Reply codes: ClearReply in core/replies.py (keep the two in step).
 -- returns 1   released (or, for a waiter, its reservation withdrawn)
 --         0   not held: the hold expired (or was cleared)
 --        -1   the holder's fencing token is not ARGV[4]

@@ -2,6 +2,7 @@
 -- KEYS[1]: lock hash (P{T}:lock)
 -- ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)
 -- FENCE_TTL_MS (defined before this text by scripts.py): the fencing counter's ttl, ms
+-- Reply codes: HolderReply in core/replies.py (keep the two in step).
 -- returns 1   released (or handed to the oldest live fair waiter); also for a delayed
 --             release sent again after its reply was lost (redis-py's retry): the delay-after
 --             it left names its owner as `released_by`

@@ -10,6 +10,7 @@
 -- ARGV[4]: delay, ms (0: free now)   ARGV[5]: wake-up channel
 -- Waiters mark the hash (acquire.lua): only a marked one is published, and its oldest live
 -- fair waiter is woken to take the freed name itself (wake_fair_waiter.lua, prepended).
+-- Reply codes: HolderReply in core/replies.py (keep the two in step).
 -- returns 1 released; 0 the lock is not held by that task in that process on that host
 local holder = redis.call('HMGET', KEYS[1], 'owner', 'task_id', 'pid', 'host', 'waiting')
 local owner = holder[1]

@@ -2,6 +2,7 @@
 -- KEYS[i]: lock hash of lease i
 -- ARGV[3i-2]: owner token of lease i   ARGV[3i-1]: new lease length of lease i, ms
 -- ARGV[3i]: generation of the renewal (the holder's extends raise it)
+-- Reply codes: HolderReply in core/replies.py (keep the two in step).
 -- returns one integer per lease:
 --   > 0  renewed: ms the lease now has (less than asked when its max-hold deadline is near)
 --     0  gone: expired (or Redis lost it) and nobody holds the name
