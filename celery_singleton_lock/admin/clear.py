@@ -12,7 +12,7 @@ from ..core.replies import ClearReply
 from ..exceptions import ConfigurationError, LockError
 from ..kinds.registry import LEASES, family_of
 from . import inspect
-from .inspect import COOLDOWN, LIVE, QUEUED, STALE, Holder, LockInfo
+from .inspect import LIVE, QUEUED, RELEASE_DELAY, STALE, Holder, LockInfo
 
 __all__ = [
     "CLEARED", "GONE", "RESUMED", "TAKEN", "clear", "clear_info", "clear_listed",
@@ -46,7 +46,7 @@ def clear_listed(
     holder.update(token=info.token, lo=info.lo, hi=info.hi)
     if info.state == STALE and not force and info.renewed_ms is not None:
         holder["renewed_ms"] = info.renewed_ms
-    if info.state == COOLDOWN and info.kind in ("lease", "multi"):
+    if info.state == RELEASE_DELAY and info.kind in ("lease", "multi"):
         return ClearReply(LEASES.clear_holder(conn, holder))  # an ownerless hash on a lease key
     family = family_of(info.kind)
     return GONE if family is None else ClearReply(family.clear_holder(conn, holder))
@@ -101,7 +101,7 @@ def release_holder(
     host: str | None = None,
     delay: float = 0.0,
 ) -> bool:
-    """Release (after ``delay`` seconds of delay-after) what task ``task_id`` running in
+    """Release (after a release delay of ``delay`` seconds) what task ``task_id`` running in
     process ``pid`` on ``host`` (default: this machine) holds of the ``kind`` lock ``name``
     (for ``multi``: a collection of names); for a supervisor whose child can no longer
     release. True if something was released."""

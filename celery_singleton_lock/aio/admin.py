@@ -58,7 +58,7 @@ async def _scan(conn: AsyncConnection, match: bytes) -> list[bytes]:
 
 
 async def _lock_hash_holders(conn: AsyncConnection, pattern: str | None) -> list[Holder]:
-    """Leases, delay-afters and multi-key names: every ``P{T}:lock`` hash."""
+    """Leases, release delays and multi-key names: every ``P{T}:lock`` hash."""
     name = None if pattern is None else literal_name(pattern)
     if name is not None:
         keys = [lock_keys(conn.prefix, name).lock]

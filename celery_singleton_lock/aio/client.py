@@ -137,7 +137,7 @@ class AsyncLockClient:
 
     async def locks(self, pattern: str | None = None) -> list[LockInfo]:
         """Every lock under this client's prefix whose name matches the glob ``pattern``,
-        with its holder and whether it is live, stale or in delay-after (docs/admin.md)."""
+        with its holder and whether it is live, stale or in a release delay (docs/admin.md)."""
         if pattern is not None:
             validate.check_name(pattern, "pattern")
         return await admin.list_locks(self.connection, pattern)

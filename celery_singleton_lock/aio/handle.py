@@ -186,7 +186,7 @@ class AsyncLockHandle(HandleState):
 
     async def release(self, delay: float = 0.0) -> None:
         """Give the lock back. With ``delay`` seconds > 0 what it covered stays locked, with
-        no owner, for that long (delay-after).
+        no owner, for that long (release delay).
 
         Raises :class:`LockExpired` or :class:`LockTaken` if the lock was lost meanwhile;
         another owner's lock is never touched. If Redis does not answer

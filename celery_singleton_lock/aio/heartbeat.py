@@ -145,7 +145,7 @@ class AsyncHeartbeat:
     async def _renew(self, handles: list[Renewable]) -> None:
         """One round trip: the script calls of every kind batched in a pipeline."""
         # A handle released since the tick listed it has no owner token any more: renewing
-        # it with an empty one would renew its ownerless delay-after instead.
+        # it with an empty one would renew its ownerless release delay instead.
         entries = [
             (handle, owner, *handle._renewal)
             for handle in handles

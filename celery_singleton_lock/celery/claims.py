@@ -145,7 +145,7 @@ def hand_over(task: Any, lease: Lease, task_id: str, attempt: int, ttl: float) -
 
 def release_handed_over(task: Any, name: str, owner: str, delay: float) -> None:
     """Release the claim ``owner`` on ``name`` that :func:`hand_over` made, after ``delay``
-    seconds (delay-after), as the run's own lock would have been: no retry was sent."""
+    seconds (release delay), as the run's own lock would have been: no retry was sent."""
     task.lock_client.release_owner(name, owner, delay=delay)
 
 

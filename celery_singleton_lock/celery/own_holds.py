@@ -160,7 +160,7 @@ def pid_gone(pid: int) -> bool:
 
 def read_own_hold(lease: Lease, client: Any, task_id: str) -> OwnHold | None:
     """The hold of ``lease``'s name if its holder record carries ``task_id`` (and is not a
-    delay-after), else None. Two round trips: the conflict path only."""
+    release delay), else None. Two round trips: the conflict path only."""
     records = list_holders(client, escape(lease.name))
     now_ms = server_ms(client)
     for record in records:
@@ -190,7 +190,7 @@ def read_own_hold(lease: Lease, client: Any, task_id: str) -> OwnHold | None:
 
 def assess(task: Any, lease: Lease, node: str | None) -> tuple[OwnHold | None, Verdict | None]:
     """The hold of ``lease``'s name under the running ``task``'s own task id, and the verdict
-    on it for this run on worker ``node``; (None, None) if there is none (a delay-after of
+    on it for this run on worker ``node``; (None, None) if there is none (a release delay of
     this call, or let go meanwhile). A hold that cannot be read is looked at again soon."""
     request = task.request
     try:

@@ -236,7 +236,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         delay: float | None = None,
     ) -> bool:
         """Release the lock a call with these arguments takes (see :meth:`make_lock`), after
-        ``delay`` seconds of delay-after (None: ``lock_release_delay``), if run ``task_id`` in
+        a release delay of ``delay`` seconds (None: ``lock_release_delay``), if run ``task_id`` in
         process ``pid`` on ``host`` (default: this machine) holds it: for the worker's main
         process once that child is gone. Holders are matched by task id, pid and host, so no
         owner token is needed; a claim handed over to the task's next attempt is left alone.
@@ -379,7 +379,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _ignore_copy_of_self(self, lease: LockHandle, found: list[holders.Holder]) -> None:
         """Raise Ignore if the lock is held under this run's own task id: another delivery of
         this very message (visibility timeout, acks_late) met the original run, its retry or
-        its delay-after. The original's result is the one, so this copy stores nothing."""
+        its release delay. The original's result is the one, so this copy stores nothing."""
         request = self.request
         if any(holder.task_id == request.id and not holder.waiting for holder in found):
             log.info(
@@ -400,8 +400,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         request = self.request
         if not any(holder.task_id == request.id for holder in found):
             return False
-        # The delay-after of this very call (it ran): nothing more to do.
-        cooling = [holder for holder in found if holder.cooldown_until_ms is not None]
+        # The release delay of this very call (it ran): nothing more to do.
+        delays = [holder for holder in found if holder.release_delay_until_ms is not None]
         hold: own_holds.OwnHold | None = None
         verdict: own_holds.Verdict | None
         if isinstance(lease, Lease):
@@ -409,7 +409,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         else:
             # No take-over for the other kinds: the copy looks again once a dead holder's
             # lease could have run out, until the hold is gone or its task finished.
-            self._ignore_copy_of_self(lease, cooling)
+            self._ignore_copy_of_self(lease, delays)
             verdict = own_holds.requeue_verdict(self)
         if (
             isinstance(lease, Lease)
@@ -423,7 +423,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 return True
             verdict = None
         if verdict is None:
-            self._ignore_copy_of_self(lease, cooling)
+            self._ignore_copy_of_self(lease, delays)
             # Changed hands meanwhile (let go, or another copy took it over): look again soon.
             verdict = own_holds.Verdict(
                 own_holds.REQUEUE, "re-queued: its hold changed hands", own_holds.MARGIN_S
@@ -595,7 +595,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             raise
         except BaseException:
             # No retry was sent (max_retries reached, broker error): this run was the last,
-            # so its claim goes as the run's own lock would, delay-after included.
+            # so its claim goes as the run's own lock would, release delay included.
             claims.release_handed_over(
                 self, lease.name, next_owner, self.lock_options.release_delay
             )

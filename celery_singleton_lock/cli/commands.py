@@ -171,7 +171,7 @@ def _json_option(group: str) -> Callable[[F], F]:
 @_json_option("List Options")
 @click.pass_context
 def list_locks(ctx: click.Context, pattern: str | None, stale: bool, as_json: bool) -> None:
-    """List the locks, who holds them and whether they are live, stale or cooling down.
+    """List the locks, who holds them and whether they are live, stale or in a release delay.
 
     Exit 1 when no lock matched.
     """

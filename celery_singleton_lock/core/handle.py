@@ -39,12 +39,12 @@ log = logging.getLogger("celery_singleton_lock.lease")
 class HolderRecord:
     """One holder of what a handle locks, as Redis has it (see :meth:`LockHandle.holders`)."""
 
-    #: The holder's owner token (None: a delay-after, which no one owns).
+    #: The holder's owner token (None: a release delay, which no one owns).
     owner: str | None
     #: The ``task_id`` of its holder record, if it has one.
     task_id: str | None
-    #: Server time (ms) at which a delay-after ends; None when this is not a delay-after.
-    cooldown_until_ms: int | None = None
+    #: Server time (ms) at which a release delay ends; None when this is not a release delay.
+    release_delay_until_ms: int | None = None
     #: A writer waiting for its turn: it holds nothing yet but keeps new readers out.
     waiting: bool = False
 
@@ -148,7 +148,7 @@ class LockHandle(HandleState, ABC):
     @abstractmethod
     def holders(self) -> list[HolderRecord]:
         """Who holds what this handle locks now (every name of a multi-key lock, every hold
-        of a reader-writer or range lock, a delay-after), in no set order; empty when it is
+        of a reader-writer or range lock, a release delay), in no set order; empty when it is
         free. A read of a round trip or two, for the conflict path (who is in the way).
         Raises :class:`LockBackendError` if Redis does not answer."""
 
@@ -156,7 +156,7 @@ class LockHandle(HandleState, ABC):
         self, *, task_id: str, pid: int, host: str | None = None, delay: float = 0.0
     ) -> bool:
         """Release what run ``task_id`` in process ``pid`` on ``host`` (default: this
-        machine) holds of this lock, after ``delay`` seconds of delay-after, whoever made the
+        machine) holds of this lock, after a release delay of ``delay`` seconds, whoever made the
         handle it holds through: for a supervisor (the worker's main process) whose child
         died holding it. A claim handed over to the task's next attempt is left alone. True
         if something was released."""
@@ -242,7 +242,7 @@ class LockHandle(HandleState, ABC):
 
     def release(self, delay: float = 0.0) -> None:
         """Give the lock back. With ``delay`` seconds > 0 what it covered stays locked, with
-        no owner, for that long (delay-after: a job that just ran is not started again).
+        no owner, for that long (release delay: a job that just ran is not started again).
 
         Raises :class:`LockExpired` or :class:`LockTaken` if the lock was lost meanwhile;
         another owner's lock is never touched. If Redis does not answer

@@ -309,7 +309,7 @@ class HandleState:
 
     def _begin_release(self, delay: float) -> tuple[str, int]:
         """Before a release's round trip: stop renewing and drop the owner token; the owner
-        and the delay-after in ms to send."""
+        and the release delay in ms to send."""
         delay = validate.check_delay(delay)
         return self._forget(), validate.seconds_to_ms(delay) if delay > 0 else 0
 

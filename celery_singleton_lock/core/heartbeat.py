@@ -341,7 +341,7 @@ class Heartbeat:
         """One round trip (per node on a Cluster): script calls batched in a pipeline."""
         conn = handles[0]._conn
         # A handle released since the tick listed it has no owner token any more: renewing
-        # it with none would renew its delay-after instead (the scripts refuse that too).
+        # it with none would renew its release delay instead (the scripts refuse that too).
         entries = [
             (handle, owner, *handle._renewal)
             for handle in handles

@@ -31,7 +31,7 @@ from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle import HOSTNAME, HolderRecord, LockHandle
 from ..core.handle_state import HandleState
 from ..core.heartbeat import RenewEntry
-from ..core.keys import FENCE_TTL_MS, escape_glob, name_tag
+from ..core.keys import FENCE_TTL_MS, RELEASE_DELAY_STATE, escape_glob, name_tag
 from ..core.replies import ClearReply, IntervalReply
 from ..core.scan import Record, read_hashes, scan
 from ..core.scripts import FENCING, ScriptCall, bound_to, register, source_after
@@ -423,7 +423,7 @@ def release_hold(
     renewed_ms: str = "",
 ) -> int:
     """One run of interval_release.lua: release ``owner``'s hold (after ``delay_ms`` of
-    delay-after), only if its fencing token is ``token`` and its last renewal ``renewed_ms``
+    release delay), only if its fencing token is ``token`` and its last renewal ``renewed_ms``
     when they are given; a :class:`ClearReply` (CLEARED: released)."""
     code = conn.call(
         scripts(conn).release,
@@ -443,7 +443,7 @@ def release_holder(
     host: str | None = None,
     delay: float = 0.0,
 ) -> bool:
-    """Release (after ``delay`` seconds of delay-after) the holds of interval lock ``name``
+    """Release (after a release delay of ``delay`` seconds) the holds of interval lock ``name``
     that task ``task_id`` running in process ``pid`` on ``host`` (default: this machine)
     has; for a supervisor (the Celery worker's main process) whose child can no longer
     release, and which knows no owner token. True if a hold was released.
@@ -471,8 +471,12 @@ def release_holder(
     wanted = (task_id.encode(), str(pid).encode(), host.encode())
     released = False
     for owner, (held_by, held_in, held_on, token, state) in zip(owners, replies, strict=True):
-        # A hold in delay-after was released already: its delay must not start again.
-        if (held_by, held_in, held_on) != wanted or token is None or state == b"cooldown":
+        # A hold in a release delay was released already: its delay must not start again.
+        if (
+            (held_by, held_in, held_on) != wanted
+            or token is None
+            or state == RELEASE_DELAY_STATE.encode()
+        ):
             continue
         released = (
             release_hold(conn, keys, owner, delay_ms, token.decode()) == ClearReply.CLEARED
@@ -514,7 +518,7 @@ class IntervalFamilyAdmin:
         host: str | None = None,
         delay: float = 0.0,
     ) -> bool:
-        """Release (after ``delay`` seconds of delay-after) the holds of lock ``name`` that
+        """Release (after a release delay of ``delay`` seconds) the holds of lock ``name`` that
         task ``task_id`` in process ``pid`` on ``host`` (default: this machine) has: for a
         supervisor whose child can no longer release. True if a hold was released."""
         return release_holder(

@@ -23,7 +23,7 @@ from ..core.handle import (
 )
 from ..core.handle_state import Timing, _Process, hint_seconds
 from ..core.heartbeat import RenewEntry, RenewUnit
-from ..core.keys import encode_name, lock_keys, lock_pattern
+from ..core.keys import RELEASE_DELAY_STATE, encode_name, lock_keys, lock_pattern
 from ..core.patterns import literal_name
 from ..core.redis_urls import is_cluster
 from ..core.replies import HolderReply, UndoReply
@@ -43,7 +43,7 @@ from ..exceptions import LockBackendError, LockError
 #: skipped by releases (not handed the lease) at most this long after it died.
 FAIR_REGISTRATION_MS = 1000
 #: A fair waiter refreshes its registration (and tries the name, in case it was freed
-#: without a hand-off: expiry, delay-after, a clear) this often.
+#: without a hand-off: expiry, release delay, a clear) this often.
 FAIR_REFRESH = 0.25
 
 #: Every claim's owner token starts with this: a lease held for a queued message or handed
@@ -177,7 +177,7 @@ class Lease(LockHandle):
         ``stop_if_taken``, when another owner holds ``name`` the attempt stops there and
         the acquire fails. False, and nothing changed, on a Redis Cluster: the two names'
         keys live in different slots, so the caller releases ``name`` itself."""
-        # Checked as release_owner checks them: an empty owner would match a delay-after.
+        # Checked as release_owner checks them: an empty owner would match a release delay.
         lock_key = self._conn.keys(name).lock
         owner = validate.check_text(owner, "owner")
         stop_if_taken = validate.check_bool(stop_if_taken, "stop_if_taken")
@@ -480,7 +480,7 @@ class _HolderShape:
 class ReleaseResult(enum.IntEnum):
     """What :meth:`LockClient.release_owner` did (release.lua's reply)."""
 
-    #: Released (or put in delay-after).
+    #: Released (or put in a release delay).
     RELEASED = 1
     #: Nothing was held under the name.
     NOT_HELD = 0
@@ -492,7 +492,7 @@ def release_owner(
     client: Connection | HasConnection, name: str, owner: str, *, delay: float = 0.0
 ) -> ReleaseResult:
     """Release lease ``name`` if the owner token ``owner`` holds it (a claim: see
-    :meth:`Lease.hand_over`), after ``delay`` seconds of delay-after. One round trip."""
+    :meth:`Lease.hand_over`), after a release delay of ``delay`` seconds. One round trip."""
     conn = connection_of(client)
     keys = conn.keys(name)
     owner = validate.check_text(owner, "owner")
@@ -504,26 +504,26 @@ def release_owner(
 
 def read_lease_holders(conn: Connection, keys: list[bytes]) -> list[HolderRecord]:
     """The holders of lease keys ``keys`` (a lease's, or each name of a multi-key lock):
-    one pipelined read (:func:`read_hashes`), and a TIME only when a delay-after needs its
+    one pipelined read (:func:`read_hashes`), and a TIME only when a release delay needs its
     end on the server clock (a Cluster pipeline refuses TIME)."""
     found: list[tuple[str | None, str | None, int | None]] = []
     for fields, pttl in read_hashes(conn, keys):
         owner, task_id, state = (fields.get(field) for field in (b"owner", b"task_id", b"state"))
         if owner is None and task_id is None:
             continue  # this name is free now
-        cooling = not owner and state == b"cooldown"
+        delayed = not owner and state == RELEASE_DELAY_STATE.encode()
         found.append(
             (
                 _text(owner) if owner else None,
                 None if task_id is None else _text(task_id),
-                max(0, pttl) if cooling else None,
+                max(0, pttl) if delayed else None,
             )
         )
     now_ms = conn.server_ms() if any(left is not None for _, _, left in found) else 0
     holders: list[HolderRecord] = []
     for owner, task_id, left in found:
         until = None if left is None else now_ms + left
-        holder = HolderRecord(owner=owner, task_id=task_id, cooldown_until_ms=until)
+        holder = HolderRecord(owner=owner, task_id=task_id, release_delay_until_ms=until)
         if holder not in holders:
             holders.append(holder)
     return holders
@@ -545,7 +545,7 @@ def release_holder(
     host: str | None = None,
     delay: float = 0.0,
 ) -> bool:
-    """Release lease ``name`` (after ``delay`` seconds of delay-after) if task ``task_id``
+    """Release lease ``name`` (after a release delay of ``delay`` seconds) if task ``task_id``
     running in process ``pid`` on ``host`` (default: this machine) holds it; for a
     supervisor whose child can no longer release. A claim handed over for the task's next
     attempt is never released here. True if released."""
@@ -576,15 +576,15 @@ def lease_keys(client: Connection | HasConnection, pattern: str | None) -> list[
 
 
 def lease_holders(records: list[Record], pattern: str | None = None) -> list[dict[str, Any]]:
-    """The lease holders among lease ``records`` (and every delay-after left on a lease key,
+    """The lease holders among lease ``records`` (and every release delay left on a lease key,
     whoever left it) whose name matches the glob ``pattern``: a dict of the hash's fields
     (str keys, values as stored) plus ``kind`` and ``pttl_ms``."""
     holders: list[dict[str, Any]] = []
     for fields, pttl in records:
         holder = {_text(k): v for k, v in fields.items()}
         kind = _text(holder.get("kind", b"lease"))
-        cooling = not holder.get("owner") and _text(holder.get("state", b"")) == "cooldown"
-        if kind != "lease" and not cooling:
+        delayed = not holder.get("owner") and _text(holder.get("state", b"")) == RELEASE_DELAY_STATE
+        if kind != "lease" and not delayed:
             continue  # a name held by a multi-key lock: multi.py lists its holders
         holder["kind"] = kind
         holder["pttl_ms"] = pttl
@@ -603,7 +603,7 @@ def list_holders(
 
 
 def clear_holder(client: Connection | HasConnection, holder: dict[str, Any]) -> int:
-    """Delete the lease (or one name of a multi-key lock, or the delay-after any holder left
+    """Delete the lease (or one name of a multi-key lock, or the release delay any holder left
     on a lease key) if it still carries the listed fencing token and, when the holder dict
     has a ``renewed_ms``, was not renewed since (clear.lua): a :class:`ClearReply`."""
     conn = connection_of(client)

@@ -225,7 +225,7 @@ def release_holder(
     host: str | None = None,
     delay: float = 0.0,
 ) -> bool:
-    """Release (after ``delay`` seconds of delay-after) every one of ``names`` that task
+    """Release (after a release delay of ``delay`` seconds) every one of ``names`` that task
     ``task_id`` in process ``pid`` on ``host`` (default: this machine) holds: for a
     supervisor whose child can no longer release. True if a name was released."""
     checked = check_names(names)

@@ -29,7 +29,7 @@ Holder = dict[str, Any]
 
 class ReleaseHolder(Protocol):
     """Release what task ``task_id`` in process ``pid`` on ``host`` holds of lock ``name``
-    (a multi-key lock: of its names), after ``delay`` seconds of delay-after; True if
+    (a multi-key lock: of its names), after a release delay of ``delay`` seconds; True if
     something was released. For a supervisor whose child died holding it."""
 
     def __call__(

@@ -1,4 +1,4 @@
--- Take an exclusive lease on a name if nobody holds it (nor keeps it in delay-after).
+-- Take an exclusive lease on a name if nobody holds it (nor keeps it in a release delay).
 -- KEYS[1]: lock hash          KEYS[2]: fencing counter
 -- KEYS[3]: queue of fair waiters (list)   KEYS[4], KEYS[5]: this caller's registration hash
 --          and hand-off list (KEYS[3..5] only with ARGV[5] = 'fair')

@@ -38,7 +38,7 @@ if m then
     return -2
   end
   if delay > 0 then
-    -- Delay-after: keep the indexed interval until the delay ends; nothing renews it now.
+    -- Release delay: keep the indexed interval until the delay ends; nothing renews it now.
     redis.call('ZADD', KEYS[1], now() + delay, owner)
     redis.call('HSET', KEYS[8], 'state', 'cooldown', 'released_ms', now_ms)
     redis.call('PEXPIRE', KEYS[8], delay)

@@ -6,7 +6,7 @@
 -- returns one integer per lease:
 --   > 0  renewed: ms the lease now has (less than asked when its max-hold deadline is near)
 --     0  gone: expired (or Redis lost it) and nobody holds the name
---    -1  another owner holds the name, or it is in a delay-after (which has no owner: an
+--    -1  another owner holds the name, or it is in a release delay (which has no owner: an
 --        empty owner token matches nothing, so a late renewal never cuts a delay short)
 --    -2  max-hold reached: not renewed, the lease runs out on its own
 -- The remaining time is *set*, never added to, so a lease cannot grow without bound.
