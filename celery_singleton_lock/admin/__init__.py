@@ -1,5 +1,5 @@
 """The admin side of the lock core: who holds what, live or stale (:mod:`.inspect`), and
-clearing safely (:mod:`.clear`). Every name is importable from here, as before the split."""
+clearing safely (:mod:`.clear`). Every name is importable from here."""
 
 from .clear import (
     CLEARED,
