@@ -76,7 +76,7 @@ _CELERY_LAYER = {
 }
 
 
-#: Imported lazily too (about 10 ms): Celery imports this package (the CLI plugin) in every
+#: Imported lazily too: Celery imports this package (the CLI plugin) in every
 #: worker, which has no use for the asyncio client.
 _ASYNCIO = {"AsyncLockClient": "aio"}
 

@@ -135,7 +135,7 @@ class LockClient:
         host: str | None = None,
         delay: float = 0.0,
     ) -> bool:
-        """Release lease ``name`` (after ``delay`` seconds of delay-after) if task
+        """Release lease ``name`` (after a release delay of ``delay`` seconds) if task
         ``task_id`` running in process ``pid`` on ``host`` (default: this machine) holds it;
         for a supervisor (the Celery worker's main process) whose child can no longer
         release. A claim handed over for the task's next attempt is never released here.
@@ -145,19 +145,19 @@ class LockClient:
         )
 
     def release_owner(self, name: str, owner: str, *, delay: float = 0.0) -> ReleaseResult:
-        """Release lease ``name`` (after ``delay`` seconds of delay-after) if the owner token
+        """Release lease ``name`` (after a release delay of ``delay`` seconds) if the owner token
         ``owner`` holds it: a claim (see :meth:`Lease.hand_over`) no handle holds. Says what it
         did: released, nothing held, or held by another owner (left alone)."""
         return release_owner(self.connection, name, owner, delay=delay)
 
     def holders(self, name: str) -> list[HolderRecord]:
-        """Who holds lease ``name`` now (a holder, or a delay-after), as
+        """Who holds lease ``name`` now (a holder, or a release delay), as
         :meth:`Lease.holders`; empty when it is free."""
         return read_lease_holders(self.connection, [self.connection.keys(name).lock])
 
     def locks(self, pattern: str | None = None) -> list[LockInfo]:
         """Every lock under this client's prefix whose name matches the glob ``pattern``,
-        with its holder and whether it is live, stale or in delay-after (see docs/admin.md)."""
+        with its holder and whether it is live, stale or in a release delay (see docs/admin.md)."""
         return admin.list_locks(self.connection, pattern)
 
     def clear(self, name: str, *, token: int | None = None, force: bool = False) -> bool:

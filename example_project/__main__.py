@@ -50,7 +50,7 @@ def run(seconds: float, stack: ExitStack) -> int:
     for customer in (1, 2, 1, 3, 1):  # customer 1 three times: two are duplicates
         results.append((f"sync_customer({customer})", sync_customer.delay(customer)))
     results.append(("import_feed('prices')", import_feed.delay("prices")))
-    time.sleep(3)  # the first import has ended; the next one falls in its delay-after
+    time.sleep(3)  # the first import has ended; the next one falls in its release delay
     results.append(("import_feed('prices') again", import_feed.delay("prices")))
     time.sleep(max(0.0, seconds - (time.monotonic() - started)))
 

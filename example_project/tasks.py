@@ -36,7 +36,7 @@ def sync_customer(customer_id: int, full: bool = False) -> str:
 
 @app.task(base=SingletonTask, lock_key="import:{source}", lock_release_delay=8)
 def import_feed(source: str) -> str:
-    """An import that must not run again within 8 s of the last one (delay-after)."""
+    """An import that must not run again within 8 s of the last one (release delay)."""
     log.info("importing %s", source)
     time.sleep(1)
     return f"{source} imported"

@@ -269,7 +269,7 @@ def test_a_delayed_release_sent_again_after_its_reply_was_lost_is_a_release(
         handle.release(delay=60)  # the first run's reply held back; the retry's answered
         assert proxy.holding.is_set()
         assert not handle.held and not handle.lost
-        assert not free(lock_client, kind)  # in its delay-after
+        assert not free(lock_client, kind)  # in its release delay
     finally:
         client.close()
 

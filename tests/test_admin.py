@@ -59,7 +59,7 @@ def validate(document: Any) -> None:
             assert isinstance(item[key], types), (key, item[key])
             assert not (isinstance(item[key], bool) and bool not in types), key
         assert item["kind"] in admin.KINDS
-        assert item["state"] in ("live", "queued", "stale", "cooldown")
+        assert item["state"] in ("live", "queued", "stale", "release-delay")
 
 
 def by_name(client: LockClient, pattern: str | None = None) -> dict[str, admin.LockInfo]:
@@ -234,16 +234,20 @@ def test_lease_without_heartbeat_is_never_stale_by_age(lock_client: LockClient) 
     lease.release()
 
 
-def test_cooldown_after_delayed_release(lock_client: LockClient) -> None:
-    lease = lock_client.lease("cooling", ttl=30)
+def test_a_delayed_release_is_listed_release_delay(lock_client: LockClient) -> None:
+    lease = lock_client.lease("delayed", ttl=30)
     assert lease.acquire()
     lease.release(delay=20)
-    info = by_name(lock_client)["cooling"]
-    assert (info.state, info.evidence, info.owner) == ("cooldown", "delay-after", None)
+    info = by_name(lock_client)["delayed"]
+    assert (info.state, info.evidence, info.owner) == (
+        "release-delay",
+        "released with a delay",
+        None,
+    )
     assert info.token == lease.token and info.heartbeat_age_s is None
     assert info.lease_remaining_s is not None and 15 < info.lease_remaining_s <= 20
-    assert lock_client.clear("cooling") is True  # not live: no force needed
-    assert lock_client.lease("cooling").acquire()
+    assert lock_client.clear("delayed") is True  # not live: no force needed
+    assert lock_client.lease("delayed").acquire()
 
 
 def test_claim_is_queued_whatever_its_renewal_age(lock_client: LockClient) -> None:
@@ -323,7 +327,7 @@ def test_json_shape(lock_client: LockClient) -> None:
     assert [(d["name"], d["state"]) for d in document] == [
         ("a", "live"),
         ("b", "live"),
-        ("c", "cooldown"),
+        ("c", "release-delay"),
     ]
     assert [d["info"] for d in document] == [{"n": "1"}, None, None]
     a.release()
@@ -372,13 +376,13 @@ def test_reader_writer_and_multi_locks_are_listed_and_cleared(lock_client: LockC
     hold.release()
 
     # A multi-key lock released with a delay leaves ownerless hashes: listed, clearable.
-    cooling = lock_client.multi(["c1", "c2"], ttl=30)
-    assert cooling.acquire()
-    cooling.release(delay=20)
-    listed_cooling = lock_client.locks("c?")
-    assert [(i.name, i.kind, i.state) for i in listed_cooling] == [
-        ("c1", "multi", "cooldown"),
-        ("c2", "multi", "cooldown"),
+    delayed = lock_client.multi(["c1", "c2"], ttl=30)
+    assert delayed.acquire()
+    delayed.release(delay=20)
+    listed_delayed = lock_client.locks("c?")
+    assert [(i.name, i.kind, i.state) for i in listed_delayed] == [
+        ("c1", "multi", "release-delay"),
+        ("c2", "multi", "release-delay"),
     ]
     assert lock_client.clear("c1") is True
     assert lock_client.lease("c1").acquire() and not lock_client.lease("c2").acquire()

@@ -246,7 +246,7 @@ def test_a_batch_listed_before_a_delayed_release_leaves_the_delay_alone(
     async def body() -> None:
         client = AsyncLockClient.from_url(lock_redis_url, prefix=lock_prefix)
         lost: list[Any] = []
-        lease = client.lease("cooling", ttl=30, on_lost=lost.append)
+        lease = client.lease("delayed", ttl=30, on_lost=lost.append)
         assert await lease.acquire()
         listed = heartbeat().leases()
         assert listed == [lease]

@@ -165,7 +165,7 @@ def test_max_hold_stops_renewal(side: Side) -> None:
     run_with(side, body)
 
 
-def test_delay_after_keeps_the_name_locked(side: Side) -> None:
+def test_release_delay_keeps_the_name_locked(side: Side) -> None:
     async def body(s: Side) -> None:
         lease = s.lease("report")
         assert await lease.acquire()

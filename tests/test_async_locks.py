@@ -195,13 +195,13 @@ def test_locks_lists_what_the_sync_admin_lists_and_clear_is_holder_checked(
         try:
             for hold in holds:
                 assert await hold.acquire()
-            cooling = s.lease("cooling")
-            assert await cooling.acquire()
-            await cooling.release(delay=30)
+            delayed = s.lease("delayed")
+            assert await delayed.acquire()
+            await delayed.release(delay=30)
             infos = await aio.locks()
             assert [stable(i) for i in infos] == [stable(i) for i in lock_client.locks()]
             assert [(i.name, i.kind, i.state) for i in infos] == [
-                ("cooling", "lease", "cooldown"),
+                ("delayed", "lease", "release-delay"),
                 ("lease", "lease", "live"),
                 ("m1", "multi", "live"),
                 ("m2", "multi", "live"),
@@ -215,7 +215,7 @@ def test_locks_lists_what_the_sync_admin_lists_and_clear_is_holder_checked(
             assert not await aio.clear("lease", token=holds[0].token + 1, force=True)
             holds[0].on_lost = lambda _: lost.set()
             assert await aio.clear("lease", token=holds[0].token, force=True)
-            for name in ("rw", "range", "m1", "cooling"):
+            for name in ("rw", "range", "m1", "delayed"):
                 assert await aio.clear(name, force=True), name
             assert {i.name for i in await aio.locks()} == {"m2"}
             await s.tick()  # the holders find out at their next renewal

@@ -112,7 +112,7 @@ def test_release_holder_frees_a_dead_childs_lease(lock_redis_url: str, lock_pref
 
     try:
         assert asyncio.run(supervise()) == (False, False, True)
-        [record] = sync.holders("child-held")  # the delay-after is what is left
+        [record] = sync.holders("child-held")  # the release delay is what is left
         assert record.owner is None or record.owner == ""
         assert not sync.lease("child-held").acquire()
     finally:

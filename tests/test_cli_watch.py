@@ -84,14 +84,14 @@ def test_watch_lists_again_until_ctrl_c(
     watches.append(watch)
     # Piped: plain lines, one round after another (no screen clearing, no colour).
     first = watch.wait_for("no locks")
-    assert any(" 0 lock(s): 0 live, 0 queued, 0 stale, 0 cooldown" in line for line in first)
+    assert any(" 0 lock(s): 0 live, 0 queued, 0 stale, 0 release-delay" in line for line in first)
     lease = hold(lock_client, "watched")
     lines = watch.wait_for("watched ")  # its row, after its round's header
-    assert "1 lock(s): 1 live, 0 queued, 0 stale, 0 cooldown" in "\n".join(lines)
+    assert "1 lock(s): 1 live, 0 queued, 0 stale, 0 release-delay" in "\n".join(lines)
     assert any(line.startswith("watched ") and " live " in line for line in lines)
     assert not any("\x1b" in line for line in lines)
     lease.release(delay=30)
-    watch.wait_for("1 lock(s): 0 live, 0 queued, 0 stale, 1 cooldown")
+    watch.wait_for("1 lock(s): 0 live, 0 queued, 0 stale, 1 release-delay")
     code, stderr = watch.interrupt()
     assert code == 0 and "Traceback" not in stderr, stderr
 

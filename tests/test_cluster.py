@@ -345,7 +345,7 @@ def test_skip_messages_name_holders_on_a_cluster(client: LockClient) -> None:
     assert not blocked.acquire(0)
     assert describe(holders_of(blocked)) == "held by task t1"
     lease.release(delay=30)
-    assert describe(holders_of(blocked)).startswith("cooling down until 20")
+    assert describe(holders_of(blocked)).startswith("in a release delay until 20")
     names = names_on_every_node(client, stem="held")
     multi = client.multi(names, owner_info={"task_id": "t2"})
     assert multi.acquire(0)

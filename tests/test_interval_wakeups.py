@@ -170,7 +170,7 @@ def test_waiter_whose_mark_is_gone_still_gets_in_at_its_hint(lock_client: LockCl
     reader.release()
 
 
-def test_delay_after_release_publishes_nothing_and_keeps_the_mark(
+def test_release_with_a_delay_publishes_nothing_and_keeps_the_mark(
     lock_client: LockClient, channel: Channel
 ) -> None:
     writer = hold(lock_client, "write")

@@ -119,7 +119,7 @@ def test_extend_by_non_owner_raises_and_changes_nothing(lock_client: LockClient)
     new.release()
 
 
-def test_delay_after_keeps_name_locked(lock_client: LockClient) -> None:
+def test_release_delay_keeps_name_locked(lock_client: LockClient) -> None:
     lease = lock_client.lease("report")
     assert lease.acquire()
     lease.release(delay=0.5)

@@ -124,14 +124,14 @@ def test_release_owner_says_what_it_did(lock_client: LockClient) -> None:
     assert lock_client.holders("job") == []
 
 
-def test_release_owner_with_a_delay_leaves_a_cooldown(lock_client: LockClient) -> None:
+def test_release_owner_with_a_delay_leaves_a_release_delay(lock_client: LockClient) -> None:
     assert lock_client.lease("job", owner="claim:t1:0", heartbeat=False).acquire()
     before = lock_client.server_ms()
     assert lock_client.release_owner("job", "claim:t1:0", delay=60) is ReleaseResult.RELEASED
-    (cooling,) = lock_client.holders("job")
-    assert cooling.owner is None
-    assert cooling.cooldown_until_ms is not None
-    assert before + 59_000 <= cooling.cooldown_until_ms <= lock_client.server_ms() + 60_000
+    (delayed,) = lock_client.holders("job")
+    assert delayed.owner is None
+    assert delayed.release_delay_until_ms is not None
+    assert before + 59_000 <= delayed.release_delay_until_ms <= lock_client.server_ms() + 60_000
     assert not lock_client.lease("job").acquire()
 
 

@@ -139,7 +139,7 @@ def test_waiter_handed_the_lease_between_two_blocks_gets_it_from_its_next_attemp
     assert not lock_client.redis.exists(fair_keys(holder.keys.base, "a")[1])
 
 
-def test_delay_after_release_hands_nothing_over(lock_client: LockClient, holder: Lease) -> None:
+def test_release_with_a_delay_hands_nothing_over(lock_client: LockClient, holder: Lease) -> None:
     queue_up(lock_client, holder, "a", "t")
     assert holder._owner is not None
     assert release(lock_client, holder, holder._owner, delay_ms=5_000) == 1

@@ -114,7 +114,7 @@ def test_a_waiter_on_the_claim_is_woken(client: LockClient) -> None:
     ("name", "owner", "stop", "argument"),
     [
         ("", CLAIM_OWNER, False, "name"),
-        (CLAIM, "", False, "owner"),  # "" would match a hash in its delay-after
+        (CLAIM, "", False, "owner"),  # "" would match a hash in its release delay
         (CLAIM, None, False, "owner"),
         (CLAIM, CLAIM_OWNER, "yes", "stop_if_taken"),
     ],

@@ -124,14 +124,14 @@ def test_renewal_keeps_the_mark(lock_client: LockClient, lease: Lease, channel: 
     assert channel.published() == [b"released"]
 
 
-def test_delay_after_release_publishes_nothing_and_waiters_look_again_when_it_ends(
+def test_release_with_a_delay_publishes_nothing_and_waiters_look_again_when_it_ends(
     lock_client: LockClient, lease: Lease, channel: Channel
 ) -> None:
     assert attempt(lock_client, lease, "holder", waiting=False)[0]
     assert not attempt(lock_client, lease, "waiter", waiting=True)[0]
     assert release(lock_client, lease, "holder", delay_ms=5_000) == 1
     taken, hint = attempt(lock_client, lease, "waiter", waiting=True)
-    assert not taken and 0 < hint <= 5_000  # the waiter sleeps until the cooldown ends
+    assert not taken and 0 < hint <= 5_000  # the waiter sleeps until the release delay ends
     assert channel.published() == []
 
 

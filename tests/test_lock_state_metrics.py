@@ -58,7 +58,7 @@ def test_holders_are_counted_by_kind_and_state(
 
     assert holders(states, "lease", "live") == 3
     assert holders(states, "lease", "stale") == 1
-    assert holders(states, "lease", "cooldown") == 1
+    assert holders(states, "lease", "release-delay") == 1
     assert holders(states, "read", "live") == 1
 
     for lease in live:

@@ -461,7 +461,9 @@ def test_until_start_call_whose_queue_claim_went_waits_and_runs(
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("task", ["stuck", "stuck_cooling"], ids=["no-delay", "delay-after"])
+@pytest.mark.parametrize(
+    "task", ["stuck", "stuck_release_delay"], ids=["no-delay", "release-delay"]
+)
 def test_hard_time_limit_requeues_the_message_only_once_the_killed_run_is_freed(
     pool_workers: PoolWorkers, task: str
 ) -> None:
@@ -471,7 +473,7 @@ def test_hard_time_limit_requeues_the_message_only_once_the_killed_run_is_freed(
     once would otherwise meet its own task id's hold and be dropped. Celery rejects through
     the worker's event loop, after the pool's timer callbacks, the release that follows the
     kill among them; so the copy finds the key free and runs. With ``lock_release_delay``
-    the killed run, which did not end, leaves no delay-after in its copy's way; the copy,
+    the killed run, which did not end, leaves no release delay in its copy's way; the copy,
     which ends, does."""
     workers = [pool_workers.start("prefork", f"limit{i}", concurrency=1) for i in range(2)]
     pool_workers.wait_ready(*workers)
@@ -492,7 +494,7 @@ def test_hard_time_limit_requeues_the_message_only_once_the_killed_run_is_freed(
     logs = "".join(worker.log_text() for worker in workers)
     assert "Hard time limit" in logs and "whose process ended" in logs
     holder = pool_workers.holder("limit")
-    if task == "stuck_cooling":
+    if task == "stuck_release_delay":
         assert holder.get("state") == "cooldown" and not holder.get("owner"), holder
     else:
         assert not holder

@@ -1,6 +1,6 @@
 """The rule a restarted worker frees its previous life's holds by, on a real Redis with real
 holder processes: its own node, this host, a process that is gone — never a hold whose process
-still runs (even paused), another node's, a queued claim or a delay-after."""
+still runs (even paused), another node's, a queued claim or a release delay."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class Holders:
         self, name: str, *, node: str = NODE, kind: str = "lease", delay: float = 0
     ) -> subprocess.Popen[str]:
         """A process holding ``name`` (``kind``: a lease or a read hold) as a task of worker
-        ``node``; with ``delay`` it releases with that delay-after first. It says ``held``
+        ``node``; with ``delay`` it releases with that release delay first. It says ``held``
         and then waits to be killed."""
         code = textwrap.dedent(f"""
             import sys
@@ -87,7 +87,7 @@ def test_only_a_dead_process_of_this_node_on_this_host_is_freed(
     os.kill(paused.pid, signal.SIGSTOP)  # alive, renewing nothing: not ours to judge here
     holders.start("alive")
     holders.kill(holders.start("other-node", node="celery@elsewhere"))
-    holders.kill(holders.start("delay-after", delay=60))
+    holders.kill(holders.start("release-delay", delay=60))
     claim = lock_client.lease("claimed", ttl=60, owner="claim:t-claimed:0")
     assert claim.acquire()
 
@@ -95,7 +95,7 @@ def test_only_a_dead_process_of_this_node_on_this_host_is_freed(
 
     assert sorted(info.name for info in freed) == ["dead-lease", "dead-read"]
     assert all(info.evidence == PREVIOUS_LIFE for info in freed)
-    assert held(lock_client) == {"paused", "alive", "other-node", "delay-after", "claimed"}
+    assert held(lock_client) == {"paused", "alive", "other-node", "release-delay", "claimed"}
     # The names are free for the next holder.
     assert lock_client.lease("dead-lease", ttl=5).acquire()
     assert lock_client.rwlock("dead-read").write(ttl=5).acquire()

@@ -1,8 +1,8 @@
 """Interleavings that used to break a lock's promises, each driven step by step.
 
 - A renewal already decided on (the heartbeat read its owner tokens, or its batch was on the
-  wire) when ``release(delay=...)`` runs must not cut the delay-after short, whatever kind.
-- A reader-writer or range hold in delay-after is listed as a cooldown, never stale, and
+  wire) when ``release(delay=...)`` runs must not cut the release delay short, whatever kind.
+- A reader-writer or range hold in a release delay is listed release-delay, never stale, and
   ``clear --stale`` leaves it alone.
 - A clear of a lock listed stale re-checks, in the clearing script, that it was not renewed
   since: a holder whose heartbeat resumed (a pause, a prompt left open) keeps its lock.
@@ -33,7 +33,7 @@ from celery_singleton_lock.cli import commands
 from celery_singleton_lock.core.heartbeat import heartbeat, renew_calls
 from celery_singleton_lock.core.scripts import run_batch
 
-#: The delay-after the tests release with, and the least PTTL that shows it is intact.
+#: The release delay the tests release with, and the least PTTL that shows it is intact.
 DELAY = 60.0
 INTACT_MS = 50_000
 
@@ -58,7 +58,7 @@ def make_handle(client: LockClient, kind: str, **options: Any) -> Any:
 
 
 def hold_keys(handle: Any, owner: str) -> list[bytes]:
-    """The keys whose expiry is the hold's delay-after."""
+    """The keys whose expiry is the hold's release delay."""
     from celery_singleton_lock.kinds.intervals import IntervalHandle
     from celery_singleton_lock.kinds.multi import MultiLease
 
@@ -111,7 +111,7 @@ def test_tick_of_a_handle_released_after_it_was_listed(lock_client: LockClient, 
     assert not handle.lost and lost == []  # released, not lost
 
 
-def test_lease_renewal_never_matches_an_ownerless_delay_after(lock_client: LockClient) -> None:
+def test_lease_renewal_never_matches_an_ownerless_release_delay(lock_client: LockClient) -> None:
     # Whatever a caller sends, an empty owner token is no owner.
     lease = lock_client.lease("cool", ttl=3)
     assert lease.acquire()
@@ -127,7 +127,7 @@ def test_lease_renewal_never_matches_an_ownerless_delay_after(lock_client: LockC
     assert_delay_intact(lock_client, both, "")
 
 
-# -- a reader-writer or range hold in delay-after is a cooldown, and --stale leaves it -------
+# -- a reader-writer or range hold in a release delay is listed so, and --stale leaves it ----
 
 
 def run_plain(client: LockClient, lock_redis_url: str, *args: str) -> Result:
@@ -137,12 +137,12 @@ def run_plain(client: LockClient, lock_redis_url: str, *args: str) -> Result:
 
 
 def age_renewal(client: LockClient, key: bytes) -> None:
-    """Make the hold's last renewal look a minute old (as after a minute of delay-after)."""
+    """Make the hold's last renewal look a minute old (as after a minute of release delay)."""
     client.redis.hset(key, "renewed_ms", admin.server_ms(client) - 60_000)
 
 
 @pytest.mark.parametrize("kind", ["read", "write", "range"])
-def test_interval_hold_in_delay_after_is_listed_cooldown(
+def test_interval_hold_in_a_release_delay_is_listed_release_delay(
     lock_client: LockClient, lock_redis_url: str, kind: str
 ) -> None:
     handle = make_handle(lock_client, kind)
@@ -151,15 +151,19 @@ def test_interval_hold_in_delay_after_is_listed_cooldown(
     handle.release(delay=DELAY)
     age_renewal(lock_client, handle.keys.holder(owner))
     (info,) = lock_client.locks("cool")
-    assert (info.state, info.evidence, info.heartbeat_age_s) == ("cooldown", "delay-after", None)
+    assert (info.state, info.evidence, info.heartbeat_age_s) == (
+        "release-delay",
+        "released with a delay",
+        None,
+    )
     assert info.token == handle.token
 
     result = run_plain(lock_client, lock_redis_url, "clear", "--stale", "--yes")
     assert result.exit_code == 1, result.output  # nothing stale: nothing cleared
     assert_delay_intact(lock_client, handle, owner)
-    assert [i.state for i in lock_client.locks("cool")] == ["cooldown"]
+    assert [i.state for i in lock_client.locks("cool")] == ["release-delay"]
 
-    # Cleared by name, as a lease's delay-after is: explicit, and not live.
+    # Cleared by name, as a lease's release delay is: explicit, and not live.
     assert lock_client.clear("cool") is True
     assert lock_client.locks("cool") == []
 

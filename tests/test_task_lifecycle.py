@@ -384,7 +384,7 @@ def test_skip_names_the_holder_of_every_lock_kind(
     assert "None" not in messages[0]
 
 
-def test_skip_in_delay_after_says_until_when(
+def test_skip_in_a_release_delay_says_until_when(
     celery_lock_app: Celery, in_process_worker: WorkerFactory
 ) -> None:
     @celery_lock_app.task(base=SingletonTask, shared=False, lock_release_delay=60)
@@ -399,9 +399,9 @@ def test_skip_in_delay_after_says_until_when(
     assert skipped["holder_task_id"] is None  # the finished run holds nothing
     messages = [message for message in logged if "skipped" in message]
     assert len(messages) == 1, messages
-    assert "cooling down until 20" in messages[0] and first.id not in messages[0], messages
+    assert "in a release delay until 20" in messages[0] and first.id not in messages[0], messages
     # The result says it too, for callers that print it (the example project does).
-    assert skipped["reason"].startswith("cooling down until 20"), skipped
+    assert skipped["reason"].startswith("in a release delay until 20"), skipped
 
 
 # -- "until start": one queued copy beside the running one -----------------------------------

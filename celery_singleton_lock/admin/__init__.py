@@ -1,5 +1,5 @@
 """The admin side of the lock core: who holds what, live or stale (:mod:`.inspect`), and
-clearing safely (:mod:`.clear`). Every name is importable from here, as before the split."""
+clearing safely (:mod:`.clear`). Every name is importable from here."""
 
 from .clear import (
     CLEARED,
@@ -15,8 +15,6 @@ from .inspect import (
     BATCH,
     CLAIM_OWNER_PREFIX,
     CLAIMED,
-    COOLDOWN,
-    DELAY_AFTER,
     HEARTBEAT_FRESH,
     HEARTBEAT_STOPPED,
     KINDS,
@@ -25,6 +23,8 @@ from .inspect import (
     MISSED_TICKS,
     NO_EVIDENCE,
     QUEUED,
+    RELEASE_DELAY,
+    RELEASED_WITH_DELAY,
     STALE,
     TICKS_PER_TTL,
     Check,
@@ -41,10 +41,10 @@ from .inspect import (
 )
 
 __all__ = [
-    "BATCH", "CLAIMED", "CLAIM_OWNER_PREFIX", "CLEARED", "COOLDOWN", "DELAY_AFTER", "GONE",
-    "HEARTBEAT_FRESH", "HEARTBEAT_STOPPED", "KINDS", "LEASES", "LIVE", "MISSED_TICKS",
-    "NO_EVIDENCE", "QUEUED", "RESUMED", "STALE", "TAKEN", "TICKS_PER_TTL", "Check", "Holder",
-    "Lister", "LockInfo", "clear", "clear_info", "clear_listed",
+    "BATCH", "CLAIMED", "CLAIM_OWNER_PREFIX", "CLEARED", "GONE", "HEARTBEAT_FRESH",
+    "HEARTBEAT_STOPPED", "KINDS", "LEASES", "LIVE", "MISSED_TICKS", "NO_EVIDENCE", "QUEUED",
+    "RELEASED_WITH_DELAY", "RELEASE_DELAY", "RESUMED", "STALE", "TAKEN", "TICKS_PER_TTL",
+    "Check", "Holder", "Lister", "LockInfo", "clear", "clear_info", "clear_listed",
     "escape", "heartbeat_stopped", "list_locks", "listers", "literal_name",
     "lock_info", "release_holder", "server_ms",
 ]  # fmt: skip

@@ -8,24 +8,21 @@ from typing import Any
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.patterns import escape
+from ..core.replies import ClearReply
 from ..exceptions import ConfigurationError, LockError
 from ..kinds.registry import LEASES, family_of
 from . import inspect
-from .inspect import COOLDOWN, LIVE, QUEUED, STALE, Holder, LockInfo
+from .inspect import LIVE, QUEUED, RELEASE_DELAY, STALE, Holder, LockInfo
 
 __all__ = [
     "CLEARED", "GONE", "RESUMED", "TAKEN", "clear", "clear_info", "clear_listed",
     "release_holder",
 ]  # fmt: skip
 
-#: What clearing a listed holder did (the clear scripts' codes).
-CLEARED = 1
-#: Released, expired or taken again since it was listed: nothing to clear.
-GONE = 0
-#: Another holder has it now.
-TAKEN = -1
-#: Listed stale, renewed since: its heartbeat resumed (a paused process, a prompt left open).
-RESUMED = -2
+#: What clearing a listed holder did: the clear scripts' codes (:class:`ClearReply`, where
+#: each is described), under the names the admin API has always had for them.
+CLEARED, GONE = ClearReply.CLEARED, ClearReply.GONE
+TAKEN, RESUMED = ClearReply.TAKEN, ClearReply.RESUMED
 
 
 # -- clearing --------------------------------------------------------------------------------
@@ -38,7 +35,9 @@ def clear_info(client: Connection | HasConnection, info: LockInfo) -> bool:
     return clear_listed(client, info) == CLEARED
 
 
-def clear_listed(client: Connection | HasConnection, info: LockInfo, *, force: bool = False) -> int:
+def clear_listed(
+    client: Connection | HasConnection, info: LockInfo, *, force: bool = False
+) -> ClearReply:
     """Clear the listed holder ``info`` in one atomic step that checks it is still that
     holder (its fencing token) and, unless ``force``, that a holder listed stale is still
     stale: not renewed since it was listed. CLEARED, GONE, TAKEN or RESUMED."""
@@ -47,10 +46,10 @@ def clear_listed(client: Connection | HasConnection, info: LockInfo, *, force: b
     holder.update(token=info.token, lo=info.lo, hi=info.hi)
     if info.state == STALE and not force and info.renewed_ms is not None:
         holder["renewed_ms"] = info.renewed_ms
-    if info.state == COOLDOWN and info.kind in ("lease", "multi"):
-        return LEASES.clear_holder(conn, holder)  # an ownerless hash on a lease key
+    if info.state == RELEASE_DELAY and info.kind in ("lease", "multi"):
+        return ClearReply(LEASES.clear_holder(conn, holder))  # an ownerless hash on a lease key
     family = family_of(info.kind)
-    return GONE if family is None else family.clear_holder(conn, holder)
+    return GONE if family is None else ClearReply(family.clear_holder(conn, holder))
 
 
 def clear(
@@ -102,7 +101,7 @@ def release_holder(
     host: str | None = None,
     delay: float = 0.0,
 ) -> bool:
-    """Release (after ``delay`` seconds of delay-after) what task ``task_id`` running in
+    """Release (after a release delay of ``delay`` seconds) what task ``task_id`` running in
     process ``pid`` on ``host`` (default: this machine) holds of the ``kind`` lock ``name``
     (for ``multi``: a collection of names); for a supervisor whose child can no longer
     release. True if something was released."""

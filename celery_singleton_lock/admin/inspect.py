@@ -27,37 +27,38 @@ from typing import Any
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle import OWN_INFO_FIELDS
+from ..core.heartbeat import TICKS_PER_TTL
+from ..core.keys import RELEASE_DELAY_STATE
 from ..core.patterns import escape, literal_name
 from ..core.scan import BATCH, Record, read_hashes
+from ..kinds.lease import CLAIM_OWNER_PREFIX
 from ..kinds.registry import FAMILIES, LEASES, KindFamily
 
 __all__ = [
-    "BATCH", "CLAIMED", "CLAIM_OWNER_PREFIX", "COOLDOWN", "DELAY_AFTER", "HEARTBEAT_FRESH",
-    "HEARTBEAT_STOPPED", "KINDS", "LEASES", "LIVE", "MISSED_TICKS", "NO_EVIDENCE", "QUEUED",
-    "STALE", "TICKS_PER_TTL", "Check", "Holder", "LockInfo", "Lister", "escape",
+    "BATCH", "CLAIMED", "CLAIM_OWNER_PREFIX", "HEARTBEAT_FRESH", "HEARTBEAT_STOPPED", "KINDS",
+    "LEASES", "LIVE", "MISSED_TICKS", "NO_EVIDENCE", "QUEUED", "RELEASED_WITH_DELAY",
+    "RELEASE_DELAY", "STALE", "TICKS_PER_TTL", "Check", "Holder", "LockInfo", "Lister", "escape",
     "heartbeat_stopped", "list_locks", "listers",
     "literal_name", "lock_info", "server_ms",
 ]  # fmt: skip
 
 #: The ``kind`` of every holder a listing may show, family by family.
 KINDS = tuple(kind for family in FAMILIES for kind in family.kinds)
-LIVE, STALE, COOLDOWN = "live", "stale", "cooldown"
+LIVE, STALE = "live", "stale"
+#: Released with a delay: no one holds it, the name stays locked until the delay ends.
+RELEASE_DELAY = "release-delay"
 #: A claim (celery/claims.py): held for a message waiting in the queue, not by a process.
 QUEUED = "queued"
 
 #: Evidence the lock core decides on; the Celery layer adds its own (see celery/evidence.py).
-DELAY_AFTER = "delay-after"
+RELEASED_WITH_DELAY = "released with a delay"
 HEARTBEAT_STOPPED = "heartbeat stopped"
 HEARTBEAT_FRESH = "heartbeat fresh"
 NO_EVIDENCE = "no evidence"
 CLAIMED = "claim for a queued message"
 
-#: Owner tokens of claims (celery/claims.py): a lock held for a queued message, not a process, so
-#: neither its heartbeat nor its task's absence from the workers says anything.
-CLAIM_OWNER_PREFIX = "claim:"
-
-#: A heartbeat ticks every ttl/TICKS_PER_TTL; a holder that missed MISSED_TICKS ticks is gone.
-TICKS_PER_TTL = 3
+#: A heartbeat ticks every ttl / TICKS_PER_TTL (core/heartbeat.py); a holder that missed
+#: MISSED_TICKS ticks is gone.
 MISSED_TICKS = 2
 
 #: How one family of lock kinds is listed and cleared (an entry of the kind registry).
@@ -189,15 +190,17 @@ def lock_info(holder: Holder, now_ms: int) -> LockInfo:
     kind = _text(holder.get("kind", "lease"))
     ranged = kind == "range"  # other kinds store lo/hi too, as [-inf, +inf]: not worth showing
     uses_heartbeat = None if beat is None else bool(beat)
-    # A lease's delay-after has no owner; an interval hold's keeps its owner (the admin clears
+    # A lease's release delay has no owner; an interval hold's keeps its owner (the admin clears
     # it by owner), so the state field alone says it was released.
-    cooling = _opt_text(holder.get("state")) == COOLDOWN
+    delayed = _opt_text(holder.get("state")) == RELEASE_DELAY_STATE
+    # A claim is held for a queued message, not by a process: neither its heartbeat nor its
+    # task's absence from the workers says anything.
     claimed = owner is not None and owner.startswith(CLAIM_OWNER_PREFIX)
     heartbeat_age = None
-    if renewed is not None and uses_heartbeat is not False and not (cooling or claimed):
+    if renewed is not None and uses_heartbeat is not False and not (delayed or claimed):
         heartbeat_age = max(0, now_ms - renewed) / 1000
-    if cooling:
-        state, evidence = COOLDOWN, DELAY_AFTER
+    if delayed:
+        state, evidence = RELEASE_DELAY, RELEASED_WITH_DELAY
     elif claimed:
         state, evidence = QUEUED, CLAIMED
     elif uses_heartbeat and renewed is not None and heartbeat_stopped(now_ms, renewed, ttl):

@@ -23,6 +23,7 @@ from ..admin import (
     lock_info,
 )
 from ..core.keys import lock_keys, lock_pattern
+from ..core.replies import ClearReply
 from ..exceptions import LockError
 from ..kinds.intervals import interval_keys
 from ..kinds.rangelock import FAMILY as RANGE_FAMILY
@@ -57,7 +58,7 @@ async def _scan(conn: AsyncConnection, match: bytes) -> list[bytes]:
 
 
 async def _lock_hash_holders(conn: AsyncConnection, pattern: str | None) -> list[Holder]:
-    """Leases, delay-afters and multi-key names: every ``P{T}:lock`` hash."""
+    """Leases, release delays and multi-key names: every ``P{T}:lock`` hash."""
     name = None if pattern is None else literal_name(pattern)
     if name is not None:
         keys = [lock_keys(conn.prefix, name).lock]
@@ -94,7 +95,7 @@ async def list_locks(
 
 async def clear_listed(
     client: AsyncConnection | HasAsyncConnection, info: LockInfo, *, force: bool = False
-) -> int:
+) -> ClearReply:
     """Clear the listed holder ``info`` in one atomic step that checks it is still that holder
     (its fencing token) and, unless ``force``, that a holder listed stale was not renewed since
     (see :func:`..admin.clear_listed`): CLEARED, GONE, TAKEN or RESUMED."""
@@ -113,7 +114,7 @@ async def clear_listed(
         code = await release_hold(conn, ikeys, info.owner or "", 0, token, renewed)
     else:
         return GONE
-    return int(code)
+    return ClearReply(int(code))
 
 
 async def clear_info(client: AsyncConnection | HasAsyncConnection, info: LockInfo) -> bool:

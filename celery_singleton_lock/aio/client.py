@@ -133,7 +133,7 @@ class AsyncLockClient:
         host: str | None = None,
         delay: float = 0.0,
     ) -> bool:
-        """Release lease ``name`` (after ``delay`` seconds of delay-after) if task ``task_id``
+        """Release lease ``name`` (after a release delay of ``delay`` seconds) if task ``task_id``
         running in process ``pid`` on ``host`` (default: this machine) holds it, as
         :meth:`LockClient.release_holder`. True if released."""
         conn = self.connection
@@ -143,7 +143,7 @@ class AsyncLockClient:
 
     async def locks(self, pattern: str | None = None) -> list[LockInfo]:
         """Every lock under this client's prefix whose name matches the glob ``pattern``,
-        with its holder and whether it is live, stale or in delay-after (docs/admin.md)."""
+        with its holder and whether it is live, stale or in a release delay (docs/admin.md)."""
         if pattern is not None:
             validate.check_name(pattern, "pattern")
         return await admin.list_locks(self.connection, pattern)

@@ -52,8 +52,8 @@ class AsyncLockHandle(HandleState):
 
     Made by the factories of :class:`AsyncLockClient`. ``await acquire()`` takes the lock,
     ``await release()`` gives it back, and while it is held the event loop's heartbeat task
-    renews it every ``ttl / 3`` seconds, so a holder whose loop stops frees it within ``ttl``.
-    ``async with`` acquires (waiting up to ``wait`` seconds, else raising
+    renews it every ``ttl / TICKS_PER_TTL`` seconds, so a holder whose loop stops frees it
+    within ``ttl``. ``async with`` acquires (waiting up to ``wait`` seconds, else raising
     :class:`LockTimeout`) and releases on exit.
 
     The state and its decisions are :class:`HandleState`'s, as for the sync handle; this
@@ -95,7 +95,7 @@ class AsyncLockHandle(HandleState):
         """The caller stopped waiting: drop whatever ``_try_acquire`` reserved."""
 
     async def _release(self, owner: str, delay_ms: int) -> int:
-        """One release round trip: 1 released, else GONE or TAKEN."""
+        """One release round trip: a ``HolderReply`` (DONE, GONE or TAKEN)."""
         raise NotImplementedError
 
     @classmethod
@@ -205,7 +205,7 @@ class AsyncLockHandle(HandleState):
 
     async def release(self, delay: float = 0.0) -> None:
         """Give the lock back. With ``delay`` seconds > 0 what it covered stays locked, with
-        no owner, for that long (delay-after).
+        no owner, for that long (release delay).
 
         Raises :class:`LockExpired` or :class:`LockTaken` if the lock was lost meanwhile;
         another owner's lock is never touched. If Redis does not answer

@@ -2,12 +2,12 @@
 
 One task per event loop renews every async handle of that loop, in one round trip per Redis
 client per tick however many handles it holds (the same batched script calls as the thread:
-:func:`..heartbeat.renew_calls`). The tick period is a third of the shortest lease held. A
-client whose batch is still in flight when the next tick comes is skipped by that tick, so a
-Redis that stops answering costs only its own leases. The task holds weak references only: a
-handle nobody can reach any more is no longer renewed and runs out on its own. It ends when
-nothing is held, and when its loop stops (then every lease of that loop runs out within its
-ttl, as for a killed process).
+:func:`..heartbeat.renew_calls`). The tick period is the shortest lease held divided by
+``TICKS_PER_TTL``. A client whose batch is still in flight when the next tick comes is
+skipped by that tick, so a Redis that stops answering costs only its own leases. The task
+holds weak references only: a handle nobody can reach any more is no longer renewed and runs
+out on its own. It ends when nothing is held, and when its loop stops (then every lease of
+that loop runs out within its ttl, as for a killed process).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import redis
 
-from ..core.heartbeat import renew_calls
+from ..core.heartbeat import TICKS_PER_TTL, renew_calls
 from ..exceptions import LockBackendError
 from .connection import AsyncConnection
 
@@ -71,7 +71,9 @@ class AsyncHeartbeat:
                 self._run(self._wake), name="celery_singleton_lock-heartbeat"
             )
             self._task.add_done_callback(self._ended)
-        elif self._wake is not None and (self._period is None or handle.ttl / 3 < self._period):
+        elif self._wake is not None and (
+            self._period is None or handle.ttl / TICKS_PER_TTL < self._period
+        ):
             self._wake.set()
 
     def remove(self, handle: Renewable) -> None:
@@ -98,7 +100,7 @@ class AsyncHeartbeat:
             ttls = [handle.ttl for handle in self.leases()]
             if not ttls:
                 return  # add() starts a new task with the next lease
-            self._period = period = min(ttls) / 3
+            self._period = period = min(ttls) / TICKS_PER_TTL
             timeout = last_tick + period - time.monotonic()
             if timeout > 0:
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -143,7 +145,7 @@ class AsyncHeartbeat:
     async def _renew(self, handles: list[Renewable]) -> None:
         """One round trip: the script calls of every kind batched in a pipeline."""
         # A handle released since the tick listed it has no owner token any more: renewing
-        # it with an empty one would renew its ownerless delay-after instead.
+        # it with an empty one would renew its ownerless release delay instead.
         entries = [
             (handle, owner, *handle._renewal)
             for handle in handles

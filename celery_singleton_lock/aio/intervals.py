@@ -9,11 +9,11 @@ import math
 from typing import Any
 
 from ..core import validate
+from ..core.replies import IntervalReply
 from ..core.scripts import ScriptCall, bound_to
 from ..exceptions import ConfigurationError, LockNotHeld
 from ..kinds.intervals import (
     MODE_NAMES,
-    NOT_INSIDE,
     RESERVATION_MS,
     IntervalHandle,
     IntervalHold,
@@ -137,7 +137,7 @@ class AsyncRWLockHandle(AsyncIntervalHandle):
         if not self._upgraded:
             raise LockNotHeld(f"the hold on {self.name!r} is not upgraded", name=self.name)
         code, _ = await self._change("downgrade")
-        if code != 1:
+        if code != IntervalReply.DONE:
             raise self._changed_lost("downgrade")
         self._upgraded = False
 
@@ -164,9 +164,9 @@ class AsyncRangeLockHandle(AsyncIntervalHandle):
         """Narrow the held interval to [lo, hi] (inside the current one) without letting go."""
         low, high = self._inside(lo, hi, "held")
         code, _ = await self._change("shrink", low, high)
-        if code == NOT_INSIDE:  # pragma: no cover - the check above prevents it
+        if code == IntervalReply.NOT_INSIDE:  # pragma: no cover - the check above prevents it
             raise ConfigurationError("lo", f"[{lo}, {hi}] is not inside the held range")
-        if code != 1:
+        if code != IntervalReply.DONE:
             raise self._changed_lost("shrink")
         self.lo, self.hi = low, high
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..core import validate
 from ..core.handle_state import hint_seconds, outage_pause
+from ..core.replies import AcquireReply
 from ..core.scripts import (
     ScriptCall,
     acquire_call,
@@ -62,7 +63,7 @@ class AsyncLease(AsyncLockHandle):
         )  # fmt: skip
         taken, value = await conn.script(conn.lease_scripts.acquire, script_keys, args)
         self._queued_hint = int(value)
-        return bool(taken), int(value)
+        return taken == AcquireReply.ACQUIRED, int(value)
 
     async def _wait_for(
         self,

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..admin import COOLDOWN, STALE, LockInfo
-from ..core.keys import FENCE_TTL_MS, encode_name, lock_pattern
+from ..admin import STALE, LockInfo
+from ..core.keys import FENCE_TTL_MS, RELEASE_DELAY_STATE, encode_name, lock_pattern
+from ..core.replies import AcquireReply
 from ..kinds.intervals import MODE_NAMES, decode_holder
 from ..kinds.rwlock import FAMILY as RW_FAMILY
 
@@ -44,7 +45,7 @@ def multi_acquired(
 ) -> tuple[bool, int, dict[str, int]]:
     """multi_acquire.lua's reply for the names in key order ``ordered``: (True, largest
     token, the token of each name) or (False, ms a waiter may sleep, {})."""
-    if int(reply[0]) != 1:
+    if int(reply[0]) != AcquireReply.ACQUIRED:
         return False, int(reply[1]), {}
     tokens = {name: int(t) for name, t in zip(ordered, reply[1:], strict=True)}
     return True, max(tokens.values()), tokens
@@ -80,13 +81,13 @@ def interval_holder(fields: dict[bytes, bytes], pttl: int, family: bytes) -> Hol
 
 
 def lock_hash_holder(fields: dict[bytes, bytes], pttl: int) -> Holder | None:
-    """A ``P{T}:lock`` hash as a holder record: a lease, a delay-after, or one name of a
+    """A ``P{T}:lock`` hash as a holder record: a lease, a release delay, or one name of a
     multi-key lock; None for what is none of them (a multi-key name with no owner)."""
     kind = fields.get(b"kind", b"lease").decode()
-    cooling = not fields.get(b"owner") and fields.get(b"state") == COOLDOWN.encode()
+    delayed = not fields.get(b"owner") and fields.get(b"state") == RELEASE_DELAY_STATE.encode()
     if kind == "multi" and fields.get(b"owner"):
         return decode_holder(fields, pttl)
-    if kind == "lease" or cooling:
+    if kind == "lease" or delayed:
         holder: Holder = {k.decode(): v for k, v in fields.items()}
         holder.update(kind=kind, pttl_ms=pttl)
         return holder

@@ -39,7 +39,8 @@ from typing import Any, Protocol, TypeVar
 from celery.backends.base import DisabledBackend
 
 from ..core import validate
-from ..kinds.lease import Lease
+from ..core.replies import HolderReply
+from ..kinds.lease import CLAIM_OWNER_PREFIX, Lease, ReleaseResult
 from .options import DEBOUNCE, UNTIL_START
 
 log = logging.getLogger("celery_singleton_lock.task")
@@ -47,13 +48,10 @@ log = logging.getLogger("celery_singleton_lock.task")
 #: Result states after which a task holds nothing any more, and a claim of it is stale.
 FINISHED_STATES = ("SUCCESS", "FAILURE", "REVOKED")
 
-#: Every claim's owner token starts with this.
-CLAIM_PREFIX = "claim:"
-
 
 def claim_owner(task_id: str, attempt: int) -> str:
     """The owner token of the claim for attempt ``attempt`` (``request.retries``) of a task."""
-    return f"{CLAIM_PREFIX}{task_id}:{attempt}"
+    return f"{CLAIM_OWNER_PREFIX}{task_id}:{attempt}"
 
 
 # -- names -------------------------------------------------------------------------------------
@@ -147,7 +145,7 @@ def hand_over(task: Any, lease: Lease, task_id: str, attempt: int, ttl: float) -
 
 def release_handed_over(task: Any, name: str, owner: str, delay: float) -> None:
     """Release the claim ``owner`` on ``name`` that :func:`hand_over` made, after ``delay``
-    seconds (delay-after), as the run's own lock would have been: no retry was sent."""
+    seconds (release delay), as the run's own lock would have been: no retry was sent."""
     task.lock_client.release_owner(name, owner, delay=delay)
 
 
@@ -160,18 +158,18 @@ def take_over_at_run(lease: Lease, task_id: str, attempt: int) -> None:
     lease.take_over = claim_owner(task_id, attempt)
 
 
-def free_claim(task: Any, args: Any, kwargs: Any, *, task_id: str, attempt: int) -> int:
+def free_claim(task: Any, args: Any, kwargs: Any, *, task_id: str, attempt: int) -> ReleaseResult:
     """Free the claim attempt ``attempt`` of task ``task_id`` holds for its queued message, if
-    it still holds it. As release.lua: 1 freed, 0 nothing held, -1 another call holds it.
+    it still holds it: RELEASED, NOT_HELD, or HELD_BY_ANOTHER (another call holds it).
 
     Attempt 0 is claimed at enqueue (under :func:`claim_name`); a later attempt holds the run
     lock its previous attempt handed over to it (``Task.retry``), whatever ``lock_on_enqueue``.
     """
     options = task.lock_options
     if options.mode != "exclusive" or options.keys is not None or options.range is not None:
-        return 0  # only exclusive single-key locks take claims
+        return ReleaseResult.NOT_HELD  # only exclusive single-key locks take claims
     name = claim_name(task, args, kwargs) if attempt == 0 else task.lock_name(args, kwargs)
-    return int(task.lock_client.release_owner(name, claim_owner(task_id, attempt)))
+    return ReleaseResult(task.lock_client.release_owner(name, claim_owner(task_id, attempt)))
 
 
 def free_at_acquire(lease: Lease, task_id: str, *, stop_if_replaced: bool) -> bool:
@@ -188,7 +186,7 @@ def free_at_acquire(lease: Lease, task_id: str, *, stop_if_replaced: bool) -> bo
 def replaced_at_acquire(lease: Lease) -> bool:
     """After an acquire set up by :func:`free_at_acquire` for ``debounce``: whether another
     call held the queue claim (it replaced this one), so the acquire did not try."""
-    return lease.freed_first == -1 and not lease.held
+    return lease.freed_first == HolderReply.TAKEN and not lease.held
 
 
 def replaced_by(task: Any, args: Any, kwargs: Any) -> str | None:

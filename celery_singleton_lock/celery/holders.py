@@ -12,33 +12,33 @@ from dataclasses import dataclass
 
 from ..core.handle import LockHandle
 from ..exceptions import LockBackendError
-from .claims import CLAIM_PREFIX
+from ..kinds.lease import CLAIM_OWNER_PREFIX
 
 
 @dataclass(frozen=True)
 class Holder:
-    """One holder of a lock name: a run, a queued message's claim, or a delay-after."""
+    """One holder of a lock name: a run, a queued message's claim, or a release delay."""
 
     task_id: str | None
     owner: str | None
-    #: Server time (ms) at which a delay-after ends; None when this is not a delay-after.
-    cooldown_until_ms: int | None = None
+    #: Server time (ms) at which a release delay ends; None when this is not a release delay.
+    release_delay_until_ms: int | None = None
     #: A writer that waits for its turn: it holds nothing yet but keeps new readers out.
     waiting: bool = False
 
     @property
     def claimed(self) -> bool:
         """Held for a queued message (enqueue-time lock, retry), not a running process."""
-        return bool(self.owner) and str(self.owner).startswith(CLAIM_PREFIX)
+        return bool(self.owner) and str(self.owner).startswith(CLAIM_OWNER_PREFIX)
 
     def describe(self) -> str:
-        """``task <id>``, ``queued task <id>``, ``a waiting writer`` or ``cooling down until
+        """``task <id>``, ``queued task <id>``, ``a waiting writer`` or ``in a release delay until
         <UTC time>``."""
-        if self.cooldown_until_ms is not None:
+        if self.release_delay_until_ms is not None:
             until = datetime.datetime.fromtimestamp(
-                self.cooldown_until_ms / 1000, tz=datetime.timezone.utc
+                self.release_delay_until_ms / 1000, tz=datetime.timezone.utc
             )
-            return f"cooling down until {until.isoformat(timespec='seconds')}"
+            return f"in a release delay until {until.isoformat(timespec='seconds')}"
         if self.waiting:
             return "a waiting writer"
         who = f"task {self.task_id}" if self.task_id else "a holder with no task id"
@@ -47,19 +47,19 @@ class Holder:
 
 def describe(holders: list[Holder]) -> str:
     """Why a lock with these ``holders`` (as :func:`holders_of` returned them) is taken:
-    ``held by task <id>, ...`` or ``cooling down until <UTC time>``."""
+    ``held by task <id>, ...`` or ``in a release delay until <UTC time>``."""
     if not holders:
         return "held by a holder that has let go since"
-    held = [holder.describe() for holder in holders if holder.cooldown_until_ms is None]
-    cooling = [holder.describe() for holder in holders if holder.cooldown_until_ms is not None]
-    return ", ".join(([f"held by {', '.join(held)}"] if held else []) + cooling)
+    held = [holder.describe() for holder in holders if holder.release_delay_until_ms is None]
+    delays = [holder.describe() for holder in holders if holder.release_delay_until_ms is not None]
+    return ", ".join(([f"held by {', '.join(held)}"] if held else []) + delays)
 
 
 def holder_task_id(holders: list[Holder]) -> str | None:
     """The task id of the first holder that is a task (queued or running), if any: not the
-    finished run a delay-after was left by, nor a waiting writer."""
+    finished run a release delay was left by, nor a waiting writer."""
     for holder in holders:
-        if holder.task_id and holder.cooldown_until_ms is None and not holder.waiting:
+        if holder.task_id and holder.release_delay_until_ms is None and not holder.waiting:
             return holder.task_id
     return None
 
@@ -76,7 +76,7 @@ def holders_of(handle: LockHandle) -> list[Holder]:
         Holder(
             task_id=record.task_id,
             owner=record.owner,
-            cooldown_until_ms=record.cooldown_until_ms,
+            release_delay_until_ms=record.release_delay_until_ms,
             waiting=record.waiting,
         )
         for record in records

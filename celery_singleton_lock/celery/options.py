@@ -158,7 +158,7 @@ OPTIONS: tuple[Option, ...] = (
         "lock_release_delay",
         0.0,
         _delay,
-        "Seconds the key stays locked after the run ends (delay-after; default 0).",
+        "Seconds the key stays locked after the run ends (release delay; default 0).",
     ),
     Option(
         "lock_on_enqueue",

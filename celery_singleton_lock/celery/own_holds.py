@@ -47,8 +47,8 @@ from ..admin.inspect import (
 )
 from ..core.handle import HOSTNAME
 from ..exceptions import LockBackendError
-from ..kinds.lease import Lease, list_holders
-from .claims import CLAIM_PREFIX, FINISHED_STATES
+from ..kinds.lease import CLAIM_OWNER_PREFIX, Lease, list_holders
+from .claims import FINISHED_STATES
 
 log = logging.getLogger("celery_singleton_lock.task")
 
@@ -167,14 +167,14 @@ def pid_gone(pid: int) -> bool:
 
 def read_own_hold(lease: Lease, client: Any, task_id: str) -> OwnHold | None:
     """The hold of ``lease``'s name if its holder record carries ``task_id`` (and is not a
-    delay-after), else None. Two round trips: the conflict path only."""
+    release delay), else None. Two round trips: the conflict path only."""
     records = list_holders(client, escape(lease.name))
     now_ms = server_ms(client)
     for record in records:
         owner, found = _text(record.get("owner")), _text(record.get("task_id"))
         if not owner or found != task_id:
             continue
-        claimed = owner.startswith(CLAIM_PREFIX)
+        claimed = owner.startswith(CLAIM_OWNER_PREFIX)
         renewed, ttl = _int(record.get("renewed_ms")), _int(record.get("ttl_ms"))
         overdue_at = None
         if renewed is not None and ttl:
@@ -197,7 +197,7 @@ def read_own_hold(lease: Lease, client: Any, task_id: str) -> OwnHold | None:
 
 def assess(task: Any, lease: Lease, node: str | None) -> tuple[OwnHold | None, Verdict | None]:
     """The hold of ``lease``'s name under the running ``task``'s own task id, and the verdict
-    on it for this run on worker ``node``; (None, None) if there is none (a delay-after of
+    on it for this run on worker ``node``; (None, None) if there is none (a release delay of
     this call, or let go meanwhile). A hold that cannot be read is looked at again soon."""
     request = task.request
     try:
@@ -220,7 +220,7 @@ def assess(task: Any, lease: Lease, node: str | None) -> tuple[OwnHold | None, V
 
 def _claim_attempt(owner: str, task_id: str) -> int | None:
     """The attempt of claim token ``owner`` (claims.claim_owner: ``claim:<task id>:<n>``)."""
-    head = f"{CLAIM_PREFIX}{task_id}:"
+    head = f"{CLAIM_OWNER_PREFIX}{task_id}:"
     return _int(owner[len(head) :]) if owner.startswith(head) else None
 
 

@@ -20,7 +20,7 @@ from ..admin import LIVE, STALE, LockInfo, clear_listed, list_locks
 from ..admin.clear import CLEARED
 from ..client import LockClient
 from ..core.handle import HOSTNAME
-from .claims import CLAIM_PREFIX
+from ..kinds.lease import CLAIM_OWNER_PREFIX
 from .own_holds import pid_gone
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ def left_by_previous_life(
     infos: list[LockInfo], node: str, pid_gone: Callable[[int], bool] = pid_gone
 ) -> list[LockInfo]:
     """The holds among ``infos`` that worker ``node`` left in a previous life: recorded by that
-    node on this host, held by a process (not a queued message's claim, not a delay-after)
+    node on this host, held by a process (not a queued message's claim, not a release delay)
     that no longer exists."""
     return [
         info.restated(STALE, PREVIOUS_LIFE)
@@ -42,7 +42,7 @@ def left_by_previous_life(
         and info.host == HOSTNAME
         and info.pid is not None
         and info.state in (LIVE, STALE)
-        and not (info.owner or "").startswith(CLAIM_PREFIX)
+        and not (info.owner or "").startswith(CLAIM_OWNER_PREFIX)
         and pid_gone(info.pid)
     ]
 

@@ -12,7 +12,7 @@ _RESULT_MARK = "__singleton_lock__"
 def skipped_result(name: str, holder_task_id: str | None, reason: str = "") -> dict[str, Any]:
     """What a skipped run returns: a JSON-friendly dict that :func:`is_skipped` recognises.
     ``reason`` says what stood in the way, as the log line does (``held by task <id>``,
-    ``cooling down until <time>``, ...)."""
+    ``in a release delay until <time>``, ...)."""
     return {
         _RESULT_MARK: SKIPPED,
         "lock": name,

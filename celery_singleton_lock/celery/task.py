@@ -5,7 +5,7 @@
 
 The lock is taken in the worker right before the body runs (so ``send_task``, beat,
 redelivered messages and retries all go through it), renewed by the heartbeat every
-``lock_lease / 3`` seconds, and released when the body ends however it ends.
+``lock_lease / TICKS_PER_TTL`` seconds, and released when the body ends however it ends.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ..client import LockClient
 from ..core.handle import LockHandle
 from ..exceptions import ConfigurationError, LockBackendError, LockError, LockLost, LockTimeout
 from ..kinds import registry
-from ..kinds.lease import Lease
+from ..kinds.lease import Lease, ReleaseResult
 from ..kinds.registry import HandleFactory
 from . import claims, enqueue, holders, own_holds
 
@@ -236,7 +236,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         delay: float | None = None,
     ) -> bool:
         """Release the lock a call with these arguments takes (see :meth:`make_lock`), after
-        ``delay`` seconds of delay-after (None: ``lock_release_delay``), if run ``task_id`` in
+        a release delay of ``delay`` seconds (None: ``lock_release_delay``), if run ``task_id`` in
         process ``pid`` on ``host`` (default: this machine) holds it: for the worker's main
         process once that child is gone. Holders are matched by task id, pid and host, so no
         owner token is needed; a claim handed over to the task's next attempt is left alone.
@@ -365,7 +365,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         except LockError as exc:  # the claim runs out by itself
             log.warning("%s[%s] could not free its queue claim: %s", self.name, request.id, exc)
             return True
-        return not (code == -1 and self._replaceable())
+        return not (code == ReleaseResult.HELD_BY_ANOTHER and self._replaceable())
 
     def _replaced(self, lease: LockHandle, args: Any, kwargs: Any) -> Any:
         request, name = self.request, lease.name
@@ -384,7 +384,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _ignore_copy_of_self(self, lease: LockHandle, found: list[holders.Holder]) -> None:
         """Raise Ignore if the lock is held under this run's own task id: another delivery of
         this very message (visibility timeout, acks_late) met the original run, its retry or
-        its delay-after. The original's result is the one, so this copy stores nothing."""
+        its release delay. The original's result is the one, so this copy stores nothing."""
         request = self.request
         if any(holder.task_id == request.id and not holder.waiting for holder in found):
             log.info(
@@ -405,8 +405,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         request = self.request
         if not any(holder.task_id == request.id for holder in found):
             return False
-        # The delay-after of this very call (it ran): nothing more to do.
-        cooling = [holder for holder in found if holder.cooldown_until_ms is not None]
+        # The release delay of this very call (it ran): nothing more to do.
+        delays = [holder for holder in found if holder.release_delay_until_ms is not None]
         hold: own_holds.OwnHold | None = None
         verdict: own_holds.Verdict | None
         if isinstance(lease, Lease):
@@ -414,7 +414,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         else:
             # No take-over for the other kinds: the copy looks again once a dead holder's
             # lease could have run out, until the hold is gone or its task finished.
-            self._ignore_copy_of_self(lease, cooling)
+            self._ignore_copy_of_self(lease, delays)
             verdict = own_holds.requeue_verdict(self)
         if (
             isinstance(lease, Lease)
@@ -428,7 +428,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 return True
             verdict = None
         if verdict is None:
-            self._ignore_copy_of_self(lease, cooling)
+            self._ignore_copy_of_self(lease, delays)
             # Changed hands meanwhile (let go, or another copy took it over): look again soon.
             verdict = own_holds.Verdict(
                 own_holds.REQUEUE, "re-queued: its hold changed hands", own_holds.MARGIN_S
@@ -607,7 +607,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             raise
         except BaseException:
             # No retry was sent (max_retries reached, broker error): this run was the last,
-            # so its claim goes as the run's own lock would, delay-after included.
+            # so its claim goes as the run's own lock would, release delay included.
             claims.release_handed_over(
                 self, lease.name, next_owner, self.lock_options.release_delay
             )
@@ -735,7 +735,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         """Free the claim that attempt ``attempt`` of task ``task_id`` (a call with these
         arguments) holds for its queued message, if it still holds it: the message will not
         run (revoked, expired). True if a claim was freed."""
-        return claims.free_claim(self, args, kwargs, task_id=task_id, attempt=attempt) == 1
+        freed = claims.free_claim(self, args, kwargs, task_id=task_id, attempt=attempt)
+        return freed == ReleaseResult.RELEASED
 
 
 def _take_deferred(lease: LockHandle | None) -> list[_RetrySend]:

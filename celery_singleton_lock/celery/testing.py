@@ -39,7 +39,7 @@ class TaskLocks:
 
     def is_held(self, task: Any, *args: Any, **kwargs: Any) -> bool:
         """True if a run of ``task(*args, **kwargs)`` would find its lock taken (held, or
-        in delay-after). Probes with a write hold taken and given back at once."""
+        in a release delay). Probes with a write hold taken and given back at once."""
         probe = self._blocker(task, args, kwargs)
         if probe.acquire(0):
             probe.release()

@@ -108,7 +108,7 @@ class SingletonRequest(Request):  # type: ignore[misc]
 
     def _release_for_child(self, *, again: bool) -> None:
         """Free the lock the child ran under. A run cut off before its end leaves no
-        delay-after when its message runs ``again``: the delay-after is for a job that ended,
+        release delay when its message runs ``again``: the release delay is for a job that ended,
         and would stand in the way of that very message."""
         task = self.task
         if not self.worker_pid:

@@ -217,7 +217,7 @@ def list_locks(
     watch: float | None,
     timeout: float | None,
 ) -> None:
-    """List the locks, who holds them and whether they are live, stale or cooling down.
+    """List the locks, who holds them and whether they are live, stale or in a release delay.
 
     Exit 1 when no lock matched (without --watch).
     """

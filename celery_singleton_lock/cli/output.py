@@ -9,14 +9,14 @@ from datetime import datetime, timezone
 
 import click
 
-from ..admin import CLEARED, COOLDOWN, LIVE, QUEUED, RESUMED, STALE, LockInfo
+from ..admin import CLEARED, LIVE, QUEUED, RELEASE_DELAY, RESUMED, STALE, LockInfo
 
 #: Color and boldness of each state.
 STATE_STYLES = {
     LIVE: ("green", False),
     QUEUED: ("cyan", False),
     STALE: ("red", True),
-    COOLDOWN: ("yellow", False),
+    RELEASE_DELAY: ("yellow", False),
 }
 HEADERS = ("NAME", "KIND", "STATE", "AGE", "EXPIRES", "HEARTBEAT", "HOLDER", "TASK", "EVIDENCE")
 

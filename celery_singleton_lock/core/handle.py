@@ -47,12 +47,12 @@ log = logging.getLogger("celery_singleton_lock.lease")
 class HolderRecord:
     """One holder of what a handle locks, as Redis has it (see :meth:`LockHandle.holders`)."""
 
-    #: The holder's owner token (None: a delay-after, which no one owns).
+    #: The holder's owner token (None: a release delay, which no one owns).
     owner: str | None
     #: The ``task_id`` of its holder record, if it has one.
     task_id: str | None
-    #: Server time (ms) at which a delay-after ends; None when this is not a delay-after.
-    cooldown_until_ms: int | None = None
+    #: Server time (ms) at which a release delay ends; None when this is not a release delay.
+    release_delay_until_ms: int | None = None
     #: A writer waiting for its turn: it holds nothing yet but keeps new readers out.
     waiting: bool = False
 
@@ -71,7 +71,7 @@ class LockHandle(HandleState, ABC):
 
     Not made directly: :class:`LockClient` has a factory per kind. ``acquire`` takes the lock,
     ``release`` gives it back, and while it is held the process's heartbeat renews it every
-    ``ttl / 3`` seconds, so a holder that dies frees it within ``ttl``. Used as a context
+    ``ttl / TICKS_PER_TTL`` s, so a holder that dies frees it within ``ttl``. Used as a context
     manager it acquires (waiting up to ``wait`` seconds, else raising :class:`LockTimeout`)
     and releases on exit.
 
@@ -134,7 +134,7 @@ class LockHandle(HandleState, ABC):
 
     @abstractmethod
     def _release(self, owner: str, delay_ms: int) -> int:
-        """One release round trip: 1 released, else GONE or TAKEN."""
+        """One release round trip: a ``HolderReply`` (DONE, GONE or TAKEN)."""
 
     @classmethod
     @abstractmethod
@@ -156,7 +156,7 @@ class LockHandle(HandleState, ABC):
     @abstractmethod
     def holders(self) -> list[HolderRecord]:
         """Who holds what this handle locks now (every name of a multi-key lock, every hold
-        of a reader-writer or range lock, a delay-after), in no set order; empty when it is
+        of a reader-writer or range lock, a release delay), in no set order; empty when it is
         free. A read of a round trip or two, for the conflict path (who is in the way).
         Raises :class:`LockBackendError` if Redis does not answer."""
 
@@ -164,7 +164,7 @@ class LockHandle(HandleState, ABC):
         self, *, task_id: str, pid: int, host: str | None = None, delay: float = 0.0
     ) -> bool:
         """Release what run ``task_id`` in process ``pid`` on ``host`` (default: this
-        machine) holds of this lock, after ``delay`` seconds of delay-after, whoever made the
+        machine) holds of this lock, after a release delay of ``delay`` seconds, whoever made the
         handle it holds through: for a supervisor (the worker's main process) whose child
         died holding it. A claim handed over to the task's next attempt is left alone. True
         if something was released."""
@@ -264,7 +264,7 @@ class LockHandle(HandleState, ABC):
 
     def release(self, delay: float = 0.0) -> None:
         """Give the lock back. With ``delay`` seconds > 0 what it covered stays locked, with
-        no owner, for that long (delay-after: a job that just ran is not started again).
+        no owner, for that long (release delay: a job that just ran is not started again).
 
         Raises :class:`LockExpired` or :class:`LockTaken` if the lock was lost meanwhile;
         another owner's lock is never touched. If Redis does not answer

@@ -33,7 +33,7 @@ from ..exceptions import (
     LockTimeout,
 )
 from . import validate
-from .scripts import GONE, MAX_HOLD_REACHED, TAKEN
+from .replies import HolderReply
 
 log = logging.getLogger("celery_singleton_lock.lease")
 lost_log = logging.getLogger("celery_singleton_lock.lost")
@@ -126,9 +126,9 @@ NO_LOCK: AbstractContextManager[Any] = _NoLock()
 
 def lost_error(name: str, code: int, during: str) -> LockLost:
     """The :class:`LockLost` for a release/renew reply ``code`` (GONE or TAKEN)."""
-    if code == TAKEN:
+    if code == HolderReply.TAKEN:
         return LockTaken(f"{during}: lock {name!r} is held by another owner", name=name)
-    assert code == GONE, code
+    assert code == HolderReply.GONE, code
     return LockExpired(f"{during}: lease on {name!r} expired and nobody holds it", name=name)
 
 
@@ -327,7 +327,7 @@ class HandleState:
 
     def _begin_release(self, delay: float) -> tuple[str, int]:
         """Before a release's round trip: stop renewing and drop the owner token; the owner
-        and the delay-after in ms to send."""
+        and the release delay in ms to send."""
         delay = validate.check_delay(delay)
         return self._forget(), validate.seconds_to_ms(delay) if delay > 0 else 0
 
@@ -349,8 +349,8 @@ class HandleState:
                 self._owner = owner
 
     def _released(self, code: int) -> None:
-        """The release script answered ``code``: 1 released, else raise the lost error."""
-        if code == 1:
+        """The release script answered ``code``: DONE released, else raise the lost error."""
+        if code == HolderReply.DONE:
             self._lost = None
             return
         error = self._lost_error(code, "release")
@@ -396,7 +396,7 @@ class HandleState:
     def _extended(self, owner: str, code: int, sent_at: float, gen: int) -> float:
         """The renewal of generation ``gen`` an extend sent at ``sent_at`` answered
         ``code``: the seconds granted."""
-        if code == MAX_HOLD_REACHED:
+        if code == HolderReply.MAX_HOLD_REACHED:
             return max(0.0, self._expires_at - time.monotonic())
         if code <= 0:
             error = self._lost_error(code, "extend")
@@ -423,7 +423,7 @@ class HandleState:
                 # deadline any of them vouches for holds (replies may be read out of order).
                 if self._owner == owner and gen == self._gen:
                     self._expires_at = max(self._expires_at, sent_at + code / 1000)
-        elif code == MAX_HOLD_REACHED:
+        elif code == HolderReply.MAX_HOLD_REACHED:
             self._stop_renewing()
             log.info("lock %r reached max_hold; it runs out within its ttl", self.name)
         else:
@@ -475,7 +475,7 @@ class HandleState:
         return self._owner is not None and self._pid == _Process.pid
 
     def _lost_error(self, code: int, during: str) -> LockLost:
-        if code == GONE and time.monotonic() >= self._hold_ends_at:
+        if code == HolderReply.GONE and time.monotonic() >= self._hold_ends_at:
             error = LockExpired(
                 f"{during}: lease on {self.name!r} ran out at its max_hold ({self.max_hold:g} s):"
                 " it is not renewed past it; raise max_hold for longer holds",

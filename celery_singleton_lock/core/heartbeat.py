@@ -2,8 +2,8 @@
 
 One daemon thread per process renews every lease that process holds with ``heartbeat=True``,
 in one round trip per Redis server per tick (per node of a Redis Cluster), however many
-leases it holds. The tick period is
-a third of the shortest lease held, so every lease gets two more chances before it runs out.
+leases it holds. The tick period is the shortest lease held divided by ``TICKS_PER_TTL``, so
+every lease gets more chances before it runs out.
 
 Leases on several Redis clients are renewed concurrently, one batch per client on a small
 pool of daemon threads, because a server that stops answering costs each call a socket
@@ -19,7 +19,7 @@ the renewals have been applied when it returns.
 Any lock kind can be renewed here, and none is named: a handle is a :class:`Renewable` (its
 ``_conn``, ``ttl``, ``_owner``, the callbacks ``_renewed`` and ``_renewal_failed``), its class
 has ``_renew_script_call(conn, entries)`` returning one script call whose reply holds one code
-per handle (> 0 ms granted, 0 gone, -1 taken, -2 max-hold reached; see lua/renew.lua), and on a
+per handle (> 0 ms granted, else a ``HolderReply``: core/replies.py), and on a
 Redis Cluster the handle splits itself into the units renewed in one slot (``_renew_units``).
 
 The thread holds only weak references: a lease object nobody can reach any more is no longer
@@ -43,12 +43,18 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ..exceptions import LockBackendError
 from . import redis_urls
-from .scripts import GONE, MAX_HOLD_REACHED, TAKEN, ScriptCall, run_batch
+from .replies import HolderReply
+from .scripts import ScriptCall, run_batch
 
 if TYPE_CHECKING:
     from .connection import Connection, HasConnection
 
 log = logging.getLogger("celery_singleton_lock.heartbeat")
+
+#: Renewals per ttl: a heartbeat (this thread, and the asyncio task) renews every
+#: ``ttl / TICKS_PER_TTL`` seconds, so a lease missing one tick still has time for the next.
+#: The admin's staleness rule counts missed ticks of this same period.
+TICKS_PER_TTL = 3
 
 #: (handle, owner token, ttl ms, generation): one renewal the handle's class turns into
 #: script arguments (the generation: see ``HandleState._begin_extend``).
@@ -127,7 +133,7 @@ class Heartbeat:
 
     def add(self, lease: Renewable) -> None:
         """Renew ``lease`` from now on (again, if its ttl changed)."""
-        period = lease.ttl / 3
+        period = lease.ttl / TICKS_PER_TTL
         with self._lock:
             # No callback on the reference: the garbage collector may run one on a thread
             # that holds _lock already (an allocation in here), which would deadlock on it.
@@ -188,7 +194,7 @@ class Heartbeat:
                 del self._leases[key]  # collected while held: nothing left to renew
             else:
                 ttls.append(lease.ttl)
-        return min(ttls) / 3 if ttls else None
+        return min(ttls) / TICKS_PER_TTL if ttls else None
 
     def stop(self) -> None:
         self._stop.set()
@@ -335,7 +341,7 @@ class Heartbeat:
         """One round trip (per node on a Cluster): script calls batched in a pipeline."""
         conn = handles[0]._conn
         # A handle released since the tick listed it has no owner token any more: renewing
-        # it with none would renew its delay-after instead (the scripts refuse that too).
+        # it with none would renew its release delay instead (the scripts refuse that too).
         entries = [
             (handle, owner, *handle._renewal)
             for handle in handles
@@ -382,10 +388,11 @@ def _warn_if_starved(late: float, period: float) -> None:
             "heartbeat ran %.1f s late (it renews every %.1f s): nothing let it run; leases "
             "shorter than the wait may have run out. Under the gevent or eventlet pool a task "
             "body must pause (gevent.sleep(0.001) / eventlet.sleep(0.001), or any I/O) more "
-            "often than lock_lease / 3, or lock_lease must be longer than its longest stretch "
+            "often than lock_lease / %d, or lock_lease must be longer than its longest stretch "
             "without pausing",
             late + period,
             period,
+            TICKS_PER_TTL,
         )
 
 
@@ -458,7 +465,7 @@ class _Workers:
 
 
 #: Codes of renew.lua, worst first: the worst of a multi-key lock's names decides.
-_RANK = {TAKEN: 3, GONE: 2, MAX_HOLD_REACHED: 1}
+_RANK: dict[int, int] = {HolderReply.TAKEN: 3, HolderReply.GONE: 2, HolderReply.MAX_HOLD_REACHED: 1}
 
 
 def renew_calls(
@@ -499,7 +506,7 @@ def renew_calls(
                 worse, rank = _RANK.get(code, 0), _RANK.get(was, 0) if was is not None else -1
                 if was is None or worse > rank or (worse == rank == 0 and code < was):
                     codes[i] = code
-        return [GONE if code is None else code for code in codes]
+        return [HolderReply.GONE if code is None else code for code in codes]
 
     return calls, decode
 

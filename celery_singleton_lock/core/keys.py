@@ -3,7 +3,8 @@
 Layout for a lock named N under prefix P (default ``csl:``)::
 
     P{T}:lock     hash   the holder (owner token, fencing token, host, pid, ...);
-                         expires with the lease
+                         expires with the lease; during a release delay it has no owner
+                         and its ``state`` is RELEASE_DELAY_STATE
     P{T}:fence    string the last fencing token handed out; expires after FENCE_TTL
     P{T}:chan     pub/sub channel that wakes waiters on release (not a key)
     P{T}:queue    list   owner tokens of fair waiters, oldest first; expires unless one of
@@ -24,6 +25,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+
+#: The ``state`` field of a holder hash in its release delay (written by the release scripts,
+#: lua/release.lua, release_holder.lua, multi_release.lua, interval_release.lua, and read by
+#: the renew and acquire scripts). Stored data, so it keeps its value: holds that workers
+#: already left in Redis must still be recognised.
+RELEASE_DELAY_STATE = "cooldown"
 
 #: The prefix every key gets unless configured otherwise.
 DEFAULT_PREFIX = "csl:"

@@ -19,6 +19,7 @@ from redis.typing import EncodableT, KeyT
 
 from .keys import FENCE_TTL_MS, key_base
 from .redis_urls import is_cluster
+from .replies import AcquireReply, HolderReply
 
 T = TypeVar("T")
 
@@ -31,11 +32,6 @@ SCRIPT_NAMES = (
     "release_holder",
     "fair_abandon",
 )
-
-#: Codes shared by release.lua and renew.lua.
-GONE = 0
-TAKEN = -1
-MAX_HOLD_REACHED = -2
 
 
 class Script(RedisScript):
@@ -221,7 +217,7 @@ class Scripts:
             attempt,
         )  # fmt: skip
         taken, value = self._acquire(keys=keys, args=args)
-        return bool(taken), int(value)
+        return taken == AcquireReply.ACQUIRED, int(value)
 
     def acquire_freeing(
         self,
@@ -238,24 +234,25 @@ class Scripts:
         """One try of :meth:`acquire` that first releases another lease, ``free`` = (its lock
         key, the owner token holding it, whether to stop when another owner holds it), in
         the same round trip (not on a Redis Cluster: the keys are in two slots). The third
-        item: what the release did, as :meth:`release` says (1, GONE or TAKEN); when it is
-        TAKEN and stopping was asked, nothing was tried: (False, 0, TAKEN)."""
+        item: what the release did, as :meth:`release` says (a :class:`HolderReply`); when
+        it is TAKEN and stopping was asked, nothing was tried: (False, 0, TAKEN)."""
         free_key, free_owner, stop = free
         reply = self._acquire(
             keys=(lock_key, fence_key, free_key),
             args=(owner, ttl_ms, max_hold_ms, takeover,
                   "free-or-stop" if stop else "free", free_owner, holder, attempt),
         )  # fmt: skip
-        return bool(reply[0]), int(reply[1]), int(reply[2])
+        return reply[0] == AcquireReply.ACQUIRED, int(reply[1]), int(reply[2])
 
     def release(self, lock_key: bytes, owner: str, delay_ms: int) -> int:
-        """1 released (or handed to the oldest fair waiter), GONE or TAKEN; a release a
-        waiter waits for is published on the lock's channel (``P{T}:chan``)."""
+        """DONE released (or handed to the oldest fair waiter), GONE or TAKEN (HolderReply); a
+        release a waiter waits for is published on the lock's channel (``P{T}:chan``)."""
         return int(self._release(keys=(lock_key,), args=(owner, delay_ms)))
 
     def acquire_undo(self, lock_key: bytes, owner: str, attempt: str) -> int:
         """Undo what the acquire call ``attempt`` of ``owner`` took (acquire_undo.lua): 2 a
-        claim taken over is back, 1 it holds the name (release it), 0 nothing of its own."""
+        claim taken over is back, 1 it holds the name (release it), 0 nothing of its own
+        (:class:`UndoReply`)."""
         return int(self._acquire_undo(keys=(lock_key,), args=(owner, attempt)))
 
     def fair_abandon(self, lock_key: bytes, owner: str) -> int:
@@ -266,7 +263,7 @@ class Scripts:
     def handover(
         self, lock_key: bytes, owner: str, new_owner: str, ttl_ms: int, fields: Sequence[Any]
     ) -> int:
-        """1 handed over, GONE or TAKEN."""
+        """DONE handed over, GONE or TAKEN (:class:`HolderReply`)."""
         return int(self._handover(keys=(lock_key,), args=(owner, new_owner, ttl_ms, *fields)))
 
     def release_holder(
@@ -274,7 +271,7 @@ class Scripts:
     ) -> bool:
         """Release the lock if task ``task_id`` in process ``pid`` on ``host`` holds it."""
         reply = self._release_holder(keys=(lock_key,), args=(task_id, pid, host, delay_ms, channel))
-        return bool(reply)
+        return int(reply) == HolderReply.DONE
 
     def renew_call(self, leases: Sequence[tuple[bytes, str, int, int]]) -> ScriptCall:
         """The renew.lua call for (lock key, owner, ttl ms, generation) tuples, to batch

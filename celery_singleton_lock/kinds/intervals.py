@@ -31,7 +31,8 @@ from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle import HOSTNAME, HolderRecord, LockHandle
 from ..core.handle_state import HandleState
 from ..core.heartbeat import RenewEntry
-from ..core.keys import FENCE_TTL_MS, escape_glob, name_tag
+from ..core.keys import FENCE_TTL_MS, RELEASE_DELAY_STATE, escape_glob, name_tag
+from ..core.replies import ClearReply, IntervalReply
 from ..core.scan import Record, read_hashes, scan
 from ..core.scripts import FENCING, ScriptCall, bound_to, register, source_after
 from ..exceptions import ConfigurationError, LockError, LockNotHeld
@@ -44,8 +45,6 @@ if TYPE_CHECKING:
 RESERVATION_MS = 1500
 
 MODE_NAMES = {"r": "read", "u": "upgradable", "w": "write"}
-PARENT_GONE = -3
-NOT_INSIDE = -4
 
 
 @dataclass(frozen=True)
@@ -168,13 +167,13 @@ class IntervalHold(HandleState):
     def _acquired(self, reply: Any, queued: bool) -> tuple[bool, int]:
         """interval_acquire.lua's reply: (True, token) or (False, ms a waiter may sleep)."""
         code, value = int(reply[0]), int(reply[1])
-        if code == PARENT_GONE:
+        if code == IntervalReply.PARENT_GONE:
             raise LockNotHeld(
                 f"the upgradable hold on {self.name!r} is gone or does not cover"
                 f" [{self.lo}, {self.hi}]",
                 name=self.name,
             )
-        if code == 1:
+        if code == IntervalReply.DONE:
             return True, value
         return False, wait_hint(value, queued)
 
@@ -202,9 +201,9 @@ class IntervalHold(HandleState):
 
     def _upgrade_tried(self, code: int, value: int, reserve: bool) -> tuple[bool, int]:
         """An upgrade attempt's reply: (upgraded, ms a waiter may sleep)."""
-        if code == PARENT_GONE:
+        if code == IntervalReply.PARENT_GONE:
             raise self._changed_lost("upgrade")
-        return code == 1, wait_hint(value, reserve)
+        return code == IntervalReply.DONE, wait_hint(value, reserve)
 
     def _inside(self, lo: object, hi: object, held: str) -> tuple[float, float]:
         """[lo, hi] checked, and inside this hold (``held`` names it in the error)."""
@@ -364,7 +363,7 @@ def clear_holder(
 ) -> bool:
     """Remove the holder ``owner`` of interval lock ``name`` (if ``token`` is given, only if
     that is still its fencing token) and wake waiters. True if something was removed."""
-    return clear_hold(client, family, name, owner, token=token) == 1
+    return clear_hold(client, family, name, owner, token=token) == ClearReply.CLEARED
 
 
 def clear_hold(
@@ -376,9 +375,9 @@ def clear_hold(
     token: int | None = None,
     renewed_ms: int | None = None,
 ) -> int:
-    """:func:`clear_holder` for the admin tools, with the script's code: 1 removed, 0 not
-    held, -1 the fencing token differs, -2 renewed since ``renewed_ms`` (when given: the
-    renewal time it had when listed stale, so a holder whose heartbeat resumed stays)."""
+    """:func:`clear_holder` for the admin tools, with the script's :class:`ClearReply`
+    (RESUMED: renewed since ``renewed_ms``, when given: the renewal time it had when listed
+    stale, so a holder whose heartbeat resumed stays)."""
     name = validate.check_name(name)
     owner = validate.check_text(owner, "owner")
     token = validate.check_optional_token(token)
@@ -424,8 +423,8 @@ def release_hold(
     renewed_ms: str = "",
 ) -> int:
     """One run of interval_release.lua: release ``owner``'s hold (after ``delay_ms`` of
-    delay-after), only if its fencing token is ``token`` and its last renewal ``renewed_ms``
-    when they are given; 1 released, 0 not held, -1 the token differs, -2 renewed since."""
+    release delay), only if its fencing token is ``token`` and its last renewal ``renewed_ms``
+    when they are given; a :class:`ClearReply` (CLEARED: released)."""
     code = conn.call(
         scripts(conn).release,
         keys=keys.all(owner)[:12],
@@ -444,7 +443,7 @@ def release_holder(
     host: str | None = None,
     delay: float = 0.0,
 ) -> bool:
-    """Release (after ``delay`` seconds of delay-after) the holds of interval lock ``name``
+    """Release (after a release delay of ``delay`` seconds) the holds of interval lock ``name``
     that task ``task_id`` running in process ``pid`` on ``host`` (default: this machine)
     has; for a supervisor (the Celery worker's main process) whose child can no longer
     release, and which knows no owner token. True if a hold was released.
@@ -472,10 +471,17 @@ def release_holder(
     wanted = (task_id.encode(), str(pid).encode(), host.encode())
     released = False
     for owner, (held_by, held_in, held_on, token, state) in zip(owners, replies, strict=True):
-        # A hold in delay-after was released already: its delay must not start again.
-        if (held_by, held_in, held_on) != wanted or token is None or state == b"cooldown":
+        # A hold in a release delay was released already: its delay must not start again.
+        if (
+            (held_by, held_in, held_on) != wanted
+            or token is None
+            or state == RELEASE_DELAY_STATE.encode()
+        ):
             continue
-        released = release_hold(conn, keys, owner, delay_ms, token.decode()) == 1 or released
+        released = (
+            release_hold(conn, keys, owner, delay_ms, token.decode()) == ClearReply.CLEARED
+            or released
+        )
     return released
 
 
@@ -512,7 +518,7 @@ class IntervalFamilyAdmin:
         host: str | None = None,
         delay: float = 0.0,
     ) -> bool:
-        """Release (after ``delay`` seconds of delay-after) the holds of lock ``name`` that
+        """Release (after a release delay of ``delay`` seconds) the holds of lock ``name`` that
         task ``task_id`` in process ``pid`` on ``host`` (default: this machine) has: for a
         supervisor whose child can no longer release. True if a hold was released."""
         return release_holder(

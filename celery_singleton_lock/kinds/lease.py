@@ -23,12 +23,12 @@ from ..core.handle import (
 )
 from ..core.handle_state import Timing, _Process, hint_seconds, outage_pause
 from ..core.heartbeat import RenewEntry, RenewUnit
-from ..core.keys import encode_name, lock_keys, lock_pattern
+from ..core.keys import RELEASE_DELAY_STATE, encode_name, lock_keys, lock_pattern
 from ..core.patterns import literal_name
 from ..core.redis_urls import is_cluster
+from ..core.replies import HolderReply, UndoReply
 from ..core.scan import Record, read_hashes, scan
 from ..core.scripts import (
-    TAKEN,
     WAKE_FAIR_WAITER,
     ScriptCall,
     array_header,
@@ -43,8 +43,13 @@ from ..exceptions import LockBackendError, LockError
 #: skipped by releases (not handed the lease) at most this long after it died.
 FAIR_REGISTRATION_MS = 1000
 #: A fair waiter refreshes its registration (and tries the name, in case it was freed
-#: without a hand-off: expiry, delay-after, a clear) this often.
+#: without a hand-off: expiry, release delay, a clear) this often.
 FAIR_REFRESH = 0.25
+
+#: Every claim's owner token starts with this: a lease held for a queued message or handed
+#: over to a retry (celery/claims.py), not by a process, which :func:`release_holder` never
+#: frees (lua/release_holder.lua has the same literal: a script cannot import it).
+CLAIM_OWNER_PREFIX = "claim:"
 
 
 def block_for(hint: float, remaining: float) -> float:
@@ -65,7 +70,7 @@ class Lease(LockHandle):
     """An exclusive, expiring lock on one name.
 
     Made by :meth:`LockClient.lease`. ``acquire`` takes it, ``release`` gives it back, and
-    while it is held the process's heartbeat renews it every ``ttl / 3`` seconds, so a holder
+    while it is held the process's heartbeat renews it every ``ttl / TICKS_PER_TTL`` s, so a holder
     that dies frees the name within ``ttl``. Used as a context manager it acquires (waiting up
     to ``wait`` seconds, else raising :class:`LockTimeout`) and releases on exit.
     """
@@ -134,8 +139,8 @@ class Lease(LockHandle):
         # what tells what this call took from what that owner held already.
         self._attempt = ""
         self._free_first: tuple[bytes, str, bool] | None = None
-        #: What the last acquire's :meth:`free_first` release did (1 released, 0 nothing
-        #: held, -1 held by another owner); None if it had none.
+        #: What the last acquire's :meth:`free_first` release did (a :class:`HolderReply`:
+        #: DONE, GONE or TAKEN); None if it had none.
         self.freed_first: int | None = None
 
     @property
@@ -172,7 +177,7 @@ class Lease(LockHandle):
         ``stop_if_taken``, when another owner holds ``name`` the attempt stops there and
         the acquire fails. False, and nothing changed, on a Redis Cluster: the two names'
         keys live in different slots, so the caller releases ``name`` itself."""
-        # Checked as release_owner checks them: an empty owner would match a delay-after.
+        # Checked as release_owner checks them: an empty owner would match a release delay.
         lock_key = self._conn.keys(name).lock
         owner = validate.check_text(owner, "owner")
         stop_if_taken = validate.check_bool(stop_if_taken, "stop_if_taken")
@@ -229,7 +234,7 @@ class Lease(LockHandle):
             if self.fair:
                 self._leave_queue(owner)
             undone = conn.call(conn.scripts.acquire_undo, self.keys.lock, owner, self._attempt)
-            if undone == 1:
+            if undone == UndoReply.HELD:
                 self._release(owner, 0)
         except LockBackendError:
             self._withdraw_failed()
@@ -241,7 +246,7 @@ class Lease(LockHandle):
             # acquire.lua's mode argument says reserve or fair: release in a call of its own.
             free_key, free_owner, stop = free
             self.freed_first = conn.call(conn.scripts.release, free_key, free_owner, 0)
-            if stop and self.freed_first == TAKEN:
+            if stop and self.freed_first == HolderReply.TAKEN:
                 return False, 0
             free = None
         acquire_args = (
@@ -370,7 +375,7 @@ class Lease(LockHandle):
             validate.seconds_to_ms(ttl),
             flat,
         )
-        if code != 1:
+        if code != HolderReply.DONE:
             raise self._lost_error(code, "hand over")
 
 
@@ -490,7 +495,7 @@ class _HolderShape:
 class ReleaseResult(enum.IntEnum):
     """What :meth:`LockClient.release_owner` did (release.lua's reply)."""
 
-    #: Released (or put in delay-after).
+    #: Released (or put in a release delay).
     RELEASED = 1
     #: Nothing was held under the name.
     NOT_HELD = 0
@@ -502,7 +507,7 @@ def release_owner(
     client: Connection | HasConnection, name: str, owner: str, *, delay: float = 0.0
 ) -> ReleaseResult:
     """Release lease ``name`` if the owner token ``owner`` holds it (a claim: see
-    :meth:`Lease.hand_over`), after ``delay`` seconds of delay-after. One round trip."""
+    :meth:`Lease.hand_over`), after a release delay of ``delay`` seconds. One round trip."""
     conn = connection_of(client)
     keys = conn.keys(name)
     owner = validate.check_text(owner, "owner")
@@ -514,26 +519,26 @@ def release_owner(
 
 def read_lease_holders(conn: Connection, keys: list[bytes]) -> list[HolderRecord]:
     """The holders of lease keys ``keys`` (a lease's, or each name of a multi-key lock):
-    one pipelined read (:func:`read_hashes`), and a TIME only when a delay-after needs its
+    one pipelined read (:func:`read_hashes`), and a TIME only when a release delay needs its
     end on the server clock (a Cluster pipeline refuses TIME)."""
     found: list[tuple[str | None, str | None, int | None]] = []
     for fields, pttl in read_hashes(conn, keys):
         owner, task_id, state = (fields.get(field) for field in (b"owner", b"task_id", b"state"))
         if owner is None and task_id is None:
             continue  # this name is free now
-        cooling = not owner and state == b"cooldown"
+        delayed = not owner and state == RELEASE_DELAY_STATE.encode()
         found.append(
             (
                 _text(owner) if owner else None,
                 None if task_id is None else _text(task_id),
-                max(0, pttl) if cooling else None,
+                max(0, pttl) if delayed else None,
             )
         )
     now_ms = conn.server_ms() if any(left is not None for _, _, left in found) else 0
     holders: list[HolderRecord] = []
     for owner, task_id, left in found:
         until = None if left is None else now_ms + left
-        holder = HolderRecord(owner=owner, task_id=task_id, cooldown_until_ms=until)
+        holder = HolderRecord(owner=owner, task_id=task_id, release_delay_until_ms=until)
         if holder not in holders:
             holders.append(holder)
     return holders
@@ -555,7 +560,7 @@ def release_holder(
     host: str | None = None,
     delay: float = 0.0,
 ) -> bool:
-    """Release lease ``name`` (after ``delay`` seconds of delay-after) if task ``task_id``
+    """Release lease ``name`` (after a release delay of ``delay`` seconds) if task ``task_id``
     running in process ``pid`` on ``host`` (default: this machine) holds it; for a
     supervisor whose child can no longer release. A claim handed over for the task's next
     attempt is never released here. True if released."""
@@ -569,7 +574,7 @@ def release_holder_args(
     task_id: str, pid: int, host: str | None, delay: float, channel: bytes
 ) -> tuple[Any, ...]:
     """ARGV of release_holder.lua (after the lock key), the arguments checked: task id, pid,
-    host (default: this machine), delay-after ms, the channel its release is published on."""
+    host (default: this machine), release delay ms, the channel its release is published on."""
     task_id = validate.check_text(task_id, "task_id")
     pid = validate.check_pid(pid)
     host = validate.check_host(host, HOSTNAME)
@@ -593,15 +598,15 @@ def lease_keys(client: Connection | HasConnection, pattern: str | None) -> list[
 
 
 def lease_holders(records: list[Record], pattern: str | None = None) -> list[dict[str, Any]]:
-    """The lease holders among lease ``records`` (and every delay-after left on a lease key,
+    """The lease holders among lease ``records`` (and every release delay left on a lease key,
     whoever left it) whose name matches the glob ``pattern``: a dict of the hash's fields
     (str keys, values as stored) plus ``kind`` and ``pttl_ms``."""
     holders: list[dict[str, Any]] = []
     for fields, pttl in records:
         holder = {_text(k): v for k, v in fields.items()}
         kind = _text(holder.get("kind", b"lease"))
-        cooling = not holder.get("owner") and _text(holder.get("state", b"")) == "cooldown"
-        if kind != "lease" and not cooling:
+        delayed = not holder.get("owner") and _text(holder.get("state", b"")) == RELEASE_DELAY_STATE
+        if kind != "lease" and not delayed:
             continue  # a name held by a multi-key lock: multi.py lists its holders
         holder["kind"] = kind
         holder["pttl_ms"] = pttl
@@ -620,10 +625,9 @@ def list_holders(
 
 
 def clear_holder(client: Connection | HasConnection, holder: dict[str, Any]) -> int:
-    """Delete the lease (or one name of a multi-key lock, or the delay-after any holder left
+    """Delete the lease (or one name of a multi-key lock, or the release delay any holder left
     on a lease key) if it still carries the listed fencing token and, when the holder dict
-    has a ``renewed_ms``, was not renewed since (clear.lua); a code of clear.lua: 1 cleared,
-    0 gone, -1 taken by another holder, -2 renewed since."""
+    has a ``renewed_ms``, was not renewed since (clear.lua): a :class:`ClearReply`."""
     conn = connection_of(client)
     keys = lock_keys(conn.prefix, _text(holder["name"]))
     # Registering computes a SHA, no I/O; admin calls are rare enough to do it per call.

@@ -26,11 +26,10 @@ from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.keys import FENCE_TTL_MS, LockKeys, encode_name
 from ..core.notifier import Wakeup
 from ..core.redis_urls import is_cluster
+from ..core.replies import AcquireReply, HolderReply
 from ..core.scan import Record, read_hashes
 from ..core.scripts import (
     FENCING,
-    GONE,
-    TAKEN,
     WAKE_FAIR_WAITER,
     ScriptCall,
     bound_to,
@@ -110,7 +109,7 @@ class MultiLease(LockHandle):
                 *self._describe_holder(named=False),
             ],
         )  # fmt: skip
-        if int(reply[0]) != 1:
+        if int(reply[0]) != AcquireReply.ACQUIRED:
             return False, int(reply[1])
         self._tokens = {name: int(t) for name, t in zip(self._ordered, reply[1:], strict=True)}
         return True, max(self._tokens.values())
@@ -147,7 +146,10 @@ class MultiLease(LockHandle):
                 self._conn.call(self._conn.scripts.release, k.lock, owner, delay_ms)
                 for k in self.keys
             ]
-            return TAKEN if TAKEN in codes else GONE if GONE in codes else 1
+            for worst in (HolderReply.TAKEN, HolderReply.GONE):
+                if worst in codes:
+                    return worst
+            return HolderReply.DONE
         return int(
             self._conn.call(
                 self._scripts.release,
@@ -211,7 +213,7 @@ def clear_holder(
         keys=[keys.lock],
         args=[owner, 0, "" if token is None else str(token), keys.channel],
     )
-    return int(code) == 1
+    return int(code) == HolderReply.DONE
 
 
 def release_holder(
@@ -223,7 +225,7 @@ def release_holder(
     host: str | None = None,
     delay: float = 0.0,
 ) -> bool:
-    """Release (after ``delay`` seconds of delay-after) every one of ``names`` that task
+    """Release (after a release delay of ``delay`` seconds) every one of ``names`` that task
     ``task_id`` in process ``pid`` on ``host`` (default: this machine) holds: for a
     supervisor whose child can no longer release. True if a name was released."""
     checked = check_names(names)

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
+from ..core.replies import IntervalReply
 from ..exceptions import ConfigurationError
 from . import intervals
 from .intervals import IntervalHandle, check_interval
@@ -38,9 +39,9 @@ class RangeLockHandle(IntervalHandle):
         waiters on the freed parts are woken."""
         low, high = self._inside(lo, hi, "held")
         code, _ = self._change("shrink", low, high)
-        if code == intervals.NOT_INSIDE:  # pragma: no cover - the check above prevents it
+        if code == IntervalReply.NOT_INSIDE:  # pragma: no cover - the check above prevents it
             raise ConfigurationError("lo", f"[{lo}, {hi}] is not inside the held range")
-        if code != 1:
+        if code != IntervalReply.DONE:
             raise self._changed_lost("shrink")
         self.lo, self.hi = low, high
 

@@ -29,7 +29,7 @@ Holder = dict[str, Any]
 
 class ReleaseHolder(Protocol):
     """Release what task ``task_id`` in process ``pid`` on ``host`` holds of lock ``name``
-    (a multi-key lock: of its names), after ``delay`` seconds of delay-after; True if
+    (a multi-key lock: of its names), after a release delay of ``delay`` seconds; True if
     something was released. For a supervisor whose child died holding it."""
 
     def __call__(
@@ -79,7 +79,7 @@ class KindFamily:
     #: The family's holders among the records read from those keys, matching the pattern.
     holders: Callable[[list[Record], str | None], list[Holder]]
     #: Clear a listed holder if it still holds (and, when the holder dict has a
-    #: ``renewed_ms``, was not renewed since): 1 cleared, 0 gone, -1 taken, -2 renewed.
+    #: ``renewed_ms``, was not renewed since): a ``ClearReply`` (core/replies.py).
     clear_holder: Callable[[Connection, Holder], int]
     release_holder: ReleaseHolder
     #: The modes its handles are made in (``exclusive``: one holder, no sharing).

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
+from ..core.replies import IntervalReply
 from ..exceptions import LockNotHeld
 from . import intervals
 from .intervals import RESERVATION_MS, IntervalHandle
@@ -70,7 +71,7 @@ class RWLockHandle(IntervalHandle):
         if not self._upgraded:
             raise LockNotHeld(f"the hold on {self.name!r} is not upgraded", name=self.name)
         code, _ = self._change("downgrade")
-        if code != 1:
+        if code != IntervalReply.DONE:
             raise self._changed_lost("downgrade")
         self._upgraded = False
 

@@ -1,4 +1,4 @@
--- Take an exclusive lease on a name if nobody holds it (nor keeps it in delay-after).
+-- Take an exclusive lease on a name if nobody holds it (nor keeps it in a release delay).
 -- KEYS[1]: lock hash          KEYS[2]: fencing counter
 -- KEYS[3]: queue of fair waiters (list)   KEYS[4], KEYS[5]: this caller's registration hash
 --          and hand-off list (KEYS[3..5] only with ARGV[5] = 'fair')
@@ -22,6 +22,7 @@
 --          an owner token that is not unique per acquire call (a claim's), it tells what
 --          this call took from what that owner held already (acquire_undo.lua)
 -- FENCE_TTL_MS (defined before this text by scripts.py): the fencing counter's ttl, ms
+-- Reply codes: AcquireReply in core/replies.py (keep the two in step).
 -- returns {1, fencing token}     taken, or held by this owner already: a re-sent attempt
 --                                 whose first run's reply was lost (or, for a fair waiter,
 --                                 handed to it meanwhile) gets the token it has, unchanged

@@ -4,6 +4,7 @@
 -- ARGV[1]: the call's owner token
 -- ARGV[2]: the call's id (acquire.lua's ARGV[8]); '' when the owner token is the call's own
 --          (random, made for it), so whatever that owner holds, this call took
+-- Reply codes: UndoReply in core/replies.py (keep the two in step).
 -- returns 2   it had taken a claim over: the claim is back, as it was (acquire.lua kept it)
 --         1   it holds the name: the caller releases it (release.lua, which wakes waiters)
 --         0   nothing of this call's: not held by that owner, or held by that owner since

@@ -1,9 +1,10 @@
 -- Clear a lease for an administrator, only if it still has the holder that was listed.
 -- KEYS[1]: lock hash
--- ARGV[1]: expected fencing token (of the holder, or of the delay-after it left behind)
+-- ARGV[1]: expected fencing token (of the holder, or of the release delay it left behind)
 -- ARGV[2]: wake-up channel
 -- ARGV[3]: the holder's renewed_ms when it was listed stale ('': do not check; a forced
---          clear, or a delay-after)
+--          clear, or a release delay)
+-- Reply codes: ClearReply in core/replies.py (keep the two in step).
 -- returns 1   cleared; waiters were woken
 --         0   gone: released or expired since it was listed
 --        -1   another holder has the name now: left alone

@@ -7,6 +7,7 @@
 -- ARGV[9]: owner of the upgradable hold a write nests in ('' none)
 -- ARGV[10]: publish channel    ARGV[11]: '1' the caller will wait if blocked ('' it will not)
 -- ARGV[12..]: field, value pairs describing the holder
+-- Reply codes: IntervalReply in core/replies.py (keep the two in step).
 -- returns {1, fencing token}    taken, or held by this owner already: a re-sent attempt whose
 --                               first run's reply was lost gets the token it has, unchanged
 --         {0, ms}                blocked; ms until a conflicting holder could run out

@@ -6,6 +6,7 @@
 -- ARGV[3], ARGV[4]: new lo, hi (shrink)
 -- ARGV[5]: reservation, ms (upgrade; 0: none, and the caller will not wait)
 -- ARGV[6]: wake-up channel
+-- Reply codes: IntervalReply in core/replies.py (keep the two in step).
 -- returns {1, 0}    done
 --         {0, ms}   upgrade blocked by readers; ms until one could run out
 --         {-3, 0}   not held (expired or cleared), or not in the mode the change needs

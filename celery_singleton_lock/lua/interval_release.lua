@@ -5,6 +5,7 @@
 -- ARGV[4]: fencing token the holder must have ('' : any)
 -- ARGV[5]: renewed_ms the holder must still have ('' : any): the admin's clear of a hold it
 --          listed stale leaves it alone once its heartbeat resumed
+-- Reply codes: ClearReply in core/replies.py (keep the two in step).
 -- returns 1   released (or, for a waiter, its reservation withdrawn)
 --         0   not held: the hold expired (or was cleared)
 --        -1   the holder's fencing token is not ARGV[4]
@@ -37,7 +38,7 @@ if m then
     return -2
   end
   if delay > 0 then
-    -- Delay-after: keep the indexed interval until the delay ends; nothing renews it now.
+    -- Release delay: keep the indexed interval until the delay ends; nothing renews it now.
     redis.call('ZADD', KEYS[1], now() + delay, owner)
     redis.call('HSET', KEYS[8], 'state', 'cooldown', 'released_ms', now_ms)
     redis.call('PEXPIRE', KEYS[8], delay)

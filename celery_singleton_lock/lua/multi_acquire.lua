@@ -5,6 +5,7 @@
 -- ARGV[4]: fence ttl, ms   ARGV[5]: '1' if the caller will wait for a release, else ''
 -- ARGV[6..5+n]: the names (stored as each hash's `name`)
 -- ARGV[6+n..]: field, value pairs describing the holder (kind, host, pid, ...)
+-- Reply codes: AcquireReply in core/replies.py (keep the two in step).
 -- returns {1, token 1, ..., token n}   all taken, one fencing token per name; or all held by
 --                                       this owner already (a re-sent attempt whose first
 --                                       run's reply was lost): the tokens they have

@@ -5,8 +5,9 @@
 -- ARGV[4..3+n]: the wake-up channel of each name
 -- Waiters mark the hash (acquire.lua): only a marked one is published, and its oldest live
 -- fair waiter is woken to take the freed name itself (wake_fair_waiter.lua, prepended).
+-- Reply codes: HolderReply in core/replies.py (keep the two in step).
 -- returns 1 all released; else -1 if some name is held by another owner, 0 if some expired
--- A delay-after left names its owner (`released_by`): a delayed release sent again after
+-- A release delay left names its owner (`released_by`): a delayed release sent again after
 -- its reply was lost (redis-py's retry) finds it released, not held by another.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -2,17 +2,18 @@
 -- KEYS[1]: lock hash (P{T}:lock)
 -- ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)
 -- FENCE_TTL_MS (defined before this text by scripts.py): the fencing counter's ttl, ms
+-- Reply codes: HolderReply in core/replies.py (keep the two in step).
 -- returns 1   released (or handed to the oldest live fair waiter); also for a delayed
---             release sent again after its reply was lost (redis-py's retry): the delay-after
+--             release sent again after its reply was lost (redis-py's retry): the release delay
 --             it left names its owner as `released_by`
 --         0   not held: the lease expired and nobody holds the name
---        -1   another owner holds the name (or it is in another holder's delay-after)
+--        -1   another owner holds the name (or it is in another holder's release delay)
 --
 -- Only a hash a waiter marked (see acquire.lua) is handed over or published: an uncontended
 -- release pays for neither, nor for the keys only a hand-off needs. Those are named here from
 -- the lock hash's own name (same hash tag, so the same slot): the fencing counter P{T}:fence,
 -- the queue of fair waiters P{T}:queue, a waiter W's registration P{T}:w:W and the list it
--- blocks on, P{T}:m:W; so is the wake-up channel, P{T}:chan. A delay-after release does
+-- blocks on, P{T}:m:W; so is the wake-up channel, P{T}:chan. A release with a delay does
 -- neither: waiters look again when it ends. A hand-off makes the waiter the holder at once,
 -- with its own ttl, max-hold and holder fields, and a fresh fencing token; the waiter's
 -- blocked BLPOP returns that token.

@@ -2,10 +2,11 @@
 -- KEYS[i]: lock hash of lease i
 -- ARGV[3i-2]: owner token of lease i   ARGV[3i-1]: new lease length of lease i, ms
 -- ARGV[3i]: generation of the renewal (the holder's extends raise it)
+-- Reply codes: HolderReply in core/replies.py (keep the two in step).
 -- returns one integer per lease:
 --   > 0  renewed: ms the lease now has (less than asked when its max-hold deadline is near)
 --     0  gone: expired (or Redis lost it) and nobody holds the name
---    -1  another owner holds the name, or it is in a delay-after (which has no owner: an
+--    -1  another owner holds the name, or it is in a release delay (which has no owner: an
 --        empty owner token matches nothing, so a late renewal never cuts a delay short)
 --    -2  max-hold reached: not renewed, the lease runs out on its own
 -- The remaining time is *set*, never added to, so a lease cannot grow without bound.

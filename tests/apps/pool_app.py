@@ -110,10 +110,10 @@ def make_app(url: str, prefix: str, queue: str = "celery") -> Celery:
     app.task(base=SingletonTask, bind=True, shared=False, name="pool_app.stuck", **stuck_options)(
         stuck_body
     )
-    # The same with a delay-after: the killed first delivery did not end, so it leaves none
+    # The same with a release delay: the killed first delivery did not end, so it leaves none
     # in the way of its own message coming back.
     app.task(
-        base=SingletonTask, bind=True, shared=False, name="pool_app.stuck_cooling",
+        base=SingletonTask, bind=True, shared=False, name="pool_app.stuck_release_delay",
         lock_release_delay=600, **stuck_options,
     )(stuck_body)  # fmt: skip
 
