@@ -5,17 +5,17 @@ A family is listed from a *keyspace*: the keys one listing reads (one SCAN, or t
 literal pattern names). Families sharing a keyspace (leases and multi-key locks both live
 in lease keys) share one read of it in a listing.
 
-A family also makes its handles from what is locked (a name; the names of a multi-key lock,
-the bounds of a range hold) and a mode, through a :class:`HandleFactory` whose ttl and
-max-hold are checked once: the Celery layer picks the family from a task's options and makes
-one handle per run.
+A family also makes its handles from what is locked (a :class:`Target`: a name; the names
+of a multi-key lock; a name with the bounds of a range hold) and a mode, through a
+:class:`HandleFactory` whose ttl and max-hold are checked once: the Celery layer picks the
+family from a task's options and makes one handle per run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ..core.connection import Connection, HasConnection
 from ..core.handle import LockHandle
@@ -45,21 +45,27 @@ class ReleaseHolder(Protocol):
     ) -> bool: ...
 
 
+class Target(NamedTuple):
+    """What one handle locks: lock ``name`` (a range lock: the resource; a multi-key lock:
+    its names joined with " + "), the ``names`` of a multi-key lock, or the ``bounds``
+    (lo, hi) of a range hold. A family reads what it needs."""
+
+    name: str
+    names: tuple[str, ...] = ()
+    bounds: tuple[float, float] | None = None
+
+
 class HandleFactory(Protocol):
     """Makes handles (not yet acquired) of one family, with the ttl and max-hold it was made
-    for: a handle in ``mode`` (one of the family's ``modes``) on lock ``name`` (a range lock:
-    the resource; a multi-key lock: its names joined with " + "), on the ``names`` of a
-    multi-key lock, or on the ``bounds`` (lo, hi) of a range hold. A family reads what it
-    needs; positional only, so that a task run pays for no keywords."""
+    for: a handle in ``mode`` (one of the family's ``modes``) on ``target``. Positional only,
+    so that a task run pays for no keywords."""
 
     def __call__(
         self,
-        name: str,
+        target: Target,
         mode: str,
         owner_info: dict[str, Any] | None,
         on_lost: Callable[[Any], object] | None,
-        names: tuple[str, ...] = (),
-        bounds: tuple[float, float] | None = None,
         /,
     ) -> LockHandle: ...
 
@@ -97,17 +103,14 @@ def _lease_handles(conn: Connection, ttl: float, max_hold: float | None) -> Hand
     """Leases through a LeaseTemplate: the ttl and max-hold are checked here, not per lease
     (a default task makes one lease per run)."""
     make = lease.LeaseTemplate(conn, ttl=ttl, max_hold=max_hold).lease
-    return lambda name, mode, owner_info, on_lost, names=(), bounds=None: make(
-        name, owner_info=owner_info, on_lost=on_lost
+    return lambda target, mode, owner_info, on_lost: make(
+        target.name, owner_info=owner_info, on_lost=on_lost
     )
 
 
-#: The bounds (lo, hi) of a range hold; None for other kinds.
-Bounds = tuple[float, float] | None
-
 #: Makes one handle of a family (as a :class:`HandleFactory` does, on a connection), with the
 #: handle keywords ``ttl``, ``max_hold``, ``owner_info`` and ``on_lost`` in a dict.
-MakeHandle = Callable[[Connection, str, str, tuple[str, ...], Bounds, dict[str, Any]], LockHandle]
+MakeHandle = Callable[[Connection, Target, str, dict[str, Any]], LockHandle]
 
 
 def _handles(make: MakeHandle) -> Callable[[Connection, float, float | None], HandleFactory]:
@@ -117,49 +120,32 @@ def _handles(make: MakeHandle) -> Callable[[Connection, float, float | None], Ha
         def options(owner_info: Any, on_lost: Any) -> dict[str, Any]:
             return {"ttl": ttl, "max_hold": max_hold, "owner_info": owner_info, "on_lost": on_lost}
 
-        return lambda name, mode, owner_info, on_lost, names=(), bounds=None: make(
-            conn, name, mode, names, bounds, options(owner_info, on_lost)
+        return lambda target, mode, owner_info, on_lost: make(
+            conn, target, mode, options(owner_info, on_lost)
         )
 
     return handles
 
 
 def _multi_handle(
-    conn: Connection,
-    name: str,
-    mode: str,
-    names: tuple[str, ...],
-    bounds: Bounds,
-    options: dict[str, Any],
+    conn: Connection, target: Target, mode: str, options: dict[str, Any]
 ) -> LockHandle:
-    return multi.MultiLease(conn, names, **options)
+    return multi.MultiLease(conn, target.names, **options)
 
 
-def _rw_handle(
-    conn: Connection,
-    name: str,
-    mode: str,
-    names: tuple[str, ...],
-    bounds: Bounds,
-    options: dict[str, Any],
-) -> LockHandle:
-    make: Callable[..., LockHandle] = getattr(rwlock.RWLock(conn, name), mode)
+def _rw_handle(conn: Connection, target: Target, mode: str, options: dict[str, Any]) -> LockHandle:
+    make: Callable[..., LockHandle] = getattr(rwlock.RWLock(conn, target.name), mode)
     return make(**options)
 
 
 def _range_handle(
-    conn: Connection,
-    name: str,
-    mode: str,
-    names: tuple[str, ...],
-    bounds: Bounds,
-    options: dict[str, Any],
+    conn: Connection, target: Target, mode: str, options: dict[str, Any]
 ) -> LockHandle:
-    if bounds is None:
-        raise ConfigurationError("bounds", f"a range lock on {name!r} needs bounds")
-    lock = rangelock.RangeLock(conn, name)
+    if target.bounds is None:
+        raise ConfigurationError("bounds", f"a range lock on {target.name!r} needs bounds")
+    lock = rangelock.RangeLock(conn, target.name)
     make: Callable[..., LockHandle] = getattr(lock, "write" if mode == "exclusive" else mode)
-    return make(*bounds, **options)
+    return make(*target.bounds, **options)
 
 
 def _interval_family(
