@@ -20,11 +20,11 @@ from ..kinds.intervals import (
     IntervalKeys,
     IntervalScripts,
     check_interval,
+    release_args,
 )
 from ..kinds.rangelock import FAMILY as RANGE_FAMILY
 from ..kinds.rangelock import describe_hold
 from ..kinds.rwlock import FAMILY as RW_FAMILY
-from . import wire
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
 from .handle import AsyncLockHandle, RenewEntry
 
@@ -46,7 +46,7 @@ async def release_hold(
     code = await conn.script(
         interval_scripts(conn).release,
         keys.all(owner)[:12],
-        wire.interval_release_args(owner, delay_ms, keys.channel, token, renewed_ms),
+        release_args(owner, delay_ms, keys, token, renewed_ms),
     )
     return int(code)
 

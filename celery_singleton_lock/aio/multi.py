@@ -7,8 +7,14 @@ from typing import Any
 
 from ..core.keys import LockKeys
 from ..core.scripts import ScriptCall, bound_to
-from ..kinds.multi import MultiLease, MultiScripts, check_names
-from . import wire
+from ..kinds.multi import (
+    MultiLease,
+    MultiScripts,
+    acquire_args,
+    acquired,
+    check_names,
+    release_args,
+)
 from .connection import AsyncConnection, HasAsyncConnection
 from .handle import AsyncLockHandle, RenewEntry
 
@@ -51,12 +57,12 @@ class AsyncMultiLease(AsyncLockHandle):
         reply = await self._conn.script(
             multi_scripts(self._conn).acquire,
             [k.lock for k in self.keys] + [k.fence for k in self.keys],
-            wire.multi_acquire_args(
+            acquire_args(
                 owner, self._ttl_ms, self._max_hold_ms, reserve, self._ordered,
                 self._describe_holder(named=False),
             ),
         )  # fmt: skip
-        taken, value, tokens = wire.multi_acquired(self._ordered, reply)
+        taken, value, tokens = acquired(self._ordered, reply)
         if taken:
             self._tokens = tokens
         return taken, value
@@ -66,7 +72,7 @@ class AsyncMultiLease(AsyncLockHandle):
             await self._conn.script(
                 multi_scripts(self._conn).release,
                 [k.lock for k in self.keys],
-                (owner, delay_ms, "", *self._channels),
+                release_args(owner, delay_ms, self.keys),
             )
         )
 

@@ -1,64 +1,19 @@
-"""The pure halves of the script calls and reads the asyncio kinds and admin make: script
-arguments built, replies decoded, holder records read and key patterns, with no I/O.
-
-The sync kinds build the same arguments and read the same replies inline (``multi.py``,
-``admin.py``); the interval holds' acquire and change calls are shared already
-(:class:`..kinds.intervals.IntervalHold`). Nothing here does I/O or takes a client, so the sync side
-can share these once it may import them (beside the constants they use, below ``aio``).
-"""
+"""The pure halves of the reads the asyncio admin makes: holder records read and key
+patterns, with no I/O. (Each kind's script arguments and replies are in its sync module.)"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from ..admin import COOLDOWN, STALE, LockInfo
-from ..core.keys import FENCE_TTL_MS, encode_name, lock_pattern
+from ..core.keys import lock_pattern
 from ..kinds.intervals import MODE_NAMES, decode_holder
 from ..kinds.rwlock import FAMILY as RW_FAMILY
 
 Holder = dict[str, Any]
 
 
-# -- multi-key locks -------------------------------------------------------------------------
-
-
-def multi_acquire_args(
-    owner: str,
-    ttl_ms: int,
-    max_hold_ms: int,
-    reserve: bool,
-    ordered: Sequence[str],
-    holder: Sequence[Any],
-) -> tuple[Any, ...]:
-    """ARGV of multi_acquire.lua: owner, ttl, max-hold, fence ttl, wait mode ('1': mark the
-    busy holders so their release publishes), the names in key order, the holder fields."""
-    return (
-        owner, ttl_ms, max_hold_ms, FENCE_TTL_MS, "1" if reserve else "",
-        *(encode_name(name) for name in ordered), *holder,
-    )  # fmt: skip
-
-
-def multi_acquired(
-    ordered: Sequence[str], reply: Sequence[Any]
-) -> tuple[bool, int, dict[str, int]]:
-    """multi_acquire.lua's reply for the names in key order ``ordered``: (True, largest
-    token, the token of each name) or (False, ms a waiter may sleep, {})."""
-    if int(reply[0]) != 1:
-        return False, int(reply[1]), {}
-    tokens = {name: int(t) for name, t in zip(ordered, reply[1:], strict=True)}
-    return True, max(tokens.values()), tokens
-
-
 # -- interval locks (reader-writer and range) ------------------------------------------------
-
-
-def interval_release_args(
-    owner: str, delay_ms: int, channel: bytes, token: str = "", renewed_ms: str = ""
-) -> tuple[Any, ...]:
-    """ARGV of interval_release.lua: only if the fencing token is ``token`` and the last
-    renewal ``renewed_ms``, when they are given."""
-    return (owner, delay_ms, channel, token, renewed_ms)
 
 
 def interval_holder_pattern(prefix: str, family: bytes) -> bytes:

@@ -429,9 +429,17 @@ def release_hold(
     code = conn.call(
         scripts(conn).release,
         keys=keys.all(owner)[:12],
-        args=[owner, delay_ms, keys.channel, token, renewed_ms],
+        args=release_args(owner, delay_ms, keys, token, renewed_ms),
     )
     return int(code)
+
+
+def release_args(
+    owner: str, delay_ms: int, keys: IntervalKeys, token: str = "", renewed_ms: str = ""
+) -> list[Any]:
+    """ARGV of interval_release.lua: only if the fencing token is ``token`` and the last
+    renewal ``renewed_ms``, when they are given ('' where nothing is checked)."""
+    return [owner, delay_ms, keys.channel, token, renewed_ms]
 
 
 def release_holder(

@@ -15,7 +15,7 @@ cycle of waiters) and the ones taken are given back when a later one is busy.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +72,37 @@ def check_names(names: object) -> list[str]:
     return sorted(set(checked))
 
 
+def acquire_args(
+    owner: str,
+    ttl_ms: int,
+    max_hold_ms: int,
+    reserve: bool,
+    ordered: Sequence[str],
+    holder: Sequence[Any],
+) -> list[Any]:
+    """ARGV of multi_acquire.lua: owner, ttl, max-hold, fence ttl, wait mode ('1': mark the
+    busy holders so their release publishes), the names in key order, the holder fields."""
+    return [
+        owner, ttl_ms, max_hold_ms, FENCE_TTL_MS, "1" if reserve else "",
+        *(encode_name(name) for name in ordered), *holder,
+    ]  # fmt: skip
+
+
+def acquired(ordered: Sequence[str], reply: Sequence[Any]) -> tuple[bool, int, dict[str, int]]:
+    """multi_acquire.lua's reply for the names in key order ``ordered``: (True, largest
+    token, the token of each name) or (False, ms a waiter may sleep, {})."""
+    if int(reply[0]) != 1:
+        return False, int(reply[1]), {}
+    tokens = {name: int(t) for name, t in zip(ordered, reply[1:], strict=True)}
+    return True, max(tokens.values()), tokens
+
+
+def release_args(owner: str, delay_ms: int, keys: Sequence[LockKeys], token: str = "") -> list[Any]:
+    """ARGV of multi_release.lua: owner, delay-after ms, the fencing token to check (''
+    none), each name's channel."""
+    return [owner, delay_ms, token, *(k.channel for k in keys)]
+
+
 class MultiLease(LockHandle):
     """Exclusive leases on several names, held together: taken all or nothing, renewed in
     the heartbeat's one round trip (one script call; per slot on Cluster), released together.
@@ -104,16 +135,15 @@ class MultiLease(LockHandle):
         reply = self._conn.call(
             self._scripts.acquire,
             keys=[k.lock for k in self.keys] + [k.fence for k in self.keys],
-            args=[
-                owner, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS, "1" if reserve else "",
-                *(encode_name(name) for name in self._ordered),
-                *self._describe_holder(named=False),
-            ],
+            args=acquire_args(
+                owner, self._ttl_ms, self._max_hold_ms, reserve, self._ordered,
+                self._describe_holder(named=False),
+            ),
         )  # fmt: skip
-        if int(reply[0]) != 1:
-            return False, int(reply[1])
-        self._tokens = {name: int(t) for name, t in zip(self._ordered, reply[1:], strict=True)}
-        return True, max(self._tokens.values())
+        taken, value, tokens = acquired(self._ordered, reply)
+        if taken:
+            self._tokens = tokens
+        return taken, value
 
     def _try_acquire_in_order(self, owner: str, reserve: bool) -> tuple[bool, int]:
         """Redis Cluster: one lease per name in key order; on a busy name give back the rest."""
@@ -152,7 +182,7 @@ class MultiLease(LockHandle):
             self._conn.call(
                 self._scripts.release,
                 keys=[k.lock for k in self.keys],
-                args=[owner, delay_ms, token, *(k.channel for k in self.keys)],
+                args=release_args(owner, delay_ms, self.keys, token),
             )
         )
 
@@ -209,7 +239,7 @@ def clear_holder(
     code = conn.call(
         scripts(conn).release,
         keys=[keys.lock],
-        args=[owner, 0, "" if token is None else str(token), keys.channel],
+        args=release_args(owner, 0, [keys], "" if token is None else str(token)),
     )
     return int(code) == 1
 
