@@ -28,7 +28,7 @@ from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle import OWN_INFO_FIELDS
 from ..core.patterns import escape, literal_name
-from ..core.scan import BATCH, Record, read_hashes
+from ..core.scan import BATCH, Record, read_query
 from ..kinds.registry import FAMILIES, LEASES, KindFamily
 
 __all__ = [
@@ -154,8 +154,16 @@ def list_locks(
     holders: list[Holder] = []
     for family in listers():
         if family.keyspace not in read:
-            read[family.keyspace] = read_hashes(conn, family.keys(conn, pattern))
+            read[family.keyspace] = read_query(conn, family.keys(conn.prefix, pattern))
         holders += family.holders(read[family.keyspace], pattern)
+    return lock_infos(holders, now_ms, pattern, checks)
+
+
+def lock_infos(
+    holders: list[Holder], now_ms: int, pattern: str | None, checks: Sequence[Check] = ()
+) -> list[LockInfo]:
+    """The listed ``holders``, read at server time ``now_ms``, whose name matches the glob
+    ``pattern``, restated by ``checks``, sorted by name and kind: for both clients."""
     infos = [
         info
         for info in (lock_info(holder, now_ms) for holder in holders)

@@ -32,8 +32,8 @@ from ..core.handle import HOSTNAME, HolderRecord, LockHandle
 from ..core.handle_state import HandleState
 from ..core.heartbeat import RenewEntry
 from ..core.keys import FENCE_TTL_MS, escape_glob, name_tag
-from ..core.scan import Record, read_hashes, scan
-from ..core.scripts import FENCING, ScriptCall, bound_to, register, source_after
+from ..core.scan import Record, read_query
+from ..core.scripts import FENCING, ScriptCall, ScriptHost, bound_to, register, source_after
 from ..exceptions import ConfigurationError, LockError, LockNotHeld
 
 if TYPE_CHECKING:
@@ -314,14 +314,13 @@ def list_holders(
     """Every holder of every ``family`` interval lock under the client's prefix whose name
     matches the glob ``pattern`` (None: all), decoded."""
     conn = connection_of(client)
-    return holders_of(read_hashes(conn, holder_keys(conn, family)), family, pattern)
+    return holders_of(read_query(conn, holder_match(conn.prefix, family)), family, pattern)
 
 
-def holder_keys(client: Connection | HasConnection, family: bytes) -> list[bytes]:
-    """The holder hashes (``B h:<owner>``) of every ``family`` interval lock under the
-    client's prefix (one SCAN)."""
-    conn = connection_of(client)
-    return scan(conn, escape_glob(conn.prefix.encode()) + b"{*}:" + family + b":h:*")
+def holder_match(prefix: str, family: bytes) -> bytes:
+    """The SCAN glob of the holder hashes (``B h:<owner>``) of every ``family`` interval
+    lock under ``prefix``."""
+    return escape_glob(prefix.encode()) + b"{*}:" + family + b":h:*"
 
 
 def holders_of(records: list[Record], family: bytes, pattern: str | None) -> list[dict[str, Any]]:
@@ -394,19 +393,17 @@ def clear_hold(
     )
 
 
-def clear_listed(client: Connection | HasConnection, family: bytes, holder: dict[str, Any]) -> int:
-    """Clear one listed hold of an interval lock by its owner and fencing token (so a holder
-    that left and came back under the same owner is left alone) and, when the holder dict
-    has a ``renewed_ms``, only if not renewed since; a code of :func:`clear_hold`."""
-    token = holder.get("token")
-    return clear_hold(
-        client,
-        family,
-        _text(holder["name"]),
-        _text(holder.get("owner") or ""),
-        token=None if token is None else int(token),
-        renewed_ms=holder.get("renewed_ms"),
+def clear_call(conn: ScriptHost, family: bytes, holder: dict[str, Any]) -> ScriptCall:
+    """The release of one listed hold of an interval lock, by its owner and fencing token
+    (so a holder that left and came back under the same owner is left alone) and, when the
+    holder dict has a ``renewed_ms``, only if not renewed since; codes as :func:`clear_hold`."""
+    owner = _text(holder.get("owner") or "")
+    keys = interval_keys(conn.prefix, _text(holder["name"]), family)
+    token, renewed = holder.get("token"), holder.get("renewed_ms")
+    args = release_args(
+        owner, 0, keys, "" if token is None else str(token), "" if renewed is None else str(renewed)
     )
+    return bound_to(conn, IntervalScripts).release, keys.all(owner)[:12], args
 
 
 def _text(value: Any) -> str:

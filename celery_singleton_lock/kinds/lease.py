@@ -26,12 +26,14 @@ from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.keys import encode_name, lock_keys, lock_pattern
 from ..core.patterns import literal_name
 from ..core.redis_urls import is_cluster
-from ..core.scan import Record, read_hashes, scan
+from ..core.scan import KeyQuery, Record, read_hashes, read_query
 from ..core.scripts import (
     TAKEN,
     WAKE_FAIR_WAITER,
     ScriptCall,
+    ScriptHost,
     array_header,
+    bound_to,
     fair_keys,
     pack_items,
     register,
@@ -559,15 +561,14 @@ def release_holder(
 # -- the admin side: listing and clearing holders ----------------------------------------------
 
 
-def lease_keys(client: Connection | HasConnection, pattern: str | None) -> list[bytes]:
+def lease_keys(prefix: str, pattern: str | None) -> KeyQuery:
     """The lease keys (``P{T}:lock``) a listing of ``pattern`` reads: every one under the
-    prefix (one SCAN), or only the key of the one name a literal ``pattern`` spells. Multi-key
+    prefix (a SCAN), or only the key of the one name a literal ``pattern`` spells. Multi-key
     locks hold their names in these keys too."""
-    conn = connection_of(client)
     name = None if pattern is None else literal_name(pattern)
     if name is not None:
-        return [lock_keys(conn.prefix, name).lock]
-    return scan(conn, lock_pattern(conn.prefix))
+        return [lock_keys(prefix, name).lock]
+    return lock_pattern(prefix)
 
 
 def lease_holders(records: list[Record], pattern: str | None = None) -> list[dict[str, Any]]:
@@ -594,21 +595,29 @@ def list_holders(
     """Every lease holder under the client's prefix whose name matches the glob ``pattern``
     (None: all); see :func:`lease_holders`."""
     conn = connection_of(client)
-    return lease_holders(read_hashes(conn, lease_keys(conn, pattern)), pattern)
+    return lease_holders(read_query(conn, lease_keys(conn.prefix, pattern)), pattern)
 
 
-def clear_holder(client: Connection | HasConnection, holder: dict[str, Any]) -> int:
-    """Delete the lease (or one name of a multi-key lock, or the delay-after any holder left
-    on a lease key) if it still carries the listed fencing token and, when the holder dict
-    has a ``renewed_ms``, was not renewed since (clear.lua); a code of clear.lua: 1 cleared,
+class _ClearScripts:
+    """clear.lua, registered once per client (no I/O)."""
+
+    def __init__(self, redis: Any) -> None:
+        self.clear = register(redis, source_after(WAKE_FAIR_WAITER, "clear"))
+
+
+def clear_call(conn: ScriptHost, holder: dict[str, Any]) -> ScriptCall:
+    """The deletion of a listed lease (or one name of a multi-key lock, or the delay-after
+    any holder left on a lease key) if it still carries the listed fencing token and, when
+    the holder dict has a ``renewed_ms``, was not renewed since (clear.lua): 1 cleared,
     0 gone, -1 taken by another holder, -2 renewed since."""
-    conn = connection_of(client)
     keys = lock_keys(conn.prefix, _text(holder["name"]))
-    # Registering computes a SHA, no I/O; admin calls are rare enough to do it per call.
-    script = register(conn.redis, source_after(WAKE_FAIR_WAITER, "clear"))
-    renewed = holder.get("renewed_ms")
-    args = (str(holder["token"]), keys.channel, "" if renewed is None else str(renewed))
-    return int(conn.call(script, keys=(keys.lock,), args=args))
+    token, renewed = holder.get("token"), holder.get("renewed_ms")
+    args = (
+        "" if token is None else str(token),
+        keys.channel,
+        "" if renewed is None else str(renewed),
+    )
+    return bound_to(conn, _ClearScripts).clear, (keys.lock,), args
 
 
 def _text(value: Any) -> str:

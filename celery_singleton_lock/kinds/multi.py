@@ -26,7 +26,7 @@ from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.keys import FENCE_TTL_MS, LockKeys, encode_name
 from ..core.notifier import Wakeup
 from ..core.redis_urls import is_cluster
-from ..core.scan import Record, read_hashes
+from ..core.scan import Record, read_query
 from ..core.scripts import (
     FENCING,
     GONE,
@@ -210,7 +210,7 @@ def list_holders(
     """One dict per name held by a multi-key lock under the client's prefix whose name
     matches the glob ``pattern`` (None: all); ``owner`` tells which names are held together."""
     conn = connection_of(client)
-    return multi_holders(read_hashes(conn, lease_keys(conn, pattern)), pattern)
+    return multi_holders(read_query(conn, lease_keys(conn.prefix, pattern)), pattern)
 
 
 def multi_holders(records: list[Record], pattern: str | None = None) -> list[dict[str, Any]]:

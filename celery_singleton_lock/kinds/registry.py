@@ -3,7 +3,9 @@ family of kinds, so they read this table instead of importing each kind.
 
 A family is listed from a *keyspace*: the keys one listing reads (one SCAN, or the one key a
 literal pattern names). Families sharing a keyspace (leases and multi-key locks both live
-in lease keys) share one read of it in a listing.
+in lease keys) share one read of it in a listing. What a family says of its keys, holders
+and clearing is pure (a key query, a decoding, a script call), so the sync admin and the
+asyncio one each do the I/O their way and share everything else.
 
 A family also makes its handles from what is locked (a :class:`Target`: a name; the names
 of a multi-key lock; a name with the bounds of a range hold) and a mode, through a
@@ -19,7 +21,8 @@ from typing import Any, NamedTuple, Protocol
 
 from ..core.connection import Connection, HasConnection
 from ..core.handle import LockHandle
-from ..core.scan import Record, read_hashes
+from ..core.scan import KeyQuery, Record, read_query
+from ..core.scripts import ScriptCall, ScriptHost
 from ..exceptions import ConfigurationError
 from . import intervals, lease, multi, rangelock, rwlock
 
@@ -80,13 +83,14 @@ class KindFamily:
     kinds: tuple[str, ...]
     #: Names the keys ``keys`` returns: families with the same keyspace share one read.
     keyspace: str
-    #: The keys a listing of a glob pattern (None: all) reads.
-    keys: Callable[[Connection, str | None], list[bytes]]
+    #: ``keys(prefix, pattern)``: the keys a listing of a glob pattern (None: all) reads.
+    keys: Callable[[str, str | None], KeyQuery]
     #: The family's holders among the records read from those keys, matching the pattern.
     holders: Callable[[list[Record], str | None], list[Holder]]
-    #: Clear a listed holder if it still holds (and, when the holder dict has a
-    #: ``renewed_ms``, was not renewed since): 1 cleared, 0 gone, -1 taken, -2 renewed.
-    clear_holder: Callable[[Connection, Holder], int]
+    #: The script call that clears a listed holder if it still holds (and, when the holder
+    #: dict has a ``renewed_ms``, was not renewed since): 1 cleared, 0 gone, -1 taken,
+    #: -2 renewed.
+    clear_call: Callable[[ScriptHost, Holder], ScriptCall]
     release_holder: ReleaseHolder
     #: The modes its handles are made in (``exclusive``: one holder, no sharing).
     modes: tuple[str, ...]
@@ -96,7 +100,7 @@ class KindFamily:
 
     def list_holders(self, conn: Connection, pattern: str | None) -> list[Holder]:
         """The family's holders whose name matches the glob ``pattern`` (None: all)."""
-        return self.holders(read_hashes(conn, self.keys(conn, pattern)), pattern)
+        return self.holders(read_query(conn, self.keys(conn.prefix, pattern)), pattern)
 
 
 def _lease_handles(conn: Connection, ttl: float, max_hold: float | None) -> HandleFactory:
@@ -158,17 +162,17 @@ def _interval_family(
     """A family of interval locks (``rw`` or ``range``): its holder hashes are its keyspace."""
     family = admin.family
 
-    def keys(conn: Connection, pattern: str | None) -> list[bytes]:
-        return intervals.holder_keys(conn, family)
+    def keys(prefix: str, pattern: str | None) -> KeyQuery:
+        return intervals.holder_match(prefix, family)
 
     def holders(records: list[Record], pattern: str | None) -> list[Holder]:
         return intervals.holders_of(records, family, pattern)
 
-    def clear_holder(conn: Connection, holder: Holder) -> int:
-        return intervals.clear_listed(conn, family, holder)
+    def clear_call(conn: ScriptHost, holder: Holder) -> ScriptCall:
+        return intervals.clear_call(conn, family, holder)
 
     release = admin.release_holder
-    return KindFamily(name, kinds, name, keys, holders, clear_holder, release, modes, handles)
+    return KindFamily(name, kinds, name, keys, holders, clear_call, release, modes, handles)
 
 
 #: The modes of reader-writer holds: shared, shared but upgradable, exclusive.
@@ -180,7 +184,7 @@ LEASES = KindFamily(
     keyspace="lease",
     keys=lease.lease_keys,
     holders=lease.lease_holders,
-    clear_holder=lease.clear_holder,
+    clear_call=lease.clear_call,
     release_holder=lease.release_holder,
     modes=("exclusive",),
     handles=_lease_handles,
@@ -203,7 +207,7 @@ FAMILIES: tuple[KindFamily, ...] = (
         keyspace="lease",
         keys=lease.lease_keys,
         holders=multi.multi_holders,
-        clear_holder=lease.clear_holder,
+        clear_call=lease.clear_call,
         release_holder=multi.release_holder,
         modes=("exclusive",),
         handles=_handles(_multi_handle),
