@@ -47,7 +47,8 @@ from ..admin.inspect import (
 )
 from ..core.handle import HOSTNAME
 from ..exceptions import LockBackendError
-from ..kinds.lease import Lease, list_holders
+from ..kinds.lease import Lease
+from ..kinds.lease_listing import list_holders
 from .claims import CLAIM_PREFIX, FINISHED_STATES
 
 log = logging.getLogger("celery_singleton_lock.task")

@@ -8,7 +8,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from fnmatch import fnmatchcase
 from typing import Any
 
 from ..core import validate
@@ -23,23 +22,17 @@ from ..core.handle import (
 )
 from ..core.handle_state import Timing, _Process, hint_seconds
 from ..core.heartbeat import RenewEntry, RenewUnit
-from ..core.keys import encode_name, lock_keys, lock_pattern
-from ..core.patterns import literal_name
+from ..core.keys import encode_name, lock_keys
 from ..core.redis_urls import is_cluster
-from ..core.scan import KeyQuery, Record, read_hashes, read_query
 from ..core.scripts import (
     TAKEN,
-    WAKE_FAIR_WAITER,
     ScriptCall,
-    ScriptHost,
     array_header,
-    bound_to,
     fair_keys,
     pack_items,
-    register,
-    source_after,
 )
 from ..exceptions import LockBackendError, LockError
+from .lease_listing import read_lease_holders
 
 #: A fair waiter's registration lasts this long unless refreshed: a waiter that died is
 #: skipped by releases (not handed the lease) at most this long after it died.
@@ -499,33 +492,6 @@ def release_owner(
     return ReleaseResult(int(code))
 
 
-def read_lease_holders(conn: Connection, keys: list[bytes]) -> list[HolderRecord]:
-    """The holders of lease keys ``keys`` (a lease's, or each name of a multi-key lock):
-    one pipelined read (:func:`read_hashes`), and a TIME only when a delay-after needs its
-    end on the server clock (a Cluster pipeline refuses TIME)."""
-    found: list[tuple[str | None, str | None, int | None]] = []
-    for fields, pttl in read_hashes(conn, keys):
-        owner, task_id, state = (fields.get(field) for field in (b"owner", b"task_id", b"state"))
-        if owner is None and task_id is None:
-            continue  # this name is free now
-        cooling = not owner and state == b"cooldown"
-        found.append(
-            (
-                _text(owner) if owner else None,
-                None if task_id is None else _text(task_id),
-                max(0, pttl) if cooling else None,
-            )
-        )
-    now_ms = conn.server_ms() if any(left is not None for _, _, left in found) else 0
-    holders: list[HolderRecord] = []
-    for owner, task_id, left in found:
-        until = None if left is None else now_ms + left
-        holder = HolderRecord(owner=owner, task_id=task_id, cooldown_until_ms=until)
-        if holder not in holders:
-            holders.append(holder)
-    return holders
-
-
 def renew_lease_keys(conn: Connection, units: list[tuple[bytes, str, int, int]]) -> ScriptCall:
     """One renew.lua call for (lock key, owner, ttl ms, generation) units: on a Redis
     Cluster the leases and the names of multi-key locks in one slot are renewed together
@@ -556,71 +522,3 @@ def release_holder(
     return conn.call(
         conn.scripts.release_holder, keys.lock, task_id, pid, host, delay_ms, keys.channel
     )
-
-
-# -- the admin side: listing and clearing holders ----------------------------------------------
-
-
-def lease_keys(prefix: str, pattern: str | None) -> KeyQuery:
-    """The lease keys (``P{T}:lock``) a listing of ``pattern`` reads: every one under the
-    prefix (a SCAN), or only the key of the one name a literal ``pattern`` spells. Multi-key
-    locks hold their names in these keys too."""
-    name = None if pattern is None else literal_name(pattern)
-    if name is not None:
-        return [lock_keys(prefix, name).lock]
-    return lock_pattern(prefix)
-
-
-def lease_holders(records: list[Record], pattern: str | None = None) -> list[dict[str, Any]]:
-    """The lease holders among lease ``records`` (and every delay-after left on a lease key,
-    whoever left it) whose name matches the glob ``pattern``: a dict of the hash's fields
-    (str keys, values as stored) plus ``kind`` and ``pttl_ms``."""
-    holders: list[dict[str, Any]] = []
-    for fields, pttl in records:
-        holder = {_text(k): v for k, v in fields.items()}
-        kind = _text(holder.get("kind", b"lease"))
-        cooling = not holder.get("owner") and _text(holder.get("state", b"")) == "cooldown"
-        if kind != "lease" and not cooling:
-            continue  # a name held by a multi-key lock: multi.py lists its holders
-        holder["kind"] = kind
-        holder["pttl_ms"] = pttl
-        if pattern is None or fnmatchcase(_text(holder.get("name", b"")), pattern):
-            holders.append(holder)
-    return holders
-
-
-def list_holders(
-    client: Connection | HasConnection, pattern: str | None = None
-) -> list[dict[str, Any]]:
-    """Every lease holder under the client's prefix whose name matches the glob ``pattern``
-    (None: all); see :func:`lease_holders`."""
-    conn = connection_of(client)
-    return lease_holders(read_query(conn, lease_keys(conn.prefix, pattern)), pattern)
-
-
-class _ClearScripts:
-    """clear.lua, registered once per client (no I/O)."""
-
-    def __init__(self, redis: Any) -> None:
-        self.clear = register(redis, source_after(WAKE_FAIR_WAITER, "clear"))
-
-
-def clear_call(conn: ScriptHost, holder: dict[str, Any]) -> ScriptCall:
-    """The deletion of a listed lease (or one name of a multi-key lock, or the delay-after
-    any holder left on a lease key) if it still carries the listed fencing token and, when
-    the holder dict has a ``renewed_ms``, was not renewed since (clear.lua): 1 cleared,
-    0 gone, -1 taken by another holder, -2 renewed since."""
-    keys = lock_keys(conn.prefix, _text(holder["name"]))
-    token, renewed = holder.get("token"), holder.get("renewed_ms")
-    args = (
-        "" if token is None else str(token),
-        keys.channel,
-        "" if renewed is None else str(renewed),
-    )
-    return bound_to(conn, _ClearScripts).clear, (keys.lock,), args
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "surrogatepass")
-    return str(value)

@@ -41,8 +41,9 @@ from ..core.scripts import (
 )
 from ..exceptions import ConfigurationError
 from .intervals import decode_holder
-from .lease import lease_keys, read_lease_holders, renew_lease_keys
 from .lease import release_holder as release_lease_holder
+from .lease import renew_lease_keys
+from .lease_listing import lease_keys, read_lease_holders
 
 if TYPE_CHECKING:
     from redis.commands.core import Script

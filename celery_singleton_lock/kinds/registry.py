@@ -24,7 +24,7 @@ from ..core.handle import LockHandle
 from ..core.scan import KeyQuery, Record, read_query
 from ..core.scripts import ScriptCall, ScriptHost
 from ..exceptions import ConfigurationError
-from . import intervals, lease, multi, rangelock, rwlock
+from . import intervals, lease, lease_listing, multi, rangelock, rwlock
 
 #: One holder of one lock, as a kind's lister returns it (see admin.inspect for the fields).
 Holder = dict[str, Any]
@@ -182,9 +182,9 @@ LEASES = KindFamily(
     family="lease",
     kinds=("lease",),
     keyspace="lease",
-    keys=lease.lease_keys,
-    holders=lease.lease_holders,
-    clear_call=lease.clear_call,
+    keys=lease_listing.lease_keys,
+    holders=lease_listing.lease_holders,
+    clear_call=lease_listing.clear_call,
     release_holder=lease.release_holder,
     modes=("exclusive",),
     handles=_lease_handles,
@@ -205,9 +205,9 @@ FAMILIES: tuple[KindFamily, ...] = (
         family="multi",
         kinds=("multi",),
         keyspace="lease",
-        keys=lease.lease_keys,
+        keys=lease_listing.lease_keys,
         holders=multi.multi_holders,
-        clear_call=lease.clear_call,
+        clear_call=lease_listing.clear_call,
         release_holder=multi.release_holder,
         modes=("exclusive",),
         handles=_handles(_multi_handle),
