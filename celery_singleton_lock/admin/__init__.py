@@ -28,7 +28,6 @@ from .inspect import (
     STALE,
     TICKS_PER_TTL,
     Check,
-    Holder,
     Lister,
     LockInfo,
     escape,
@@ -43,7 +42,7 @@ from .inspect import (
 __all__ = [
     "BATCH", "CLAIMED", "CLAIM_OWNER_PREFIX", "CLEARED", "COOLDOWN", "DELAY_AFTER", "GONE",
     "HEARTBEAT_FRESH", "HEARTBEAT_STOPPED", "KINDS", "LEASES", "LIVE", "MISSED_TICKS",
-    "NO_EVIDENCE", "QUEUED", "RESUMED", "STALE", "TAKEN", "TICKS_PER_TTL", "Check", "Holder",
+    "NO_EVIDENCE", "QUEUED", "RESUMED", "STALE", "TAKEN", "TICKS_PER_TTL", "Check",
     "Lister", "LockInfo", "clear", "clear_info", "clear_listed",
     "escape", "heartbeat_stopped", "list_locks", "listers", "literal_name",
     "lock_info", "release_holder", "server_ms",

@@ -7,12 +7,13 @@ from typing import Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
+from ..core.holder import ListedHolder
 from ..core.patterns import escape
 from ..core.scripts import ScriptCall, ScriptHost
 from ..exceptions import ConfigurationError, LockError
 from ..kinds.registry import LEASES, family_of
 from . import inspect
-from .inspect import COOLDOWN, LIVE, QUEUED, STALE, Holder, LockInfo
+from .inspect import COOLDOWN, LIVE, QUEUED, STALE, LockInfo
 
 __all__ = [
     "CLEARED", "GONE", "RESUMED", "TAKEN", "clear", "clear_info", "clear_listed",
@@ -54,10 +55,11 @@ def clear_listed(client: Connection | HasConnection, info: LockInfo, *, force: b
 def clear_call(conn: ScriptHost, info: LockInfo, force: bool) -> ScriptCall | None:
     """The script call that clears the listed holder ``info`` (see :func:`clear_listed`),
     from its family in the kind registry; None for a kind no family has."""
-    holder: Holder = {"name": info.name, "kind": info.kind, "owner": info.owner or ""}
-    holder.update(token=info.token, lo=info.lo, hi=info.hi)
-    if info.state == STALE and not force and info.renewed_ms is not None:
-        holder["renewed_ms"] = info.renewed_ms
+    # The renewal is checked only for a holder listed stale, unless forced.
+    renewed = info.renewed_ms if info.state == STALE and not force else None
+    holder = ListedHolder(
+        info.name, info.kind, owner=info.owner or "", token=info.token, renewed_ms=renewed
+    )
     if info.state == COOLDOWN and info.kind in ("lease", "multi"):
         return LEASES.clear_call(conn, holder)  # an ownerless hash on a lease key
     family = family_of(info.kind)

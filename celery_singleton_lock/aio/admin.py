@@ -8,16 +8,13 @@ with ``redis.asyncio``; what the records mean is decided by :func:`..admin.lock_
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..admin import BATCH, CLEARED, GONE, LockInfo, escape
 from ..admin.clear import clear_call, cleared, to_clear
 from ..admin.inspect import lock_infos
+from ..core.holder import ListedHolder
 from ..core.scan import Record
 from ..kinds.registry import FAMILIES
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
-
-Holder = dict[str, Any]
 
 
 async def _read(conn: AsyncConnection, keys: list[bytes]) -> list[Record]:
@@ -50,7 +47,7 @@ async def list_locks(
     conn = async_connection_of(client)
     now_ms = await conn.server_ms()
     read: dict[str, list[Record]] = {}  # keyspace -> its records: each is read once
-    holders: list[Holder] = []
+    holders: list[ListedHolder] = []
     for family in FAMILIES:
         if family.keyspace not in read:
             query = family.keys(conn.prefix, pattern)

@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ..core.handle import holder_fields
 from ..core.handle_state import NO_LOCK, HandleState, _Process, check_options, retry_in
 from ..core.heartbeat import renew_calls
+from ..core.holder import holder_fields
 from ..core.scripts import ScriptCall
 from ..exceptions import LockBackendError, LockLost
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of

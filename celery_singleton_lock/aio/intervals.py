@@ -17,10 +17,9 @@ from ..kinds.intervals import (
     RESERVATION_MS,
     IntervalHandle,
     IntervalHold,
-    IntervalKeys,
     IntervalScripts,
     check_interval,
-    release_args,
+    release_call,
 )
 from ..kinds.rangelock import FAMILY as RANGE_FAMILY
 from ..kinds.rangelock import describe_hold
@@ -32,23 +31,6 @@ from .handle import AsyncLockHandle, RenewEntry
 def interval_scripts(conn: AsyncConnection) -> IntervalScripts:
     """The interval scripts of ``conn`` (registered on first use, no I/O)."""
     return bound_to(conn, IntervalScripts)
-
-
-async def release_hold(
-    conn: AsyncConnection,
-    keys: IntervalKeys,
-    owner: str,
-    delay_ms: int,
-    token: str = "",
-    renewed_ms: str = "",
-) -> int:
-    """One run of interval_release.lua (see :func:`..intervals.release_hold`)."""
-    code = await conn.script(
-        interval_scripts(conn).release,
-        keys.all(owner)[:12],
-        release_args(owner, delay_ms, keys, token, renewed_ms),
-    )
-    return int(code)
 
 
 class AsyncIntervalHandle(IntervalHold, AsyncLockHandle):
@@ -81,7 +63,7 @@ class AsyncIntervalHandle(IntervalHold, AsyncLockHandle):
             await self._release(owner, 0)
 
     async def _release(self, owner: str, delay_ms: int) -> int:
-        return await release_hold(self._conn, self.keys, owner, delay_ms)
+        return int(await self._conn.script(*release_call(self._conn, self.keys, owner, delay_ms)))
 
     async def _change(
         self, op: str, lo: float = 0.0, hi: float = 0.0, reserve: int = 0

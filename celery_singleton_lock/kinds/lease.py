@@ -12,16 +12,10 @@ from typing import Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
-from ..core.handle import (
-    HOSTNAME,
-    HolderRecord,
-    LockHandle,
-    holder_fields,
-    info_fields,
-    log,
-)
+from ..core.handle import HolderRecord, LockHandle, log
 from ..core.handle_state import Timing, _Process, hint_seconds
 from ..core.heartbeat import RenewEntry, RenewUnit
+from ..core.holder import HOSTNAME, holder_fields, info_fields
 from ..core.keys import encode_name, lock_keys
 from ..core.redis_urls import is_cluster
 from ..core.scripts import (

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle import HolderRecord
+from ..core.holder import ListedHolder, decode, text
 from ..core.keys import lock_keys, lock_pattern
 from ..core.patterns import literal_name
 from ..core.scan import KeyQuery, Record, read_hashes, read_query
@@ -34,8 +35,8 @@ def read_lease_holders(conn: Connection, keys: list[bytes]) -> list[HolderRecord
         cooling = not owner and state == b"cooldown"
         found.append(
             (
-                _text(owner) if owner else None,
-                None if task_id is None else _text(task_id),
+                text(owner) if owner else None,
+                None if task_id is None else text(task_id),
                 max(0, pttl) if cooling else None,
             )
         )
@@ -59,27 +60,23 @@ def lease_keys(prefix: str, pattern: str | None) -> KeyQuery:
     return lock_pattern(prefix)
 
 
-def lease_holders(records: list[Record], pattern: str | None = None) -> list[dict[str, Any]]:
+def lease_holders(records: list[Record], pattern: str | None = None) -> list[ListedHolder]:
     """The lease holders among lease ``records`` (and every delay-after left on a lease key,
-    whoever left it) whose name matches the glob ``pattern``: a dict of the hash's fields
-    (str keys, values as stored) plus ``kind`` and ``pttl_ms``."""
-    holders: list[dict[str, Any]] = []
+    whoever left it) whose name matches the glob ``pattern``, decoded."""
+    holders: list[ListedHolder] = []
     for fields, pttl in records:
-        holder = {_text(k): v for k, v in fields.items()}
-        kind = _text(holder.get("kind", b"lease"))
-        cooling = not holder.get("owner") and _text(holder.get("state", b"")) == "cooldown"
-        if kind != "lease" and not cooling:
+        holder = decode(fields, pttl)
+        cooling = not holder.owner and holder.state == "cooldown"
+        if holder.kind != "lease" and not cooling:
             continue  # a name held by a multi-key lock: multi.py lists its holders
-        holder["kind"] = kind
-        holder["pttl_ms"] = pttl
-        if pattern is None or fnmatchcase(_text(holder.get("name", b"")), pattern):
+        if pattern is None or fnmatchcase(holder.name, pattern):
             holders.append(holder)
     return holders
 
 
 def list_holders(
     client: Connection | HasConnection, pattern: str | None = None
-) -> list[dict[str, Any]]:
+) -> list[ListedHolder]:
     """Every lease holder under the client's prefix whose name matches the glob ``pattern``
     (None: all); see :func:`lease_holders`."""
     conn = connection_of(client)
@@ -93,22 +90,16 @@ class _ClearScripts:
         self.clear = register(redis, source_after(WAKE_FAIR_WAITER, "clear"))
 
 
-def clear_call(conn: ScriptHost, holder: dict[str, Any]) -> ScriptCall:
+def clear_call(conn: ScriptHost, holder: ListedHolder) -> ScriptCall:
     """The deletion of a listed lease (or one name of a multi-key lock, or the delay-after
     any holder left on a lease key) if it still carries the listed fencing token and, when
     the holder dict has a ``renewed_ms``, was not renewed since (clear.lua): 1 cleared,
     0 gone, -1 taken by another holder, -2 renewed since."""
-    keys = lock_keys(conn.prefix, _text(holder["name"]))
-    token, renewed = holder.get("token"), holder.get("renewed_ms")
+    keys = lock_keys(conn.prefix, holder.name)
+    token, renewed = holder.token, holder.renewed_ms
     args = (
         "" if token is None else str(token),
         keys.channel,
         "" if renewed is None else str(renewed),
     )
     return bound_to(conn, _ClearScripts).clear, (keys.lock,), args
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "surrogatepass")
-    return str(value)

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
-from ..core.handle import HOSTNAME, HolderRecord, LockHandle
+from ..core.handle import HolderRecord, LockHandle
 from ..core.heartbeat import RenewEntry, RenewUnit
+from ..core.holder import HOSTNAME, ListedHolder, decode
 from ..core.keys import FENCE_TTL_MS, LockKeys, encode_name
 from ..core.notifier import Wakeup
 from ..core.redis_urls import is_cluster
@@ -40,7 +41,6 @@ from ..core.scripts import (
     source_after,
 )
 from ..exceptions import ConfigurationError
-from .intervals import decode_holder
 from .lease import release_holder as release_lease_holder
 from .lease import renew_lease_keys
 from .lease_listing import lease_keys, read_lease_holders
@@ -211,18 +211,19 @@ def list_holders(
     """One dict per name held by a multi-key lock under the client's prefix whose name
     matches the glob ``pattern`` (None: all); ``owner`` tells which names are held together."""
     conn = connection_of(client)
-    return multi_holders(read_query(conn, lease_keys(conn.prefix, pattern)), pattern)
+    found = multi_holders(read_query(conn, lease_keys(conn.prefix, pattern)), pattern)
+    return [holder.as_dict() for holder in found]
 
 
-def multi_holders(records: list[Record], pattern: str | None = None) -> list[dict[str, Any]]:
+def multi_holders(records: list[Record], pattern: str | None = None) -> list[ListedHolder]:
     """The names held by multi-key locks among lease ``records`` (the names live in lease
     keys), decoded, whose name matches the glob ``pattern`` (None: all)."""
     holders = []
     for fields, pttl in records:
         if fields.get(b"kind") != b"multi" or not fields.get(b"owner"):
             continue
-        record = decode_holder(fields, pttl)
-        if pattern is None or fnmatch.fnmatchcase(record["name"], pattern):
+        record = decode(fields, pttl)
+        if pattern is None or fnmatch.fnmatchcase(record.name, pattern):
             holders.append(record)
     return holders
 

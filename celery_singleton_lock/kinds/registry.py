@@ -21,13 +21,11 @@ from typing import Any, NamedTuple, Protocol
 
 from ..core.connection import Connection, HasConnection
 from ..core.handle import LockHandle
-from ..core.scan import KeyQuery, Record, read_query
+from ..core.holder import ListedHolder
+from ..core.scan import KeyQuery, Record
 from ..core.scripts import ScriptCall, ScriptHost
 from ..exceptions import ConfigurationError
 from . import intervals, lease, lease_listing, multi, rangelock, rwlock
-
-#: One holder of one lock, as a kind's lister returns it (see admin.inspect for the fields).
-Holder = dict[str, Any]
 
 
 class ReleaseHolder(Protocol):
@@ -86,21 +84,17 @@ class KindFamily:
     #: ``keys(prefix, pattern)``: the keys a listing of a glob pattern (None: all) reads.
     keys: Callable[[str, str | None], KeyQuery]
     #: The family's holders among the records read from those keys, matching the pattern.
-    holders: Callable[[list[Record], str | None], list[Holder]]
+    holders: Callable[[list[Record], str | None], list[ListedHolder]]
     #: The script call that clears a listed holder if it still holds (and, when the holder
     #: dict has a ``renewed_ms``, was not renewed since): 1 cleared, 0 gone, -1 taken,
     #: -2 renewed.
-    clear_call: Callable[[ScriptHost, Holder], ScriptCall]
+    clear_call: Callable[[ScriptHost, ListedHolder], ScriptCall]
     release_holder: ReleaseHolder
     #: The modes its handles are made in (``exclusive``: one holder, no sharing).
     modes: tuple[str, ...]
     #: ``handles(conn, ttl, max_hold)``: its handle factory for leases of ``ttl`` seconds
     #: held at most ``max_hold`` seconds (checked here, once, not per handle).
     handles: Callable[[Connection, float, float | None], HandleFactory]
-
-    def list_holders(self, conn: Connection, pattern: str | None) -> list[Holder]:
-        """The family's holders whose name matches the glob ``pattern`` (None: all)."""
-        return self.holders(read_query(conn, self.keys(conn.prefix, pattern)), pattern)
 
 
 def _lease_handles(conn: Connection, ttl: float, max_hold: float | None) -> HandleFactory:
@@ -165,10 +159,10 @@ def _interval_family(
     def keys(prefix: str, pattern: str | None) -> KeyQuery:
         return intervals.holder_match(prefix, family)
 
-    def holders(records: list[Record], pattern: str | None) -> list[Holder]:
-        return intervals.holders_of(records, family, pattern)
+    def holders(records: list[Record], pattern: str | None) -> list[ListedHolder]:
+        return intervals.holders_of(records, pattern)
 
-    def clear_call(conn: ScriptHost, holder: Holder) -> ScriptCall:
+    def clear_call(conn: ScriptHost, holder: ListedHolder) -> ScriptCall:
         return intervals.clear_call(conn, family, holder)
 
     release = admin.release_holder
