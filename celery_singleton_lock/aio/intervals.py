@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from ..core import validate
-from ..core.scripts import ScriptCall, bound_to
+from ..core.scripts import ScriptCall
 from ..exceptions import ConfigurationError, LockNotHeld
 from ..kinds.intervals import (
     MODE_NAMES,
@@ -17,20 +17,15 @@ from ..kinds.intervals import (
     RESERVATION_MS,
     IntervalHandle,
     IntervalHold,
-    IntervalScripts,
     check_interval,
     release_call,
+    scripts,
 )
 from ..kinds.rangelock import FAMILY as RANGE_FAMILY
 from ..kinds.rangelock import describe_hold
 from ..kinds.rwlock import FAMILY as RW_FAMILY
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
 from .handle import AsyncLockHandle, RenewEntry
-
-
-def interval_scripts(conn: AsyncConnection) -> IntervalScripts:
-    """The interval scripts of ``conn`` (registered on first use, no I/O)."""
-    return bound_to(conn, IntervalScripts)
 
 
 class AsyncIntervalHandle(IntervalHold, AsyncLockHandle):
@@ -55,7 +50,7 @@ class AsyncIntervalHandle(IntervalHold, AsyncLockHandle):
 
     async def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
         keys, args, queued = self._acquire_call(owner, reserve)
-        reply = await self._conn.script(interval_scripts(self._conn).acquire, keys, args)
+        reply = await self._conn.script(scripts(self._conn).acquire, keys, args)
         return self._acquired(reply, queued)
 
     async def _abandon(self, owner: str) -> None:
@@ -69,7 +64,7 @@ class AsyncIntervalHandle(IntervalHold, AsyncLockHandle):
         self, op: str, lo: float = 0.0, hi: float = 0.0, reserve: int = 0
     ) -> tuple[int, int]:
         keys, args = self._change_call(op, lo, hi, reserve)
-        code, value = await self._conn.script(interval_scripts(self._conn).change, keys, args)
+        code, value = await self._conn.script(scripts(self._conn).change, keys, args)
         return int(code), int(value)
 
     @classmethod

@@ -100,8 +100,8 @@ class IntervalScripts:
         self.renew = load("interval_renew")
 
 
-def scripts(client: Connection) -> IntervalScripts:
-    """The interval scripts of ``client``, registered on first use."""
+def scripts(client: ScriptHost) -> IntervalScripts:
+    """The interval scripts of ``client`` (sync or asyncio), registered on first use."""
     return bound_to(client, IntervalScripts)
 
 
@@ -419,7 +419,7 @@ def release_call(
     its fencing token is ``token`` and its last renewal ``renewed_ms`` when they are given
     ('' where nothing is checked): for the sync and the asyncio holds."""
     args = [owner, delay_ms, keys.channel, token, renewed_ms]
-    return bound_to(conn, IntervalScripts).release, keys.all(owner)[:12], args
+    return scripts(conn).release, keys.all(owner)[:12], args
 
 
 def release_holder(

@@ -24,7 +24,7 @@ from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle import HolderRecord, LockHandle
 from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.holder import HOSTNAME, ListedHolder, decode
-from ..core.keys import FENCE_TTL_MS, LockKeys, encode_name
+from ..core.keys import FENCE_TTL_MS, LockKeys, encode_name, lock_keys
 from ..core.notifier import Wakeup
 from ..core.redis_urls import is_cluster
 from ..core.scan import Record, read_query
@@ -34,6 +34,7 @@ from ..core.scripts import (
     TAKEN,
     WAKE_FAIR_WAITER,
     ScriptCall,
+    ScriptHost,
     bound_to,
     pack_holder,
     register,
@@ -58,9 +59,15 @@ class MultiScripts:
         self.renew: Script = register(redis, source("multi_renew"))
 
 
-def scripts(client: Connection) -> MultiScripts:
-    """The multi-key scripts of ``client``, registered on first use."""
+def scripts(client: ScriptHost) -> MultiScripts:
+    """The multi-key scripts of ``client`` (sync or asyncio), registered on first use."""
     return bound_to(client, MultiScripts)
+
+
+def key_order(prefix: str, names: list[str]) -> tuple[tuple[LockKeys, ...], list[str]]:
+    """The Redis keys of each of the (checked) ``names`` and the names, both in key order."""
+    pairs = sorted(((lock_keys(prefix, name), name) for name in names), key=lambda p: p[0].lock)
+    return tuple(keys for keys, _ in pairs), [name for _, name in pairs]
 
 
 def check_names(names: object) -> list[str]:
@@ -117,10 +124,8 @@ class MultiLease(LockHandle):
         super().__init__(client, " + ".join(checked), **options)
         #: The names held, sorted.
         self.names = tuple(checked)
-        pairs = sorted(((self._conn.keys(n), n) for n in checked), key=lambda p: p[0].lock)
-        #: The Redis keys of each name, in key order.
-        self.keys: tuple[LockKeys, ...] = tuple(keys for keys, _ in pairs)
-        self._ordered = [name for _, name in pairs]  # the names in key order
+        #: The Redis keys of each name, in key order (and the names in that order).
+        self.keys, self._ordered = key_order(self._conn.prefix, checked)
         self._channel = self.keys[0].channel
         self._tokens: dict[str, int] = {}
         self._scripts = scripts(self._conn)
