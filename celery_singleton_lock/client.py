@@ -16,7 +16,8 @@ from .core.connection import Connection
 from .core.handle import HolderRecord
 from .core.keys import DEFAULT_PREFIX
 from .exceptions import ConfigurationError, LockBackendError
-from .kinds.lease import Lease, ReleaseResult, read_lease_holders, release_holder, release_owner
+from .kinds.lease import Lease, ReleaseResult, release_holder, release_owner
+from .kinds.lease_listing import read_lease_holders
 from .kinds.multi import MultiLease
 from .kinds.rangelock import RangeLock
 from .kinds.rwlock import RWLock

@@ -26,8 +26,9 @@ from celery_singleton_lock import (
 )
 from celery_singleton_lock.celery.claims import claim_owner
 from celery_singleton_lock.celery.task import lock_client_for
-from celery_singleton_lock.core.handle import HOSTNAME, LockHandle
+from celery_singleton_lock.core.handle import LockHandle
 from celery_singleton_lock.core.heartbeat import Heartbeat, heartbeat
+from celery_singleton_lock.core.holder import HOSTNAME
 from celery_singleton_lock.core.keys import lock_keys
 from celery_singleton_lock.embedded import RedisServer, free_port
 from celery_singleton_lock.exceptions import LockExpired

@@ -15,7 +15,7 @@ from celery_singleton_lock.celery.own_holds import (
     Verdict,
     decide,
 )
-from celery_singleton_lock.core.handle import HOSTNAME
+from celery_singleton_lock.core.holder import HOSTNAME
 
 NODE = "celery@here"
 LIVE = OwnHold(

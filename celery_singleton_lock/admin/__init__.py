@@ -28,7 +28,6 @@ from .inspect import (
     STALE,
     TICKS_PER_TTL,
     Check,
-    Holder,
     Lister,
     LockInfo,
     escape,
@@ -44,7 +43,7 @@ __all__ = [
     "BATCH", "CLAIMED", "CLAIM_OWNER_PREFIX", "CLEARED", "GONE", "HEARTBEAT_FRESH",
     "HEARTBEAT_STOPPED", "KINDS", "LEASES", "LIVE", "MISSED_TICKS", "NO_EVIDENCE", "QUEUED",
     "RELEASED_WITH_DELAY", "RELEASE_DELAY", "RESUMED", "STALE", "TAKEN", "TICKS_PER_TTL",
-    "Check", "Holder", "Lister", "LockInfo", "clear", "clear_info", "clear_listed",
+    "Check", "Lister", "LockInfo", "clear", "clear_info", "clear_listed",
     "escape", "heartbeat_stopped", "list_locks", "listers", "literal_name",
     "lock_info", "release_holder", "server_ms",
 ]  # fmt: skip

@@ -7,12 +7,14 @@ from typing import Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
+from ..core.holder import ListedHolder
 from ..core.patterns import escape
 from ..core.replies import ClearReply
+from ..core.scripts import ScriptCall, ScriptHost
 from ..exceptions import ConfigurationError, LockError
 from ..kinds.registry import LEASES, family_of
 from . import inspect
-from .inspect import LIVE, QUEUED, RELEASE_DELAY, STALE, Holder, LockInfo
+from .inspect import LIVE, QUEUED, RELEASE_DELAY, STALE, LockInfo
 
 __all__ = [
     "CLEARED", "GONE", "RESUMED", "TAKEN", "clear", "clear_info", "clear_listed",
@@ -42,14 +44,25 @@ def clear_listed(
     holder (its fencing token) and, unless ``force``, that a holder listed stale is still
     stale: not renewed since it was listed. CLEARED, GONE, TAKEN or RESUMED."""
     conn = connection_of(client)
-    holder: Holder = {"name": info.name, "kind": info.kind, "owner": info.owner or ""}
-    holder.update(token=info.token, lo=info.lo, hi=info.hi)
-    if info.state == STALE and not force and info.renewed_ms is not None:
-        holder["renewed_ms"] = info.renewed_ms
+    call = clear_call(conn, info, force)
+    if call is None:
+        return GONE
+    script, keys, args = call
+    return ClearReply(int(conn.call(script, keys=keys, args=args)))
+
+
+def clear_call(conn: ScriptHost, info: LockInfo, force: bool) -> ScriptCall | None:
+    """The script call that clears the listed holder ``info`` (see :func:`clear_listed`),
+    from its family in the kind registry; None for a kind no family has."""
+    # The renewal is checked only for a holder listed stale, unless forced.
+    renewed = info.renewed_ms if info.state == STALE and not force else None
+    holder = ListedHolder(
+        info.name, info.kind, owner=info.owner or "", token=info.token, renewed_ms=renewed
+    )
     if info.state == RELEASE_DELAY and info.kind in ("lease", "multi"):
-        return ClearReply(LEASES.clear_holder(conn, holder))  # an ownerless hash on a lease key
+        return LEASES.clear_call(conn, holder)  # an ownerless hash on a lease key
     family = family_of(info.kind)
-    return GONE if family is None else ClearReply(family.clear_holder(conn, holder))
+    return None if family is None else family.clear_call(conn, holder)
 
 
 def clear(
@@ -72,18 +85,26 @@ def clear(
     token = validate.check_optional_token(token)
     force = validate.check_bool(force, "force")
     conn = connection_of(client)
-    infos = [
-        info
-        for info in inspect.list_locks(conn, escape(name))
-        if info.name == name and (token is None or info.token == token)
-    ]
+    infos = to_clear(inspect.list_locks(conn, escape(name)), name, token, force)
+    return cleared(name, [clear_listed(conn, info, force=force) for info in infos])
+
+
+def to_clear(infos: list[LockInfo], name: str, token: int | None, force: bool) -> list[LockInfo]:
+    """The listed holders of lock ``name`` (with fencing ``token``, if given) that
+    :func:`clear` clears; :class:`LockError` if one is live and not ``force``."""
+    infos = [info for info in infos if info.name == name and (token is None or info.token == token)]
     live = [info for info in infos if info.state in (LIVE, QUEUED)]
     if live and not force:
         raise LockError(
             f"lock {name!r} is {live[0].state} ({live[0].evidence}); clear it with force=True",
             name=name,
         )
-    codes = [clear_listed(conn, info, force=force) for info in infos]
+    return infos
+
+
+def cleared(name: str, codes: list[int]) -> bool:
+    """What :func:`clear` of lock ``name`` returns for the clear ``codes`` of its holders;
+    :class:`LockError` if one was left alone because its heartbeat resumed."""
     if RESUMED in codes:
         raise LockError(
             f"lock {name!r} left alone: heartbeat resumed since it was listed stale", name=name

@@ -1,13 +1,12 @@
 """Who holds what, live or stale: the admin view of every lock kind.
 
 Each family of lock kinds is in the registry (``kinds/registry.py``): the keys a listing
-reads, how its holders are picked from them (one dict per holder), and how a listed holder
+reads, how its holders are picked from them (one record per holder), and how a listed holder
 is cleared. A listing reads each keyspace once (leases and multi-key locks share theirs).
 
-A holder dict has the fields ``name kind owner token acquired_ms renewed_ms ttl_ms
-deadline_ms host pid thread task_name task_id worker lo hi pttl_ms`` (bytes, str or int;
-missing means unknown) and optionally ``heartbeat`` (1/0) and ``state``. Ages are computed
-against the Redis server's clock (one TIME call per listing), never this machine's.
+Every family decodes its holder hashes into :class:`..core.holder.ListedHolder` records
+(None: unknown). Ages are computed against the Redis server's clock (one TIME call per
+listing), never this machine's.
 
 The lock core decides staleness from the heartbeat alone (:func:`heartbeat_stopped`); the
 Celery layer adds *checks* (workers' active tasks, the result backend) that may restate a
@@ -26,18 +25,18 @@ from typing import Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
-from ..core.handle import OWN_INFO_FIELDS
 from ..core.heartbeat import TICKS_PER_TTL
+from ..core.holder import OWN_INFO_FIELDS, ListedHolder
 from ..core.keys import RELEASE_DELAY_STATE
 from ..core.patterns import escape, literal_name
-from ..core.scan import BATCH, Record, read_hashes
+from ..core.scan import BATCH, Record, read_query
 from ..kinds.lease import CLAIM_OWNER_PREFIX
 from ..kinds.registry import FAMILIES, LEASES, KindFamily
 
 __all__ = [
     "BATCH", "CLAIMED", "CLAIM_OWNER_PREFIX", "HEARTBEAT_FRESH", "HEARTBEAT_STOPPED", "KINDS",
     "LEASES", "LIVE", "MISSED_TICKS", "NO_EVIDENCE", "QUEUED", "RELEASED_WITH_DELAY",
-    "RELEASE_DELAY", "STALE", "TICKS_PER_TTL", "Check", "Holder", "LockInfo", "Lister", "escape",
+    "RELEASE_DELAY", "STALE", "TICKS_PER_TTL", "Check", "LockInfo", "Lister", "escape",
     "heartbeat_stopped", "list_locks", "listers",
     "literal_name", "lock_info", "server_ms",
 ]  # fmt: skip
@@ -63,8 +62,6 @@ MISSED_TICKS = 2
 
 #: How one family of lock kinds is listed and cleared (an entry of the kind registry).
 Lister = KindFamily
-
-Holder = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -152,11 +149,19 @@ def list_locks(
     conn = connection_of(client)
     now_ms = server_ms(conn)
     read: dict[str, list[Record]] = {}  # keyspace -> its records: each is read once
-    holders: list[Holder] = []
+    holders: list[ListedHolder] = []
     for family in listers():
         if family.keyspace not in read:
-            read[family.keyspace] = read_hashes(conn, family.keys(conn, pattern))
+            read[family.keyspace] = read_query(conn, family.keys(conn.prefix, pattern))
         holders += family.holders(read[family.keyspace], pattern)
+    return lock_infos(holders, now_ms, pattern, checks)
+
+
+def lock_infos(
+    holders: list[ListedHolder], now_ms: int, pattern: str | None, checks: Sequence[Check] = ()
+) -> list[LockInfo]:
+    """The listed ``holders``, read at server time ``now_ms``, whose name matches the glob
+    ``pattern``, restated by ``checks``, sorted by name and kind: for both clients."""
     infos = [
         info
         for info in (lock_info(holder, now_ms) for holder in holders)
@@ -178,21 +183,15 @@ def heartbeat_stopped(now_ms: int, renewed_ms: int, ttl_ms: int | None) -> bool:
     return bool(ttl_ms) and now_ms - renewed_ms > (ttl_ms or 0) * MISSED_TICKS / TICKS_PER_TTL
 
 
-def lock_info(holder: Holder, now_ms: int) -> LockInfo:
-    """A holder dict seen at server time ``now_ms``, with its state from the heartbeat."""
-    owner = _opt_text(holder.get("owner"))
-    acquired = _opt_int(holder.get("acquired_ms"))
-    renewed = _opt_int(holder.get("renewed_ms"))
-    ttl = _opt_int(holder.get("ttl_ms"))
-    deadline = _opt_int(holder.get("deadline_ms"))
-    pttl = _opt_int(holder.get("pttl_ms"))
-    beat = _opt_int(holder.get("heartbeat"))
-    kind = _text(holder.get("kind", "lease"))
+def lock_info(holder: ListedHolder, now_ms: int) -> LockInfo:
+    """A listed holder seen at server time ``now_ms``, with its state from the heartbeat."""
+    owner, renewed, ttl, pttl = holder.owner, holder.renewed_ms, holder.ttl_ms, holder.pttl_ms
+    deadline, kind = holder.deadline_ms, holder.kind
     ranged = kind == "range"  # other kinds store lo/hi too, as [-inf, +inf]: not worth showing
-    uses_heartbeat = None if beat is None else bool(beat)
+    uses_heartbeat = None if holder.heartbeat is None else bool(holder.heartbeat)
     # A lease's release delay has no owner; an interval hold's keeps its owner (the admin clears
     # it by owner), so the state field alone says it was released.
-    delayed = _opt_text(holder.get("state")) == RELEASE_DELAY_STATE
+    delayed = holder.state == RELEASE_DELAY_STATE
     # A claim is held for a queued message, not by a process: neither its heartbeat nor its
     # task's absence from the workers says anything.
     claimed = owner is not None and owner.startswith(CLAIM_OWNER_PREFIX)
@@ -210,27 +209,27 @@ def lock_info(holder: Holder, now_ms: int) -> LockInfo:
     else:
         state, evidence = LIVE, NO_EVIDENCE
     return LockInfo(
-        name=_text(holder.get("name", "")),
+        name=holder.name,
         kind=kind,
         state=state,
         evidence=evidence,
-        task_id=_opt_text(holder.get("task_id")),
-        task_name=_opt_text(holder.get("task_name")),
-        host=_opt_text(holder.get("host")),
-        pid=_opt_int(holder.get("pid")),
-        thread=_opt_text(holder.get("thread")),
-        token=_opt_int(holder.get("token")),
+        task_id=holder.task_id,
+        task_name=holder.task_name,
+        host=holder.host,
+        pid=holder.pid,
+        thread=holder.thread,
+        token=holder.token,
         owner=owner or None,
         heartbeat=uses_heartbeat,
-        age_s=_claim_age(ttl, pttl) if claimed else _age(now_ms, acquired),
+        age_s=_claim_age(ttl, pttl) if claimed else _age(now_ms, holder.acquired_ms),
         lease_remaining_s=None if pttl is None or pttl < 0 else pttl / 1000,
         max_hold_remaining_s=None if not deadline else max(0, deadline - now_ms) / 1000,
         heartbeat_age_s=heartbeat_age,
-        lo=_bound(holder.get("lo")) if ranged else None,
-        hi=_bound(holder.get("hi")) if ranged else None,
-        mode=_opt_text(holder.get("mode")) if ranged else None,
-        info=_owner_info(holder.get("info")),
-        worker=_opt_text(holder.get("worker")),
+        lo=_bound(holder.lo) if ranged else None,
+        hi=_bound(holder.hi) if ranged else None,
+        mode=holder.mode if ranged else None,
+        info=_owner_info(holder.info),
+        worker=holder.worker,
         renewed_ms=renewed,
     )
 
@@ -251,50 +250,25 @@ def _claim_age(ttl_ms: int | None, pttl_ms: int | None) -> float | None:
 # -- decoding --------------------------------------------------------------------------------
 
 
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "surrogatepass")
-    return str(value)
-
-
-def _owner_info(value: Any) -> dict[str, Any] | None:
+def _owner_info(value: str | None) -> dict[str, Any] | None:
     """The stored ``owner_info`` JSON, without the keys that have their own fields."""
     if value is None:
         return None
     try:
-        info = json.loads(_text(value))
+        info = json.loads(value)
     except ValueError:
-        return {"unreadable": _text(value)}
+        return {"unreadable": value}
     if not isinstance(info, dict):
-        return {"unreadable": _text(value)}
+        return {"unreadable": value}
     extra = {k: v for k, v in info.items() if k not in OWN_INFO_FIELDS}
     return extra or None
 
 
-def _opt_text(value: Any) -> str | None:
-    return None if value is None else _text(value)
-
-
-def _opt_int(value: Any) -> int | None:
-    if value is None or value == b"" or value == "":
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _bound(value: Any) -> int | float | str | None:
+def _bound(value: float | str | None) -> int | float | str | None:
     """A range bound as JSON can carry it: a number (an int when whole), ``"-inf"``/``"inf"``
     for an open end, else the text as written."""
-    if value is None or isinstance(value, int):
+    if value is None or isinstance(value, str):
         return value
-    if not isinstance(value, float):
-        text = _text(value)
-        try:
-            value = float(text)
-        except ValueError:
-            return text
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
     if math.isnan(value):

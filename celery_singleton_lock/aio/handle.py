@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ..core.handle import holder_fields
 from ..core.handle_state import (
     NO_LOCK,
     HandleState,
@@ -29,6 +28,7 @@ from ..core.handle_state import (
     retry_in,
 )
 from ..core.heartbeat import renew_calls
+from ..core.holder import holder_fields
 from ..core.scripts import ScriptCall
 from ..exceptions import LockBackendError, LockLost
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of

@@ -10,45 +10,22 @@ from typing import Any
 
 from ..core import validate
 from ..core.replies import IntervalReply
-from ..core.scripts import ScriptCall, bound_to
+from ..core.scripts import ScriptCall
 from ..exceptions import ConfigurationError, LockNotHeld
 from ..kinds.intervals import (
     MODE_NAMES,
     RESERVATION_MS,
     IntervalHandle,
     IntervalHold,
-    IntervalKeys,
-    IntervalScripts,
     check_interval,
+    release_call,
+    scripts,
 )
 from ..kinds.rangelock import FAMILY as RANGE_FAMILY
 from ..kinds.rangelock import describe_hold
 from ..kinds.rwlock import FAMILY as RW_FAMILY
-from . import wire
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
 from .handle import AsyncLockHandle, RenewEntry
-
-
-def interval_scripts(conn: AsyncConnection) -> IntervalScripts:
-    """The interval scripts of ``conn`` (registered on first use, no I/O)."""
-    return bound_to(conn, IntervalScripts)
-
-
-async def release_hold(
-    conn: AsyncConnection,
-    keys: IntervalKeys,
-    owner: str,
-    delay_ms: int,
-    token: str = "",
-    renewed_ms: str = "",
-) -> int:
-    """One run of interval_release.lua (see :func:`..intervals.release_hold`)."""
-    code = await conn.script(
-        interval_scripts(conn).release,
-        keys.all(owner)[:12],
-        wire.interval_release_args(owner, delay_ms, keys.channel, token, renewed_ms),
-    )
-    return int(code)
 
 
 class AsyncIntervalHandle(IntervalHold, AsyncLockHandle):
@@ -73,7 +50,7 @@ class AsyncIntervalHandle(IntervalHold, AsyncLockHandle):
 
     async def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
         keys, args, queued = self._acquire_call(owner, reserve)
-        reply = await self._conn.script(interval_scripts(self._conn).acquire, keys, args)
+        reply = await self._conn.script(scripts(self._conn).acquire, keys, args)
         return self._acquired(reply, queued)
 
     async def _abandon(self, owner: str) -> None:
@@ -81,13 +58,13 @@ class AsyncIntervalHandle(IntervalHold, AsyncLockHandle):
             await self._release(owner, 0)
 
     async def _release(self, owner: str, delay_ms: int) -> int:
-        return await release_hold(self._conn, self.keys, owner, delay_ms)
+        return int(await self._conn.script(*release_call(self._conn, self.keys, owner, delay_ms)))
 
     async def _change(
         self, op: str, lo: float = 0.0, hi: float = 0.0, reserve: int = 0
     ) -> tuple[int, int]:
         keys, args = self._change_call(op, lo, hi, reserve)
-        code, value = await self._conn.script(interval_scripts(self._conn).change, keys, args)
+        code, value = await self._conn.script(scripts(self._conn).change, keys, args)
         return int(code), int(value)
 
     @classmethod

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.keys import LockKeys
-from ..core.scripts import ScriptCall, bound_to
-from ..kinds.multi import MultiLease, MultiScripts, check_names
-from . import wire
+from ..core.scripts import ScriptCall
+from ..kinds.multi import (
+    MultiLease,
+    acquire_args,
+    acquired,
+    check_names,
+    key_order,
+    release_args,
+    scripts,
+)
 from .connection import AsyncConnection, HasAsyncConnection
 from .handle import AsyncLockHandle, RenewEntry
-
-
-def multi_scripts(conn: AsyncConnection) -> MultiScripts:
-    """The multi-key scripts of ``conn`` (registered on first use, no I/O)."""
-    return bound_to(conn, MultiScripts)
 
 
 class AsyncMultiLease(AsyncLockHandle):
@@ -32,11 +33,8 @@ class AsyncMultiLease(AsyncLockHandle):
         super().__init__(client, " + ".join(checked), **options)
         #: The names held, sorted.
         self.names = tuple(checked)
-        keyed = ((self._conn.keys(name), name) for name in checked)
-        pairs = sorted(keyed, key=lambda p: p[0].lock)
-        #: The Redis keys of each name, in key order.
-        self.keys: tuple[LockKeys, ...] = tuple(keys for keys, _ in pairs)
-        self._ordered = [name for _, name in pairs]  # the names in key order
+        #: The Redis keys of each name, in key order (and the names in that order).
+        self.keys, self._ordered = key_order(self._conn.prefix, checked)
         # Woken by a release of any of the names.
         self._channels = tuple(keys.channel for keys in self.keys)
         self._tokens: dict[str, int] = {}
@@ -49,14 +47,14 @@ class AsyncMultiLease(AsyncLockHandle):
     async def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
         # multi_acquire.lua: KEYS locks then fences.
         reply = await self._conn.script(
-            multi_scripts(self._conn).acquire,
+            scripts(self._conn).acquire,
             [k.lock for k in self.keys] + [k.fence for k in self.keys],
-            wire.multi_acquire_args(
+            acquire_args(
                 owner, self._ttl_ms, self._max_hold_ms, reserve, self._ordered,
                 self._describe_holder(named=False),
             ),
         )  # fmt: skip
-        taken, value, tokens = wire.multi_acquired(self._ordered, reply)
+        taken, value, tokens = acquired(self._ordered, reply)
         if taken:
             self._tokens = tokens
         return taken, value
@@ -64,9 +62,9 @@ class AsyncMultiLease(AsyncLockHandle):
     async def _release(self, owner: str, delay_ms: int) -> int:
         return int(
             await self._conn.script(
-                multi_scripts(self._conn).release,
+                scripts(self._conn).release,
                 [k.lock for k in self.keys],
-                (owner, delay_ms, "", *self._channels),
+                release_args(owner, delay_ms, self.keys),
             )
         )
 

@@ -45,9 +45,10 @@ from ..admin.inspect import (
     heartbeat_stopped,
     server_ms,
 )
-from ..core.handle import HOSTNAME
+from ..core.holder import HOSTNAME
 from ..exceptions import LockBackendError
-from ..kinds.lease import CLAIM_OWNER_PREFIX, Lease, list_holders
+from ..kinds.lease import CLAIM_OWNER_PREFIX, Lease
+from ..kinds.lease_listing import list_holders
 from .claims import FINISHED_STATES
 
 log = logging.getLogger("celery_singleton_lock.task")
@@ -171,26 +172,26 @@ def read_own_hold(lease: Lease, client: Any, task_id: str) -> OwnHold | None:
     records = list_holders(client, escape(lease.name))
     now_ms = server_ms(client)
     for record in records:
-        owner, found = _text(record.get("owner")), _text(record.get("task_id"))
+        owner, found = record.owner, record.task_id
         if not owner or found != task_id:
             continue
         claimed = owner.startswith(CLAIM_OWNER_PREFIX)
-        renewed, ttl = _int(record.get("renewed_ms")), _int(record.get("ttl_ms"))
+        renewed, ttl = record.renewed_ms, record.ttl_ms
         overdue_at = None
         if renewed is not None and ttl:
             overdue_at = renewed + ttl * MISSED_TICKS / TICKS_PER_TTL
         # The admin's staleness rule, for a holder whose heartbeat renews it.
-        beats = _int(record.get("heartbeat")) == 1 and not claimed and renewed is not None
+        beats = record.heartbeat == 1 and not claimed and renewed is not None
         return OwnHold(
             owner=owner,
-            attempt=_claim_attempt(owner, task_id) if claimed else _int(record.get("attempt")),
+            attempt=_claim_attempt(owner, task_id) if claimed else _int(record.attempt),
             claimed=claimed,
             stale=beats and heartbeat_stopped(now_ms, renewed or 0, ttl),
             overdue_in=0.0 if overdue_at is None else max(0.0, overdue_at - now_ms) / 1000,
             lease=None if not ttl else ttl / 1000,
-            host=_text(record.get("host")),
-            pid=_int(record.get("pid")),
-            worker=_text(record.get("worker")),
+            host=record.host,
+            pid=record.pid,
+            worker=record.worker,
         )
     return None
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from ..admin import LIVE, STALE, LockInfo, clear_listed, list_locks
 from ..admin.clear import CLEARED
 from ..client import LockClient
-from ..core.handle import HOSTNAME
+from ..core.holder import HOSTNAME
 from ..kinds.lease import CLAIM_OWNER_PREFIX
 from .own_holds import pid_gone
 

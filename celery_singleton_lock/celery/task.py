@@ -25,7 +25,7 @@ from ..core.handle import LockHandle
 from ..exceptions import ConfigurationError, LockBackendError, LockError, LockLost, LockTimeout
 from ..kinds import registry
 from ..kinds.lease import Lease, ReleaseResult
-from ..kinds.registry import HandleFactory
+from ..kinds.registry import HandleFactory, Target
 from . import claims, enqueue, holders, own_holds
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
@@ -193,12 +193,12 @@ class SingletonTask(Task):  # type: ignore[misc]
         # bounds of a range).
         if options.keys is not None:
             names = tuple(self.lock_naming.names(options.keys, args, kwargs))
-            return make(" + ".join(sorted(names)), mode, owner_info, on_lost, names)
+            return make(Target(" + ".join(sorted(names)), names), mode, owner_info, on_lost)
         name = self.lock_name(args, kwargs)
         if options.range is None:
-            return make(name, mode, owner_info, on_lost)
+            return make(Target(name), mode, owner_info, on_lost)
         bounds = self.lock_naming.bounds(options.range, args, kwargs)
-        return make(name, mode, owner_info, on_lost, (), bounds)
+        return make(Target(name, bounds=bounds), mode, owner_info, on_lost)
 
     def _handle_factory(
         self, client: LockClient, options: TaskLockOptions, mode: str

@@ -31,7 +31,7 @@ from celery.worker.components import Pool
 from celery.worker.request import Request
 from kombu.asynchronous import get_event_loop
 
-from ..core.handle import HOSTNAME
+from ..core.holder import HOSTNAME
 from ..exceptions import ConfigurationError, LockError
 from .app_client import lock_client_for
 from .options import AppSettings

@@ -12,9 +12,7 @@ every lock kind behaves like the exclusive :class:`Lease`.
 
 from __future__ import annotations
 
-import json
 import logging
-import socket
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -36,7 +34,7 @@ from .handle_state import (
     retry_in,
 )
 from .heartbeat import RenewEntry, RenewUnit, heartbeat, renew_calls, renewing
-from .keys import encode_name
+from .holder import holder_fields
 from .notifier import Wakeup
 from .scripts import ScriptCall, pack_holder, run_batch
 
@@ -56,12 +54,6 @@ class HolderRecord:
     #: A writer waiting for its turn: it holds nothing yet but keeps new readers out.
     waiting: bool = False
 
-
-HOSTNAME = socket.gethostname()
-
-#: Keys of ``owner_info`` stored as fields of their own (admin columns, lookups by task);
-#: the rest is stored as one JSON field, ``info``.
-OWN_INFO_FIELDS = ("task_name", "task_id", "worker", "attempt")
 
 H = TypeVar("H", bound="LockHandle")
 
@@ -361,35 +353,3 @@ class LockHandle(HandleState, ABC):
                 self._packed_cache.clear()
             packed = self._packed_cache[key] = pack_holder(self._describe_holder())
         return packed
-
-
-def holder_fields(handle: Any, *, pid: int, thread: str, named: bool = True) -> list[Any]:
-    """Field, value pairs the scripts store about the holder of ``handle`` (its ``name``,
-    ``kind``, ``heartbeat`` and ``owner_info``), running in ``pid`` on ``thread``; without
-    ``name`` when ``named`` is false. Shared by the sync and the asyncio handles."""
-    fields: list[Any] = [b"name", encode_name(handle.name)] if named else []
-    fields += [
-        b"kind", handle.kind,
-        b"host", HOSTNAME,
-        b"pid", pid,
-        b"thread", thread,
-        # Whether a renewal age means anything to the admin listing.
-        b"heartbeat", 1 if handle.heartbeat else 0,
-    ]  # fmt: skip
-    return fields + info_fields(handle.owner_info)
-
-
-def info_fields(owner_info: dict[str, str]) -> list[Any]:
-    """Field, value pairs that store ``owner_info`` on a holder record: the keys the admin
-    view reads as fields of their own (``OWN_INFO_FIELDS``), the rest as one JSON ``info``
-    field, so no key of it can overwrite a field the scripts rely on (``owner``, ``token``)."""
-    fields: list[Any] = []
-    for key in OWN_INFO_FIELDS:
-        if key in owner_info:
-            fields += (key, owner_info[key])
-    # On a template's lease this runs on every acquire: the rest is looked for only when
-    # there is some (the Celery layer's owner_info has none).
-    if len(fields) < 2 * len(owner_info):
-        extra = {key: value for key, value in owner_info.items() if key not in OWN_INFO_FIELDS}
-        fields += (b"info", json.dumps(extra, sort_keys=True))
-    return fields

@@ -17,12 +17,21 @@ BATCH = 500
 #: One key as read by :func:`read_hashes`: its fields and its PTTL (ms; < 0: no expiry).
 Record = tuple[dict[bytes, Any], int]
 
+#: The keys a listing reads: exactly these keys, or every key matching this SCAN glob.
+KeyQuery = list[bytes] | bytes
+
 
 def scan(conn: Connection, match: bytes) -> list[bytes]:
     """Every key matching the glob ``match``, each once (SCAN may return a key twice)."""
     redis = conn.redis
     found = conn.call(lambda: list(redis.scan_iter(match=match, count=BATCH)))
     return list(dict.fromkeys(found))
+
+
+def read_query(conn: Connection, query: KeyQuery) -> list[Record]:
+    """:func:`read_hashes` of the keys ``query`` names: its list, or the keys a SCAN of its
+    glob finds."""
+    return read_hashes(conn, query if isinstance(query, list) else scan(conn, query))
 
 
 def read_hashes(conn: Connection, keys: list[bytes]) -> list[Record]:

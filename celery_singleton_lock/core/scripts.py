@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from redis.client import Pipeline
 from redis.commands.core import Script as RedisScript
@@ -314,6 +314,17 @@ def acquire_call(
 def fair_abandon_keys(lock_key: bytes, owner: str) -> tuple[bytes, ...]:
     """KEYS of fair_abandon.lua: the lock hash and ``owner``'s fair-waiting keys."""
     return (lock_key, *fair_keys(key_base(lock_key), owner))
+
+
+class ScriptHost(Protocol):
+    """A sync or asyncio connection, as a pure script-call builder needs it: its key prefix,
+    and its Redis client to register scripts on (:func:`bound_to`)."""
+
+    @property
+    def prefix(self) -> str: ...
+
+    @property
+    def redis(self) -> Any: ...
 
 
 _bound: weakref.WeakKeyDictionary[Any, dict[Callable[[Any], Any], Any]] = (

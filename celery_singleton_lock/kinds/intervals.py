@@ -22,19 +22,21 @@ release, shrink, upgrade and downgrade are one script call each, O(log n) in the
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
-from ..core.handle import HOSTNAME, HolderRecord, LockHandle
+from ..core.handle import HolderRecord, LockHandle
 from ..core.handle_state import HandleState
 from ..core.heartbeat import RenewEntry
+from ..core.holder import HOSTNAME, ListedHolder, decode, text
 from ..core.keys import FENCE_TTL_MS, RELEASE_DELAY_STATE, escape_glob, name_tag
 from ..core.replies import ClearReply, IntervalReply
-from ..core.scan import Record, read_hashes, scan
-from ..core.scripts import FENCING, ScriptCall, bound_to, register, source_after
+from ..core.scan import Record, read_query
+from ..core.scripts import FENCING, ScriptCall, ScriptHost, bound_to, register, source_after
 from ..exceptions import ConfigurationError, LockError, LockNotHeld
 
 if TYPE_CHECKING:
@@ -97,8 +99,8 @@ class IntervalScripts:
         self.renew = load("interval_renew")
 
 
-def scripts(client: Connection) -> IntervalScripts:
-    """The interval scripts of ``client``, registered on first use."""
+def scripts(client: ScriptHost) -> IntervalScripts:
+    """The interval scripts of ``client`` (sync or asyncio), registered on first use."""
     return bound_to(client, IntervalScripts)
 
 
@@ -267,15 +269,15 @@ class IntervalHandle(IntervalHold, LockHandle):
             return list(pipe.execute())
 
         held, writers = conn.call(read_owners)
-        owners = [_text(owner) for owner in held]
+        owners = [text(owner) for owner in held]
         task_ids = conn.call(read_task_ids, owners) if owners else []
         holders = [
-            HolderRecord(owner=owner, task_id=None if task_id is None else _text(task_id))
+            HolderRecord(owner=owner, task_id=None if task_id is None else text(task_id))
             for owner, task_id in zip(owners, task_ids, strict=True)
         ]
         # A writer waiting for its turn holds new readers back without holding anything yet.
         holders += [
-            HolderRecord(owner=_text(owner), task_id=None, waiting=True) for owner in writers
+            HolderRecord(owner=text(owner), task_id=None, waiting=True) for owner in writers
         ]
         return holders
 
@@ -313,45 +315,27 @@ def list_holders(
     """Every holder of every ``family`` interval lock under the client's prefix whose name
     matches the glob ``pattern`` (None: all), decoded."""
     conn = connection_of(client)
-    return holders_of(read_hashes(conn, holder_keys(conn, family)), family, pattern)
+    found = holders_of(read_query(conn, holder_match(conn.prefix, family)), pattern)
+    return [holder.as_dict() for holder in found]
 
 
-def holder_keys(client: Connection | HasConnection, family: bytes) -> list[bytes]:
-    """The holder hashes (``B h:<owner>``) of every ``family`` interval lock under the
-    client's prefix (one SCAN)."""
-    conn = connection_of(client)
-    return scan(conn, escape_glob(conn.prefix.encode()) + b"{*}:" + family + b":h:*")
+def holder_match(prefix: str, family: bytes) -> bytes:
+    """The SCAN glob of the holder hashes (``B h:<owner>``) of every ``family`` interval
+    lock under ``prefix``."""
+    return escape_glob(prefix.encode()) + b"{*}:" + family + b":h:*"
 
 
-def holders_of(records: list[Record], family: bytes, pattern: str | None) -> list[dict[str, Any]]:
-    """The ``family`` holders among holder-hash ``records`` whose lock name matches the
-    glob ``pattern`` (None: all), decoded."""
+def holders_of(records: list[Record], pattern: str | None) -> list[ListedHolder]:
+    """The holders among interval holder-hash ``records`` whose lock name matches the glob
+    ``pattern`` (None: all), decoded, with their mode named (read, upgradable, write)."""
     holders = []
     for fields, pttl in records:
-        record = decode_holder(fields, pttl)
-        if family == b"rw":
-            record["kind"] = MODE_NAMES.get(record.get("mode", ""), record.get("kind"))
-        if pattern is None or fnmatch.fnmatchcase(record["name"], pattern):
+        record = decode(fields, pttl)
+        if record.mode is not None:
+            record = dataclasses.replace(record, mode=MODE_NAMES.get(record.mode, record.mode))
+        if pattern is None or fnmatch.fnmatchcase(record.name, pattern):
             holders.append(record)
     return holders
-
-
-def decode_holder(fields: dict[bytes, bytes], pttl: int) -> dict[str, Any]:
-    """A holder hash as a dict: numbers as int (lo/hi as float), text as str."""
-    record: dict[str, Any] = {}
-    for raw_key, raw in fields.items():
-        key = raw_key.decode()
-        text = raw.decode("utf-8", "surrogatepass")
-        if key in ("token", "acquired_ms", "renewed_ms", "ttl_ms", "deadline_ms", "pid"):
-            record[key] = int(text)
-        elif key in ("lo", "hi"):
-            record[key] = float(text)
-        else:
-            record[key] = text
-    record["pttl_ms"] = int(pttl)
-    if "mode" in record:
-        record["mode"] = MODE_NAMES.get(record["mode"], record["mode"])
-    return record
 
 
 def clear_holder(
@@ -393,25 +377,19 @@ def clear_hold(
     )
 
 
-def clear_listed(client: Connection | HasConnection, family: bytes, holder: dict[str, Any]) -> int:
-    """Clear one listed hold of an interval lock by its owner and fencing token (so a holder
-    that left and came back under the same owner is left alone) and, when the holder dict
-    has a ``renewed_ms``, only if not renewed since; a code of :func:`clear_hold`."""
-    token = holder.get("token")
-    return clear_hold(
-        client,
-        family,
-        _text(holder["name"]),
-        _text(holder.get("owner") or ""),
-        token=None if token is None else int(token),
-        renewed_ms=holder.get("renewed_ms"),
+def clear_call(conn: ScriptHost, family: bytes, holder: ListedHolder) -> ScriptCall:
+    """The release of one listed hold of an interval lock, by its owner and fencing token
+    (so a holder that left and came back under the same owner is left alone) and, when the
+    listed holder has a ``renewed_ms``, only if not renewed since; codes as :func:`clear_hold`."""
+    token, renewed = holder.token, holder.renewed_ms
+    return release_call(
+        conn,
+        interval_keys(conn.prefix, holder.name, family),
+        holder.owner or "",
+        0,
+        "" if token is None else str(token),
+        "" if renewed is None else str(renewed),
     )
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "surrogatepass")
-    return str(value)
 
 
 def release_hold(
@@ -422,15 +400,24 @@ def release_hold(
     token: str = "",
     renewed_ms: str = "",
 ) -> int:
-    """One run of interval_release.lua: release ``owner``'s hold (after ``delay_ms`` of
-    release delay), only if its fencing token is ``token`` and its last renewal ``renewed_ms``
-    when they are given; a :class:`ClearReply` (CLEARED: released)."""
-    code = conn.call(
-        scripts(conn).release,
-        keys=keys.all(owner)[:12],
-        args=[owner, delay_ms, keys.channel, token, renewed_ms],
-    )
-    return int(code)
+    """One run of :func:`release_call`: a :class:`ClearReply` (CLEARED: released)."""
+    script, script_keys, args = release_call(conn, keys, owner, delay_ms, token, renewed_ms)
+    return ClearReply(int(conn.call(script, keys=script_keys, args=args)))
+
+
+def release_call(
+    conn: ScriptHost,
+    keys: IntervalKeys,
+    owner: str,
+    delay_ms: int,
+    token: str = "",
+    renewed_ms: str = "",
+) -> ScriptCall:
+    """interval_release.lua on ``owner``'s hold (after a release delay of ``delay_ms``), only if
+    its fencing token is ``token`` and its last renewal ``renewed_ms`` when they are given
+    ('' where nothing is checked): for the sync and the asyncio holds."""
+    args = [owner, delay_ms, keys.channel, token, renewed_ms]
+    return scripts(conn).release, keys.all(owner)[:12], args
 
 
 def release_holder(

@@ -8,36 +8,25 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from fnmatch import fnmatchcase
 from typing import Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
-from ..core.handle import (
-    HOSTNAME,
-    HolderRecord,
-    LockHandle,
-    holder_fields,
-    info_fields,
-    log,
-)
+from ..core.handle import HolderRecord, LockHandle, log
 from ..core.handle_state import Timing, _Process, hint_seconds, outage_pause
 from ..core.heartbeat import RenewEntry, RenewUnit
-from ..core.keys import RELEASE_DELAY_STATE, encode_name, lock_keys, lock_pattern
-from ..core.patterns import literal_name
+from ..core.holder import HOSTNAME, holder_fields, info_fields
+from ..core.keys import encode_name, lock_keys
 from ..core.redis_urls import is_cluster
 from ..core.replies import HolderReply, UndoReply
-from ..core.scan import Record, read_hashes, scan
 from ..core.scripts import (
-    WAKE_FAIR_WAITER,
     ScriptCall,
     array_header,
     fair_keys,
     pack_items,
-    register,
-    source_after,
 )
 from ..exceptions import LockBackendError, LockError
+from .lease_listing import read_lease_holders
 
 #: A fair waiter's registration lasts this long unless refreshed: a waiter that died is
 #: skipped by releases (not handed the lease) at most this long after it died.
@@ -517,33 +506,6 @@ def release_owner(
     return ReleaseResult(int(code))
 
 
-def read_lease_holders(conn: Connection, keys: list[bytes]) -> list[HolderRecord]:
-    """The holders of lease keys ``keys`` (a lease's, or each name of a multi-key lock):
-    one pipelined read (:func:`read_hashes`), and a TIME only when a release delay needs its
-    end on the server clock (a Cluster pipeline refuses TIME)."""
-    found: list[tuple[str | None, str | None, int | None]] = []
-    for fields, pttl in read_hashes(conn, keys):
-        owner, task_id, state = (fields.get(field) for field in (b"owner", b"task_id", b"state"))
-        if owner is None and task_id is None:
-            continue  # this name is free now
-        delayed = not owner and state == RELEASE_DELAY_STATE.encode()
-        found.append(
-            (
-                _text(owner) if owner else None,
-                None if task_id is None else _text(task_id),
-                max(0, pttl) if delayed else None,
-            )
-        )
-    now_ms = conn.server_ms() if any(left is not None for _, _, left in found) else 0
-    holders: list[HolderRecord] = []
-    for owner, task_id, left in found:
-        until = None if left is None else now_ms + left
-        holder = HolderRecord(owner=owner, task_id=task_id, release_delay_until_ms=until)
-        if holder not in holders:
-            holders.append(holder)
-    return holders
-
-
 def renew_lease_keys(conn: Connection, units: list[tuple[bytes, str, int, int]]) -> ScriptCall:
     """One renew.lua call for (lock key, owner, ttl ms, generation) units: on a Redis
     Cluster the leases and the names of multi-key locks in one slot are renewed together
@@ -581,63 +543,3 @@ def release_holder_args(
     delay = validate.check_delay(delay)
     delay_ms = validate.seconds_to_ms(delay) if delay > 0 else 0
     return (task_id, pid, host, delay_ms, channel)
-
-
-# -- the admin side: listing and clearing holders ----------------------------------------------
-
-
-def lease_keys(client: Connection | HasConnection, pattern: str | None) -> list[bytes]:
-    """The lease keys (``P{T}:lock``) a listing of ``pattern`` reads: every one under the
-    prefix (one SCAN), or only the key of the one name a literal ``pattern`` spells. Multi-key
-    locks hold their names in these keys too."""
-    conn = connection_of(client)
-    name = None if pattern is None else literal_name(pattern)
-    if name is not None:
-        return [lock_keys(conn.prefix, name).lock]
-    return scan(conn, lock_pattern(conn.prefix))
-
-
-def lease_holders(records: list[Record], pattern: str | None = None) -> list[dict[str, Any]]:
-    """The lease holders among lease ``records`` (and every release delay left on a lease key,
-    whoever left it) whose name matches the glob ``pattern``: a dict of the hash's fields
-    (str keys, values as stored) plus ``kind`` and ``pttl_ms``."""
-    holders: list[dict[str, Any]] = []
-    for fields, pttl in records:
-        holder = {_text(k): v for k, v in fields.items()}
-        kind = _text(holder.get("kind", b"lease"))
-        delayed = not holder.get("owner") and _text(holder.get("state", b"")) == RELEASE_DELAY_STATE
-        if kind != "lease" and not delayed:
-            continue  # a name held by a multi-key lock: multi.py lists its holders
-        holder["kind"] = kind
-        holder["pttl_ms"] = pttl
-        if pattern is None or fnmatchcase(_text(holder.get("name", b"")), pattern):
-            holders.append(holder)
-    return holders
-
-
-def list_holders(
-    client: Connection | HasConnection, pattern: str | None = None
-) -> list[dict[str, Any]]:
-    """Every lease holder under the client's prefix whose name matches the glob ``pattern``
-    (None: all); see :func:`lease_holders`."""
-    conn = connection_of(client)
-    return lease_holders(read_hashes(conn, lease_keys(conn, pattern)), pattern)
-
-
-def clear_holder(client: Connection | HasConnection, holder: dict[str, Any]) -> int:
-    """Delete the lease (or one name of a multi-key lock, or the release delay any holder left
-    on a lease key) if it still carries the listed fencing token and, when the holder dict
-    has a ``renewed_ms``, was not renewed since (clear.lua): a :class:`ClearReply`."""
-    conn = connection_of(client)
-    keys = lock_keys(conn.prefix, _text(holder["name"]))
-    # Registering computes a SHA, no I/O; admin calls are rare enough to do it per call.
-    script = register(conn.redis, source_after(WAKE_FAIR_WAITER, "clear"))
-    renewed = holder.get("renewed_ms")
-    args = (str(holder["token"]), keys.channel, "" if renewed is None else str(renewed))
-    return int(conn.call(script, keys=(keys.lock,), args=args))
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "surrogatepass")
-    return str(value)

@@ -15,23 +15,25 @@ cycle of waiters) and the ones taken are given back when a later one is busy.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
-from ..core.handle import HOSTNAME, HolderRecord, LockHandle
+from ..core.handle import HolderRecord, LockHandle
 from ..core.heartbeat import RenewEntry, RenewUnit
-from ..core.keys import FENCE_TTL_MS, LockKeys, encode_name
+from ..core.holder import HOSTNAME, ListedHolder, decode
+from ..core.keys import FENCE_TTL_MS, LockKeys, encode_name, lock_keys
 from ..core.notifier import Wakeup
 from ..core.redis_urls import is_cluster
 from ..core.replies import AcquireReply, HolderReply
-from ..core.scan import Record, read_hashes
+from ..core.scan import Record, read_query
 from ..core.scripts import (
     FENCING,
     WAKE_FAIR_WAITER,
     ScriptCall,
+    ScriptHost,
     bound_to,
     pack_holder,
     register,
@@ -39,9 +41,9 @@ from ..core.scripts import (
     source_after,
 )
 from ..exceptions import ConfigurationError
-from .intervals import decode_holder
-from .lease import lease_keys, read_lease_holders, renew_lease_keys
 from .lease import release_holder as release_lease_holder
+from .lease import renew_lease_keys
+from .lease_listing import lease_keys, read_lease_holders
 
 if TYPE_CHECKING:
     from redis.commands.core import Script
@@ -56,9 +58,15 @@ class MultiScripts:
         self.renew: Script = register(redis, source("multi_renew"))
 
 
-def scripts(client: Connection) -> MultiScripts:
-    """The multi-key scripts of ``client``, registered on first use."""
+def scripts(client: ScriptHost) -> MultiScripts:
+    """The multi-key scripts of ``client`` (sync or asyncio), registered on first use."""
     return bound_to(client, MultiScripts)
+
+
+def key_order(prefix: str, names: list[str]) -> tuple[tuple[LockKeys, ...], list[str]]:
+    """The Redis keys of each of the (checked) ``names`` and the names, both in key order."""
+    pairs = sorted(((lock_keys(prefix, name), name) for name in names), key=lambda p: p[0].lock)
+    return tuple(keys for keys, _ in pairs), [name for _, name in pairs]
 
 
 def check_names(names: object) -> list[str]:
@@ -69,6 +77,37 @@ def check_names(names: object) -> list[str]:
     if not checked:
         raise ConfigurationError("names", "must not be empty")
     return sorted(set(checked))
+
+
+def acquire_args(
+    owner: str,
+    ttl_ms: int,
+    max_hold_ms: int,
+    reserve: bool,
+    ordered: Sequence[str],
+    holder: Sequence[Any],
+) -> list[Any]:
+    """ARGV of multi_acquire.lua: owner, ttl, max-hold, fence ttl, wait mode ('1': mark the
+    busy holders so their release publishes), the names in key order, the holder fields."""
+    return [
+        owner, ttl_ms, max_hold_ms, FENCE_TTL_MS, "1" if reserve else "",
+        *(encode_name(name) for name in ordered), *holder,
+    ]  # fmt: skip
+
+
+def acquired(ordered: Sequence[str], reply: Sequence[Any]) -> tuple[bool, int, dict[str, int]]:
+    """multi_acquire.lua's reply for the names in key order ``ordered``: (True, largest
+    token, the token of each name) or (False, ms a waiter may sleep, {})."""
+    if int(reply[0]) != AcquireReply.ACQUIRED:
+        return False, int(reply[1]), {}
+    tokens = {name: int(t) for name, t in zip(ordered, reply[1:], strict=True)}
+    return True, max(tokens.values()), tokens
+
+
+def release_args(owner: str, delay_ms: int, keys: Sequence[LockKeys], token: str = "") -> list[Any]:
+    """ARGV of multi_release.lua: owner, release delay ms, the fencing token to check (''
+    none), each name's channel."""
+    return [owner, delay_ms, token, *(k.channel for k in keys)]
 
 
 class MultiLease(LockHandle):
@@ -84,10 +123,8 @@ class MultiLease(LockHandle):
         super().__init__(client, " + ".join(checked), **options)
         #: The names held, sorted.
         self.names = tuple(checked)
-        pairs = sorted(((self._conn.keys(n), n) for n in checked), key=lambda p: p[0].lock)
-        #: The Redis keys of each name, in key order.
-        self.keys: tuple[LockKeys, ...] = tuple(keys for keys, _ in pairs)
-        self._ordered = [name for _, name in pairs]  # the names in key order
+        #: The Redis keys of each name, in key order (and the names in that order).
+        self.keys, self._ordered = key_order(self._conn.prefix, checked)
         self._channel = self.keys[0].channel
         self._tokens: dict[str, int] = {}
         self._scripts = scripts(self._conn)
@@ -103,16 +140,15 @@ class MultiLease(LockHandle):
         reply = self._conn.call(
             self._scripts.acquire,
             keys=[k.lock for k in self.keys] + [k.fence for k in self.keys],
-            args=[
-                owner, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS, "1" if reserve else "",
-                *(encode_name(name) for name in self._ordered),
-                *self._describe_holder(named=False),
-            ],
+            args=acquire_args(
+                owner, self._ttl_ms, self._max_hold_ms, reserve, self._ordered,
+                self._describe_holder(named=False),
+            ),
         )  # fmt: skip
-        if int(reply[0]) != AcquireReply.ACQUIRED:
-            return False, int(reply[1])
-        self._tokens = {name: int(t) for name, t in zip(self._ordered, reply[1:], strict=True)}
-        return True, max(self._tokens.values())
+        taken, value, tokens = acquired(self._ordered, reply)
+        if taken:
+            self._tokens = tokens
+        return taken, value
 
     def _try_acquire_in_order(self, owner: str, reserve: bool) -> tuple[bool, int]:
         """Redis Cluster: one lease per name in key order; on a busy name give back the rest."""
@@ -154,7 +190,7 @@ class MultiLease(LockHandle):
             self._conn.call(
                 self._scripts.release,
                 keys=[k.lock for k in self.keys],
-                args=[owner, delay_ms, token, *(k.channel for k in self.keys)],
+                args=release_args(owner, delay_ms, self.keys, token),
             )
         )
 
@@ -182,18 +218,19 @@ def list_holders(
     """One dict per name held by a multi-key lock under the client's prefix whose name
     matches the glob ``pattern`` (None: all); ``owner`` tells which names are held together."""
     conn = connection_of(client)
-    return multi_holders(read_hashes(conn, lease_keys(conn, pattern)), pattern)
+    found = multi_holders(read_query(conn, lease_keys(conn.prefix, pattern)), pattern)
+    return [holder.as_dict() for holder in found]
 
 
-def multi_holders(records: list[Record], pattern: str | None = None) -> list[dict[str, Any]]:
+def multi_holders(records: list[Record], pattern: str | None = None) -> list[ListedHolder]:
     """The names held by multi-key locks among lease ``records`` (the names live in lease
     keys), decoded, whose name matches the glob ``pattern`` (None: all)."""
     holders = []
     for fields, pttl in records:
         if fields.get(b"kind") != b"multi" or not fields.get(b"owner"):
             continue
-        record = decode_holder(fields, pttl)
-        if pattern is None or fnmatch.fnmatchcase(record["name"], pattern):
+        record = decode(fields, pttl)
+        if pattern is None or fnmatch.fnmatchcase(record.name, pattern):
             holders.append(record)
     return holders
 
@@ -211,7 +248,7 @@ def clear_holder(
     code = conn.call(
         scripts(conn).release,
         keys=[keys.lock],
-        args=[owner, 0, "" if token is None else str(token), keys.channel],
+        args=release_args(owner, 0, [keys], "" if token is None else str(token)),
     )
     return int(code) == HolderReply.DONE
 

@@ -3,28 +3,29 @@ family of kinds, so they read this table instead of importing each kind.
 
 A family is listed from a *keyspace*: the keys one listing reads (one SCAN, or the one key a
 literal pattern names). Families sharing a keyspace (leases and multi-key locks both live
-in lease keys) share one read of it in a listing.
+in lease keys) share one read of it in a listing. What a family says of its keys, holders
+and clearing is pure (a key query, a decoding, a script call), so the sync admin and the
+asyncio one each do the I/O their way and share everything else.
 
-A family also makes its handles from what is locked (a name; the names of a multi-key lock,
-the bounds of a range hold) and a mode, through a :class:`HandleFactory` whose ttl and
-max-hold are checked once: the Celery layer picks the family from a task's options and makes
-one handle per run.
+A family also makes its handles from what is locked (a :class:`Target`: a name; the names
+of a multi-key lock; a name with the bounds of a range hold) and a mode, through a
+:class:`HandleFactory` whose ttl and max-hold are checked once: the Celery layer picks the
+family from a task's options and makes one handle per run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ..core.connection import Connection, HasConnection
 from ..core.handle import LockHandle
-from ..core.scan import Record, read_hashes
+from ..core.holder import ListedHolder
+from ..core.scan import KeyQuery, Record
+from ..core.scripts import ScriptCall, ScriptHost
 from ..exceptions import ConfigurationError
-from . import intervals, lease, multi, rangelock, rwlock
-
-#: One holder of one lock, as a kind's lister returns it (see admin.inspect for the fields).
-Holder = dict[str, Any]
+from . import intervals, lease, lease_listing, multi, rangelock, rwlock
 
 
 class ReleaseHolder(Protocol):
@@ -45,21 +46,27 @@ class ReleaseHolder(Protocol):
     ) -> bool: ...
 
 
+class Target(NamedTuple):
+    """What one handle locks: lock ``name`` (a range lock: the resource; a multi-key lock:
+    its names joined with " + "), the ``names`` of a multi-key lock, or the ``bounds``
+    (lo, hi) of a range hold. A family reads what it needs."""
+
+    name: str
+    names: tuple[str, ...] = ()
+    bounds: tuple[float, float] | None = None
+
+
 class HandleFactory(Protocol):
     """Makes handles (not yet acquired) of one family, with the ttl and max-hold it was made
-    for: a handle in ``mode`` (one of the family's ``modes``) on lock ``name`` (a range lock:
-    the resource; a multi-key lock: its names joined with " + "), on the ``names`` of a
-    multi-key lock, or on the ``bounds`` (lo, hi) of a range hold. A family reads what it
-    needs; positional only, so that a task run pays for no keywords."""
+    for: a handle in ``mode`` (one of the family's ``modes``) on ``target``. Positional only,
+    so that a task run pays for no keywords."""
 
     def __call__(
         self,
-        name: str,
+        target: Target,
         mode: str,
         owner_info: dict[str, Any] | None,
         on_lost: Callable[[Any], object] | None,
-        names: tuple[str, ...] = (),
-        bounds: tuple[float, float] | None = None,
         /,
     ) -> LockHandle: ...
 
@@ -74,13 +81,14 @@ class KindFamily:
     kinds: tuple[str, ...]
     #: Names the keys ``keys`` returns: families with the same keyspace share one read.
     keyspace: str
-    #: The keys a listing of a glob pattern (None: all) reads.
-    keys: Callable[[Connection, str | None], list[bytes]]
+    #: ``keys(prefix, pattern)``: the keys a listing of a glob pattern (None: all) reads.
+    keys: Callable[[str, str | None], KeyQuery]
     #: The family's holders among the records read from those keys, matching the pattern.
-    holders: Callable[[list[Record], str | None], list[Holder]]
-    #: Clear a listed holder if it still holds (and, when the holder dict has a
-    #: ``renewed_ms``, was not renewed since): a ``ClearReply`` (core/replies.py).
-    clear_holder: Callable[[Connection, Holder], int]
+    holders: Callable[[list[Record], str | None], list[ListedHolder]]
+    #: The script call that clears a listed holder if it still holds (and, when the holder
+    #: has a ``renewed_ms``, was not renewed since); it answers a ``ClearReply``
+    #: (core/replies.py).
+    clear_call: Callable[[ScriptHost, ListedHolder], ScriptCall]
     release_holder: ReleaseHolder
     #: The modes its handles are made in (``exclusive``: one holder, no sharing).
     modes: tuple[str, ...]
@@ -88,26 +96,19 @@ class KindFamily:
     #: held at most ``max_hold`` seconds (checked here, once, not per handle).
     handles: Callable[[Connection, float, float | None], HandleFactory]
 
-    def list_holders(self, conn: Connection, pattern: str | None) -> list[Holder]:
-        """The family's holders whose name matches the glob ``pattern`` (None: all)."""
-        return self.holders(read_hashes(conn, self.keys(conn, pattern)), pattern)
-
 
 def _lease_handles(conn: Connection, ttl: float, max_hold: float | None) -> HandleFactory:
     """Leases through a LeaseTemplate: the ttl and max-hold are checked here, not per lease
     (a default task makes one lease per run)."""
     make = lease.LeaseTemplate(conn, ttl=ttl, max_hold=max_hold).lease
-    return lambda name, mode, owner_info, on_lost, names=(), bounds=None: make(
-        name, owner_info=owner_info, on_lost=on_lost
+    return lambda target, mode, owner_info, on_lost: make(
+        target.name, owner_info=owner_info, on_lost=on_lost
     )
 
 
-#: The bounds (lo, hi) of a range hold; None for other kinds.
-Bounds = tuple[float, float] | None
-
 #: Makes one handle of a family (as a :class:`HandleFactory` does, on a connection), with the
 #: handle keywords ``ttl``, ``max_hold``, ``owner_info`` and ``on_lost`` in a dict.
-MakeHandle = Callable[[Connection, str, str, tuple[str, ...], Bounds, dict[str, Any]], LockHandle]
+MakeHandle = Callable[[Connection, Target, str, dict[str, Any]], LockHandle]
 
 
 def _handles(make: MakeHandle) -> Callable[[Connection, float, float | None], HandleFactory]:
@@ -117,49 +118,32 @@ def _handles(make: MakeHandle) -> Callable[[Connection, float, float | None], Ha
         def options(owner_info: Any, on_lost: Any) -> dict[str, Any]:
             return {"ttl": ttl, "max_hold": max_hold, "owner_info": owner_info, "on_lost": on_lost}
 
-        return lambda name, mode, owner_info, on_lost, names=(), bounds=None: make(
-            conn, name, mode, names, bounds, options(owner_info, on_lost)
+        return lambda target, mode, owner_info, on_lost: make(
+            conn, target, mode, options(owner_info, on_lost)
         )
 
     return handles
 
 
 def _multi_handle(
-    conn: Connection,
-    name: str,
-    mode: str,
-    names: tuple[str, ...],
-    bounds: Bounds,
-    options: dict[str, Any],
+    conn: Connection, target: Target, mode: str, options: dict[str, Any]
 ) -> LockHandle:
-    return multi.MultiLease(conn, names, **options)
+    return multi.MultiLease(conn, target.names, **options)
 
 
-def _rw_handle(
-    conn: Connection,
-    name: str,
-    mode: str,
-    names: tuple[str, ...],
-    bounds: Bounds,
-    options: dict[str, Any],
-) -> LockHandle:
-    make: Callable[..., LockHandle] = getattr(rwlock.RWLock(conn, name), mode)
+def _rw_handle(conn: Connection, target: Target, mode: str, options: dict[str, Any]) -> LockHandle:
+    make: Callable[..., LockHandle] = getattr(rwlock.RWLock(conn, target.name), mode)
     return make(**options)
 
 
 def _range_handle(
-    conn: Connection,
-    name: str,
-    mode: str,
-    names: tuple[str, ...],
-    bounds: Bounds,
-    options: dict[str, Any],
+    conn: Connection, target: Target, mode: str, options: dict[str, Any]
 ) -> LockHandle:
-    if bounds is None:
-        raise ConfigurationError("bounds", f"a range lock on {name!r} needs bounds")
-    lock = rangelock.RangeLock(conn, name)
+    if target.bounds is None:
+        raise ConfigurationError("bounds", f"a range lock on {target.name!r} needs bounds")
+    lock = rangelock.RangeLock(conn, target.name)
     make: Callable[..., LockHandle] = getattr(lock, "write" if mode == "exclusive" else mode)
-    return make(*bounds, **options)
+    return make(*target.bounds, **options)
 
 
 def _interval_family(
@@ -172,17 +156,17 @@ def _interval_family(
     """A family of interval locks (``rw`` or ``range``): its holder hashes are its keyspace."""
     family = admin.family
 
-    def keys(conn: Connection, pattern: str | None) -> list[bytes]:
-        return intervals.holder_keys(conn, family)
+    def keys(prefix: str, pattern: str | None) -> KeyQuery:
+        return intervals.holder_match(prefix, family)
 
-    def holders(records: list[Record], pattern: str | None) -> list[Holder]:
-        return intervals.holders_of(records, family, pattern)
+    def holders(records: list[Record], pattern: str | None) -> list[ListedHolder]:
+        return intervals.holders_of(records, pattern)
 
-    def clear_holder(conn: Connection, holder: Holder) -> int:
-        return intervals.clear_listed(conn, family, holder)
+    def clear_call(conn: ScriptHost, holder: ListedHolder) -> ScriptCall:
+        return intervals.clear_call(conn, family, holder)
 
     release = admin.release_holder
-    return KindFamily(name, kinds, name, keys, holders, clear_holder, release, modes, handles)
+    return KindFamily(name, kinds, name, keys, holders, clear_call, release, modes, handles)
 
 
 #: The modes of reader-writer holds: shared, shared but upgradable, exclusive.
@@ -192,9 +176,9 @@ LEASES = KindFamily(
     family="lease",
     kinds=("lease",),
     keyspace="lease",
-    keys=lease.lease_keys,
-    holders=lease.lease_holders,
-    clear_holder=lease.clear_holder,
+    keys=lease_listing.lease_keys,
+    holders=lease_listing.lease_holders,
+    clear_call=lease_listing.clear_call,
     release_holder=lease.release_holder,
     modes=("exclusive",),
     handles=_lease_handles,
@@ -215,9 +199,9 @@ FAMILIES: tuple[KindFamily, ...] = (
         family="multi",
         kinds=("multi",),
         keyspace="lease",
-        keys=lease.lease_keys,
+        keys=lease_listing.lease_keys,
         holders=multi.multi_holders,
-        clear_holder=lease.clear_holder,
+        clear_call=lease_listing.clear_call,
         release_holder=multi.release_holder,
         modes=("exclusive",),
         handles=_handles(_multi_handle),
