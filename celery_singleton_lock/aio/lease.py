@@ -9,6 +9,7 @@ from typing import Any
 
 from ..core import validate
 from ..core.handle_state import hint_seconds
+from ..core.keys import lock_keys
 from ..core.scripts import (
     ScriptCall,
     acquire_call,
@@ -25,6 +26,8 @@ from .handle import AsyncLockHandle, RenewEntry
 class AsyncLease(AsyncLockHandle):
     """An exclusive, expiring lock on one name; made by :meth:`AsyncLockClient.lease`."""
 
+    __slots__ = ("fair", "keys", "_channels", "_queued", "_queued_hint")
+
     kind = "lease"
 
     def __init__(
@@ -32,16 +35,30 @@ class AsyncLease(AsyncLockHandle):
         client: AsyncConnection | HasAsyncConnection,
         name: str,
         *,
+        ttl: float = 30.0,
+        heartbeat: bool = True,
+        max_hold: float | None = None,
+        wait: float = 0.0,
+        owner_info: dict[str, Any] | None = None,
+        on_lost: Callable[[Any], object] | None = None,
         fair: bool = False,
-        **options: Any,
     ) -> None:
         """Options as for :meth:`AsyncLockClient.lease`."""
-        super().__init__(client, name, **options)
+        super().__init__(
+            client,
+            name,
+            ttl=ttl,
+            heartbeat=heartbeat,
+            max_hold=max_hold,
+            wait=wait,
+            owner_info=owner_info,
+            on_lost=on_lost,
+        )
         #: A blocked acquire queues, and a release hands the lease straight to the oldest
         #: live waiter (sync or async): first come, first served, and no second round trip.
         self.fair = validate.check_bool(fair, "fair")
         #: The Redis keys of this lease (lock hash, fencing counter, channel).
-        self.keys = self._conn.keys(self.name)
+        self.keys = lock_keys(self._conn.prefix, self.name)
         self._channels = (self.keys.channel,)
         self._queued = ""  # the owner token a fair acquire waits in the queue with
         self._queued_hint = 0  # ms the last attempt said the holder's lease may still run

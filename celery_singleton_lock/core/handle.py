@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from ..exceptions import LockBackendError, LockError, LockLost
 from .connection import Connection, HasConnection, connection_of
-from .handle_state import HandleState, Options, Timing, _Process, check_options, retry_in
+from .handle_state import HandleState, Options, _Process, check_options, retry_in
 from .heartbeat import RenewEntry, RenewUnit, heartbeat, renew_calls, renewing
 from .keys import encode_name
 from .notifier import Wakeup
@@ -72,6 +72,8 @@ class LockHandle(HandleState, ABC):
     or from the thread whose check() or extend() found the lock lost.
     """
 
+    __slots__ = ("_conn", "_state", "_holder_cache", "_packed_cache")
+
     def __init__(
         self,
         client: Connection | HasConnection,
@@ -85,24 +87,11 @@ class LockHandle(HandleState, ABC):
         on_lost: Callable[[Any], object] | None = None,
     ) -> None:
         options = check_options(name, ttl, heartbeat, max_hold, wait, owner_info, on_lost)
-        self._set_up(options, connection_of(client))
+        self._init_checked(options, connection_of(client))
 
-    def _setup(
-        self,
-        name: str,
-        timing: Timing,
-        *,
-        heartbeat: bool,
-        wait: float,
-        owner_info: dict[str, str],
-        on_lost: Callable[[Any], object] | None,
-        conn: Connection,
-    ) -> None:
-        """Set a new handle's state from checked values: ``__init__``, or a kind's constructor
-        for values checked once for many handles (the Celery layer's per-run lease)."""
-        self._set_up(Options(name, timing, heartbeat, wait, owner_info, on_lost), conn)
-
-    def _set_up(self, options: Options, conn: Connection) -> None:
+    def _init_checked(self, options: Options, conn: Connection) -> None:
+        """Set a new handle's options, checked already, and its empty state: ``__init__``,
+        or a kind's constructor for options checked once for many handles."""
         self._configure(options)
         self._conn = conn
         self._state = threading.Lock()

@@ -23,7 +23,7 @@ and one Lua script may touch them all.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from typing import NamedTuple
 
 #: The prefix every key gets unless configured otherwise.
 DEFAULT_PREFIX = "csl:"
@@ -66,9 +66,8 @@ def _is_valid_utf8(raw: bytes) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class LockKeys:
-    """The Redis names one lock uses."""
+class LockKeys(NamedTuple):
+    """The Redis names one lock uses (a tuple: made for every handle, and cheap to make)."""
 
     lock: bytes
     fence: bytes

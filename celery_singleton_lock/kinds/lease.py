@@ -21,7 +21,7 @@ from ..core.handle import (
     info_fields,
     log,
 )
-from ..core.handle_state import Timing, _Process, hint_seconds
+from ..core.handle_state import Options, Timing, _Process, check_options, hint_seconds
 from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.keys import encode_name, lock_keys, lock_pattern
 from ..core.patterns import literal_name
@@ -70,61 +70,62 @@ class Lease(LockHandle):
     to ``wait`` seconds, else raising :class:`LockTimeout`) and releases on exit.
     """
 
+    __slots__ = (
+        "fair", "keys", "_channel", "_queued", "_queued_hint", "_fixed_owner", "_takeover",
+        "_attempt", "_free_first", "freed_first", "_thread_fields",
+    )  # fmt: skip
+
     kind = "lease"
-    #: The holder fields a :class:`LeaseTemplate`'s leases share (None: made otherwise).
-    _thread_fields: _ThreadFields | None = None
 
     def __init__(
         self,
         client: Connection | HasConnection,
         name: str,
         *,
+        ttl: float = 30.0,
+        heartbeat: bool = True,
+        max_hold: float | None = None,
+        wait: float = 0.0,
+        owner_info: dict[str, Any] | None = None,
+        on_lost: Callable[[Any], object] | None = None,
         fair: bool = False,
         owner: str | None = None,
         take_over: str | None = None,
-        **options: Any,
     ) -> None:
         """Options as for :meth:`LockClient.lease`."""
-        super().__init__(client, name, **options)
+        options = check_options(name, ttl, heartbeat, max_hold, wait, owner_info, on_lost)
         fair = validate.check_bool(fair, "fair")
         owner = None if owner is None else validate.check_text(owner, "owner")
         take_over = None if take_over is None else validate.check_text(take_over, "take_over")
-        self._setup_lease(fair, owner, take_over)
+        self._init_checked(options, connection_of(client))
+        self._init_lease(fair, owner, take_over, None)
 
     @classmethod
-    def _checked(
-        cls,
-        conn: Connection,
-        name: str,
-        timing: Timing,
-        owner_info: dict[str, str],
-        on_lost: Callable[[Any], object] | None,
+    def _from_checked(
+        cls, conn: Connection, options: Options, thread_fields: _ThreadFields | None
     ) -> Lease:
-        """A lease (heartbeat on, no wait, not fair, no fixed owner) from values checked
-        already: ``name`` by ``check_name``, ``timing`` by :meth:`Timing.check`,
-        ``owner_info`` by ``check_owner_info``, ``on_lost`` callable or None (see
-        :class:`LeaseTemplate`)."""
+        """A lease (not fair, no fixed owner) from ``options`` checked already (see
+        :class:`LeaseTemplate`), whose holder fields come from ``thread_fields``."""
         lease = cls.__new__(cls)
-        lease._setup(
-            name,
-            timing,
-            heartbeat=True,
-            wait=0.0,
-            owner_info=owner_info,
-            on_lost=on_lost,
-            conn=conn,
-        )
-        lease._setup_lease(False, None, None)
+        lease._init_checked(options, conn)
+        lease._init_lease(False, None, None, thread_fields)
         return lease
 
-    def _setup_lease(self, fair: bool, owner: str | None, take_over: str | None) -> None:
+    def _init_lease(
+        self,
+        fair: bool,
+        owner: str | None,
+        take_over: str | None,
+        thread_fields: _ThreadFields | None,
+    ) -> None:
+        """Set a new lease's own options, checked already, and its empty state."""
         #: A blocked acquire queues, and a release hands the lease straight to the oldest
         #: live waiter: first come, first served, and no second round trip to take it.
         self.fair = fair
         self._queued = ""  # the owner token a fair acquire waits in the queue with
         self._queued_hint = 0  # ms its last attempt said the holder's lease may still run
         #: The Redis keys of this lease (lock hash, fencing counter, channel).
-        self.keys = self._conn.keys(self.name)
+        self.keys = lock_keys(self._conn.prefix, self.name)
         self._channel = self.keys.channel
         # Claims (celery/claims.py): hold the name as this fixed owner token instead of a
         # fresh one, and/or take over a claim held under that token.
@@ -137,6 +138,8 @@ class Lease(LockHandle):
         #: What the last acquire's :meth:`free_first` release did (1 released, 0 nothing
         #: held, -1 held by another owner); None if it had none.
         self.freed_first: int | None = None
+        # The holder fields a LeaseTemplate's leases share (None: made otherwise).
+        self._thread_fields = thread_fields
 
     @property
     def take_over(self) -> str | None:
@@ -376,27 +379,9 @@ class LeaseTemplate:
         self._timing = Timing.check(self.ttl, max_hold)
         self.max_hold = self._timing.max_hold
         self._conn = connection_of(client)
-        # Every lease of the template starts with the state a lease made the ordinary way
-        # has, less what is its own (_OWN_STATE): copied in one step rather than set up
-        # attribute by attribute on each (this is on every Celery task run's path). An
-        # empty dict there is a per-handle cache: each lease gets an empty one of its own.
-        # A value of any other kind could be mutable state this template does not know
-        # how to give each lease: then every lease is made the ordinary way.
-        model = Lease._checked(self._conn, "template", self._timing, {}, None)
-        shared: dict[str, Any] = {"_thread_fields": _ThreadFields(Lease.kind)}
-        caches: list[str] = []
-        known = True
-        for attribute, value in vars(model).items():
-            if attribute in _OWN_STATE:
-                continue
-            if type(value) is dict and not value:
-                caches.append(attribute)
-            elif attribute == "_conn" or type(value) in _SHAREABLE:
-                shared[attribute] = value
-            else:
-                known = False
-        self._shared_state: dict[str, Any] | None = shared if known else None
-        self._caches = tuple(caches)
+        # The holder fields of the process and thread acquiring, packed once per thread for
+        # every lease of the template (each is acquired once, so its own cache never hits).
+        self._thread_fields = _ThreadFields(Lease.kind)
 
     def lease(
         self,
@@ -408,32 +393,15 @@ class LeaseTemplate:
         """A lease on ``name`` (not yet acquired), as ``LockClient.lease(name, ttl=...,
         max_hold=..., owner_info=..., on_lost=...)`` makes it; bad arguments raise
         ConfigurationError the same way."""
-        name = validate.check_name(name)
-        info = validate.check_owner_info(owner_info)
-        on_lost = validate.check_callable(on_lost, "on_lost")
-        shared = self._shared_state
-        if shared is None:
-            return Lease._checked(self._conn, name, self._timing, info, on_lost)
-        keys = lock_keys(self._conn.prefix, name)
-        lease = Lease.__new__(Lease)
-        state = lease.__dict__
-        state.update(shared)
-        for cache in self._caches:
-            state[cache] = {}
-        state["name"] = name
-        state["owner_info"] = info
-        state["on_lost"] = on_lost
-        state["_state"] = threading.Lock()
-        state["_keys"] = keys
-        state["_channel"] = keys.channel
-        return lease
-
-
-#: A lease's attributes that are its own, set by :meth:`LeaseTemplate.lease`: what depends
-#: on its name and arguments, and its state lock.
-_OWN_STATE = frozenset(("name", "owner_info", "on_lost", "_state", "_keys", "_channel"))
-#: Types of values leases may share (immutable), besides the connection.
-_SHAREABLE = (str, bytes, int, float, bool, type(None), tuple, frozenset)
+        options = Options(
+            validate.check_name(name),
+            self._timing,
+            True,
+            0.0,
+            validate.check_owner_info(owner_info),
+            validate.check_callable(on_lost, "on_lost"),
+        )
+        return Lease._from_checked(self._conn, options, self._thread_fields)
 
 
 class _ThreadFields:
