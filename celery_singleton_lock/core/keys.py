@@ -22,6 +22,7 @@ and one Lua script may touch them all.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import NamedTuple
 
@@ -84,10 +85,12 @@ def key_base(lock_key: bytes) -> bytes:
     return lock_key[: -len(b"lock")]
 
 
+@functools.lru_cache(maxsize=4096)
 def lock_keys(prefix: str, name: str) -> LockKeys:
-    """Keys of the lock called ``name`` under ``prefix``."""
+    """Keys of the lock called ``name`` under ``prefix``; cached, as a handle is made per use
+    of a name (``with client.lease(name):``) and most programs use a few names again."""
     base = prefix.encode() + b"{" + name_tag(name) + b"}:"
-    return LockKeys(lock=base + b"lock", fence=base + b"fence", channel=base + b"chan")
+    return LockKeys(base + b"lock", base + b"fence", base + b"chan")
 
 
 def lock_pattern(prefix: str) -> bytes:
