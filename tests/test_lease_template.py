@@ -90,9 +90,9 @@ def state_of(handle: Any) -> dict[str, Any]:
 
 def assert_nothing_mutable_shared(one: Any, other: Any) -> None:
     """No attribute of two template leases is one mutable object (a cache, a lock, a dict),
-    besides the connection and the template's per-thread holder fields."""
+    besides the connection."""
     for attribute, value in state_of(one).items():
-        if attribute in ("_conn", "_thread_fields") or isinstance(value, SHAREABLE):
+        if attribute == "_conn" or isinstance(value, SHAREABLE):
             continue
         assert value is not getattr(other, attribute), attribute
 
@@ -119,7 +119,7 @@ def test_a_template_lease_is_the_lease_the_client_makes(
     assert {a: getattr(made, a) for a in STATE} == {a: getattr(expected, a) for a in STATE}
     # Every other attribute too: the same values, and no mutable part shared with another
     # lease of the template.
-    own = {"_state", "_holder_cache", "_thread_fields"}
+    own = {"_state", "_holder_cache"}
     assert set(state_of(made)) - own == set(state_of(expected)) - own
     assert {a: v for a, v in state_of(made).items() if a not in own} == {
         a: v for a, v in state_of(expected).items() if a not in own

@@ -15,10 +15,9 @@ from ..core.scripts import (
     acquire_call,
     fair_abandon_keys,
     fair_keys,
-    pack_holder,
 )
 from ..exceptions import LockBackendError
-from ..kinds.lease import FAIR_REGISTRATION_MS, block_for, handed_token
+from ..kinds.lease import FAIR_REGISTRATION_MS, block_for, handed_token, packed_lease_holder
 from .connection import AsyncConnection, HasAsyncConnection
 from .handle import AsyncLockHandle, RenewEntry
 
@@ -73,7 +72,7 @@ class AsyncLease(AsyncLockHandle):
         # No claim to take over (""): the async lease has no owner or take_over options.
         script_keys, args = acquire_call(
             keys.lock, keys.fence, owner, self._ttl_ms, self._max_hold_ms,
-            pack_holder(self._describe_holder()), "", reserve,
+            packed_lease_holder(self.name, self.heartbeat, self.owner_info), "", reserve,
             FAIR_REGISTRATION_MS if reserve and self.fair else 0,
         )  # fmt: skip
         taken, value = await conn.script(conn.lease_scripts.acquire, script_keys, args)

@@ -30,7 +30,7 @@ from .handle_state import HandleState, Options, _Process, check_options, retry_i
 from .heartbeat import RenewEntry, RenewUnit, heartbeat, renew_calls, renewing
 from .keys import encode_name
 from .notifier import Wakeup
-from .scripts import ScriptCall, pack_holder, run_batch
+from .scripts import ScriptCall, run_batch
 
 log = logging.getLogger("celery_singleton_lock.lease")
 
@@ -72,7 +72,7 @@ class LockHandle(HandleState, ABC):
     or from the thread whose check() or extend() found the lock lost.
     """
 
-    __slots__ = ("_conn", "_state", "_holder_cache", "_packed_cache")
+    __slots__ = ("_conn", "_state", "_holder_cache")
 
     def __init__(
         self,
@@ -97,8 +97,6 @@ class LockHandle(HandleState, ABC):
         self._state = threading.Lock()
         # (named, pid, thread ident) -> the holder fields of _describe_holder.
         self._holder_cache: dict[tuple[bool, int, int], list[Any]] = {}
-        # (pid, thread ident) -> _describe_holder() packed (pack_holder), for acquire.lua.
-        self._packed_cache: dict[tuple[int, int], bytes] = {}
 
     # -- what a subclass provides ------------------------------------------------------------
 
@@ -317,17 +315,6 @@ class LockHandle(HandleState, ABC):
             self._holder_cache.clear()
         self._holder_cache[(named, pid, ident)] = fields
         return fields
-
-    def _packed_holder(self) -> bytes:
-        """:meth:`_describe_holder` packed into acquire.lua's one holder argument, cached as
-        it is: built once per process and thread, sent as is by every acquire."""
-        key = (_Process.pid, threading.get_ident())
-        packed = self._packed_cache.get(key)
-        if packed is None:
-            if len(self._packed_cache) > 64:  # as _describe_holder's cache
-                self._packed_cache.clear()
-            packed = self._packed_cache[key] = pack_holder(self._describe_holder())
-        return packed
 
 
 def holder_fields(handle: Any, *, pid: int, thread: str, named: bool = True) -> list[Any]:

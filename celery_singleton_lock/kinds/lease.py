@@ -72,7 +72,7 @@ class Lease(LockHandle):
 
     __slots__ = (
         "fair", "keys", "_channel", "_queued", "_queued_hint", "_fixed_owner", "_takeover",
-        "_attempt", "_free_first", "freed_first", "_thread_fields",
+        "_attempt", "_free_first", "freed_first",
     )  # fmt: skip
 
     kind = "lease"
@@ -98,26 +98,18 @@ class Lease(LockHandle):
         owner = None if owner is None else validate.check_text(owner, "owner")
         take_over = None if take_over is None else validate.check_text(take_over, "take_over")
         self._init_checked(options, connection_of(client))
-        self._init_lease(fair, owner, take_over, None)
+        self._init_lease(fair, owner, take_over)
 
     @classmethod
-    def _from_checked(
-        cls, conn: Connection, options: Options, thread_fields: _ThreadFields | None
-    ) -> Lease:
+    def _from_checked(cls, conn: Connection, options: Options) -> Lease:
         """A lease (not fair, no fixed owner) from ``options`` checked already (see
-        :class:`LeaseTemplate`), whose holder fields come from ``thread_fields``."""
+        :class:`LeaseTemplate`)."""
         lease = cls.__new__(cls)
         lease._init_checked(options, conn)
-        lease._init_lease(False, None, None, thread_fields)
+        lease._init_lease(False, None, None)
         return lease
 
-    def _init_lease(
-        self,
-        fair: bool,
-        owner: str | None,
-        take_over: str | None,
-        thread_fields: _ThreadFields | None,
-    ) -> None:
+    def _init_lease(self, fair: bool, owner: str | None, take_over: str | None) -> None:
         """Set a new lease's own options, checked already, and its empty state."""
         #: A blocked acquire queues, and a release hands the lease straight to the oldest
         #: live waiter: first come, first served, and no second round trip to take it.
@@ -138,8 +130,6 @@ class Lease(LockHandle):
         #: What the last acquire's :meth:`free_first` release did (1 released, 0 nothing
         #: held, -1 held by another owner); None if it had none.
         self.freed_first: int | None = None
-        # The holder fields a LeaseTemplate's leases share (None: made otherwise).
-        self._thread_fields = thread_fields
 
     @property
     def take_over(self) -> str | None:
@@ -189,21 +179,7 @@ class Lease(LockHandle):
         return read_lease_holders(self._conn, [self.keys.lock])
 
     def _packed_holder(self) -> bytes:
-        shared = self._thread_fields
-        if shared is None or not self.heartbeat:
-            return super()._packed_holder()
-        # A template's lease is acquired once, so its own cache would never hit: the fields
-        # of the acquiring process and thread are packed once per thread by the template,
-        # and only the name and owner_info per run; the same bytes, in the same order, as
-        # pack_holder(self._describe_holder()).
-        count, packed = shared.get()
-        info = info_fields(self.owner_info)
-        return (
-            array_header(2 + count + len(info))
-            + pack_items((b"name", encode_name(self.name)))
-            + packed
-            + pack_items(info)
-        )
+        return packed_lease_holder(self.name, self.heartbeat, self.owner_info)
 
     def _new_owner(self) -> str:
         owner = self._fixed_owner or super()._new_owner()
@@ -379,9 +355,6 @@ class LeaseTemplate:
         self._timing = Timing.check(self.ttl, max_hold)
         self.max_hold = self._timing.max_hold
         self._conn = connection_of(client)
-        # The holder fields of the process and thread acquiring, packed once per thread for
-        # every lease of the template (each is acquired once, so its own cache never hits).
-        self._thread_fields = _ThreadFields(Lease.kind)
 
     def lease(
         self,
@@ -401,16 +374,16 @@ class LeaseTemplate:
             validate.check_owner_info(owner_info),
             validate.check_callable(on_lost, "on_lost"),
         )
-        return Lease._from_checked(self._conn, options, self._thread_fields)
+        return Lease._from_checked(self._conn, options)
 
 
 class _ThreadFields:
-    """The holder fields (``holder_fields``) of a template's leases that depend only on the
-    process and thread acquiring them (kind, host, pid, thread name, heartbeat on), kept
-    per process and thread, and made again if the thread was renamed."""
+    """The holder fields (``holder_fields``) of leases that depend only on the process and
+    thread acquiring them and on the heartbeat option (kind, host, pid, thread name,
+    heartbeat), kept per process and thread, and made again if the thread was renamed."""
 
-    def __init__(self, kind: str) -> None:
-        self._shape = _HolderShape(kind)
+    def __init__(self, heartbeat: bool) -> None:
+        self._shape = _HolderShape(heartbeat)
         self._cache: dict[tuple[int, int], tuple[str, int, bytes]] = {}
 
     def get(self) -> tuple[int, bytes]:
@@ -433,11 +406,31 @@ class _HolderShape:
     """What ``holder_fields`` reads of a lease, less its name and ``owner_info`` (a lease
     adds those itself)."""
 
-    heartbeat = True
+    kind = Lease.kind
     owner_info: dict[str, str] = {}  # noqa: RUF012 - read only
 
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
+    def __init__(self, heartbeat: bool) -> None:
+        self.heartbeat = heartbeat
+
+
+#: The per-thread holder fields of every lease, by its heartbeat option.
+_THREAD_FIELDS = {True: _ThreadFields(True), False: _ThreadFields(False)}
+
+
+def packed_lease_holder(name: str, heartbeat: bool, owner_info: dict[str, str]) -> bytes:
+    """The holder fields of a lease on ``name`` acquired by this thread, packed as
+    acquire.lua's one holder argument (``pack_holder(holder_fields(...))``, the same bytes).
+    A lease is mostly made per use and acquired once, so a cache of its own would never
+    hit: the fields of the process and thread are packed once per thread for every lease
+    (sync or asyncio), and only the name and ``owner_info`` per acquire."""
+    count, packed = _THREAD_FIELDS[heartbeat].get()
+    info = info_fields(owner_info)
+    return (
+        array_header(2 + count + len(info))
+        + pack_items((b"name", encode_name(name)))
+        + packed
+        + pack_items(info)
+    )
 
 
 class ReleaseResult(enum.IntEnum):
