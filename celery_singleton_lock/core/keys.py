@@ -85,12 +85,21 @@ def key_base(lock_key: bytes) -> bytes:
     return lock_key[: -len(b"lock")]
 
 
-@functools.lru_cache(maxsize=4096)
 def lock_keys(prefix: str, name: str) -> LockKeys:
-    """Keys of the lock called ``name`` under ``prefix``; cached, as a handle is made per use
-    of a name (``with client.lease(name):``) and most programs use a few names again."""
+    """Keys of the lock called ``name`` under ``prefix``. Cached for names of up to
+    ``MAX_PLAIN_NAME`` characters (so the cache stays small), as a handle is made per use of
+    a name (``with client.lease(name):``) and most programs use a few names again."""
+    if len(name) <= MAX_PLAIN_NAME:
+        return _cached_lock_keys(prefix, name)
+    return _make_lock_keys(prefix, name)
+
+
+def _make_lock_keys(prefix: str, name: str) -> LockKeys:
     base = prefix.encode() + b"{" + name_tag(name) + b"}:"
     return LockKeys(base + b"lock", base + b"fence", base + b"chan")
+
+
+_cached_lock_keys = functools.lru_cache(maxsize=4096)(_make_lock_keys)
 
 
 def lock_pattern(prefix: str) -> bytes:
