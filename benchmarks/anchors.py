@@ -1,8 +1,9 @@
 """The locks compared, behind one small interface.
 
 Every adapter is built on the same plain ``redis.Redis`` client, so all pay the same
-connection costs; each makes one reusable handle per lock name, except the "per use" ones,
-which make a new lock object for every acquire, as ``with client.lock(name): ...`` does.
+connection costs, and each makes a new lock object for every acquire, as each library's docs
+show it used (``with client.lock(name): ...``, ``with lock_client.lease(name): ...``): the
+cost of building one is part of every use.
 """
 
 from __future__ import annotations
@@ -113,16 +114,21 @@ class FloorLock:
 
 
 class _LibraryLock:
-    """A competitor's lock object with ``acquire(blocking=...)`` and ``release()``; the
-    subclasses make the object and name their blocking-timeout keyword."""
+    """A competitor's lock object, a new one per acquire, with ``acquire(blocking=...)`` and
+    ``release()``; the subclasses make the object and name their blocking-timeout keyword."""
 
     _timeout_keyword = "timeout"
     _lock: Any
 
+    def _new_lock(self) -> Any:
+        raise NotImplementedError
+
     def try_acquire(self) -> bool:
+        self._lock = self._new_lock()
         return bool(self._lock.acquire(blocking=False))
 
     def acquire_blocking(self, timeout: float) -> bool:
+        self._lock = self._new_lock()
         return bool(self._lock.acquire(blocking=True, **{self._timeout_keyword: timeout}))
 
     def release(self) -> None:
@@ -138,26 +144,35 @@ class RedisPyLock(_LibraryLock):
     _timeout_keyword = "blocking_timeout"
 
     def __init__(self, client: redis.Redis, prefix: str, name: str, ttl: float) -> None:
-        self._lock = client.lock(prefix + name, timeout=ttl)
+        self._client, self._key, self._ttl = client, prefix + name, ttl
+
+    def _new_lock(self) -> Any:
+        return self._client.lock(self._key, timeout=self._ttl)
 
 
 class PythonRedisLock(_LibraryLock):
     """python-redis-lock: SET NX; a blocked acquire waits in BLPOP on a signal list."""
 
     def __init__(self, client: redis.Redis, prefix: str, name: str, ttl: float) -> None:
-        self._lock = redis_lock.Lock(client, prefix + name, expire=max(1, int(ttl)))
+        self._client, self._key, self._expire = client, prefix + name, max(1, int(ttl))
+
+    def _new_lock(self) -> Any:
+        return redis_lock.Lock(self._client, self._key, expire=self._expire)
 
 
 class PotteryLock(_LibraryLock):
     """pottery ``Redlock`` with one master; a blocked acquire retries after 0-0.2 s."""
 
     def __init__(self, client: redis.Redis, prefix: str, name: str, ttl: float) -> None:
-        self._lock = pottery.Redlock(key=prefix + name, masters={client}, auto_release_time=ttl)
+        self._client, self._key, self._ttl = client, prefix + name, ttl
+
+    def _new_lock(self) -> Any:
+        return pottery.Redlock(key=self._key, masters={self._client}, auto_release_time=self._ttl)
 
 
 class OurLease:
-    """``LockClient(...).lease(name, ttl=..., heartbeat=True)``; a blocked acquire is woken
-    by the holder's release over pub/sub."""
+    """``lock_client.lease(name, ttl=..., heartbeat=True)``, a new one per acquire; a
+    blocked acquire is woken by the holder's release over pub/sub."""
 
     def __init__(
         self,
@@ -169,15 +184,22 @@ class OurLease:
         heartbeat: bool = True,
         fair: bool = False,
     ) -> None:
-        self._lease = LockClient(client, prefix=prefix).lease(
-            name, ttl=ttl, heartbeat=heartbeat, fair=fair
+        self._client = LockClient(client, prefix=prefix)
+        self._name, self._ttl, self._heartbeat, self._fair = name, ttl, heartbeat, fair
+        self._lease: Any = None
+
+    def _new_lease(self) -> Any:
+        return self._client.lease(
+            self._name, ttl=self._ttl, heartbeat=self._heartbeat, fair=self._fair
         )
 
     def try_acquire(self) -> bool:
-        return self._lease.acquire(wait=0)
+        self._lease = self._new_lease()
+        return bool(self._lease.acquire(wait=0))
 
     def acquire_blocking(self, timeout: float) -> bool:
-        return self._lease.acquire(wait=timeout)
+        self._lease = self._new_lease()
+        return bool(self._lease.acquire(wait=timeout))
 
     def release(self) -> None:
         self._lease.release()
@@ -218,12 +240,13 @@ class OurScripts:
 
 
 class OurAsyncLease:
-    """``AsyncLockClient(...).lease(name, ttl=..., heartbeat=True)`` on an event loop of the
-    handle's own, which runs only during a call (``run_until_complete``). Starting and
-    stopping that loop around each call is this harness's cost, not an async application's,
-    whose loop runs all along: so the hand-off is timed inside the coroutines, just before
-    the release is awaited (``released_at``) and just after the acquire returned
-    (``acquired_at``), as the sync locks are timed around their calls."""
+    """``AsyncLockClient(...).lease(name, ttl=..., heartbeat=True)``, a new one per acquire,
+    on an event loop of the handle's own, which runs only during a call
+    (``run_until_complete``). Starting and stopping that loop around each call is this
+    harness's cost, not an async application's, whose loop runs all along: so the hand-off
+    is timed inside the coroutines, just before the release is awaited (``released_at``) and
+    just after the acquire returned (``acquired_at``), as the sync locks are timed around
+    their calls."""
 
     def __init__(
         self, client: redis.Redis, prefix: str, name: str, ttl: float, *, fair: bool = False
@@ -234,7 +257,8 @@ class OurAsyncLease:
             redis.asyncio.Redis(host=kwargs["host"], port=kwargs["port"], db=kwargs["db"]),
             prefix=prefix,
         )
-        self._lease = self._client.lease(name, ttl=ttl, heartbeat=True, fair=fair)
+        self._name, self._ttl, self._fair = name, ttl, fair
+        self._lease: Any = None
         self.released_at = 0.0
         self.acquired_at = 0.0
 
@@ -243,6 +267,9 @@ class OurAsyncLease:
 
     def acquire_blocking(self, timeout: float) -> bool:
         async def acquire() -> bool:
+            self._lease = self._client.lease(
+                self._name, ttl=self._ttl, heartbeat=True, fair=self._fair
+            )
             taken = await self._lease.acquire(wait=timeout)
             self.acquired_at = time.monotonic()
             return taken
@@ -321,64 +348,6 @@ ANCHORS: dict[str, Anchor] = {
     )
 }
 
-
-class RedisPyLockPerUse:
-    """``client.lock(name, timeout=ttl)``, a new one for every acquire."""
-
-    def __init__(self, client: redis.Redis, prefix: str, name: str, ttl: float) -> None:
-        self._client = client
-        self._key = prefix + name
-        self._ttl = ttl
-        self._lock: Any = None
-
-    def try_acquire(self) -> bool:
-        self._lock = self._client.lock(self._key, timeout=self._ttl)
-        return bool(self._lock.acquire(blocking=False))
-
-    def acquire_blocking(self, timeout: float) -> bool:
-        self._lock = self._client.lock(self._key, timeout=self._ttl)
-        return bool(self._lock.acquire(blocking=True, blocking_timeout=timeout))
-
-    def release(self) -> None:
-        self._lock.release()
-
-    def close(self) -> None:
-        """Nothing of its own to close (the client is the caller's)."""
-
-
-class OurLeasePerUse:
-    """``lock_client.lease(name, ttl=ttl)``, a new one for every acquire (heartbeat on)."""
-
-    def __init__(self, client: redis.Redis, prefix: str, name: str, ttl: float) -> None:
-        self._client = LockClient(client, prefix=prefix)
-        self._name = name
-        self._ttl = ttl
-        self._lease: Any = None
-
-    def try_acquire(self) -> bool:
-        self._lease = self._client.lease(self._name, ttl=self._ttl)
-        return bool(self._lease.acquire(wait=0))
-
-    def acquire_blocking(self, timeout: float) -> bool:
-        self._lease = self._client.lease(self._name, ttl=self._ttl)
-        return bool(self._lease.acquire(wait=timeout))
-
-    def release(self) -> None:
-        self._lease.release()
-
-    def close(self) -> None:
-        """Nothing of its own to close (the client is the caller's)."""
-
-
-#: Rows of the throughput table for a new lock object per use (the issue's guard rail:
-#: ours >= 0.9x redis-py's Lock, each written as a user writes it).
-PER_USE: dict[str, Anchor] = {
-    anchor.key: anchor
-    for anchor in (
-        Anchor("redis-py-per-use", "redis-py Lock, a new one per use", "", RedisPyLockPerUse),
-        Anchor("ours-per-use", "ours: LockClient.lease, a new one per use", "", OurLeasePerUse),
-    )
-}
 
 #: Extra rows of the throughput table, to tell where ours spends its time (not competitors).
 DIAGNOSTICS: dict[str, Anchor] = {

@@ -13,7 +13,7 @@ import pytest
 from support.waiting import TESTS
 
 from benchmarks import tasks, worker
-from benchmarks.anchors import ANCHORS, DIAGNOSTICS, PER_USE
+from benchmarks.anchors import ANCHORS, DIAGNOSTICS
 from benchmarks.registry import discover
 
 #: The smallest counts each section accepts: a smoke run, not a measurement.
@@ -44,7 +44,7 @@ def test_every_section_runs_every_row(lock_redis_url: str) -> None:
     assert "Traceback" not in output, output
     for section in discover():
         assert re.search(rf"^\({section.name}: \d+ s\)$", run.stdout, re.M), section.name
-    labels = [a.label for a in (*ANCHORS.values(), *PER_USE.values(), *DIAGNOSTICS.values())]
+    labels = [a.label for a in (*ANCHORS.values(), *DIAGNOSTICS.values())]
     labels += [*tasks.LABELS.values(), *worker.LABELS.values(), *RW_ROWS]
     for label in labels:
         # A row is the label, then its figures.

@@ -10,9 +10,11 @@ from typing import Any
 
 import msgpack
 import pytest
+import redis.asyncio
 
 from celery_singleton_lock import ConfigurationError, LockClient
-from celery_singleton_lock.core.handle import LockHandle
+from celery_singleton_lock.aio.connection import AsyncConnection
+from celery_singleton_lock.aio.lease import AsyncLease
 from celery_singleton_lock.core.scripts import pack_holder
 from celery_singleton_lock.embedded import free_port
 from celery_singleton_lock.kinds.lease import LeaseTemplate
@@ -79,11 +81,18 @@ def test_a_bad_name_owner_info_or_callback_is_refused_per_lease(
 SHAREABLE = (str, bytes, int, float, bool, type(None), tuple, frozenset)
 
 
+def state_of(handle: Any) -> dict[str, Any]:
+    """Every attribute a handle has set (its classes declare them in ``__slots__``)."""
+    slots = {slot for cls in type(handle).__mro__ for slot in vars(cls).get("__slots__", ())}
+    slots.discard("__weakref__")
+    return {slot: getattr(handle, slot) for slot in sorted(slots) if hasattr(handle, slot)}
+
+
 def assert_nothing_mutable_shared(one: Any, other: Any) -> None:
     """No attribute of two template leases is one mutable object (a cache, a lock, a dict),
-    besides the connection and the template's per-thread holder fields."""
-    for attribute, value in vars(one).items():
-        if attribute in ("_conn", "_thread_fields") or isinstance(value, SHAREABLE):
+    besides the connection."""
+    for attribute, value in state_of(one).items():
+        if attribute == "_conn" or isinstance(value, SHAREABLE):
             continue
         assert value is not getattr(other, attribute), attribute
 
@@ -108,12 +117,12 @@ def test_a_template_lease_is_the_lease_the_client_makes(
     expected.on_lost = on_lost
     assert type(made) is type(expected)
     assert {a: getattr(made, a) for a in STATE} == {a: getattr(expected, a) for a in STATE}
-    # Every other attribute too (the template copies a model lease's state into each): the
-    # same values, and no mutable part shared with another lease of the template.
-    own = {"_state", "_holder_cache", "_thread_fields"}
-    assert set(vars(made)) - own == set(vars(expected)) - own
-    assert {a: v for a, v in vars(made).items() if a not in own} == {
-        a: v for a, v in vars(expected).items() if a not in own
+    # Every other attribute too: the same values, and no mutable part shared with another
+    # lease of the template.
+    own = {"_state", "_holder_cache"}
+    assert set(state_of(made)) - own == set(state_of(expected)) - own
+    assert {a: v for a, v in state_of(made).items() if a not in own} == {
+        a: v for a, v in state_of(expected).items() if a not in own
     }
     other = LeaseTemplate(lock_client, ttl=2.0001, max_hold=max_hold).lease("job:é")
     assert_nothing_mutable_shared(made, other)
@@ -182,40 +191,14 @@ def test_leases_of_one_template_acquired_in_turn_store_their_own_holder(
             lease.release()
 
 
-def test_state_the_template_does_not_know_makes_leases_the_ordinary_way(
-    lock_client: LockClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A per-handle cache (an empty dict) added to the handle state is made afresh for each
-    lease; any other kind of value the template cannot tell is safe to share makes it fall
-    back to setting up each lease the ordinary way."""
-    set_up = LockHandle._set_up
-
-    def with_cache(self: LockHandle, *args: Any) -> None:
-        set_up(self, *args)
-        self._new_cache = {}  # type: ignore[attr-defined]
-
-    monkeypatch.setattr(LockHandle, "_set_up", with_cache)
+def test_leases_are_slotted(lock_client: LockClient) -> None:
+    """Handles are made per use: every class of a lease declares its attributes in
+    ``__slots__`` (no per-handle ``__dict__``), sync, template-made and asyncio."""
     template = LeaseTemplate(lock_client, ttl=5)
-    assert template._shared_state is not None
-    one, other = template.lease("a"), template.lease("b")
-    assert one._new_cache == {} and one._new_cache is not other._new_cache  # type: ignore[attr-defined]
-
-    def with_list(self: LockHandle, *args: Any) -> None:
-        set_up(self, *args)
-        self._pending = []  # type: ignore[attr-defined]
-
-    monkeypatch.setattr(LockHandle, "_set_up", with_list)
-    template = LeaseTemplate(lock_client, ttl=5)
-    assert template._shared_state is None
-    one, other = template.lease("a"), template.lease("b")
-    assert one._pending == [] and one._pending is not other._pending  # type: ignore[attr-defined]
-    assert_nothing_mutable_shared(one, other)
-    assert one.acquire()
-    one.release()
-
-
-def test_the_template_copies_the_state_of_the_handles_of_today(lock_client: LockClient) -> None:
-    """Every attribute of today's lease is one the template knows how to give its leases:
-    when this fails, a new kind of handle state came in, and the template fell back to the
-    ordinary (slower) set-up; teach it the new state (LeaseTemplate.__init__)."""
-    assert LeaseTemplate(lock_client, ttl=5)._shared_state is not None
+    leases = [lock_client.lease("job"), template.lease("job")]
+    port = lock_client.redis.connection_pool.connection_kwargs["port"]
+    leases.append(AsyncLease(AsyncConnection(redis.asyncio.Redis(port=port), "csl:"), "job"))
+    for lease in leases:
+        assert not hasattr(lease, "__dict__"), type(lease)
+        with pytest.raises(AttributeError):
+            lease.not_an_attribute = 1

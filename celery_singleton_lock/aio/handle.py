@@ -62,6 +62,8 @@ class AsyncLockHandle(HandleState):
     coroutine function's result is run as a task of the handle's loop.
     """
 
+    __slots__ = ("_conn", "_beat")
+
     _stall_causes = "event loop blocked or stopped, Redis unreachable or max_hold reached"
     #: Every state change runs on the handle's event loop: no lock needed.
     _state = NO_LOCK

@@ -10,22 +10,24 @@ from typing import Any
 
 from ..core import validate
 from ..core.handle_state import hint_seconds, outage_pause
+from ..core.keys import lock_keys
 from ..core.replies import AcquireReply
 from ..core.scripts import (
     ScriptCall,
     acquire_call,
     fair_abandon_keys,
     fair_keys,
-    pack_holder,
 )
 from ..exceptions import LockBackendError
-from ..kinds.lease import FAIR_REGISTRATION_MS, block_for, handed_token
+from ..kinds.lease import FAIR_REGISTRATION_MS, block_for, handed_token, packed_lease_holder
 from .connection import AsyncConnection, HasAsyncConnection
 from .handle import AsyncLockHandle, RenewEntry
 
 
 class AsyncLease(AsyncLockHandle):
     """An exclusive, expiring lock on one name; made by :meth:`AsyncLockClient.lease`."""
+
+    __slots__ = ("fair", "keys", "_channels", "_queued", "_queued_hint")
 
     kind = "lease"
 
@@ -34,16 +36,30 @@ class AsyncLease(AsyncLockHandle):
         client: AsyncConnection | HasAsyncConnection,
         name: str,
         *,
+        ttl: float = 30.0,
+        heartbeat: bool = True,
+        max_hold: float | None = None,
+        wait: float = 0.0,
+        owner_info: dict[str, Any] | None = None,
+        on_lost: Callable[[Any], object] | None = None,
         fair: bool = False,
-        **options: Any,
     ) -> None:
         """Options as for :meth:`AsyncLockClient.lease`."""
-        super().__init__(client, name, **options)
+        super().__init__(
+            client,
+            name,
+            ttl=ttl,
+            heartbeat=heartbeat,
+            max_hold=max_hold,
+            wait=wait,
+            owner_info=owner_info,
+            on_lost=on_lost,
+        )
         #: A blocked acquire queues, and a release hands the lease straight to the oldest
         #: live waiter (sync or async): first come, first served, and no second round trip.
         self.fair = validate.check_bool(fair, "fair")
         #: The Redis keys of this lease (lock hash, fencing counter, channel).
-        self.keys = self._conn.keys(self.name)
+        self.keys = lock_keys(self._conn.prefix, self.name)
         self._channels = (self.keys.channel,)
         self._queued = ""  # the owner token a fair acquire waits in the queue with
         self._queued_hint = 0  # ms the last attempt said the holder's lease may still run
@@ -58,7 +74,7 @@ class AsyncLease(AsyncLockHandle):
         # No claim to take over (""): the async lease has no owner or take_over options.
         script_keys, args = acquire_call(
             keys.lock, keys.fence, owner, self._ttl_ms, self._max_hold_ms,
-            pack_holder(self._describe_holder()), "", reserve,
+            packed_lease_holder(self.name, self.heartbeat, self.owner_info), "", reserve,
             FAIR_REGISTRATION_MS if reserve and self.fair else 0,
         )  # fmt: skip
         taken, value = await conn.script(conn.lease_scripts.acquire, script_keys, args)

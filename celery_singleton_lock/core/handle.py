@@ -27,7 +27,6 @@ from .connection import Connection, HasConnection, connection_of
 from .handle_state import (
     HandleState,
     Options,
-    Timing,
     _Process,
     check_options,
     outage_pause,
@@ -36,7 +35,7 @@ from .handle_state import (
 from .heartbeat import RenewEntry, RenewUnit, heartbeat, renew_calls, renewing
 from .holder import holder_fields
 from .notifier import Wakeup
-from .scripts import ScriptCall, pack_holder, run_batch
+from .scripts import ScriptCall, run_batch
 
 log = logging.getLogger("celery_singleton_lock.lease")
 
@@ -72,6 +71,8 @@ class LockHandle(HandleState, ABC):
     or from the thread whose check() or extend() found the lock lost.
     """
 
+    __slots__ = ("_conn", "_state", "_holder_cache")
+
     def __init__(
         self,
         client: Connection | HasConnection,
@@ -85,31 +86,16 @@ class LockHandle(HandleState, ABC):
         on_lost: Callable[[Any], object] | None = None,
     ) -> None:
         options = check_options(name, ttl, heartbeat, max_hold, wait, owner_info, on_lost)
-        self._set_up(options, connection_of(client))
+        self._init_checked(options, connection_of(client))
 
-    def _setup(
-        self,
-        name: str,
-        timing: Timing,
-        *,
-        heartbeat: bool,
-        wait: float,
-        owner_info: dict[str, str],
-        on_lost: Callable[[Any], object] | None,
-        conn: Connection,
-    ) -> None:
-        """Set a new handle's state from checked values: ``__init__``, or a kind's constructor
-        for values checked once for many handles (the Celery layer's per-run lease)."""
-        self._set_up(Options(name, timing, heartbeat, wait, owner_info, on_lost), conn)
-
-    def _set_up(self, options: Options, conn: Connection) -> None:
+    def _init_checked(self, options: Options, conn: Connection) -> None:
+        """Set a new handle's options, checked already, and its empty state: ``__init__``,
+        or a kind's constructor for options checked once for many handles."""
         self._configure(options)
         self._conn = conn
         self._state = threading.Lock()
         # (named, pid, thread ident) -> the holder fields of _describe_holder.
         self._holder_cache: dict[tuple[bool, int, int], list[Any]] = {}
-        # (pid, thread ident) -> _describe_holder() packed (pack_holder), for acquire.lua.
-        self._packed_cache: dict[tuple[int, int], bytes] = {}
 
     # -- what a subclass provides ------------------------------------------------------------
 
@@ -342,14 +328,3 @@ class LockHandle(HandleState, ABC):
             self._holder_cache.clear()
         self._holder_cache[(named, pid, ident)] = fields
         return fields
-
-    def _packed_holder(self) -> bytes:
-        """:meth:`_describe_holder` packed into acquire.lua's one holder argument, cached as
-        it is: built once per process and thread, sent as is by every acquire."""
-        key = (_Process.pid, threading.get_ident())
-        packed = self._packed_cache.get(key)
-        if packed is None:
-            if len(self._packed_cache) > 64:  # as _describe_holder's cache
-                self._packed_cache.clear()
-            packed = self._packed_cache[key] = pack_holder(self._describe_holder())
-        return packed

@@ -21,7 +21,7 @@ import os
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..exceptions import (
     LockBackendError,
@@ -60,8 +60,11 @@ class Timing:
         return cls(ttl, validate.seconds_to_ms(ttl), hold, hold_ms)
 
 
-@dataclass(frozen=True)
-class Options:
+#: The Timing of the default ``ttl`` (30 s) and no ``max_hold``: checked once, not per handle.
+DEFAULT_TIMING = Timing.check(30.0, None)
+
+
+class Options(NamedTuple):
     """A handle's constructor arguments, checked (see :func:`check_options`)."""
 
     name: str
@@ -84,11 +87,13 @@ def check_options(
     """The arguments every handle constructor takes, checked in this order; raises
     ConfigurationError naming the first bad one."""
     checked_name = validate.check_name(name)
-    checked_ttl = validate.check_positive(ttl, "ttl")
+    # The defaults, as most handles are made: their Timing is checked once.
+    default_timing = type(ttl) is float and ttl == DEFAULT_TIMING.ttl and max_hold is None
+    checked_ttl = DEFAULT_TIMING.ttl if default_timing else validate.check_positive(ttl, "ttl")
     checked_heartbeat = validate.check_bool(heartbeat, "heartbeat")
     return Options(
         checked_name,
-        Timing.check(checked_ttl, max_hold),
+        DEFAULT_TIMING if default_timing else Timing.check(checked_ttl, max_hold),
         checked_heartbeat,
         validate.check_wait(wait),
         validate.check_owner_info(owner_info),
@@ -169,6 +174,15 @@ class HandleState:
     ``_describe_holder``; it calls the ``_begin_*`` methods before a round trip and the methods
     named for a reply (``_took``, ``_released``, ``_extended``, ``_renewed``) after one.
     """
+
+    # Handles are made per use (``with client.lease(name):``): slots make them cheaper to
+    # build and smaller. A driver adds its own.
+    __slots__ = (
+        "name", "ttl", "heartbeat", "max_hold", "wait", "owner_info", "on_lost",
+        "_max_hold_ms", "_gen", "_ttl_ms", "_renewal", "_first_lease",
+        "_owner", "_pid", "_token", "_lost", "_expires_at", "_hold_ends_at",
+        "__weakref__",  # the heartbeats hold handles by weak reference
+    )  # fmt: skip
 
     kind = "lease"
     #: Why a lease ran out unrenewed, in the error check() raises (where renewals stall).

@@ -23,8 +23,9 @@ and one Lua script may touch them all.
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from dataclasses import dataclass
+from typing import NamedTuple
 
 #: The ``state`` field of a holder hash in its release delay (written by the release scripts,
 #: lua/release.lua, release_holder.lua, multi_release.lua, interval_release.lua, and read by
@@ -73,9 +74,8 @@ def _is_valid_utf8(raw: bytes) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class LockKeys:
-    """The Redis names one lock uses."""
+class LockKeys(NamedTuple):
+    """The Redis names one lock uses (a tuple: made for every handle, and cheap to make)."""
 
     lock: bytes
     fence: bytes
@@ -93,9 +93,20 @@ def key_base(lock_key: bytes) -> bytes:
 
 
 def lock_keys(prefix: str, name: str) -> LockKeys:
-    """Keys of the lock called ``name`` under ``prefix``."""
+    """Keys of the lock called ``name`` under ``prefix``. Cached for names of up to
+    ``MAX_PLAIN_NAME`` characters (so the cache stays small), as a handle is made per use of
+    a name (``with client.lease(name):``) and most programs use a few names again."""
+    if len(name) <= MAX_PLAIN_NAME:
+        return _cached_lock_keys(prefix, name)
+    return _make_lock_keys(prefix, name)
+
+
+def _make_lock_keys(prefix: str, name: str) -> LockKeys:
     base = prefix.encode() + b"{" + name_tag(name) + b"}:"
-    return LockKeys(lock=base + b"lock", fence=base + b"fence", channel=base + b"chan")
+    return LockKeys(base + b"lock", base + b"fence", base + b"chan")
+
+
+_cached_lock_keys = functools.lru_cache(maxsize=4096)(_make_lock_keys)
 
 
 def lock_pattern(prefix: str) -> bytes:

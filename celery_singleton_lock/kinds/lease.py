@@ -13,7 +13,14 @@ from typing import Any
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle import HolderRecord, LockHandle, log
-from ..core.handle_state import Timing, _Process, hint_seconds, outage_pause
+from ..core.handle_state import (
+    Options,
+    Timing,
+    _Process,
+    check_options,
+    hint_seconds,
+    outage_pause,
+)
 from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.holder import HOSTNAME, holder_fields, info_fields
 from ..core.keys import encode_name, lock_keys
@@ -64,61 +71,54 @@ class Lease(LockHandle):
     to ``wait`` seconds, else raising :class:`LockTimeout`) and releases on exit.
     """
 
+    __slots__ = (
+        "fair", "keys", "_channel", "_queued", "_queued_hint", "_fixed_owner", "_takeover",
+        "_attempt", "_free_first", "freed_first",
+    )  # fmt: skip
+
     kind = "lease"
-    #: The holder fields a :class:`LeaseTemplate`'s leases share (None: made otherwise).
-    _thread_fields: _ThreadFields | None = None
 
     def __init__(
         self,
         client: Connection | HasConnection,
         name: str,
         *,
+        ttl: float = 30.0,
+        heartbeat: bool = True,
+        max_hold: float | None = None,
+        wait: float = 0.0,
+        owner_info: dict[str, Any] | None = None,
+        on_lost: Callable[[Any], object] | None = None,
         fair: bool = False,
         owner: str | None = None,
         take_over: str | None = None,
-        **options: Any,
     ) -> None:
         """Options as for :meth:`LockClient.lease`."""
-        super().__init__(client, name, **options)
+        options = check_options(name, ttl, heartbeat, max_hold, wait, owner_info, on_lost)
         fair = validate.check_bool(fair, "fair")
         owner = None if owner is None else validate.check_text(owner, "owner")
         take_over = None if take_over is None else validate.check_text(take_over, "take_over")
-        self._setup_lease(fair, owner, take_over)
+        self._init_checked(options, connection_of(client))
+        self._init_lease(fair, owner, take_over)
 
     @classmethod
-    def _checked(
-        cls,
-        conn: Connection,
-        name: str,
-        timing: Timing,
-        owner_info: dict[str, str],
-        on_lost: Callable[[Any], object] | None,
-    ) -> Lease:
-        """A lease (heartbeat on, no wait, not fair, no fixed owner) from values checked
-        already: ``name`` by ``check_name``, ``timing`` by :meth:`Timing.check`,
-        ``owner_info`` by ``check_owner_info``, ``on_lost`` callable or None (see
+    def _from_checked(cls, conn: Connection, options: Options) -> Lease:
+        """A lease (not fair, no fixed owner) from ``options`` checked already (see
         :class:`LeaseTemplate`)."""
         lease = cls.__new__(cls)
-        lease._setup(
-            name,
-            timing,
-            heartbeat=True,
-            wait=0.0,
-            owner_info=owner_info,
-            on_lost=on_lost,
-            conn=conn,
-        )
-        lease._setup_lease(False, None, None)
+        lease._init_checked(options, conn)
+        lease._init_lease(False, None, None)
         return lease
 
-    def _setup_lease(self, fair: bool, owner: str | None, take_over: str | None) -> None:
+    def _init_lease(self, fair: bool, owner: str | None, take_over: str | None) -> None:
+        """Set a new lease's own options, checked already, and its empty state."""
         #: A blocked acquire queues, and a release hands the lease straight to the oldest
         #: live waiter: first come, first served, and no second round trip to take it.
         self.fair = fair
         self._queued = ""  # the owner token a fair acquire waits in the queue with
         self._queued_hint = 0  # ms its last attempt said the holder's lease may still run
         #: The Redis keys of this lease (lock hash, fencing counter, channel).
-        self.keys = self._conn.keys(self.name)
+        self.keys = lock_keys(self._conn.prefix, self.name)
         self._channel = self.keys.channel
         # Claims (celery/claims.py): hold the name as this fixed owner token instead of a
         # fresh one, and/or take over a claim held under that token.
@@ -180,21 +180,7 @@ class Lease(LockHandle):
         return read_lease_holders(self._conn, [self.keys.lock])
 
     def _packed_holder(self) -> bytes:
-        shared = self._thread_fields
-        if shared is None or not self.heartbeat:
-            return super()._packed_holder()
-        # A template's lease is acquired once, so its own cache would never hit: the fields
-        # of the acquiring process and thread are packed once per thread by the template,
-        # and only the name and owner_info per run; the same bytes, in the same order, as
-        # pack_holder(self._describe_holder()).
-        count, packed = shared.get()
-        info = info_fields(self.owner_info)
-        return (
-            array_header(2 + count + len(info))
-            + pack_items((b"name", encode_name(self.name)))
-            + packed
-            + pack_items(info)
-        )
+        return packed_lease_holder(self.name, self.heartbeat, self.owner_info)
 
     def _new_owner(self) -> str:
         owner = self._fixed_owner or super()._new_owner()
@@ -385,27 +371,6 @@ class LeaseTemplate:
         self._timing = Timing.check(self.ttl, max_hold)
         self.max_hold = self._timing.max_hold
         self._conn = connection_of(client)
-        # Every lease of the template starts with the state a lease made the ordinary way
-        # has, less what is its own (_OWN_STATE): copied in one step rather than set up
-        # attribute by attribute on each (this is on every Celery task run's path). An
-        # empty dict there is a per-handle cache: each lease gets an empty one of its own.
-        # A value of any other kind could be mutable state this template does not know
-        # how to give each lease: then every lease is made the ordinary way.
-        model = Lease._checked(self._conn, "template", self._timing, {}, None)
-        shared: dict[str, Any] = {"_thread_fields": _ThreadFields(Lease.kind)}
-        caches: list[str] = []
-        known = True
-        for attribute, value in vars(model).items():
-            if attribute in _OWN_STATE:
-                continue
-            if type(value) is dict and not value:
-                caches.append(attribute)
-            elif attribute == "_conn" or type(value) in _SHAREABLE:
-                shared[attribute] = value
-            else:
-                known = False
-        self._shared_state: dict[str, Any] | None = shared if known else None
-        self._caches = tuple(caches)
 
     def lease(
         self,
@@ -417,41 +382,24 @@ class LeaseTemplate:
         """A lease on ``name`` (not yet acquired), as ``LockClient.lease(name, ttl=...,
         max_hold=..., owner_info=..., on_lost=...)`` makes it; bad arguments raise
         ConfigurationError the same way."""
-        name = validate.check_name(name)
-        info = validate.check_owner_info(owner_info)
-        on_lost = validate.check_callable(on_lost, "on_lost")
-        shared = self._shared_state
-        if shared is None:
-            return Lease._checked(self._conn, name, self._timing, info, on_lost)
-        keys = lock_keys(self._conn.prefix, name)
-        lease = Lease.__new__(Lease)
-        state = lease.__dict__
-        state.update(shared)
-        for cache in self._caches:
-            state[cache] = {}
-        state["name"] = name
-        state["owner_info"] = info
-        state["on_lost"] = on_lost
-        state["_state"] = threading.Lock()
-        state["keys"] = keys
-        state["_channel"] = keys.channel
-        return lease
-
-
-#: A lease's attributes that are its own, set by :meth:`LeaseTemplate.lease`: what depends
-#: on its name and arguments, and its state lock.
-_OWN_STATE = frozenset(("name", "owner_info", "on_lost", "_state", "keys", "_channel"))
-#: Types of values leases may share (immutable), besides the connection.
-_SHAREABLE = (str, bytes, int, float, bool, type(None), tuple, frozenset)
+        options = Options(
+            validate.check_name(name),
+            self._timing,
+            True,
+            0.0,
+            validate.check_owner_info(owner_info),
+            validate.check_callable(on_lost, "on_lost"),
+        )
+        return Lease._from_checked(self._conn, options)
 
 
 class _ThreadFields:
-    """The holder fields (``holder_fields``) of a template's leases that depend only on the
-    process and thread acquiring them (kind, host, pid, thread name, heartbeat on), kept
-    per process and thread, and made again if the thread was renamed."""
+    """The holder fields (``holder_fields``) of leases that depend only on the process and
+    thread acquiring them and on the heartbeat option (kind, host, pid, thread name,
+    heartbeat), kept per process and thread, and made again if the thread was renamed."""
 
-    def __init__(self, kind: str) -> None:
-        self._shape = _HolderShape(kind)
+    def __init__(self, heartbeat: bool) -> None:
+        self._shape = _HolderShape(heartbeat)
         self._cache: dict[tuple[int, int], tuple[str, int, bytes]] = {}
 
     def get(self) -> tuple[int, bytes]:
@@ -474,11 +422,31 @@ class _HolderShape:
     """What ``holder_fields`` reads of a lease, less its name and ``owner_info`` (a lease
     adds those itself)."""
 
-    heartbeat = True
+    kind = Lease.kind
     owner_info: dict[str, str] = {}  # noqa: RUF012 - read only
 
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
+    def __init__(self, heartbeat: bool) -> None:
+        self.heartbeat = heartbeat
+
+
+#: The per-thread holder fields of every lease, by its heartbeat option.
+_THREAD_FIELDS = {True: _ThreadFields(True), False: _ThreadFields(False)}
+
+
+def packed_lease_holder(name: str, heartbeat: bool, owner_info: dict[str, str]) -> bytes:
+    """The holder fields of a lease on ``name`` acquired by this thread, packed as
+    acquire.lua's one holder argument (``pack_holder(holder_fields(...))``, the same bytes).
+    A lease is mostly made per use and acquired once, so a cache of its own would never
+    hit: the fields of the process and thread are packed once per thread for every lease
+    (sync or asyncio), and only the name and ``owner_info`` per acquire."""
+    count, packed = _THREAD_FIELDS[heartbeat].get()
+    info = info_fields(owner_info)
+    return (
+        array_header(2 + count + len(info))
+        + pack_items((b"name", encode_name(name)))
+        + packed
+        + pack_items(info)
+    )
 
 
 class ReleaseResult(enum.IntEnum):
