@@ -47,6 +47,7 @@ LOCK_SCHEMA: dict[str, Any] = {
     "info": (dict, type(None)),
     "worker": (str, type(None)),
     "task_state": (str, type(None)),
+    "limit": (int, type(None)),
 }
 
 

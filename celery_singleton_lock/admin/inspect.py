@@ -5,7 +5,7 @@ reads, how its holders are picked from them (one dict per holder), and how a lis
 is cleared. A listing reads each keyspace once (leases and multi-key locks share theirs).
 
 A holder dict has the fields ``name kind owner token acquired_ms renewed_ms ttl_ms
-deadline_ms host pid thread task_name task_id worker lo hi pttl_ms`` (bytes, str or int;
+deadline_ms host pid thread task_name task_id worker lo hi limit pttl_ms`` (bytes, str or int;
 missing means unknown) and optionally ``heartbeat`` (1/0) and ``state``. Ages are computed
 against the Redis server's clock (one TIME call per listing), never this machine's.
 
@@ -103,6 +103,8 @@ class LockInfo:
     #: The holder's task state as the result backend reports it (``PENDING``, ``SUCCESS``...),
     #: when it was asked (``celery locks``, for claims and holders without a heartbeat).
     task_state: str | None = None
+    #: For a semaphore's permit: how many permits of the name the call that took it allowed.
+    limit: int | None = None
     #: The server time (ms) of the holder's last renewal as listed: a clear of a stale lock
     #: checks that it is unchanged. Not part of ``to_dict``.
     renewed_ms: int | None = dataclasses.field(default=None, repr=False)
@@ -128,7 +130,8 @@ Check = Callable[[list[LockInfo]], list[LockInfo]]
 
 
 def listers() -> tuple[Lister, ...]:
-    """Leases, reader-writer, range and multi-key locks, from the kind registry."""
+    """Leases, reader-writer, range and multi-key locks, semaphores, from the kind
+    registry."""
     return FAMILIES
 
 
@@ -228,6 +231,7 @@ def lock_info(holder: Holder, now_ms: int) -> LockInfo:
         mode=_opt_text(holder.get("mode")) if ranged else None,
         info=_owner_info(holder.get("info")),
         worker=_opt_text(holder.get("worker")),
+        limit=_opt_int(holder.get("limit")),
         renewed_ms=renewed,
     )
 

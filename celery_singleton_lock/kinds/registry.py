@@ -21,7 +21,7 @@ from ..core.connection import Connection, HasConnection
 from ..core.handle import LockHandle
 from ..core.scan import Record, read_hashes
 from ..exceptions import ConfigurationError
-from . import intervals, lease, multi, rangelock, rwlock
+from . import intervals, lease, multi, rangelock, rwlock, semaphore
 
 #: One holder of one lock, as a kind's lister returns it (see admin.inspect for the fields).
 Holder = dict[str, Any]
@@ -200,6 +200,46 @@ LEASES = KindFamily(
     handles=_lease_handles,
 )
 
+
+def permit_handles(
+    conn: Connection, ttl: float, max_hold: float | None, limit: int
+) -> HandleFactory:
+    """The handle factory of permits of semaphores of ``limit`` permits, with ttl and
+    max-hold as a family's ``handles`` takes them: the Celery layer calls it with the task's
+    ``lock_limit``, which the family's ``handles`` has no way to receive."""
+    checked = semaphore.check_limit(limit)
+
+    def make(
+        name: str, mode: str, owner_info: Any, on_lost: Any, names: Any = (), bounds: Any = None
+    ) -> LockHandle:
+        return semaphore.Permit(
+            conn, name, checked, ttl=ttl, max_hold=max_hold, owner_info=owner_info, on_lost=on_lost
+        )
+
+    return make
+
+
+def _limitless_permit_handles(
+    conn: Connection, ttl: float, max_hold: float | None
+) -> HandleFactory:
+    """The semaphore family's ``handles``: a permit cannot be made without its limit."""
+    raise ConfigurationError("limit", "a semaphore's permits need a limit: use permit_handles")
+
+
+#: A semaphore's permits are interval holds under their own family key (``P{T}:sem:``):
+#: listed from their holder hashes, cleared by owner and fencing token as interval holds are.
+SEMAPHORES = KindFamily(
+    family="semaphore",
+    kinds=(semaphore.KIND,),
+    keyspace="semaphore",
+    keys=lambda conn, pattern: intervals.holder_keys(conn, semaphore.FAMILY),
+    holders=semaphore.holders_of,
+    clear_holder=lambda conn, holder: intervals.clear_listed(conn, semaphore.FAMILY, holder),
+    release_holder=semaphore.release_holder,
+    modes=("exclusive",),
+    handles=_limitless_permit_handles,
+)
+
 FAMILIES: tuple[KindFamily, ...] = (
     LEASES,
     _interval_family(
@@ -222,6 +262,7 @@ FAMILIES: tuple[KindFamily, ...] = (
         modes=("exclusive",),
         handles=_handles(_multi_handle),
     ),
+    SEMAPHORES,
 )
 
 
@@ -234,7 +275,8 @@ def family_of(kind: str) -> KindFamily | None:
 
 
 def family_named(family: str) -> KindFamily:
-    """The family called ``family`` (``lease``, ``multi``, ``rw``, ``range``)."""
+    """The family called ``family`` (``lease``, ``multi``, ``rw``, ``range``,
+    ``semaphore``)."""
     for found in FAMILIES:
         if found.family == family:
             return found
