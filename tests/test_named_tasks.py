@@ -49,7 +49,9 @@ def test_a_task_named_in_the_setting_locks_as_a_singleton_task(
     # The lock is listed with its task, as any SingletonTask's.
     [info] = [info for info in lock_client.locks() if info.task_id == first.id]
     assert (info.name, info.task_name, info.state) == (
-        'named.export:{"customer_id":7}', "named.export", "live"
+        'named.export:{"customer_id":7}',
+        "named.export",
+        "live",
     )
     assert info.lease_remaining_s is not None and info.lease_remaining_s <= 10  # lock_lease
     # Another customer runs beside it; a task the setting does not name holds nothing.
