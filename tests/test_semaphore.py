@@ -340,3 +340,25 @@ def test_names_and_repr(lock_client: LockClient) -> None:
     assert repr(permit) == "<Permit 'r' of 2 free>"
     with permit:
         assert repr(permit) == "<Permit 'r' of 2 held>"
+
+
+def test_one_round_trip_per_uncontended_acquire_and_per_release(
+    lock_client: LockClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sem = lock_client.semaphore("trips", 2)
+    warm = sem.permit(heartbeat=False)
+    assert warm.acquire()  # loads the scripts
+    warm.release()
+    sent: list[Any] = []
+    execute = lock_client.redis.execute_command
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        sent.append(args[0])
+        return execute(*args, **kwargs)
+
+    monkeypatch.setattr(lock_client.redis, "execute_command", counted)
+    permit = sem.permit(heartbeat=False)
+    assert permit.acquire()
+    assert sent == ["EVALSHA"]
+    permit.release()
+    assert sent == ["EVALSHA", "EVALSHA"]
