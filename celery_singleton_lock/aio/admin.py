@@ -27,6 +27,8 @@ from ..exceptions import LockError
 from ..kinds.intervals import interval_keys
 from ..kinds.rangelock import FAMILY as RANGE_FAMILY
 from ..kinds.rwlock import FAMILY as RW_FAMILY
+from ..kinds.semaphore import FAMILY as SEMAPHORE_FAMILY
+from ..kinds.semaphore import KIND as SEMAPHORE_KIND
 from . import wire
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
 from .intervals import release_hold
@@ -85,7 +87,7 @@ async def list_locks(
     conn = async_connection_of(client)
     now_ms = await conn.server_ms()
     holders = await _lock_hash_holders(conn, pattern)
-    for family in (RW_FAMILY, RANGE_FAMILY):
+    for family in (RW_FAMILY, RANGE_FAMILY, SEMAPHORE_FAMILY):
         holders += await _interval_holders(conn, family)
     infos = [lock_info(holder, now_ms) for holder in holders]
     infos = [info for info in infos if pattern is None or fnmatchcase(info.name, pattern)]
@@ -110,6 +112,10 @@ async def clear_listed(
     elif info.kind in ("read", "write", "upgradable", "range"):
         family = RANGE_FAMILY if info.kind == "range" else RW_FAMILY
         ikeys = interval_keys(conn.prefix, info.name, family)
+        code = await release_hold(conn, ikeys, info.owner or "", 0, token, renewed)
+    elif info.kind == SEMAPHORE_KIND:
+        # A permit is an interval hold of its own family.
+        ikeys = interval_keys(conn.prefix, info.name, SEMAPHORE_FAMILY)
         code = await release_hold(conn, ikeys, info.owner or "", 0, token, renewed)
     else:
         return GONE

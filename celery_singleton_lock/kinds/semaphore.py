@@ -23,7 +23,7 @@ from ..core.keys import FENCE_TTL_MS
 from ..core.scan import Record, read_hashes
 from ..core.scripts import FENCING, bound_to, register, source_after
 from . import intervals
-from .intervals import IntervalHandle
+from .intervals import IntervalHandle, IntervalHold
 
 if TYPE_CHECKING:
     from redis.commands.core import Script
@@ -51,13 +51,38 @@ def check_limit(limit: object) -> int:
     return validate.check_token(limit, "limit")
 
 
-class Permit(IntervalHandle):
-    """One permit of a semaphore. Lease-like (``acquire``, ``release``, ``extend``,
-    ``check``, ``token``, ``holders``, context manager); ``limit`` is the number of permits
-    of the name its acquire allows at once."""
+class PermitHold(IntervalHold):
+    """A permit without I/O: the arguments of its acquire script and what its reply means.
+    The sync (:class:`Permit`) and asyncio permits run the call; the release, renewal and
+    admin side are the interval hold's."""
 
     kind = KIND
     _family = FAMILY
+    #: How many permits of the name this permit's acquire allows at once.
+    limit: int
+
+    def _permit_call(self, owner: str, reserve: bool) -> tuple[list[bytes], list[Any]]:
+        """KEYS and ARGV of semaphore_acquire.lua for ``owner`` (``reserve``: the caller
+        will wait if the semaphore is full)."""
+        args = [
+            owner, self.limit, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS,
+            "1" if reserve else "", *self._describe_holder(),
+        ]  # fmt: skip
+        return self.keys.all(owner), args
+
+    @staticmethod
+    def _permit_acquired(reply: Any) -> tuple[bool, int]:
+        """semaphore_acquire.lua's reply: (True, token) or (False, ms a waiter may sleep)."""
+        return int(reply[0]) == 1, int(reply[1])
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "held" if self.held else "free"
+        return f"<{type(self).__name__} {self.name!r} of {self.limit} {state}>"
+
+
+class Permit(PermitHold, IntervalHandle):
+    """One permit of a semaphore. Lease-like (``acquire``, ``release``, ``extend``,
+    ``check``, ``token``, ``holders``, context manager)."""
 
     def __init__(
         self, client: Connection | HasConnection, name: str, limit: int, **options: Any
@@ -67,18 +92,10 @@ class Permit(IntervalHandle):
         self._semaphore_scripts = scripts(self._conn)
 
     def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
-        args = [
-            owner, self.limit, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS,
-            "1" if reserve else "", *self._describe_holder(),
-        ]  # fmt: skip
-        reply = self._conn.call(
-            self._semaphore_scripts.acquire, keys=self.keys.all(owner), args=args
+        keys, args = self._permit_call(owner, reserve)
+        return self._permit_acquired(
+            self._conn.call(self._semaphore_scripts.acquire, keys=keys, args=args)
         )
-        return int(reply[0]) == 1, int(reply[1])
-
-    def __repr__(self) -> str:
-        state = "lost" if self.lost else "held" if self.held else "free"
-        return f"<Permit {self.name!r} of {self.limit} {state}>"
 
 
 class Semaphore:
@@ -135,6 +152,7 @@ def list_holders(
 
 __all__ = [
     "Permit",
+    "PermitHold",
     "Semaphore",
     "check_limit",
     "clear_holder",
