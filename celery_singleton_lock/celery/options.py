@@ -364,9 +364,8 @@ class TaskLockOptions:
 
     def kind(self, mode: str | None = None) -> str:
         """The lock family a run takes (``lease``, ``rw``, ``range``, ``multi``,
-        ``semaphore``): the one the
-        first set option with a ``kind`` selects, else the one of ``mode`` (default: the
-        task's ``lock_mode``) in :data:`MODE_KINDS`."""
+        ``semaphore``): the one the first set option with a ``kind`` selects, else the one
+        of ``mode`` (default: the task's ``lock_mode``) in :data:`MODE_KINDS`."""
         for _, selecting, kind in KIND_OPTIONS:
             if getattr(self, selecting) is not None:
                 return str(kind)
