@@ -24,6 +24,7 @@ from .kinds.lease import Lease, ReleaseResult
 from .kinds.multi import MultiLease
 from .kinds.rangelock import RangeLock, RangeLockHandle
 from .kinds.rwlock import RWLock, RWLockHandle
+from .kinds.semaphore import Permit, Semaphore
 
 if TYPE_CHECKING:
     from .aio import AsyncLockClient
@@ -43,6 +44,9 @@ __all__ = [
     "RangeLock",
     "RangeLockHandle",
     "MultiLease",
+    # counting semaphores
+    "Semaphore",
+    "Permit",
     # the admin side (docs/admin.md)
     "LockInfo",
     # errors

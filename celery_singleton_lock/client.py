@@ -21,6 +21,7 @@ from .kinds.lease_listing import read_lease_holders
 from .kinds.multi import MultiLease
 from .kinds.rangelock import RangeLock
 from .kinds.rwlock import RWLock
+from .kinds.semaphore import Semaphore
 
 #: Seconds a Redis call made through ``LockClient.from_url`` may take (connect or reply).
 DEFAULT_SOCKET_TIMEOUT = 5.0
@@ -102,6 +103,12 @@ class LockClient:
         """A range lock on ``name``: ``.read(lo, hi)``, ``.upgradable(lo, hi)`` and
         ``.write(lo, hi)`` make handles on closed intervals. See :class:`RangeLock`."""
         return RangeLock(self, name)
+
+    def semaphore(self, name: str, limit: int) -> Semaphore:
+        """A counting semaphore on ``name``: at most ``limit`` (an int >= 1) permits held at
+        once; ``.permit()`` makes one with the options of :meth:`lease`. See
+        :class:`Semaphore`."""
+        return Semaphore(self, name, limit)
 
     def multi(
         self,

@@ -47,6 +47,7 @@ LOCK_SCHEMA: dict[str, Any] = {
     "info": (dict, type(None)),
     "worker": (str, type(None)),
     "task_state": (str, type(None)),
+    "limit": (int, type(None)),
 }
 
 
@@ -140,6 +141,7 @@ def test_a_listing_scans_each_keyspace_once(
         lock_client.multi(["scan-m1", "scan-m2"], heartbeat=False),
         lock_client.rwlock("scan-rw").read(heartbeat=False),
         lock_client.range_lock("scan-range").write(0, 1, heartbeat=False),
+        lock_client.semaphore("scan-sem", 2).permit(heartbeat=False),
     ]
     for handle in handles:
         assert handle.acquire()
@@ -157,13 +159,15 @@ def test_a_listing_scans_each_keyspace_once(
         ("scan-m2", "multi"),
         ("scan-range", "range"),
         ("scan-rw", "read"),
+        ("scan-sem", "semaphore"),
     ]
-    # Leases and multi-key locks share the lease keys: three keyspaces, each scanned once.
-    assert len(matches) == len(set(matches)) == 3
+    # Leases and multi-key locks share the lease keys: four keyspaces, each scanned once.
+    assert len(matches) == len(set(matches)) == 4
     matches.clear()
-    # A pattern naming one lock reads its lease key directly: only the interval keyspaces.
+    # A pattern naming one lock reads its lease key directly: only the interval and
+    # semaphore keyspaces.
     assert [info.kind for info in lock_client.locks("scan-m1")] == ["multi"]
-    assert len(matches) == len(set(matches)) == 2
+    assert len(matches) == len(set(matches)) == 3
     for handle in handles:
         handle.release()
 

@@ -32,7 +32,7 @@ from celery_singleton_lock.core.holder import HOSTNAME
 from celery_singleton_lock.core.keys import lock_keys
 from celery_singleton_lock.embedded import RedisServer, free_port
 from celery_singleton_lock.exceptions import LockExpired
-from celery_singleton_lock.kinds import multi, rangelock, rwlock
+from celery_singleton_lock.kinds import multi, rangelock, rwlock, semaphore
 from celery_singleton_lock.kinds.intervals import IntervalHandle
 from celery_singleton_lock.kinds.lease import Lease
 from celery_singleton_lock.kinds.multi import MultiLease
@@ -162,7 +162,7 @@ def test_extend_on_a_lost_handle_raises_with_no_round_trip_and_no_renewal(
 
 # -- item 5: the supervisor's release_holder matches the host, never frees a claim ------------
 
-KINDS = ["lease", "read", "write", "range", "multi"]
+KINDS = ["lease", "read", "write", "range", "multi", "semaphore"]
 
 
 def held_by_task(client: LockClient, kind: str, task_id: str) -> LockHandle:
@@ -175,6 +175,8 @@ def held_by_task(client: LockClient, kind: str, task_id: str) -> LockHandle:
         handle = getattr(client.rwlock("job"), kind)(**options)
     elif kind == "range":
         handle = client.range_lock("job").write(0, 10, **options)
+    elif kind == "semaphore":
+        handle = client.semaphore("job", 2).permit(**options)
     else:
         handle = client.multi(["job", "job-2"], **options)
     assert handle.acquire()
@@ -189,6 +191,8 @@ def release_holder(client: LockClient, kind: str, **match: Any) -> bool:
         return rwlock.release_holder(client, "job", **match)
     if kind == "range":
         return rangelock.release_holder(client, "job", **match)
+    if kind == "semaphore":
+        return semaphore.release_holder(client, "job", **match)
     return multi.release_holder(client, ["job", "job-2"], **match)
 
 
@@ -233,7 +237,7 @@ def test_release_holder_defaults_to_this_machine(lock_client: LockClient, kind: 
     assert handle.lost
 
 
-@pytest.mark.parametrize("mode", ["exclusive", "read", "range", "keys"])
+@pytest.mark.parametrize("mode", ["exclusive", "read", "range", "keys", "limit"])
 def test_a_tasks_release_holder_passes_the_host_through(celery_lock_app: Celery, mode: str) -> None:
     """``SingletonTask.release_holder`` (what the worker's main process calls) takes the
     host as a keyword and hands it to the lock kind the task uses."""
@@ -244,6 +248,8 @@ def test_a_tasks_release_holder_passes_the_host_through(celery_lock_app: Celery,
         options.update(lock_key="doc", lock_range=("n", "n"))
     elif mode == "keys":
         options = {"lock_keys": ["doc-{n}", "other-{n}"]}
+    elif mode == "limit":
+        options["lock_limit"] = 2
 
     @celery_lock_app.task(base=SingletonTask, name=f"hyg.host_{mode}", shared=False, **options)
     def job(n: int) -> int:
@@ -307,7 +313,7 @@ def bad_calls() -> Iterator[tuple[str, str, Call]]:
             "token",
             lambda c, t=token: admin.clear(c, "job", token=t, force=True),
         )
-        for module in (rwlock, rangelock, multi):
+        for module in (rwlock, rangelock, multi, semaphore):
             yield (
                 f"{module.__name__}.clear_holder-token-{token!r}",
                 "token",
@@ -317,7 +323,7 @@ def bad_calls() -> Iterator[tuple[str, str, Call]]:
         yield f"clear-name-{name!r}", "name", lambda c, n=name: c.clear(n)
         yield f"admin.clear-name-{name!r}", "name", lambda c, n=name: admin.clear(c, n)
         yield f"release_holder-name-{name!r}", "name", lambda c, n=name: c.release_holder(n, **ok)
-        for module in (rwlock, rangelock, multi):
+        for module in (rwlock, rangelock, multi, semaphore):
             yield (
                 f"{module.__name__}.clear_holder-name-{name!r}",
                 "name",
@@ -328,7 +334,7 @@ def bad_calls() -> Iterator[tuple[str, str, Call]]:
     for pattern in (3, b"job*", ["job"]):
         yield f"locks-pattern-{pattern!r}", "pattern", lambda c, p=pattern: c.locks(p)
     for owner in BAD_TEXT:
-        for module in (rwlock, rangelock, multi):
+        for module in (rwlock, rangelock, multi, semaphore):
             yield (
                 f"{module.__name__}.clear_holder-owner-{owner!r}",
                 "owner",
@@ -339,6 +345,7 @@ def bad_calls() -> Iterator[tuple[str, str, Call]]:
         ("rwlock.release_holder", lambda c, **kw: rwlock.release_holder(c, "job", **kw)),
         ("rangelock.release_holder", lambda c, **kw: rangelock.release_holder(c, "job", **kw)),
         ("multi.release_holder", lambda c, **kw: multi.release_holder(c, ["job", "b"], **kw)),
+        ("semaphore.release_holder", lambda c, **kw: semaphore.release_holder(c, "job", **kw)),
     ]
     for label, release in releases:
         bad: list[tuple[str, object]] = [("task_id", v) for v in BAD_TEXT]

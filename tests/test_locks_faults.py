@@ -2,10 +2,11 @@
 with (test_lease_processes.py, test_lease_outages.py): a holder SIGKILLed, a holder paused
 (SIGSTOP) past its lease and then resumed, and Redis stopped and started again empty.
 
-Each test runs over four kinds of hold: a reader-writer read and write, a range write on
-[0, 10] and a multi-key lock on two names. The conflicting hold taken by the test (the
-"rival") is of the same lock: a writer for the reader, a reader for the writer, a write on
-[5, 15] for the range and, for the multi-key lock, a multi-key lock sharing one of its names.
+Each test runs over five kinds of hold: a reader-writer read and write, a range write on
+[0, 10], a multi-key lock on two names and a permit of a semaphore of one permit. The
+conflicting hold taken by the test (the "rival") is of the same lock: a writer for the
+reader, a reader for the writer, a write on [5, 15] for the range, for the multi-key lock a
+multi-key lock sharing one of its names, and another permit for the semaphore.
 After every scenario each Redis key the locks left behind must have an expiry.
 """
 
@@ -25,9 +26,9 @@ from support.waiting import BackgroundAcquire, wait_for_subscriber
 
 from celery_singleton_lock import LockBackendError, LockClient, LockExpired, LockLost, MultiLease
 from celery_singleton_lock.embedded import RedisServer
-from celery_singleton_lock.kinds import multi, rangelock, rwlock
+from celery_singleton_lock.kinds import multi, rangelock, rwlock, semaphore
 
-KINDS = ["rw-read", "rw-write", "range-write", "multi"]
+KINDS = ["rw-read", "rw-write", "range-write", "multi", "semaphore"]
 
 #: A hold that conflicts with the kind's hold on the same lock name.
 RIVALS: dict[str, Callable[..., Any]] = {
@@ -37,6 +38,7 @@ RIVALS: dict[str, Callable[..., Any]] = {
     "multi": lambda client, name, **options: client.multi(
         [multi_names(name)[1], f"{name}-c"], **options
     ),
+    "semaphore": lambda client, name, **options: client.semaphore(name, 1).permit(**options),
 }
 
 #: The listing of live holders of each family of lock.
@@ -44,6 +46,7 @@ LISTINGS: dict[str, Callable[[LockClient], list[dict[str, Any]]]] = {
     "rw": rwlock.list_holders,
     "range": rangelock.list_holders,
     "multi": multi.list_holders,
+    "semaphore": semaphore.list_holders,
 }
 
 Hold = list[tuple[str, str, int]]

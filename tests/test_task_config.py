@@ -495,5 +495,5 @@ def test_every_lock_family_a_task_can_select_is_in_the_kind_registry() -> None:
     for mode, kind in MODE_KINDS.items():
         assert mode in family_named(kind).modes, (mode, kind)
     with pytest.raises(ConfigurationError) as info:
-        family_named("semaphore")
+        family_named("fair-queue")  # no such family
     assert info.value.argument == "family"

@@ -28,7 +28,7 @@ from celery_singleton_lock import LockClient
 from celery_singleton_lock.celery.testing import TaskLocks
 from celery_singleton_lock.core.handle import LockHandle
 from celery_singleton_lock.core.keys import lock_keys
-from celery_singleton_lock.kinds import intervals, rangelock, rwlock
+from celery_singleton_lock.kinds import intervals, rangelock, rwlock, semaphore
 from celery_singleton_lock.kinds.intervals import interval_keys
 
 TESTS = Path(__file__).resolve().parent
@@ -340,6 +340,10 @@ LOCK_KINDS = {
         "long_multi", ("killed-a", "killed-b", 600), "long_multi", ("killed-b", "killed-c", 0),
         "job:killed-a + job:killed-b", lease_holds("job:killed-a", "job:killed-b"),
     ),
+    "semaphore": LockKind(
+        "long_permit", ("killed-permit", 600), "long_permit", ("killed-permit", 0),
+        "job:killed-permit", interval_hold(semaphore.FAMILY, "job:killed-permit"),
+    ),
 }  # fmt: skip
 
 
@@ -348,8 +352,9 @@ LOCK_KINDS = {
 def test_sigkilled_pool_child_frees_every_lock_kind_at_once(
     cluster: Cluster, pair: Pair, task_locks: TaskLocks, kind: str
 ) -> None:
-    """As for the exclusive lease above: the main process frees a reader-writer, range or
-    multi-key hold of a killed child by task id and pid, long before its 60 s lease ends."""
+    """As for the exclusive lease above: the main process frees a reader-writer, range,
+    multi-key or semaphore hold of a killed child by task id and pid, long before its 60 s
+    lease ends."""
     case = LOCK_KINDS[kind]
     task = cluster.task(case.task)
     first = task.apply_async(case.args, queue=pair.q0)

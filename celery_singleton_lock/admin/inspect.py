@@ -101,6 +101,8 @@ class LockInfo:
     #: The holder's task state as the result backend reports it (``PENDING``, ``SUCCESS``...),
     #: when it was asked (``celery locks``, for claims and holders without a heartbeat).
     task_state: str | None = None
+    #: For a semaphore's permit: how many permits of the name the call that took it allowed.
+    limit: int | None = None
     #: The server time (ms) of the holder's last renewal as listed: a clear of a stale lock
     #: checks that it is unchanged. Not part of ``to_dict``.
     renewed_ms: int | None = dataclasses.field(default=None, repr=False)
@@ -126,7 +128,8 @@ Check = Callable[[list[LockInfo]], list[LockInfo]]
 
 
 def listers() -> tuple[Lister, ...]:
-    """Leases, reader-writer, range and multi-key locks, from the kind registry."""
+    """Leases, reader-writer, range and multi-key locks, semaphores, from the kind
+    registry."""
     return FAMILIES
 
 
@@ -230,6 +233,7 @@ def lock_info(holder: ListedHolder, now_ms: int) -> LockInfo:
         mode=holder.mode if ranged else None,
         info=_owner_info(holder.info),
         worker=holder.worker,
+        limit=holder.limit,
         renewed_ms=renewed,
     )
 

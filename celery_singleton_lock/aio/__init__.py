@@ -6,6 +6,7 @@ from .handle import AsyncLockHandle
 from .intervals import AsyncRangeLock, AsyncRangeLockHandle, AsyncRWLock, AsyncRWLockHandle
 from .lease import AsyncLease
 from .multi import AsyncMultiLease
+from .semaphore import AsyncPermit, AsyncSemaphore
 
 __all__ = [
     "AsyncLockClient",
@@ -16,4 +17,6 @@ __all__ = [
     "AsyncRangeLock",
     "AsyncRangeLockHandle",
     "AsyncMultiLease",
+    "AsyncSemaphore",
+    "AsyncPermit",
 ]

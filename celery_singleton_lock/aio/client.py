@@ -17,6 +17,7 @@ from .connection import AsyncConnection
 from .intervals import AsyncRangeLock, AsyncRWLock
 from .lease import AsyncLease
 from .multi import AsyncMultiLease
+from .semaphore import AsyncSemaphore
 
 
 class AsyncLockClient:
@@ -100,6 +101,11 @@ class AsyncLockClient:
         """A range lock on ``name``: ``.read(lo, hi)``, ``.upgradable(lo, hi)``,
         ``.write(lo, hi)``."""
         return AsyncRangeLock(self.connection, name)
+
+    def semaphore(self, name: str, limit: int) -> AsyncSemaphore:
+        """A counting semaphore on ``name``: at most ``limit`` (an int >= 1) permits held at
+        once; ``.permit()`` makes one. Shares its permits with :meth:`LockClient.semaphore`."""
+        return AsyncSemaphore(self.connection, name, limit)
 
     def multi(
         self,

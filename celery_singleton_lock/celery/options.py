@@ -23,7 +23,7 @@ from ..kinds import registry
 CONFLICT_POLICIES = ("skip", "retry", "raise")
 BACKEND_DOWN_POLICIES = ("fail", "run")
 #: The lock family (kinds/registry.py) a task takes in each ``lock_mode``, unless an option
-#: with a ``kind`` (``lock_range``, ``lock_keys``) selects another.
+#: with a ``kind`` (``lock_range``, ``lock_keys``, ``lock_limit``) selects another.
 MODE_KINDS = {"exclusive": "lease", "read": "rw", "upgradable": "rw", "write": "rw"}
 LOCK_MODES = tuple(MODE_KINDS)
 
@@ -81,6 +81,14 @@ def _range(value: Any, argument: str) -> tuple[str, str] | None:
     ):
         raise ConfigurationError(argument, f"must be two argument names, got {value!r}")
     return (value[0], value[1])
+
+
+def _limit(value: Any, argument: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(argument, f"must be an int >= 1, got {value!r}")
+    return value
 
 
 def _keys(value: Any, argument: str) -> Any:
@@ -200,6 +208,14 @@ OPTIONS: tuple[Option, ...] = (
         kind="multi",
     ),
     Option(
+        "lock_limit",
+        None,
+        _limit,
+        "At most this many runs at once per key (``lock_key``): a counting semaphore.",
+        per_task_only=True,
+        kind="semaphore",
+    ),
+    Option(
         "lock_backend_down",
         "fail",
         _choice(BACKEND_DOWN_POLICIES),
@@ -291,6 +307,7 @@ class TaskLockOptions:
     mode: str
     range: tuple[str, str] | None
     keys: Any
+    limit: int | None
     backend_down: str
 
     @classmethod
@@ -317,6 +334,11 @@ class TaskLockOptions:
                 sources["lock_lease"], values["lease"], sources["lock_ttl"], values["ttl"]
             )
         options = cls(**values)
+        if options.on_enqueue and options.limit is not None:
+            raise ConfigurationError(
+                f"{task_name}.lock_on_enqueue",
+                "cannot be combined with lock_limit (claims are exclusive single-key locks)",
+            )
         if options.on_enqueue and options.kind() != "lease":
             raise ConfigurationError(
                 f"{task_name}.lock_on_enqueue", "works with exclusive single-key locks only"
@@ -341,9 +363,9 @@ class TaskLockOptions:
         return options
 
     def kind(self, mode: str | None = None) -> str:
-        """The lock family a run takes (``lease``, ``rw``, ``range``, ``multi``): the one the
-        first set option with a ``kind`` selects, else the one of ``mode`` (default: the
-        task's ``lock_mode``) in :data:`MODE_KINDS`."""
+        """The lock family a run takes (``lease``, ``rw``, ``range``, ``multi``,
+        ``semaphore``): the one the first set option with a ``kind`` selects, else the one
+        of ``mode`` (default: the task's ``lock_mode``) in :data:`MODE_KINDS`."""
         for _, selecting, kind in KIND_OPTIONS:
             if getattr(self, selecting) is not None:
                 return str(kind)

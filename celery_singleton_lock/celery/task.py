@@ -105,6 +105,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     lock_mode: str | None
     lock_range: tuple[str, str] | None
     lock_keys: Any
+    lock_limit: int | None
     lock_backend_down: str | None
 
     Request = "celery_singleton_lock.celery.worker:SingletonRequest"
@@ -183,7 +184,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         on_lost: Any = None,
     ) -> LockHandle:
         """The lock handle (not yet acquired) a call with these arguments takes: a lease,
-        a read/upgradable/write hold, a range hold or a multi-key lease, as the options say.
+        a read/upgradable/write hold, a range hold, a multi-key lease or a semaphore's
+        permit, as the options say.
         ``mode`` overrides ``lock_mode`` (the ``task_locks`` fixture holds "write")."""
         args, kwargs = tuple(args or ()), dict(kwargs or {})
         options = self.lock_options
@@ -221,7 +223,13 @@ class SingletonTask(Task):  # type: ignore[misc]
                     "mode",
                     f"a {family.family} lock's modes are {list(family.modes)}, not {mode!r}",
                 )
-            make = family.handles(client.connection, options.lease, options.ttl)
+            if options.limit is not None:
+                # A semaphore's permits need the task's limit, which a family cannot give.
+                make = registry.permit_handles(
+                    client.connection, options.lease, options.ttl, options.limit
+                )
+            else:
+                make = family.handles(client.connection, options.lease, options.ttl)
             factories[mode] = make
         return make
 

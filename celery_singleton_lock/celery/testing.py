@@ -9,7 +9,7 @@ def test_report_is_skipped_while_locked(task_locks):
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from ..client import mask_password
@@ -33,8 +33,12 @@ class TaskLocks:
     @contextmanager
     def hold(self, task: Any, *args: Any, **kwargs: Any) -> Iterator[LockHandle]:
         """Hold, for the block, a lock that conflicts with every run of
-        ``task(*args, **kwargs)`` (for read/write and range tasks: a write hold)."""
-        with self._blocker(task, args, kwargs) as handle:
+        ``task(*args, **kwargs)`` (for read/write and range tasks: a write hold; for a
+        ``lock_limit`` task: every permit, yielding the first)."""
+        with ExitStack() as permits:
+            handle = permits.enter_context(self._blocker(task, args, kwargs))
+            for _ in range((task.lock_options.limit or 1) - 1):
+                permits.enter_context(self._blocker(task, args, kwargs))
             yield handle
 
     def is_held(self, task: Any, *args: Any, **kwargs: Any) -> bool:

@@ -104,7 +104,7 @@ def _row(info: LockInfo) -> tuple[str, ...]:
     holder = "-" if info.host is None else f"{info.host}:{_plain(info.pid)}"
     return (
         _name(info),
-        info.kind if info.mode is None else f"{info.kind}/{info.mode}",
+        _kind(info),
         info.state,
         _seconds(info.age_s),
         _seconds(info.lease_remaining_s),
@@ -113,6 +113,14 @@ def _row(info: LockInfo) -> tuple[str, ...]:
         _task(info),
         info.evidence,
     )
+
+
+def _kind(info: LockInfo) -> str:
+    if info.mode is not None:
+        return f"{info.kind}/{info.mode}"
+    if info.limit is not None:
+        return f"{info.kind}/{info.limit}"  # a permit, and how many its semaphore allows
+    return info.kind
 
 
 def _styled(text: str, state: str) -> str:

@@ -91,6 +91,8 @@ class ListedHolder:
     info: str | None = None
     #: A multi-key lock: how many names it holds.
     names: str | None = None
+    #: A semaphore's permit: the limit of the call that took it.
+    limit: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The fields the hash has, by name (the kinds' ``list_holders``)."""

@@ -25,7 +25,7 @@ from ..core.holder import ListedHolder
 from ..core.scan import KeyQuery, Record
 from ..core.scripts import ScriptCall, ScriptHost
 from ..exceptions import ConfigurationError
-from . import intervals, lease, lease_listing, multi, rangelock, rwlock
+from . import intervals, lease, lease_listing, multi, rangelock, rwlock, semaphore
 
 
 class ReleaseHolder(Protocol):
@@ -184,6 +184,58 @@ LEASES = KindFamily(
     handles=_lease_handles,
 )
 
+
+def permit_handles(
+    conn: Connection, ttl: float, max_hold: float | None, limit: int
+) -> HandleFactory:
+    """The handle factory of permits of semaphores of ``limit`` permits, with ttl and
+    max-hold as a family's ``handles`` takes them: the Celery layer calls it with the task's
+    ``lock_limit``, which the family's ``handles`` has no way to receive."""
+    checked = semaphore.check_limit(limit)
+
+    def make(target: Target, mode: str, owner_info: Any, on_lost: Any) -> LockHandle:
+        return semaphore.Permit(
+            conn,
+            target.name,
+            checked,
+            ttl=ttl,
+            max_hold=max_hold,
+            owner_info=owner_info,
+            on_lost=on_lost,
+        )
+
+    return make
+
+
+def _limitless_permit_handles(
+    conn: Connection, ttl: float, max_hold: float | None
+) -> HandleFactory:
+    """The semaphore family's ``handles``: a permit cannot be made without its limit."""
+    raise ConfigurationError("limit", "a semaphore's permits need a limit: use permit_handles")
+
+
+def _semaphore_keys(prefix: str, pattern: str | None) -> KeyQuery:
+    return intervals.holder_match(prefix, semaphore.FAMILY)
+
+
+def _semaphore_clear_call(conn: ScriptHost, holder: ListedHolder) -> ScriptCall:
+    return intervals.clear_call(conn, semaphore.FAMILY, holder)
+
+
+#: A semaphore's permits are interval holds under their own family key (``P{T}:sem:``):
+#: listed from their holder hashes, cleared by owner and fencing token as interval holds are.
+SEMAPHORES = KindFamily(
+    family="semaphore",
+    kinds=(semaphore.KIND,),
+    keyspace="semaphore",
+    keys=_semaphore_keys,
+    holders=semaphore.holders_of,
+    clear_call=_semaphore_clear_call,
+    release_holder=semaphore.release_holder,
+    modes=("exclusive",),
+    handles=_limitless_permit_handles,
+)
+
 FAMILIES: tuple[KindFamily, ...] = (
     LEASES,
     _interval_family(
@@ -206,6 +258,7 @@ FAMILIES: tuple[KindFamily, ...] = (
         modes=("exclusive",),
         handles=_handles(_multi_handle),
     ),
+    SEMAPHORES,
 )
 
 
@@ -218,7 +271,8 @@ def family_of(kind: str) -> KindFamily | None:
 
 
 def family_named(family: str) -> KindFamily:
-    """The family called ``family`` (``lease``, ``multi``, ``rw``, ``range``)."""
+    """The family called ``family`` (``lease``, ``multi``, ``rw``, ``range``,
+    ``semaphore``)."""
     for found in FAMILIES:
         if found.family == family:
             return found

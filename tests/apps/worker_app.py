@@ -95,6 +95,14 @@ def make_app(url: str, prefix: str, queue: str = "celery") -> Celery:
         return hold(self, key, seconds)
 
     @app.task(
+        base=SingletonTask, bind=True, shared=False, name="worker_app.long_permit",
+        lock_key="job:{key}", lock_limit=1, lock_lease=60, lock_ttl=3600,
+    )  # fmt: skip
+    def long_permit(self: Any, key: str, seconds: float) -> int | None:
+        """The one permit of the semaphore of the key, on a 60 s lease."""
+        return hold(self, key, seconds)
+
+    @app.task(
         base=SingletonTask, bind=True, shared=False, name="worker_app.waiter",
         lock_key="job:{key}", lock_lease=60, lock_ttl=3600, lock_wait=60,
     )  # fmt: skip

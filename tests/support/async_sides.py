@@ -93,7 +93,8 @@ class SyncHandle:
 
 
 class _Factory:
-    """``rwlock(name)`` / ``range_lock(name)`` of a sync client, making wrapped handles."""
+    """``rwlock(name)`` / ``range_lock(name)`` / ``semaphore(name, limit)`` of a sync client,
+    making wrapped handles."""
 
     def __init__(self, lock: Any) -> None:
         self._lock = lock
@@ -130,6 +131,10 @@ class Side:
     def range_lock(self, name: str) -> Any:
         lock = self.client.range_lock(name)
         return _Factory(lock) if self.kind == "sync" else lock
+
+    def semaphore(self, name: str, limit: int) -> Any:
+        semaphore = self.client.semaphore(name, limit)
+        return _Factory(semaphore) if self.kind == "sync" else semaphore
 
     def multi(self, names: list[str], **options: Any) -> Any:
         handle = self.client.multi(names, **options)

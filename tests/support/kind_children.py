@@ -15,7 +15,8 @@ from typing import Any
 from celery_singleton_lock import LockClient, LockError, LockLost
 
 #: The kinds of hold a worker can take: "rw-read", "rw-write", "range-read", "range-write"
-#: (on [0, 10]) and "multi" (on two names); "rw" and "range" are older names of the reads.
+#: (on [0, 10]), "multi" (on two names) and "semaphore" / "semaphore-pair" (a permit of a
+#: semaphore of one / two permits); "rw" and "range" are older names of the reads.
 ALIASES = {"rw": "rw-read", "range": "range-read"}
 RANGE = (0, 10)
 
@@ -38,6 +39,10 @@ def make_handle(client: LockClient, kind: str, name: str, **options: Any) -> Any
         return client.range_lock(name).write(*RANGE, **options)
     if kind == "multi":
         return client.multi(multi_names(name), **options)
+    if kind == "semaphore":
+        return client.semaphore(name, 1).permit(**options)
+    if kind == "semaphore-pair":
+        return client.semaphore(name, 2).permit(**options)
     raise ValueError(f"unknown kind {kind!r}")
 
 

@@ -1,0 +1,160 @@
+"""Counting semaphores: at most ``limit`` permits of one name held at once.
+
+Each permit is a lease of its own: its own owner, fencing token (from the counter shared with
+the lease of the same name, so strictly increasing per name), heartbeat-renewed expiry (a
+holder that dies frees its permit within its ttl) and holder record. Built on the interval
+engine (:mod:`.intervals`): a permit is stored as a shared hold on [-inf, +inf] under
+``P{T}:sem:``, which the interval release, renewal, listing and clearing serve unchanged;
+only the acquire is its own script (``lua/semaphore_acquire.lua``), which counts the permits
+held against the limit. Releases wake the waiters through the semaphore's channel.
+
+The limit is the acquiring call's: handles of one name made with different limits each check
+theirs against the permits held when they acquire (holders already in keep their permits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any
+
+from ..core import validate
+from ..core.connection import Connection, HasConnection, connection_of
+from ..core.holder import ListedHolder
+from ..core.keys import FENCE_TTL_MS
+from ..core.scan import Record, read_query
+from ..core.scripts import FENCING, bound_to, register, source_after
+from . import intervals
+from .intervals import IntervalHandle, IntervalHold
+
+if TYPE_CHECKING:
+    from redis.commands.core import Script
+
+FAMILY = b"sem"
+KIND = "semaphore"
+
+
+class SemaphoreScripts:
+    """The semaphore's own script registered on one Redis client (no I/O); the release and
+    renewal are the interval engine's."""
+
+    def __init__(self, redis: Any) -> None:
+        text = source_after(FENCING, "interval_common", "interval_overlap", "semaphore_acquire")
+        self.acquire: Script = register(redis, text)
+
+
+def scripts(client: Connection) -> SemaphoreScripts:
+    """The semaphore scripts of ``client``, registered on first use."""
+    return bound_to(client, SemaphoreScripts)
+
+
+def check_limit(limit: object) -> int:
+    """A semaphore's limit: an int >= 1 (never a bool or a float)."""
+    return validate.check_token(limit, "limit")
+
+
+class PermitHold(IntervalHold):
+    """A permit without I/O: the arguments of its acquire script and what its reply means.
+    The sync (:class:`Permit`) and asyncio permits run the call; the release, renewal and
+    admin side are the interval hold's."""
+
+    kind = KIND
+    _family = FAMILY
+    #: How many permits of the name this permit's acquire allows at once.
+    limit: int
+
+    def _permit_call(self, owner: str, reserve: bool) -> tuple[list[bytes], list[Any]]:
+        """KEYS and ARGV of semaphore_acquire.lua for ``owner`` (``reserve``: the caller
+        will wait if the semaphore is full)."""
+        args = [
+            owner, self.limit, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS,
+            "1" if reserve else "", *self._describe_holder(),
+        ]  # fmt: skip
+        return self.keys.all(owner), args
+
+    @staticmethod
+    def _permit_acquired(reply: Any) -> tuple[bool, int]:
+        """semaphore_acquire.lua's reply: (True, token) or (False, ms a waiter may sleep)."""
+        return int(reply[0]) == 1, int(reply[1])
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "held" if self.held else "free"
+        return f"<{type(self).__name__} {self.name!r} of {self.limit} {state}>"
+
+
+class Permit(PermitHold, IntervalHandle):
+    """One permit of a semaphore. Lease-like (``acquire``, ``release``, ``extend``,
+    ``check``, ``token``, ``holders``, context manager)."""
+
+    def __init__(
+        self, client: Connection | HasConnection, name: str, limit: int, **options: Any
+    ) -> None:
+        self.limit = check_limit(limit)
+        super().__init__(client, name, "r", -math.inf, math.inf, **options)
+        self._semaphore_scripts = scripts(self._conn)
+
+    def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
+        keys, args = self._permit_call(owner, reserve)
+        return self._permit_acquired(
+            self._conn.call(self._semaphore_scripts.acquire, keys=keys, args=args)
+        )
+
+
+class Semaphore:
+    """A counting semaphore on one name: at most ``limit`` permits held at once; makes
+    permits (not yet acquired).
+
+    Options of :meth:`permit` are those of :meth:`LockClient.lease`: ``ttl``, ``heartbeat``,
+    ``max_hold``, ``wait``, ``owner_info``, ``on_lost``.
+    """
+
+    def __init__(self, client: Connection | HasConnection, name: str, limit: int) -> None:
+        self.limit = check_limit(limit)
+        self.name = validate.check_name(name)
+        self._conn = connection_of(client)
+
+    def permit(self, **options: Any) -> Permit:
+        """One permit (not yet acquired): its acquire succeeds while fewer than ``limit``
+        permits of the name are held, else waits (up to ``wait``) for a release."""
+        return Permit(self._conn, self.name, self.limit, **options)
+
+    def __repr__(self) -> str:
+        return f"<Semaphore {self.name!r} limit={self.limit}>"
+
+
+def holders_of(records: list[Record], pattern: str | None) -> list[ListedHolder]:
+    """The permits among holder-hash ``records`` whose semaphore name matches the glob
+    ``pattern`` (None: all), decoded: ``kind`` semaphore and ``limit`` the limit of the call
+    that took the permit; no mode or bounds, which every permit shares."""
+    return [
+        dataclasses.replace(holder, mode=None, lo=None, hi=None)
+        for holder in intervals.holders_of(records, pattern)
+    ]
+
+
+#: Listing, clearing and releasing a dead task's permits (the admin side).
+ADMIN = intervals.IntervalFamilyAdmin(FAMILY)
+clear_holder = ADMIN.clear_holder
+release_holder = ADMIN.release_holder
+
+
+def list_holders(
+    client: Connection | HasConnection, pattern: str | None = None
+) -> list[dict[str, Any]]:
+    """Every permit held under the client's prefix whose semaphore name matches the glob
+    ``pattern`` (None: all), decoded (see :func:`holders_of`)."""
+    conn = connection_of(client)
+    found = holders_of(read_query(conn, intervals.holder_match(conn.prefix, FAMILY)), pattern)
+    return [holder.as_dict() for holder in found]
+
+
+__all__ = [
+    "Permit",
+    "PermitHold",
+    "Semaphore",
+    "check_limit",
+    "clear_holder",
+    "holders_of",
+    "list_holders",
+    "release_holder",
+]
