@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 RESERVATION_MS = 1500
 
 MODE_NAMES = {"r": "read", "u": "upgradable", "w": "write"}
+#: Pairs of stored modes whose overlapping holds share: readers beside readers and beside
+#: one upgradable reader.
+_SHARED = frozenset((("r", "r"), ("r", "u"), ("u", "r")))
 
 
 @dataclass(frozen=True)
@@ -262,24 +265,39 @@ class IntervalHandle(IntervalHold, LockHandle):
             pipe.zrange(keys.queue[2], 0, -1)  # waiting writers' reservations
             return list(pipe.execute())
 
-        def read_task_ids(owners: list[str]) -> list[Any]:
+        def read_holds(owners: list[str]) -> list[Any]:
             pipe = conn.redis.pipeline(transaction=False)
             for owner in owners:
-                pipe.hget(keys.holder(owner), "task_id")
+                pipe.hmget(keys.holder(owner), "task_id", "mode", "lo", "hi")
             return list(pipe.execute())
 
         held, writers = conn.call(read_owners)
         owners = [text(owner) for owner in held]
-        task_ids = conn.call(read_task_ids, owners) if owners else []
+        holds = conn.call(read_holds, owners) if owners else []
+        # Asked by a handle that does not hold (a conflict's reason): only the holds in its
+        # way; a range lock's holders of disjoint ranges, and holds whose mode shares with
+        # its own, are no reason it could not take it.
+        blocked = self._owner is None
         holders = [
             HolderRecord(owner=owner, task_id=None if task_id is None else text(task_id))
-            for owner, task_id in zip(owners, task_ids, strict=True)
+            for owner, (task_id, mode, lo, hi) in zip(owners, holds, strict=True)
+            if not blocked or self._in_the_way(mode, lo, hi)
         ]
         # A writer waiting for its turn holds new readers back without holding anything yet.
         holders += [
             HolderRecord(owner=text(owner), task_id=None, waiting=True) for owner in writers
         ]
         return holders
+
+    def _in_the_way(self, mode: bytes | None, lo: bytes | None, hi: bytes | None) -> bool:
+        """Whether a hold of ``mode`` on [lo, hi] (as stored; None: unknown, counted in the
+        way) conflicts with this one: overlapping, and not both shared (read beside read or
+        upgradable; one upgradable at a time)."""
+        if mode is None or lo is None or hi is None:
+            return True
+        if float(lo) > self.hi or float(hi) < self.lo:
+            return False
+        return (text(mode), self.mode) not in _SHARED
 
     def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
         return release_holder(

@@ -72,6 +72,10 @@ class PermitHold(IntervalHold):
         ]  # fmt: skip
         return self.keys.all(owner), args
 
+    def _in_the_way(self, mode: bytes | None, lo: bytes | None, hi: bytes | None) -> bool:
+        """At the limit every permit held is in the way, whatever its stored mode."""
+        return True
+
     @staticmethod
     def _permit_acquired(reply: Any) -> tuple[bool, int]:
         """semaphore_acquire.lua's reply: (True, token) or (False, ms a waiter may sleep)."""
