@@ -130,7 +130,7 @@ def test_bad_prefix(prefix: Any) -> None:
         42,
         "http://:hunter2@localhost:6379/0",
         "localhost:6379",
-        "redis+cluster://:hunter2@localhost:7000",
+        "redis+cluster://:hunter2@localhost:7000/3",  # a Cluster has database 0 only
         "sentinel://:hunter2@localhost:26379",  # no master name
     ],
 )

@@ -86,13 +86,6 @@ def test_a_sentinel_password_stays_out_of_the_url(sentinels: SentinelSet, prefix
     assert "hunter2" not in client.url and "hunter2" not in repr(client)
 
 
-def test_a_cluster_url_is_refused_naming_what_to_use(prefix: str) -> None:
-    with pytest.raises(ConfigurationError) as info:
-        AsyncLockClient.from_url("redis+cluster://:hunter2@127.0.0.1:7000", prefix=prefix)
-    assert info.value.argument == "url" and "hunter2" not in str(info.value)
-    assert "Cluster" in str(info.value) and "LockClient" in str(info.value)
-
-
 def test_release_holder_frees_a_dead_childs_lease(lock_redis_url: str, lock_prefix: str) -> None:
     sync = LockClient.from_url(lock_redis_url, prefix=lock_prefix)
     held = sync.lease("child-held", ttl=30, owner_info={"task_id": "t-1"})

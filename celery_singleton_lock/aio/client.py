@@ -55,10 +55,11 @@ class AsyncLockClient:
     def from_url(
         cls, url: str, *, prefix: str = DEFAULT_PREFIX, **redis_kwargs: Any
     ) -> AsyncLockClient:
-        """A client for the Redis at ``url``: ``redis://``, ``rediss://``, ``unix://`` or
-        Sentinel (``sentinel://host:port,.../master-name``), read as :meth:`LockClient.from_url`
-        reads it; extra keyword arguments go to the ``redis.asyncio`` client. A Cluster URL
-        is refused (docs/asyncio.md). No I/O until the first lock call."""
+        """A client for the Redis at ``url``: ``redis://``, ``rediss://``, ``unix://``, a
+        Cluster (``redis+cluster://host:port,...``) or Sentinel
+        (``sentinel://host:port,.../master-name``), read as :meth:`LockClient.from_url` reads
+        it; extra keyword arguments go to the ``redis.asyncio`` client. No I/O until the first
+        lock call."""
         url = check_url(url, redis_kwargs)
         validate.check_prefix(prefix)
         try:

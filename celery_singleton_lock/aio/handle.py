@@ -27,7 +27,7 @@ from ..core.handle_state import (
     outage_pause,
     retry_in,
 )
-from ..core.heartbeat import renew_calls
+from ..core.heartbeat import RenewUnit, renew_calls
 from ..core.holder import holder_fields
 from ..core.scripts import ScriptCall
 from ..exceptions import LockBackendError, LockLost
@@ -104,6 +104,12 @@ class AsyncLockHandle(HandleState):
     def _renew_script_call(cls, conn: AsyncConnection, entries: list[RenewEntry]) -> ScriptCall:
         """One script call renewing ``entries``; its reply has one code per entry."""
         raise NotImplementedError
+
+    def _renew_units(self, owner: str, ttl_ms: int, gen: int) -> list[RenewUnit]:
+        """On a Redis Cluster, this handle's renewal in units of one slot each, as the sync
+        handles' (core/handle.py): by default the whole handle, in its channel's slot."""
+        renewer: Any = type(self)._renew_script_call  # takes an AsyncConnection
+        return [(renewer, self._channels[0], (self, owner, ttl_ms, gen))]
 
     # -- acquire / release / extend ----------------------------------------------------------
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..core import validate
 from ..core.handle_state import hint_seconds, outage_pause
+from ..core.heartbeat import RenewUnit
 from ..core.keys import lock_keys
 from ..core.replies import AcquireReply
 from ..core.scripts import (
@@ -19,7 +20,13 @@ from ..core.scripts import (
     fair_keys,
 )
 from ..exceptions import LockBackendError
-from ..kinds.lease import FAIR_REGISTRATION_MS, block_for, handed_token, packed_lease_holder
+from ..kinds.lease import (
+    FAIR_REGISTRATION_MS,
+    block_for,
+    handed_token,
+    packed_lease_holder,
+    renew_lease_keys,
+)
 from .connection import AsyncConnection, HasAsyncConnection
 from .handle import AsyncLockHandle, RenewEntry
 
@@ -160,3 +167,6 @@ class AsyncLease(AsyncLockHandle):
         return conn.scripts.renew_call(
             [(lease.keys.lock, owner, ttl_ms, gen) for lease, owner, ttl_ms, gen in entries]
         )
+
+    def _renew_units(self, owner: str, ttl_ms: int, gen: int) -> list[RenewUnit]:
+        return [(renew_lease_keys, self.keys.lock, (self.keys.lock, owner, ttl_ms, gen))]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.heartbeat import RenewUnit
 from ..core.scripts import ScriptCall
+from ..kinds.lease import renew_lease_keys
 from ..kinds.multi import (
     MultiLease,
     acquire_args,
@@ -72,3 +74,7 @@ class AsyncMultiLease(AsyncLockHandle):
     def _renew_script_call(cls, conn: AsyncConnection, entries: list[RenewEntry]) -> ScriptCall:
         # The same layout as the sync multi-lease: the handles carry the same _keys.
         return MultiLease._renew_script_call(conn, entries)  # type: ignore[arg-type]
+
+    def _renew_units(self, owner: str, ttl_ms: int, gen: int) -> list[RenewUnit]:
+        # A script may touch one slot only: each name is renewed as a lease is.
+        return [(renew_lease_keys, k.lock, (k.lock, owner, ttl_ms, gen)) for k in self.keys]

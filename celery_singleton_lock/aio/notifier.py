@@ -33,7 +33,7 @@ from ..core.notifier import (
     RECONNECT_DELAY_MAX,
     SUBSCRIBE_TIMEOUT,
 )
-from ..core.redis_urls import pubsub_connection_of
+from ..core.redis_urls import is_async_cluster, pubsub_connection_of
 
 log = logging.getLogger("celery_singleton_lock.waiting")
 
@@ -178,13 +178,21 @@ class AsyncNotifier:
         )
         self._task.add_done_callback(self._ended)
 
+    async def _connection_source(self) -> Any:
+        """What the pub/sub connection is made from: the client's pool, or on a Redis Cluster
+        a node picked at random (a plain ``PUBLISH`` reaches every node)."""
+        if not is_async_cluster(self._redis):
+            return self._redis.connection_pool
+        await self._redis.initialize()  # learns the nodes on first use; no I/O once it has
+        return self._redis.get_random_node()
+
     def _ended(self, task: asyncio.Task[None]) -> None:
         # A finished task still names its loop: drop it, so a stopped loop can be collected.
         if self._task is task:
             self._task = None
 
     async def _connect(self) -> Any:
-        conn = pubsub_connection_of(self._redis.connection_pool)
+        conn = pubsub_connection_of(await self._connection_source())
         await conn.connect()
         self._sent.clear()
         self._acked.clear()

@@ -485,7 +485,7 @@ def renew_calls(
     conn = cast("Connection", getattr(client, "connection", client))
     # (renewer, slot) -> [(entry index, what the renewer takes)]
     groups: dict[tuple[Renewer, int], list[tuple[int, Any]]] = {}
-    if not redis_urls.is_cluster(conn.redis):
+    if not (redis_urls.is_cluster(conn.redis) or redis_urls.is_async_cluster(conn.redis)):
         # Grouped by class first: this runs on every tick, for every handle held.
         by_kind: dict[Any, list[tuple[int, Any]]] = {}  # handle class -> its entries
         for i, entry in enumerate(entries):

@@ -220,16 +220,19 @@ def _sentinel(url: str, tls: bool, redis_kwargs: dict[str, Any], sentinel_class:
 
 
 def connect_async(url: str, **redis_kwargs: Any) -> Any:
-    """The ``redis.asyncio`` client for ``url``: ``redis.asyncio.Redis``, or a
-    Sentinel-managed master client. A Cluster URL is a ``ValueError``: the asyncio lock core
-    does not run on a Redis Cluster."""
+    """The ``redis.asyncio`` client for ``url``: ``redis.asyncio.Redis``,
+    ``redis.asyncio.cluster.RedisCluster`` or a Sentinel-managed master client; no I/O (a
+    Cluster client learns its nodes at its first command)."""
     check_url(url)
     scheme = url_scheme(url)
     if scheme in CLUSTER_SCHEMES:
-        raise ValueError(
-            "the asyncio client does not run on a Redis Cluster (its waiters listen on one "
-            "node's pub/sub); use LockClient, or a single Redis or Sentinel for AsyncLockClient"
-        )
+        from redis.asyncio import cluster
+
+        node_class: Any = cluster.ClusterNode  # untyped in redis-py
+        nodes, options = _cluster_parts(url, CLUSTER_SCHEMES[scheme])
+        options.update(redis_kwargs)
+        startup = [node_class(host, port or 6379) for host, port in nodes]
+        return cluster.RedisCluster(startup_nodes=startup, **options)
     if scheme in SENTINEL_SCHEMES:
         from redis.asyncio import sentinel
 
@@ -251,6 +254,13 @@ def connect_async(url: str, **redis_kwargs: Any) -> Any:
 def is_cluster(redis_client: Any) -> bool:
     """True for a ``redis.cluster.RedisCluster``."""
     from redis.cluster import RedisCluster
+
+    return isinstance(redis_client, RedisCluster)
+
+
+def is_async_cluster(redis_client: Any) -> bool:
+    """True for a ``redis.asyncio.cluster.RedisCluster``."""
+    from redis.asyncio.cluster import RedisCluster
 
     return isinstance(redis_client, RedisCluster)
 
@@ -292,6 +302,13 @@ def _tls(pool: Any) -> bool:
 
 def safe_url(redis_client: Any) -> str:
     """A URL naming the server(s) of ``redis_client``, with no password in it."""
+    if is_async_cluster(redis_client):
+        nodes = list(redis_client.nodes_manager.startup_nodes.values())
+        kwargs = nodes[0].connection_kwargs if nodes else {}
+        login = f"{kwargs['username']}@" if kwargs.get("username") else ""
+        hosts = ",".join(sorted(f"{node.host}:{node.port}" for node in nodes))
+        tls = "ssl" in str(nodes[0].connection_class).lower() if nodes else False
+        return f"{'rediss' if tls else 'redis'}+cluster://{login}{hosts}"
     if is_cluster(redis_client):
         nodes = list(redis_client.nodes_manager.startup_nodes.values())
         node = getattr(nodes[0], "redis_connection", None)
