@@ -123,7 +123,7 @@ def test_a_waiter_across_a_failover_fails_at_once_then_its_thread_waits_on_the_n
         assert holder.acquire()
         assert holder_client.redis.execute_command("WAIT", 1, 5000) == 1
         waiter = waiter_client.lease("across", ttl=120)
-        channel = waiter._channel
+        channel = waiter.keys.channel
 
         def subscribed() -> int:
             return int(holder_client.redis.pubsub_numsub(channel)[0][1])
