@@ -13,6 +13,7 @@ import hypothesis  # noqa: F401
 import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from celery.result import allow_join_result
 
 import celery_singleton_lock
 
@@ -23,6 +24,16 @@ import celery_singleton_lock
 for _module in pkgutil.walk_packages(celery_singleton_lock.__path__, "celery_singleton_lock."):
     if _module.name != "celery_singleton_lock.__main__":
         importlib.import_module(_module.name)
+
+
+@pytest.fixture(autouse=True)
+def not_a_worker_process() -> Iterator[None]:
+    """Each test starts in a process where ``result.get()`` is allowed. Creating a worker's
+    pool in this process (solo, threads, prefork) marks it as one where a get would block,
+    and only ``start_worker`` undoes that: a test that builds a worker otherwise would make
+    a later test's ``get()`` raise, depending on which tests ran before it in this process."""
+    with allow_join_result():
+        yield
 
 
 @pytest.fixture

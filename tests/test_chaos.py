@@ -18,6 +18,10 @@ from support.history import Call, Faults, History, Report, check
 CI_SECONDS = 55.0
 
 
+# xdist_group "process-heavy": the chaos run and the benchmark smoke runs each start several
+# worker processes and keep the CPU busy for tens of seconds; in one group they run one after
+# the other on one xdist worker rather than starving each other's heartbeats side by side.
+@pytest.mark.xdist_group("process-heavy")
 @pytest.mark.timeout(240)
 def test_history_under_kills_pauses_restarts_and_late_replies(tmp_path: Path) -> None:
     seed = random.randrange(1_000_000)

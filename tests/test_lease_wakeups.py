@@ -204,7 +204,8 @@ def test_waiters_take_the_name_in_turn_each_woken_by_a_release(
             20,
             f"waiter number {turn} to take the name",
         )
-        assert len(done) == turn  # one at a time: the name is exclusive
+        # One at a time: the name is exclusive.
+        assert len(done) == turn, [(b.results, b.errors) for b in blocked]
         for waiter, background in zip(waiters, blocked, strict=True):
             if background.done.is_set() and waiter.held:
                 assert background.results == [True] and not background.errors

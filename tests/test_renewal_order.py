@@ -1,13 +1,13 @@
 """``extend()`` racing the heartbeat's own tick, driven step by step.
 
-The tick reads the lease length it renews to (ttl 3 s) and is sent; ``extend(60)`` runs in
+The tick reads the lease length it renews to (ttl 1 s) and is sent; ``extend(60)`` runs in
 between. Two interleavings, sync and asyncio:
 
 - *landing late*: the tick reaches Redis after the extend. It must not put the lease back
-  to 3 s (the heartbeat now ticks every 20 s: the lease would die, and another client take
+  to 1 s (the heartbeat now ticks every 20 s: the lease would die, and another client take
   the name while this handle still says it holds it).
 - *read late*: the tick ran on Redis before the extend, and its reply is applied after the
-  extend's. The handle must not go back to its 3 s view of the lease (it would be found
+  extend's. The handle must not go back to its 1 s view of the lease (it would be found
   lost, while Redis has it for 60 s).
 
 The heartbeat's script call is wrapped so that the extend runs at the chosen point; every
@@ -30,10 +30,10 @@ from celery_singleton_lock.core import heartbeat as heartbeat_module
 from celery_singleton_lock.core.heartbeat import heartbeat
 
 KINDS: dict[str, Callable[[Any], Any]] = {
-    "lease": lambda c: c.lease("n", ttl=3),
-    "read": lambda c: c.rwlock("n").read(ttl=3),
-    "range": lambda c: c.range_lock("n").write(0, 10, ttl=3),
-    "multi": lambda c: c.multi(["n", "n2"], ttl=3),
+    "lease": lambda c: c.lease("n", ttl=1),
+    "read": lambda c: c.rwlock("n").read(ttl=1),
+    "range": lambda c: c.range_lock("n").write(0, 10, ttl=1),
+    "multi": lambda c: c.multi(["n", "n2"], ttl=1),
 }
 
 
@@ -112,9 +112,9 @@ def test_a_tick_landing_after_extend_does_not_shorten_the_lease(
     raced = race(monkeypatch, handle, "late", later_ticks_held)
     threading.Thread(target=heartbeat().tick, daemon=True).start()
     assert raced.wait(30)
-    assert pttl(lock_client, handle) > 50_000  # the extend's, not the stale tick's 3 s
+    assert pttl(lock_client, handle) > 50_000  # the extend's, not the stale tick's 1 s
     assert handle.held
-    time.sleep(3.5)  # past the stale tick's 3 s: the lease is still there, and held
+    time.sleep(1.5)  # past the stale tick's 1 s: the lease is still there, and held
     assert pttl(lock_client, handle) > 45_000
     assert handle.held
     handle.check()
@@ -135,7 +135,7 @@ def test_a_tick_read_after_extend_does_not_shorten_the_handles_view(
     raced = race(monkeypatch, handle, "read late", later_ticks_held)
     threading.Thread(target=heartbeat().tick, daemon=True).start()
     assert raced.wait(30)
-    time.sleep(3.5)  # past the stale tick's 3 s, before the extend's 60 s
+    time.sleep(1.5)  # past the stale tick's 1 s, before the extend's 60 s
     assert pttl(lock_client, handle) > 45_000
     assert handle.held
     handle.check()
@@ -187,7 +187,7 @@ def test_an_async_tick_racing_extend_keeps_the_extended_lease(
             conn.batch = wrapped  # type: ignore[method-assign]
             await async_heartbeat().tick()
             assert raced.is_set()
-            await asyncio.sleep(3.5)  # past the stale tick's 3 s
+            await asyncio.sleep(1.5)  # past the stale tick's 1 s
             assert pttl(lock_client, handle) > 45_000
             assert handle.held
             handle.check()

