@@ -82,7 +82,7 @@ def test_fields_of_a_live_lease(lock_client: LockClient) -> None:
             os.getpid(),
             "MainThread",
         )
-        assert info.token == lease.token and info.owner == lease._owner
+        assert info.token == lease.token and info.owner == lease.owner
         assert info.heartbeat is True
         assert info.age_s is not None and 0 <= info.age_s < 5
         assert info.lease_remaining_s is not None and 25 < info.lease_remaining_s <= 30
@@ -272,7 +272,7 @@ def test_clear_live_refused_without_force(lock_client: LockClient) -> None:
     assert lease.acquire()
     with pytest.raises(LockError, match="live"):
         lock_client.clear("busy")
-    assert lease.held and lock_client.redis.hget(lease.keys.lock, "owner") == lease._owner.encode()
+    assert lease.held and lock_client.redis.hget(lease.keys.lock, "owner") == lease.owner.encode()
     assert lock_client.clear("busy", force=True) is True
     # The holder learns at its next heartbeat that the lock is gone.
     heartbeat().tick()
@@ -292,7 +292,7 @@ def test_clear_is_token_checked(lock_client: LockClient) -> None:
     assert new.acquire()  # ...and someone else took the name before the admin cleared
     assert admin.clear_info(lock_client, listed) is False
     assert lock_client.clear("contested", token=old.token, force=True) is False
-    assert lock_client.redis.hget(new.keys.lock, "owner") == new._owner.encode()
+    assert lock_client.redis.hget(new.keys.lock, "owner") == new.owner.encode()
     assert new.held
     assert lock_client.clear("contested", token=new.token, force=True) is True
     assert lock_client.locks() == []

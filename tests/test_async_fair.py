@@ -271,7 +271,7 @@ def test_waits_cancelled_at_random_moments_always_raise_and_leave_nothing(
                 assert lock_client.redis.llen(base + b"queue") == 0
                 assert not lock_client.redis.exists(*fair_keys(base, waiter._queued)[1:])
                 assert lock_client.redis.hget(holder.keys.lock, "owner") == (
-                    holder._owner.encode()  # type: ignore[union-attr]
+                    holder.owner.encode()  # type: ignore[union-attr]
                 )
         finally:
             holder.release()

@@ -54,7 +54,7 @@ def test_release_of_lost_lease_raises_taken_and_keeps_the_new_owner(
         with pytest.raises(LockTaken):
             await old.release()
         assert await asyncio.to_thread(lock_client.redis.hget, new.keys.lock, "owner") == (
-            new._owner.encode()
+            new.owner.encode()
         )
         await new.release()
 

@@ -252,7 +252,7 @@ def test_clear_leaves_a_lock_taken_again_while_asking(
     result = run_plain(lock_redis_url, lock_prefix, "clear", "contested")
     assert result.exit_code == 1 and "left contested" in result.stdout
     assert taken[0].held
-    assert lock_client.redis.hget(old.keys.lock, "owner") == taken[0]._owner.encode()
+    assert lock_client.redis.hget(old.keys.lock, "owner") == taken[0].owner.encode()
 
 
 def test_color_only_on_a_terminal_without_no_color(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -138,7 +138,7 @@ def test_fair_lease_is_handed_over_on_every_node(client: LockClient) -> None:
         assert got == [True], name
         assert time.monotonic() - started < 2.0, "handed the lease, not found at its hint"
         owner = client.redis.hget(client.connection.keys(name).lock, "owner")
-        assert owner == waiter._owner.encode()  # type: ignore[union-attr]
+        assert owner == waiter.owner.encode()  # type: ignore[union-attr]
         assert waiter.token is not None and holder.token is not None
         assert waiter.token > holder.token
         waiter.release()

@@ -134,7 +134,7 @@ def test_synced_lease_is_kept_renewed_and_listed_across_the_failover(
     lost = threading.Event()
     lease = client.lease(name, ttl=KEPT_TTL, on_lost=lambda _: lost.set())
     assert lease.acquire()
-    owner = lease._owner
+    owner = lease.owner
     assert owner is not None and lease.token is not None
     # Held on the two other masters as well, for the listing.
     others = [client.lease(names_on(client, cluster, i, f"other{i}-")[0], ttl=30) for i in (1, 2)]
@@ -162,7 +162,7 @@ def test_synced_lease_is_kept_renewed_and_listed_across_the_failover(
         assert set(listed) == {name, *(other.name for other in others)}
         for held in (lease, *others):
             info = listed[held.name]
-            assert info.kind == "lease" and (info.owner, info.token) == (held._owner, held.token)
+            assert info.kind == "lease" and (info.owner, info.token) == (held.owner, held.token)
 
         # The holder's own heartbeat (no tick from the test) renews it on the promoted node,
         # under the same owner and fencing token: still held, not taken over.
@@ -211,7 +211,7 @@ def test_short_lease_is_reported_lost_and_new_acquires_get_larger_tokens(
     (replica,) = cluster.replicas[0]
     copy = direct(replica.port)
     try:  # the replica has it: what loses it is time, not replication
-        assert copy.hget(key, "owner") == lease._owner.encode()  # type: ignore[union-attr]
+        assert copy.hget(key, "owner") == lease.owner.encode()  # type: ignore[union-attr]
     finally:
         copy.close()
 
@@ -235,13 +235,13 @@ def test_short_lease_is_reported_lost_and_new_acquires_get_larger_tokens(
         assert fresh.token > earlier.token  # type: ignore[attr-defined]
         fresh_key = client.connection.keys(fresh_name).lock
         assert node_port(client, fresh_key) == new_port
-        assert promoted.hget(fresh_key, "owner") == fresh._owner.encode()  # type: ignore[attr-defined]
+        assert promoted.hget(fresh_key, "owner") == fresh.owner.encode()  # type: ignore[attr-defined]
         # And the lost name goes to a new holder, whose token beats the lost one's.
         again = acquire_eventually(client, name)
         assert again.token > lease.token  # type: ignore[attr-defined]
         with pytest.raises(LockLost):
             lease.release()  # the new holder is left alone
-        assert promoted.hget(key, "owner") == again._owner.encode()  # type: ignore[attr-defined]
+        assert promoted.hget(key, "owner") == again.owner.encode()  # type: ignore[attr-defined]
         fresh.release()  # type: ignore[attr-defined]
         again.release()  # type: ignore[attr-defined]
     finally:

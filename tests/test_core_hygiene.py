@@ -201,8 +201,8 @@ def holder_hashes(handle: LockHandle) -> list[bytes]:
     if isinstance(handle, MultiLease):
         return [keys.lock for keys in handle.keys]
     if isinstance(handle, IntervalHandle):
-        assert handle._owner is not None
-        return [handle.keys.holder(handle._owner)]
+        assert handle.owner is not None
+        return [handle.keys.holder(handle.owner)]
     assert isinstance(handle, Lease)
     return [handle.keys.lock]
 
@@ -398,13 +398,13 @@ def test_the_dead_client_fails_on_a_good_call(dead_client: LockClient) -> None:
 def test_a_fractional_token_no_longer_clears_by_truncation(lock_client: LockClient) -> None:
     """``token=1.5`` used to become 1 (``int()``) and clear the holder with token 1."""
     hold = lock_client.rwlock("job").write(ttl=60.0)
-    assert hold.acquire() and hold.token is not None and hold._owner is not None
+    assert hold.acquire() and hold.token is not None and hold.owner is not None
     with pytest.raises(ConfigurationError):
-        rwlock.clear_holder(lock_client, "job", hold._owner, token=hold.token + 0.5)
+        rwlock.clear_holder(lock_client, "job", hold.owner, token=hold.token + 0.5)
     assert hold.held
     heartbeat().tick()
     assert hold.held and not hold.lost
-    assert rwlock.clear_holder(lock_client, "job", hold._owner, token=hold.token)
+    assert rwlock.clear_holder(lock_client, "job", hold.owner, token=hold.token)
 
 
 # -- item 6: the empty key prefix is honoured -------------------------------------------------

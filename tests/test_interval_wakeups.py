@@ -153,7 +153,7 @@ def test_blocked_upgrade_is_woken_by_the_last_readers_release(
 def test_clear_by_the_admin_wakes_a_waiter(lock_client: LockClient) -> None:
     writer = hold(lock_client, "write")
     reader, blocked = waiting_reader(lock_client)
-    assert rwlock.clear_holder(lock_client, "wake", writer._owner or "", token=writer.token)
+    assert rwlock.clear_holder(lock_client, "wake", writer.owner or "", token=writer.token)
     blocked.finish(PROMPT)
     assert blocked.results == [True]
     reader.release()
@@ -174,7 +174,7 @@ def test_release_with_a_delay_publishes_nothing_and_keeps_the_mark(
     lock_client: LockClient, channel: Channel
 ) -> None:
     writer = hold(lock_client, "write")
-    owner = writer._owner or ""
+    owner = writer.owner or ""
     assert not lock_client.rwlock("wake").read()._try_acquire("reader", True)[0]
     assert release(lock_client, owner, delay_ms=5_000) == 1
     taken, hint = lock_client.rwlock("wake").read()._try_acquire("reader", True)

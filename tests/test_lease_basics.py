@@ -51,7 +51,7 @@ def test_release_of_lost_lease_raises_and_keeps_new_owner(lock_client: LockClien
     assert new.acquire(wait=2)
     with pytest.raises(LockTaken):
         old.release()
-    assert lock_client.redis.hget(new.keys.lock, "owner") == new._owner.encode()
+    assert lock_client.redis.hget(new.keys.lock, "owner") == new.owner.encode()
     new.release()
 
 

@@ -51,14 +51,14 @@ def handed(client: LockClient, lease: Lease, owner: str) -> list[bytes]:
 def test_releases_hand_the_lease_to_waiters_in_arrival_order(
     lock_client: LockClient, holder: Lease
 ) -> None:
-    assert holder._owner is not None
+    assert holder.owner is not None
     for owner in ("a", "b", "c"):
         assert queue_up(lock_client, holder, owner, f"thread-{owner}") == (
             False,
             pytest.approx(30_000, abs=5_000),
         )
     tokens = [holder.token]
-    previous = holder._owner
+    previous = holder.owner
     for owner in ("a", "b", "c"):
         assert release(lock_client, holder, previous) == 1
         record = holder_of(lock_client, holder)
@@ -90,8 +90,8 @@ def test_a_dead_waiter_is_skipped(lock_client: LockClient, holder: Lease) -> Non
     queue_up(lock_client, holder, "alive", "t")
     # "dead" stopped refreshing: its registration ran out (deleted here rather than waited for).
     lock_client.redis.delete(fair_keys(holder.keys.base, "dead")[1])
-    assert holder._owner is not None
-    assert release(lock_client, holder, holder._owner) == 1
+    assert holder.owner is not None
+    assert release(lock_client, holder, holder.owner) == 1
     assert holder_of(lock_client, holder)[b"owner"] == b"alive"
     assert handed(lock_client, holder, "dead") == []
 
@@ -99,8 +99,8 @@ def test_a_dead_waiter_is_skipped(lock_client: LockClient, holder: Lease) -> Non
 def test_nobody_left_alive_frees_the_name(lock_client: LockClient, holder: Lease) -> None:
     queue_up(lock_client, holder, "dead", "t")
     lock_client.redis.delete(fair_keys(holder.keys.base, "dead")[1])
-    assert holder._owner is not None
-    assert release(lock_client, holder, holder._owner) == 1
+    assert holder.owner is not None
+    assert release(lock_client, holder, holder.owner) == 1
     assert not lock_client.redis.exists(holder.keys.lock)
     assert lock_client.lease("fair").acquire()
 
@@ -110,8 +110,8 @@ def test_waiter_that_gives_up_leaves_the_queue(lock_client: LockClient, holder: 
     assert lock_client.connection.scripts.fair_abandon(holder.keys.lock, "a") == 0
     queue, registration, _ = fair_keys(holder.keys.base, "a")
     assert not lock_client.redis.exists(queue, registration)
-    assert holder._owner is not None
-    assert release(lock_client, holder, holder._owner) == 1
+    assert holder.owner is not None
+    assert release(lock_client, holder, holder.owner) == 1
     assert not lock_client.redis.exists(holder.keys.lock)
 
 
@@ -119,8 +119,8 @@ def test_waiter_giving_up_while_being_handed_the_lease_keeps_it(
     lock_client: LockClient, holder: Lease
 ) -> None:
     queue_up(lock_client, holder, "a", "t")
-    assert holder._owner is not None
-    assert release(lock_client, holder, holder._owner) == 1  # handed over...
+    assert holder.owner is not None
+    assert release(lock_client, holder, holder.owner) == 1  # handed over...
     token = lock_client.connection.scripts.fair_abandon(holder.keys.lock, "a")  # ...as it gave up
     record = holder_of(lock_client, holder)
     assert record[b"owner"] == b"a" and token == int(record[b"token"])
@@ -131,8 +131,8 @@ def test_waiter_handed_the_lease_between_two_blocks_gets_it_from_its_next_attemp
     lock_client: LockClient, holder: Lease
 ) -> None:
     queue_up(lock_client, holder, "a", "t")
-    assert holder._owner is not None
-    assert release(lock_client, holder, holder._owner) == 1
+    assert holder.owner is not None
+    assert release(lock_client, holder, holder.owner) == 1
     taken, token = queue_up(lock_client, holder, "a", "t")
     assert taken and token == int(holder_of(lock_client, holder)[b"token"])
     assert handed(lock_client, holder, "a") == []
@@ -141,8 +141,8 @@ def test_waiter_handed_the_lease_between_two_blocks_gets_it_from_its_next_attemp
 
 def test_release_with_a_delay_hands_nothing_over(lock_client: LockClient, holder: Lease) -> None:
     queue_up(lock_client, holder, "a", "t")
-    assert holder._owner is not None
-    assert release(lock_client, holder, holder._owner, delay_ms=5_000) == 1
+    assert holder.owner is not None
+    assert release(lock_client, holder, holder.owner, delay_ms=5_000) == 1
     record = holder_of(lock_client, holder)
     assert record[b"owner"] == b"" and record[b"state"] == b"cooldown"
     assert handed(lock_client, holder, "a") == []
@@ -160,7 +160,7 @@ def test_blocked_fair_acquire_is_handed_the_lease(lock_client: LockClient, holde
     assert blocked.results == [True] and not blocked.errors
     assert waiter.held and waiter.token is not None and holder.token is not None
     assert waiter.token > holder.token
-    assert holder_of(lock_client, holder)[b"owner"] == waiter._owner.encode()  # type: ignore[union-attr]
+    assert holder_of(lock_client, holder)[b"owner"] == waiter.owner.encode()  # type: ignore[union-attr]
     waiter.release()
     assert not lock_client.redis.exists(holder.keys.lock, queue)
 

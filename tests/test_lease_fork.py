@@ -34,7 +34,8 @@ def _child(client: LockClient, parent_lease: Any, ttl: float) -> dict[str, Any]:
         heartbeat()._thread is not None and heartbeat()._thread.is_alive()
     )
     own.release()
-    # The parent's lease is untouched in Redis by anything the child did.
+    # The parent's lease is untouched in Redis by anything the child did. (Private: in the
+    # child the parent's handle holds nothing, so its public owner is None.)
     report["parent_owner_intact"] = (
         client.redis.hget(parent_lease.keys.lock, "owner") == parent_lease._owner.encode()
     )

@@ -139,7 +139,7 @@ def test_paused_holder_loses_the_lease_and_its_late_write_is_fenced_off(
     assert int(lock_client.redis.hget(store, "fence_token")) == successor.token
     # The resumed process's heartbeat never took the name back.
     successor.check()
-    assert lock_client.redis.hget(successor.keys.lock, "owner") == successor._owner.encode()
+    assert lock_client.redis.hget(successor.keys.lock, "owner") == successor.owner.encode()
     successor.release()
 
 

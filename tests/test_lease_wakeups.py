@@ -115,7 +115,7 @@ def test_new_holder_starts_unmarked_and_a_still_waiting_waiter_marks_it(
 
 def test_renewal_keeps_the_mark(lock_client: LockClient, lease: Lease, channel: Channel) -> None:
     assert lease.acquire()
-    owner = lease._owner
+    owner = lease.owner
     assert owner is not None
     assert not attempt(lock_client, lease, "waiter", waiting=True)[0]
     assert lease.extend(20) > 0

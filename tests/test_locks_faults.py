@@ -67,7 +67,7 @@ def tokens_of(handle: Any) -> dict[str, int]:
 
 def hold_of(handle: Any) -> Hold:
     """What :func:`holders` lists for ``handle`` alone."""
-    return sorted((name, handle._owner, token) for name, token in tokens_of(handle).items())
+    return sorted((name, handle.owner, token) for name, token in tokens_of(handle).items())
 
 
 def assert_every_key_expires(client: LockClient) -> None:

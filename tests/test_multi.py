@@ -130,10 +130,10 @@ def test_lost_name_is_reported(lock_client: LockClient) -> None:
     held = lock_client.multi(["l1", "l2"], heartbeat=False)
     assert held.acquire()
     [record] = multi.list_holders(lock_client, "l2")
-    assert record["kind"] == "multi" and record["owner"] == held._owner
+    assert record["kind"] == "multi" and record["owner"] == held.owner
     assert record["token"] == held.tokens["l2"] and record["names"] == "2"
-    assert not multi.clear_holder(lock_client, "l2", held._owner or "", token=1)
-    assert multi.clear_holder(lock_client, "l2", held._owner or "", token=held.tokens["l2"])
+    assert not multi.clear_holder(lock_client, "l2", held.owner or "", token=1)
+    assert multi.clear_holder(lock_client, "l2", held.owner or "", token=held.tokens["l2"])
     assert lock_client.lease("l2").acquire()
     assert lock_client.lease("l1").acquire(wait=0) is False
     with pytest.raises(LockTaken):  # l2 has another owner now

@@ -102,7 +102,7 @@ def test_holds_up_to_infinity_overlap_and_shrink_like_any_other(lock_client: Loc
     up = lock.upgradable(5, math.inf, heartbeat=False)
     assert up.acquire()
     keys = up.keys
-    assert lock_client.redis.zscore(keys.indexes[4], up._owner or "") is None  # u:hi
+    assert lock_client.redis.zscore(keys.indexes[4], up.owner or "") is None  # u:hi
     assert not lock.write(1e300, math.inf).acquire()
     assert not lock.upgradable(-math.inf, 5).acquire()
     low = lock.upgradable(-math.inf, 4.99, heartbeat=False)
@@ -116,7 +116,7 @@ def test_holds_up_to_infinity_overlap_and_shrink_like_any_other(lock_client: Loc
     beside.release()
     nested.release()
     up.shrink(5, 6)
-    assert lock_client.redis.zscore(keys.indexes[4], up._owner or "") == 6.0
+    assert lock_client.redis.zscore(keys.indexes[4], up.owner or "") == 6.0
     assert lock_client.redis.pttl(keys.indexes[4]) > 0
     assert lock.write(6.01, math.inf).acquire()
     assert not lock.write(6, 7).acquire()
@@ -138,14 +138,14 @@ def test_a_release_takes_its_hold_out_of_every_index_and_asks_no_more() -> None:
                 assert hold.acquire()
             shrunk.shrink(5, 6)
             indexes = finite.keys.indexes
-            assert client.redis.zscore(indexes[4], shrunk._owner or "") == 6.0  # u:hi
+            assert client.redis.zscore(indexes[4], shrunk.owner or "") == 6.0  # u:hi
 
             def zrems() -> int:
                 stats = client.redis.info("commandstats").get("cmdstat_zrem", {})
                 return int(stats.get("calls", 0))
 
             for hold, removals in ((finite, 3), (open_ended, 2), (shrunk, 3)):
-                owner = hold._owner or ""
+                owner = hold.owner or ""
                 before = zrems()
                 hold.release()
                 assert zrems() - before == removals
@@ -267,9 +267,9 @@ def test_dead_holder_frees_its_range_when_the_expiry_index_ran_out_before_its_ow
     wait_for(
         lambda: not lock_client.redis.exists(keys.indexes[0]), 5, "the expiry index to run out"
     )
-    assert lock_client.redis.zscore(keys.indexes[5], dead._owner or "") is not None
+    assert lock_client.redis.zscore(keys.indexes[5], dead.owner or "") is not None
     assert lock.write(2, 3, heartbeat=False).acquire(wait=0)
-    assert lock_client.redis.zscore(keys.indexes[5], dead._owner or "") is None
+    assert lock_client.redis.zscore(keys.indexes[5], dead.owner or "") is None
 
 
 def test_clear_holder_and_every_key_expires(lock_client: LockClient) -> None:
@@ -281,7 +281,7 @@ def test_clear_holder_and_every_key_expires(lock_client: LockClient) -> None:
     keys = lock_client.redis.keys(lock_client.prefix + "*")
     assert len(keys) >= 8
     assert all(lock_client.redis.pttl(key) > 0 for key in keys)
-    assert rangelock.clear_holder(lock_client, "admin", held._owner or "", held.token)
+    assert rangelock.clear_holder(lock_client, "admin", held.owner or "", held.token)
     assert lock.write(1, 2).acquire()
 
 

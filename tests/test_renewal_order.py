@@ -43,13 +43,13 @@ def pttl(lock_client: LockClient, handle: Any) -> int:
     if hasattr(handle, "names"):
         return min(redis.pttl(keys.lock) for keys in handle.keys)
     if hasattr(handle, "mode"):
-        return int(redis.pttl(handle.keys.holder(handle._owner)))
+        return int(redis.pttl(handle.keys.holder(handle.owner)))
     return int(redis.pttl(handle.keys.lock))
 
 
 def renews(calls: Any, handle: Any) -> bool:
     """Whether the script ``calls`` renew ``handle`` (its owner token is an argument)."""
-    return any(handle._owner in args for _, _, args in calls)
+    return any(handle.owner in args for _, _, args in calls)
 
 
 @pytest.fixture

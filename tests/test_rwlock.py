@@ -285,7 +285,7 @@ def test_extend_sets_the_remaining_time(lock_client: LockClient) -> None:
     assert reader.acquire()
     for _ in range(3):
         assert reader.extend(2) == pytest.approx(2.0)
-    assert lock_client.redis.pttl(reader.keys.holder(reader._owner or "")) <= 2000
+    assert lock_client.redis.pttl(reader.keys.holder(reader.owner or "")) <= 2000
     reader.release()
 
 
@@ -295,15 +295,15 @@ def test_list_and_clear_holders(lock_client: LockClient) -> None:
     up = rw.upgradable()
     assert reader.acquire() and up.acquire()
     holders = {h["owner"]: h for h in rwlock.list_holders(lock_client, "adm*")}
-    assert set(holders) == {reader._owner, up._owner}
-    info = holders[reader._owner]
+    assert set(holders) == {reader.owner, up.owner}
+    info = holders[reader.owner]
     assert info["kind"] == "read" and info["name"] == "admin" and info["task_id"] == "t-1"
     assert info["token"] == reader.token and info["pid"] == os.getpid()
     assert 0 < info["pttl_ms"] <= 30_000 and info["ttl_ms"] == 30_000
     assert rwlock.list_holders(lock_client, "other*") == []
-    assert not rwlock.clear_holder(lock_client, "admin", reader._owner or "", token=1)
-    assert rwlock.clear_holder(lock_client, "admin", reader._owner or "", token=reader.token)
-    assert not rwlock.clear_holder(lock_client, "admin", reader._owner or "")
+    assert not rwlock.clear_holder(lock_client, "admin", reader.owner or "", token=1)
+    assert rwlock.clear_holder(lock_client, "admin", reader.owner or "", token=reader.token)
+    assert not rwlock.clear_holder(lock_client, "admin", reader.owner or "")
     with pytest.raises(LockExpired):
         reader.release()
     up.release()

@@ -89,7 +89,7 @@ def test_renewal_with_the_old_owner_after_a_delayed_release(
     # renewal reached Redis.
     handle = make_handle(lock_client, kind)
     assert handle.acquire()
-    owner = handle._owner
+    owner = handle.owner
     handle.release(delay=DELAY)
     (code,) = renew_as_sent(lock_client, handle, owner)
     assert code <= 0
@@ -104,7 +104,7 @@ def test_tick_of_a_handle_released_after_it_was_listed(lock_client: LockClient, 
     lost: list[Any] = []
     handle = make_handle(lock_client, kind, on_lost=lost.append)
     assert handle.acquire()
-    owner = handle._owner
+    owner = handle.owner
     handle.release(delay=DELAY)
     heartbeat()._renew([handle])
     assert_delay_intact(lock_client, handle, owner)
@@ -147,7 +147,7 @@ def test_interval_hold_in_a_release_delay_is_listed_release_delay(
 ) -> None:
     handle = make_handle(lock_client, kind)
     assert handle.acquire()
-    owner = handle._owner
+    owner = handle.owner
     handle.release(delay=DELAY)
     age_renewal(lock_client, handle.keys.holder(owner))
     (info,) = lock_client.locks("cool")
@@ -179,9 +179,9 @@ def pause_heartbeat(client: LockClient, handle: Any) -> None:
     from celery_singleton_lock.kinds.multi import MultiLease
 
     heartbeat().remove(handle)
-    assert handle._owner is not None
+    assert handle.owner is not None
     if isinstance(handle, IntervalHandle):
-        keys = [handle.keys.holder(handle._owner)]
+        keys = [handle.keys.holder(handle.owner)]
     elif isinstance(handle, MultiLease):
         keys = [k.lock for k in handle.keys]
     else:

@@ -280,7 +280,7 @@ class Sentinels:
 
     def _state(self) -> dict[str, Any]:
         keys = interval_keys(PREFIX, SENTINEL, b"range")
-        holder = keys.holder(self.range._owner or "")
+        holder = keys.holder(self.range.owner or "")
         state: dict[str, Any] = {}
         for key in (
             lock_keys(PREFIX, SENTINEL).lock,
@@ -412,7 +412,7 @@ def exercise_name(client: LockClient, other: LockClient, name: Any) -> str:
     assert lease.acquire()
     keys = lock_keys(PREFIX, name)
     fields = client.redis.hgetall(keys.lock)
-    assert fields[b"name"] == encode_name(name) and fields[b"owner"].decode() == lease._owner
+    assert fields[b"name"] == encode_name(name) and fields[b"owner"].decode() == lease.owner
     assert fields[b"token"].decode() == str(lease.token)
     assert not client.lease(name).acquire(0)  # the same name is taken...
     twin = other.lease(name, heartbeat=False)
@@ -685,7 +685,7 @@ def test_fuzzed_range_bounds_lock_exactly_that_range_or_raise_configuration_erro
     assert hold.acquire()
     try:
         stored = client.redis.hgetall(
-            interval_keys(PREFIX, "fuzzed-range", b"range").holder(hold._owner or "")
+            interval_keys(PREFIX, "fuzzed-range", b"range").holder(hold.owner or "")
         )
         assert (float(stored[b"lo"]), float(stored[b"hi"])) == (float(lo), float(hi))
         # Exactly [lo, hi] is locked: both ends, and nothing beyond them.

@@ -45,7 +45,7 @@ def test_at_most_limit_permits_and_tokens_increase(lock_client: LockClient) -> N
     # Another name has permits of its own.
     assert lock_client.semaphore("exports:other", 3).permit().acquire()
     assert {h.owner for h in fourth.holders()} == {
-        p._owner for p in (permits[0], permits[2], fourth)
+        p.owner for p in (permits[0], permits[2], fourth)
     }
 
 
@@ -202,15 +202,15 @@ def test_a_sigkilled_holder_frees_its_permit_within_its_ttl(
         waiter = sem.permit()
         assert not waiter.acquire(wait=ttl + 0.5)  # alive: its heartbeat keeps the permit
         listed = {h["owner"]: h for h in semaphore.list_holders(lock_client, "crash")}
-        assert set(listed) == {mine._owner, child.owner}
+        assert set(listed) == {mine.owner, child.owner}
         os.kill(child.pid, signal.SIGKILL)
         killed = time.monotonic()
         assert waiter.acquire(wait=ttl + 5)  # nobody released: woken by its hint
         assert time.monotonic() - killed < ttl + 0.5
         assert (waiter.token or 0) > child.token
     assert {h["owner"] for h in semaphore.list_holders(lock_client)} == {
-        mine._owner,
-        waiter._owner,
+        mine.owner,
+        waiter.owner,
     }
     mine.release()
     waiter.release()
@@ -241,7 +241,7 @@ def test_extend_sets_the_remaining_time(lock_client: LockClient) -> None:
     permit = lock_client.semaphore("ext", 2).permit(ttl=10, heartbeat=False)
     assert permit.acquire()
     assert permit.extend(2) == pytest.approx(2.0)
-    assert lock_client.redis.pttl(permit.keys.holder(permit._owner or "")) <= 2000
+    assert lock_client.redis.pttl(permit.keys.holder(permit.owner or "")) <= 2000
     permit.release()
 
 
@@ -274,7 +274,7 @@ def test_a_stale_permit_is_cleared_without_force(lock_client: LockClient) -> Non
     assert permit.acquire()
     # Its heartbeat ticks every 10 s: set its last renewal back past two missed ticks, as
     # a holder whose process froze would look.
-    holder = permit.keys.holder(permit._owner or "")
+    holder = permit.keys.holder(permit.owner or "")
     lock_client.redis.hset(holder, "renewed_ms", lock_client.server_ms() - 25_000)
     [info] = lock_client.locks("stale-sem")
     assert (info.state, info.evidence) == ("stale", "heartbeat stopped")

@@ -206,7 +206,7 @@ def test_celery_locks_lists_shows_and_clears_permits(
     assert alive.acquire() and dead.acquire()
     # A holder whose heartbeat stopped long ago (its process froze or died).
     stale_at = lock_client.server_ms() - 60_000
-    lock_client.redis.hset(dead.keys.holder(dead._owner or ""), "renewed_ms", stale_at)
+    lock_client.redis.hset(dead.keys.holder(dead.owner or ""), "renewed_ms", stale_at)
 
     def run(*args: str) -> Result:
         obj = CLIContext(app=celery_lock_app, no_color=True, workdir=None)

@@ -83,7 +83,7 @@ def shared_holder(
     handle = make_handle(client, kind, name, ttl=ttl, on_lost=on_lost)
     assert handle.acquire(wait=10)
     tokens = handle.tokens if kind == "multi" else {name: handle.token}
-    conn.send({"pid": os.getpid(), "owner": handle._owner, "token": handle.token, "tokens": tokens})
+    conn.send({"pid": os.getpid(), "owner": handle.owner, "token": handle.token, "tokens": tokens})
     while True:
         try:
             command = conn.recv()
