@@ -17,9 +17,10 @@ from celery import Celery
 from click.testing import CliRunner, Result
 from support.redis_topologies import ACLServer, TLSServer, running
 
-from celery_singleton_lock import LockClient, cli
+from celery_singleton_lock import LockClient
 from celery_singleton_lock.celery.options import AppSettings
 from celery_singleton_lock.celery.task import lock_client_for
+from celery_singleton_lock.cli import commands
 from celery_singleton_lock.core import redis_urls
 from celery_singleton_lock.exceptions import ConfigurationError, LockBackendError
 
@@ -48,7 +49,7 @@ def prefix() -> str:
 
 
 def run_cli(url: str, prefix: str, *args: str) -> Result:
-    return CliRunner().invoke(cli.main, ["--url", url, "--prefix", prefix, *args])
+    return CliRunner().invoke(commands.main, ["--url", url, "--prefix", prefix, *args])
 
 
 def exercise(client: LockClient) -> None:

@@ -22,7 +22,7 @@ from celery.bin.base import CLIContext
 from celery.contrib.testing.worker import start_worker
 from click.testing import CliRunner, Result
 
-from celery_singleton_lock import LockClient, admin, cli
+from celery_singleton_lock import LockClient, admin
 from celery_singleton_lock.cli import commands, output
 from celery_singleton_lock.embedded import RedisServer
 
@@ -33,13 +33,13 @@ CELERY = Path(sys.executable).with_name("celery")
 def run_plain(url: str | None, prefix: str, *args: str, **kwargs: Any) -> Result:
     """``python -m celery_singleton_lock [--url URL] --prefix PREFIX ARGS``"""
     options = ["--prefix", prefix] + (["--url", url] if url else [])
-    return CliRunner().invoke(cli.main, [*options, *args], catch_exceptions=False, **kwargs)
+    return CliRunner().invoke(commands.main, [*options, *args], catch_exceptions=False, **kwargs)
 
 
 def run_celery(app: Celery, *args: str, **kwargs: Any) -> Result:
     """``celery -A app locks ARGS``, in process."""
     obj = CLIContext(app=app, no_color=True, workdir=None)
-    return CliRunner().invoke(cli.locks, list(args), obj=obj, catch_exceptions=False, **kwargs)
+    return CliRunner().invoke(commands.locks, list(args), obj=obj, catch_exceptions=False, **kwargs)
 
 
 def hold(client: LockClient, name: str, **options: Any) -> Any:
@@ -258,13 +258,13 @@ def test_clear_leaves_a_lock_taken_again_while_asking(
 def test_color_only_on_a_terminal_without_no_color(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
-    assert commands._color(cli.Session(url=None, prefix="p:"))
-    assert not commands._color(cli.Session(url=None, prefix="p:", no_color=True))
+    assert commands._color(commands.Session(url=None, prefix="p:"))
+    assert not commands._color(commands.Session(url=None, prefix="p:", no_color=True))
     monkeypatch.setenv("NO_COLOR", "1")
-    assert not commands._color(cli.Session(url=None, prefix="p:"))
+    assert not commands._color(commands.Session(url=None, prefix="p:"))
     monkeypatch.delenv("NO_COLOR")
     monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
-    assert not commands._color(cli.Session(url=None, prefix="p:"))
+    assert not commands._color(commands.Session(url=None, prefix="p:"))
 
 
 # -- celery locks ----------------------------------------------------------------------------
@@ -274,7 +274,7 @@ def test_app_settings() -> None:
     def settings(**conf: Any) -> tuple[str | None, str]:
         app = Celery("settings", set_as_current=False)
         app.conf.update(conf)
-        session = cli.app_session(app, timeout=1, no_color=True)
+        session = commands.app_session(app, timeout=1, no_color=True)
         return session.url, session.prefix
 
     assert settings(broker_url="redis://b:6379/1") == ("redis://b:6379/1", "csl:")

@@ -18,8 +18,9 @@ from click.testing import CliRunner
 from redis.cluster import RedisCluster
 from support.redis_topologies import Cluster, running, wait_until
 
-from celery_singleton_lock import LockClient, LockTaken, cli
+from celery_singleton_lock import LockClient, LockTaken
 from celery_singleton_lock.celery.task import lock_client_for
+from celery_singleton_lock.cli import commands
 from celery_singleton_lock.core.heartbeat import heartbeat
 from celery_singleton_lock.kinds.intervals import interval_keys
 
@@ -295,13 +296,13 @@ def test_admin_lists_and_clears_on_every_master(cluster: Cluster, client: LockCl
     assert client.clear(names[1], force=True)
     assert client.lease(names[1]).acquire()
     result = CliRunner().invoke(
-        cli.main, ["--url", cluster.url, "--prefix", client.prefix, "list", "--json"]
+        commands.main, ["--url", cluster.url, "--prefix", client.prefix, "list", "--json"]
     )
     assert result.exit_code == 0, result.output
     for name in names:
         assert name in result.output
     cleared = CliRunner().invoke(
-        cli.main,
+        commands.main,
         ["--url", cluster.url, "--prefix", client.prefix, "clear", "--all", "--force"] + ["--yes"],
     )
     assert cleared.exit_code == 0, cleared.output

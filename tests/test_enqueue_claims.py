@@ -16,8 +16,9 @@ from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
-from celery_singleton_lock import ConfigurationError, SingletonTask, admin, cli
+from celery_singleton_lock import ConfigurationError, SingletonTask, admin
 from celery_singleton_lock.celery.evidence import IN_FLIGHT_S
+from celery_singleton_lock.cli import commands
 from celery_singleton_lock.core.validate import MAX_SECONDS
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
@@ -36,7 +37,7 @@ def claim_of(task: Any) -> admin.LockInfo:
 def run_celery(app: Celery, *args: str) -> Result:
     """``celery -A app locks ARGS``, in process."""
     obj = CLIContext(app=app, no_color=True, workdir=None)
-    return CliRunner().invoke(cli.locks, list(args), obj=obj, catch_exceptions=False)
+    return CliRunner().invoke(commands.locks, list(args), obj=obj, catch_exceptions=False)
 
 
 def listed(app: Celery, timeout: float = 0) -> dict[str, dict[str, Any]]:

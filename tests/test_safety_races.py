@@ -27,7 +27,7 @@ from celery.utils.nodenames import host_format
 from click.testing import CliRunner, Result
 from support.waiting import start_celery_worker, wait_for
 
-from celery_singleton_lock import LockClient, LockError, SingletonTask, admin, cli
+from celery_singleton_lock import LockClient, LockError, SingletonTask, admin
 from celery_singleton_lock.celery.evidence import worker_check
 from celery_singleton_lock.cli import commands
 from celery_singleton_lock.core.heartbeat import heartbeat, renew_calls
@@ -133,7 +133,7 @@ def test_lease_renewal_never_matches_an_ownerless_release_delay(lock_client: Loc
 def run_plain(client: LockClient, lock_redis_url: str, *args: str) -> Result:
     """``python -m celery_singleton_lock --url URL --prefix PREFIX ARGS``, in process."""
     options = ["--url", lock_redis_url, "--prefix", client.prefix]
-    return CliRunner().invoke(cli.main, [*options, *args], catch_exceptions=False)
+    return CliRunner().invoke(commands.main, [*options, *args], catch_exceptions=False)
 
 
 def age_renewal(client: LockClient, key: bytes) -> None:

@@ -43,7 +43,7 @@ from celery_singleton_lock.celery.options import (
     TaskLockOptions,
     check_task_options,
 )
-from celery_singleton_lock.cli import Session
+from celery_singleton_lock.cli.commands import Session
 from celery_singleton_lock.core.heartbeat import heartbeat
 from celery_singleton_lock.core.keys import encode_name, lock_keys
 from celery_singleton_lock.embedded import RedisServer

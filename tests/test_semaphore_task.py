@@ -24,9 +24,9 @@ from celery_singleton_lock import (
     LockTimeout,
     Permit,
     SingletonTask,
-    cli,
 )
 from celery_singleton_lock.celery.testing import TaskLocks
+from celery_singleton_lock.cli import commands
 
 TIMEOUT = 30
 
@@ -210,7 +210,7 @@ def test_celery_locks_lists_shows_and_clears_permits(
 
     def run(*args: str) -> Result:
         obj = CLIContext(app=celery_lock_app, no_color=True, workdir=None)
-        return CliRunner().invoke(cli.locks, list(args), obj=obj, catch_exceptions=False)
+        return CliRunner().invoke(commands.locks, list(args), obj=obj, catch_exceptions=False)
 
     listed = run("list")
     assert listed.exit_code == 0

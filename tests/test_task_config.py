@@ -33,6 +33,7 @@ from celery_singleton_lock.celery.options import (
     TaskLockOptions,
 )
 from celery_singleton_lock.celery.task import lock_client_for
+from celery_singleton_lock.cli import commands
 from celery_singleton_lock.embedded import RedisServer, free_port
 from celery_singleton_lock.kinds.registry import family_named
 
@@ -444,8 +445,6 @@ def test_the_admin_command_connects_as_the_tasks_do(tls: TLSServer, lock_prefix:
     from celery.bin.base import CLIContext
     from click.testing import CliRunner
 
-    from celery_singleton_lock import cli
-
     app = make_app(
         broker_url=f"redis://127.0.0.1:{tls.port}/0",
         broker_use_ssl=True,
@@ -458,7 +457,7 @@ def test_the_admin_command_connects_as_the_tasks_do(tls: TLSServer, lock_prefix:
         assert lease.acquire()
         obj = CLIContext(app=app, no_color=True, workdir=None)
         listed = CliRunner().invoke(
-            cli.locks, ["--timeout", "0", "list", "--json"], obj=obj, catch_exceptions=False
+            commands.locks, ["--timeout", "0", "list", "--json"], obj=obj, catch_exceptions=False
         )
         assert listed.exit_code == 0, listed.output
         assert [item["name"] for item in json.loads(listed.stdout)] == ["admin-over-tls"]
