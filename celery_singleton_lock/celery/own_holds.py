@@ -225,14 +225,6 @@ def _claim_attempt(owner: str, task_id: str) -> int | None:
     return _int(owner[len(head) :]) if owner.startswith(head) else None
 
 
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "surrogatepass")
-    return str(value)
-
-
 def _int(value: Any) -> int | None:
     try:
         return None if value is None else int(value)
