@@ -8,11 +8,13 @@
 - a script call whose keys are split between the two nodes (half-migrated: redis-py's own
   retries of TRYAGAIN run out) is sent again until the slot settles, not raised to the
   caller; an acquire in that window waits for the migration to finish and then gets its
-  answer; a slot left half-migrated past the bound raises LockBackendError.
+  answer; a heartbeat pipeline's renewal so refused runs again alone; a slot left
+  half-migrated past the bound raises LockBackendError; the asyncio client does the same.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -23,7 +25,7 @@ import pytest
 from support.redis_topologies import Cluster, running, wait_until
 from support.slot_migration import SlotMigration, errors_seen
 
-from celery_singleton_lock import LockBackendError, LockClient
+from celery_singleton_lock import AsyncLockClient, LockBackendError, LockClient
 from celery_singleton_lock.core.heartbeat import heartbeat
 from celery_singleton_lock.core.scripts import SLOT_MIGRATION_RETRY
 from celery_singleton_lock.kinds.intervals import interval_keys
@@ -302,3 +304,56 @@ def test_a_slot_left_half_migrated_fails_the_call_after_the_bound(
     assert taker.acquire()
     assert taker.token is not None and holder.token is not None and taker.token > holder.token
     taker.release()
+
+
+def test_asyncio_calls_on_a_half_migrated_slot_are_sent_again(cluster: Cluster) -> None:
+    prefix = f"csltest:{uuid.uuid4().hex[:12]}:"
+    sync = LockClient.from_url(cluster.url, prefix=prefix)
+    slot = slot_of(sync, "held")
+    free_name = names_in_slot(sync, slot, 1, "free")[0]
+    lock_key = sync.connection.keys("held").lock
+    target = another_master(cluster, sync, lock_key)
+    sync.close()
+
+    async def body() -> None:
+        client = AsyncLockClient.from_url(cluster.url, prefix=prefix)
+        rival = AsyncLockClient.from_url(cluster.url, prefix=prefix)
+        migration = SlotMigration(cluster, slot, target)
+        try:
+            holder = client.lease("held", ttl=TTL)
+            assert await holder.acquire()
+            async with client.lease(free_name, ttl=TTL):  # leaves a fencing counter
+                pass
+            migration.begin()
+            migration.move_keys([lock_key])
+            tryagain = errors_seen(migration.source, "TRYAGAIN")
+            refused = asyncio.create_task(rival.lease("held").acquire())
+            # A fencing counter on the source, no hash anywhere: ASK, then TRYAGAIN there.
+            free_lease = rival.lease(free_name, ttl=TTL)
+            free = asyncio.create_task(free_lease.acquire())
+            # Two calls refused at once: more refusals than redis-py's tries of both mean
+            # that it gave up on one of them.
+            await asyncio.to_thread(
+                wait_until,
+                lambda: (
+                    errors_seen(migration.source, "TRYAGAIN") > tryagain + 2 * (REDIS_PY_TRIES + 1)
+                ),
+                10,
+                "the rivals' acquires to be refused with TRYAGAIN more often than redis-py retries",
+            )
+            await asyncio.to_thread(migration.finish)
+            assert await refused is False
+            assert await free is True
+            await free_lease.release()
+            await holder.release()
+            taker = rival.lease("held", ttl=TTL)
+            assert await taker.acquire()
+            assert taker.token is not None and holder.token is not None
+            assert taker.token > holder.token
+            await taker.release()
+        finally:
+            migration.close()
+            await client.close()
+            await rival.close()
+
+    asyncio.run(body())
