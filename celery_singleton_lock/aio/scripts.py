@@ -7,12 +7,17 @@ flushed Redis), one call at a time or several in one pipeline round trip.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from redis.exceptions import NoScriptError
 
 from ..core.scripts import (
+    SLOT_MIGRATION_BACKOFF,
+    SLOT_MIGRATION_ERRORS,
+    SLOT_MIGRATION_RETRY,
     WAKE_FAIR_WAITER,
     ScriptCall,
     register,
@@ -23,7 +28,19 @@ from ..core.scripts import (
 
 
 async def run_script(redis: Any, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-    """One EVALSHA of ``script``; on NOSCRIPT load it and run it again."""
+    """One EVALSHA of ``script``; on NOSCRIPT load it and run it again. On a Cluster slot
+    being migrated, sent again until it answers, as the sync side's ``Script`` does."""
+    deadline = time.monotonic() + SLOT_MIGRATION_RETRY
+    while True:
+        try:
+            return await _run_once(redis, script, keys, args)
+        except SLOT_MIGRATION_ERRORS:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(SLOT_MIGRATION_BACKOFF)
+
+
+async def _run_once(redis: Any, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
     try:
         return await redis.evalsha(script.sha, len(keys), *keys, *args)
     except NoScriptError:
@@ -51,6 +68,14 @@ async def run_batch(redis: Any, calls: Sequence[ScriptCall]) -> list[Any]:
             break
         for script in missing.values():
             script.sha = await redis.script_load(script.script)
+    # A call the pipeline could not run while its Cluster slot is half-migrated runs again
+    # alone, as run_script retries it.
+    replies = [
+        await run_script(redis, script, keys, args)
+        if isinstance(reply, SLOT_MIGRATION_ERRORS)
+        else reply
+        for (script, keys, args), reply in zip(calls, replies, strict=True)
+    ]
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply

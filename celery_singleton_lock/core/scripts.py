@@ -6,6 +6,7 @@ or ``SCRIPT FLUSH``), also inside pipelines, and on a Cluster only on the node t
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from functools import cache
@@ -14,7 +15,7 @@ from typing import Any, Protocol, TypeVar
 
 from redis.client import Pipeline
 from redis.commands.core import Script as RedisScript
-from redis.exceptions import NoScriptError
+from redis.exceptions import ClusterError, NoScriptError, TryAgainError
 from redis.typing import EncodableT, KeyT
 
 from .keys import FENCE_TTL_MS, key_base
@@ -78,11 +79,43 @@ class Script(RedisScript):
             return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
     def _on_node(self, client: Any, keys: list[Any], args: list[Any]) -> Any:
+        """Run on the node of the keys' slot; while that slot is being migrated, again until
+        it answers (:data:`SLOT_MIGRATION_RETRY`)."""
+        deadline = time.monotonic() + SLOT_MIGRATION_RETRY
+        while True:
+            try:
+                return self._once_on_node(client, keys, args)
+            except SLOT_MIGRATION_ERRORS:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(SLOT_MIGRATION_BACKOFF)
+
+    def _once_on_node(self, client: Any, keys: list[Any], args: list[Any]) -> Any:
         try:
             return client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
             self.sha = load_on_node(client, self.script, client.get_node_from_key(keys[0]))
+        try:
             return client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            # Sent on with ASK to the node importing the slot, which has not loaded it: EVAL
+            # runs it there (and caches it) without knowing that node beforehand.
+            return client.eval(self.script, len(keys), *keys, *args)
+
+
+#: What redis-py raises for a Cluster command whose slot is half-migrated once its own
+#: retries are spent: TRYAGAIN (a multi-key command whose keys are split between the
+#: migrating and the importing node), or ``ClusterError`` ("TTL exhausted": every try was
+#: answered TRYAGAIN, ASK, MOVED or CLUSTERDOWN; a lost connection raises otherwise). The
+#: script did not run, so sending it again is safe.
+SLOT_MIGRATION_ERRORS = (TryAgainError, ClusterError)
+
+#: How long (s) a script call keeps being sent again while its slot is half-migrated (a
+#: reshard moves a slot's keys in a few MIGRATE batches), before the error reaches the
+#: caller as a LockBackendError; and the pause between two tries (redis-py's own retries
+#: already last about 0.4 s).
+SLOT_MIGRATION_RETRY = 2.0
+SLOT_MIGRATION_BACKOFF = 0.05
 
 
 def register(redis: Any, text: str) -> Script:
@@ -386,6 +419,16 @@ def run_batch(redis: Any, calls: Sequence[ScriptCall]) -> list[Any]:
                 script.sha = load_on_node(redis, script.script, node)
             else:
                 script.sha = redis.script_load(script.script)
+    if cluster:
+        # A call the pipeline could not run while its slot is half-migrated (or that was
+        # sent on with ASK to a node without the script) runs again alone, as
+        # Script._on_node retries it.
+        replies = [
+            script(keys=keys, args=args)
+            if isinstance(reply, (*SLOT_MIGRATION_ERRORS, NoScriptError))
+            else reply
+            for (script, keys, args), reply in zip(calls, replies, strict=True)
+        ]
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply

@@ -1,0 +1,359 @@
+"""A hash slot migrated between two masters of a real Redis Cluster (as ``redis-cli
+--cluster reshard`` does it) while locks in it are held, with their heartbeats on short ttls:
+
+- a lease, an rw read hold, a range hold, a multi-key lock and a queued fair waiter, all in
+  the migrating slot, keep their holds; their keys end up on the new node; the fair waiter is
+  handed the lease when its holder releases; no second client takes any of them, during or
+  after; fencing tokens keep increasing;
+- a script call whose keys are split between the two nodes (half-migrated: redis-py's own
+  retries of TRYAGAIN run out) is sent again until the slot settles, not raised to the
+  caller; an acquire in that window waits for the migration to finish and then gets its
+  answer; a heartbeat pipeline's renewal so refused runs again alone; a slot left
+  half-migrated past the bound raises LockBackendError; the asyncio client does the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from support.redis_topologies import Cluster, running, wait_until
+from support.slot_migration import SlotMigration, errors_seen
+
+from celery_singleton_lock import AsyncLockClient, LockBackendError, LockClient
+from celery_singleton_lock.core.heartbeat import heartbeat
+from celery_singleton_lock.core.scripts import SLOT_MIGRATION_RETRY
+from celery_singleton_lock.kinds.intervals import interval_keys
+
+#: redis-py sends a command that gets TRYAGAIN this many times before giving up
+#: (``RedisCluster.RedisClusterRequestTTL``): more TRYAGAIN replies than this for one call
+#: mean that the package sent it again.
+REDIS_PY_TRIES = 16
+
+#: Short enough that the heartbeat must renew during the test (every ttl / 3).
+TTL = 1.5
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with running(Cluster(3)) as topology:
+        yield topology
+
+
+@pytest.fixture
+def client(cluster: Cluster) -> Iterator[LockClient]:
+    made = LockClient.from_url(cluster.url, prefix=f"csltest:{uuid.uuid4().hex[:12]}:")
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def rival(cluster: Cluster, client: LockClient) -> Iterator[LockClient]:
+    """A second client on the same locks (its own pool and node connections)."""
+    made = LockClient.from_url(cluster.url, prefix=client.prefix)
+    yield made
+    made.close()
+
+
+def slot_of(client: LockClient, name: str) -> int:
+    return int(client.redis.keyslot(client.connection.keys(name).lock))
+
+
+def names_in_slot(client: LockClient, slot: int, count: int, stem: str) -> list[str]:
+    """``count`` lock names whose keys hash to ``slot``."""
+    found: list[str] = []
+    i = 0
+    while len(found) < count:
+        name = f"{stem}{i}"
+        i += 1
+        if slot_of(client, name) == slot:
+            found.append(name)
+    return found
+
+
+def another_master(cluster: Cluster, client: LockClient, key: bytes) -> int:
+    owner = int(client.redis.get_node_from_key(key).port)
+    return next(port for port in cluster.ports if port != owner)
+
+
+def in_thread(function: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """``function`` run in a started thread; its result (or exception) lands in the list."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(function())
+        except BaseException as exc:  # noqa: BLE001 - the test asserts on it
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_holds_and_a_fair_waiter_survive_their_slot_migrating(
+    cluster: Cluster, client: LockClient, rival: LockClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    slot = slot_of(client, "lease")
+    rw_name, range_name, *multi_names = names_in_slot(client, slot, 4, "s")
+    lease = client.lease("lease", ttl=TTL)
+    read = client.rwlock(rw_name).read(ttl=TTL)
+    ranged = client.range_lock(range_name).write(0, 10, ttl=TTL)
+    multi = client.multi(multi_names, ttl=TTL)
+    holds: list[Any] = [lease, read, ranged, multi]
+    for hold in holds:
+        assert hold.acquire()
+    waiter = client.lease("lease", ttl=TTL, fair=True)
+    waiting, handed = in_thread(lambda: waiter.acquire(wait=60))
+    queue = client.connection.keys("lease").base + b"queue"
+    wait_until(lambda: client.redis.llen(queue) == 1, 10, "the fair waiter to queue")
+
+    def rivals_take_nothing() -> list[bool]:
+        return [
+            rival.lease("lease").acquire(),
+            rival.rwlock(rw_name).write(ttl=TTL).acquire(),
+            rival.range_lock(range_name).write(5, 6, ttl=TTL).acquire(),
+            rival.multi(multi_names, ttl=TTL).acquire(),
+        ]
+
+    lock_key = client.connection.keys("lease").lock
+    target = another_master(cluster, client, lock_key)
+    migration = SlotMigration(cluster, slot, target)
+    # The importing node has never run the scripts: calls sent there with ASK load them.
+    migration.target.script_flush()
+    try:
+        migration.begin()
+        # Half-migrated: the lease's hash on the target, its fencing counter on the source.
+        migration.move_keys([lock_key])
+        tryagain = errors_seen(migration.source, "TRYAGAIN")
+        trying, tried = in_thread(rivals_take_nothing)
+        wait_until(
+            lambda: errors_seen(migration.source, "TRYAGAIN") > tryagain + REDIS_PY_TRIES,
+            10,
+            "calls on the split slot to be refused with TRYAGAIN for a while",
+        )
+        # Every hold renewed while its slot is split, in one pipeline: the rw and range holds
+        # on the source; the lease and the multi share one renew call (same script, same
+        # slot) whose keys are split: refused with TRYAGAIN, sent again until the slot settles.
+        ticking, ticked = in_thread(heartbeat().tick)
+        wait_until(
+            lambda: errors_seen(migration.source, "TRYAGAIN") > tryagain + 2 * REDIS_PY_TRIES,
+            10,
+            "the heartbeat's calls on the split slot to be refused with TRYAGAIN too",
+        )
+        migration.finish()
+        ticking.join(30)
+        assert ticked == [None]
+        trying.join(30)
+        assert tried == [[False, False, False, False]]
+    finally:
+        migration.close()
+
+    assert migration.keys_left() == []
+    target_node = cluster.node(target)
+    try:
+        every_key = [
+            lock_key,
+            *(client.connection.keys(name).lock for name in multi_names),
+            *interval_keys(client.prefix, rw_name, b"rw").all("o")[:1],
+            *interval_keys(client.prefix, range_name, b"range").all("o")[:1],
+            queue,
+        ]
+        assert target_node.exists(*every_key) == len(every_key)
+    finally:
+        target_node.close()
+    # Held past twice their ttl on the new node: the heartbeat renews them there.
+    deadline = time.monotonic() + 2 * TTL
+    while time.monotonic() < deadline:
+        for hold in holds:
+            hold.check()
+        time.sleep(0.1)  # the heartbeat runs meanwhile: no event marks "renewed"
+    assert rivals_take_nothing() == [False, False, False, False]
+    assert not [r for r in caplog.records if "heartbeat could not reach" in r.getMessage()]
+    tokens = [hold.token for hold in holds]
+
+    lease.release()
+    waiting.join(30)
+    assert handed == [True]
+    assert client.redis.hget(lock_key, "owner") == waiter._owner.encode()  # type: ignore[union-attr]
+    assert waiter.token is not None and waiter.token > tokens[0]
+    waiter.release()
+    for hold in holds[1:]:
+        hold.release()
+    taken = [
+        rival.rwlock(rw_name).write(ttl=TTL),
+        rival.range_lock(range_name).write(5, 6, ttl=TTL),
+        rival.multi(multi_names, ttl=TTL),
+    ]
+    for before, hold in zip(tokens[1:], taken, strict=True):
+        assert hold.acquire()
+        assert hold.token is not None and before is not None and hold.token > before
+        hold.release()
+
+
+def test_a_call_on_a_half_migrated_slot_is_sent_again_not_raised(
+    cluster: Cluster, client: LockClient, rival: LockClient
+) -> None:
+    holder = client.lease("held", ttl=TTL)
+    assert holder.acquire()
+    # A free name of the same slot with a fencing counter: acquired and released before.
+    free_name = names_in_slot(client, slot_of(client, "held"), 1, "free")[0]
+    with client.lease(free_name, ttl=TTL) as earlier:
+        pass
+    lock_key = client.connection.keys("held").lock
+    migration = SlotMigration(
+        cluster, slot_of(client, "held"), another_master(cluster, client, lock_key)
+    )
+    try:
+        migration.begin()
+        migration.move_keys([lock_key])
+        tryagain = errors_seen(migration.source, "TRYAGAIN")
+        refused, refused_outcome = in_thread(lambda: rival.lease("held").acquire())
+        wait_until(
+            lambda: errors_seen(migration.source, "TRYAGAIN") > tryagain + REDIS_PY_TRIES,
+            10,
+            "the rival's acquire to be refused with TRYAGAIN more often than redis-py retries",
+        )
+        # Its fencing counter on the source, no hash anywhere: ASK, then TRYAGAIN on the target.
+        free, free_outcome = in_thread(lambda: rival.lease(free_name, ttl=TTL).acquire())
+        migration.finish()
+        refused.join(30)
+        free.join(30)
+    finally:
+        migration.close()
+    assert refused_outcome == [False]
+    assert free_outcome == [True]
+    holder.check()
+    holder.release()
+    taker = rival.lease("held", ttl=TTL)
+    assert taker.acquire()
+    assert taker.token is not None and holder.token is not None and taker.token > holder.token
+    assert earlier.token is not None
+    taker.release()
+
+
+def test_a_renewal_batch_on_a_split_slot_is_sent_again_not_failed(
+    cluster: Cluster, client: LockClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The heartbeat's pipeline: a renew call whose keys are split is sent again alone."""
+    slot = slot_of(client, "renewed")
+    multi_names = names_in_slot(client, slot, 2, "r")
+    holds: list[Any] = [
+        client.lease("renewed", ttl=TTL),
+        client.multi(multi_names, ttl=TTL),  # renewed with the lease: one call for the slot
+        client.rwlock("renewed").read(ttl=TTL),  # a call of its own: a pipeline of two
+    ]
+    for hold in holds:
+        assert hold.acquire()
+    lock_key = client.connection.keys("renewed").lock
+    migration = SlotMigration(cluster, slot, another_master(cluster, client, lock_key))
+    try:
+        migration.begin()
+        migration.move_keys([lock_key])
+        tryagain = errors_seen(migration.source, "TRYAGAIN")
+        # Nothing else calls on this slot meanwhile; the renew call is in flight at most
+        # twice (this tick's, the background thread's): more refusals than redis-py's tries
+        # of both (the pipeline's send, then its own) mean that it gave up on one.
+        ticking, ticked = in_thread(heartbeat().tick)
+        wait_until(
+            lambda: errors_seen(migration.source, "TRYAGAIN") > tryagain + 2 * (REDIS_PY_TRIES + 1),
+            10,
+            "the renewal to be refused with TRYAGAIN more often than redis-py retries",
+        )
+        migration.finish()
+        ticking.join(30)
+        assert ticked == [None]
+    finally:
+        migration.close()
+    assert not [r for r in caplog.records if "heartbeat could not reach" in r.getMessage()]
+    for hold in holds:
+        hold.check()
+        hold.release()
+
+
+def test_a_slot_left_half_migrated_fails_the_call_after_the_bound(
+    cluster: Cluster, client: LockClient, rival: LockClient
+) -> None:
+    holder = client.lease("stuck", ttl=30, heartbeat=False)
+    assert holder.acquire()
+    lock_key = client.connection.keys("stuck").lock
+    target = another_master(cluster, client, lock_key)
+    migration = SlotMigration(cluster, slot_of(client, "stuck"), target)
+    # The importing node has never run the scripts: a call sent there with ASK loads them.
+    migration.target.script_flush()
+    try:
+        migration.begin()
+        migration.move_keys([lock_key])
+        started = time.monotonic()
+        with pytest.raises(LockBackendError, match="TTL exhausted"):
+            rival.lease("stuck").acquire()
+        assert SLOT_MIGRATION_RETRY <= time.monotonic() - started < SLOT_MIGRATION_RETRY + 10
+        # A one-key call is not stuck: the source sends it on with ASK to the target, which
+        # has the hash (and runs the script it did not have).
+        holder.release()
+        migration.finish()
+    finally:
+        migration.close()
+    assert not holder.held
+    taker = rival.lease("stuck", ttl=TTL, heartbeat=False)
+    assert taker.acquire()
+    assert taker.token is not None and holder.token is not None and taker.token > holder.token
+    taker.release()
+
+
+def test_asyncio_calls_on_a_half_migrated_slot_are_sent_again(cluster: Cluster) -> None:
+    prefix = f"csltest:{uuid.uuid4().hex[:12]}:"
+    sync = LockClient.from_url(cluster.url, prefix=prefix)
+    slot = slot_of(sync, "held")
+    free_name = names_in_slot(sync, slot, 1, "free")[0]
+    lock_key = sync.connection.keys("held").lock
+    target = another_master(cluster, sync, lock_key)
+    sync.close()
+
+    async def body() -> None:
+        client = AsyncLockClient.from_url(cluster.url, prefix=prefix)
+        rival = AsyncLockClient.from_url(cluster.url, prefix=prefix)
+        migration = SlotMigration(cluster, slot, target)
+        try:
+            holder = client.lease("held", ttl=TTL)
+            assert await holder.acquire()
+            async with client.lease(free_name, ttl=TTL):  # leaves a fencing counter
+                pass
+            migration.begin()
+            migration.move_keys([lock_key])
+            tryagain = errors_seen(migration.source, "TRYAGAIN")
+            refused = asyncio.create_task(rival.lease("held").acquire())
+            # A fencing counter on the source, no hash anywhere: ASK, then TRYAGAIN there.
+            free_lease = rival.lease(free_name, ttl=TTL)
+            free = asyncio.create_task(free_lease.acquire())
+            # Two calls refused at once: more refusals than redis-py's tries of both mean
+            # that it gave up on one of them.
+            await asyncio.to_thread(
+                wait_until,
+                lambda: (
+                    errors_seen(migration.source, "TRYAGAIN") > tryagain + 2 * (REDIS_PY_TRIES + 1)
+                ),
+                10,
+                "the rivals' acquires to be refused with TRYAGAIN more often than redis-py retries",
+            )
+            await asyncio.to_thread(migration.finish)
+            assert await refused is False
+            assert await free is True
+            await free_lease.release()
+            await holder.release()
+            taker = rival.lease("held", ttl=TTL)
+            assert await taker.acquire()
+            assert taker.token is not None and holder.token is not None
+            assert taker.token > holder.token
+            await taker.release()
+        finally:
+            migration.close()
+            await client.close()
+            await rival.close()
+
+    asyncio.run(body())
