@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
+from celery import Celery
 from support.redis_topologies import SentinelSet, running, wait_until
 from test_sentinel import FAILOVER_TIMEOUT, fail_over
 
@@ -25,6 +26,9 @@ from celery_singleton_lock import (
     LockNotHeld,
     LockNotReplicated,
 )
+from celery_singleton_lock.celery.app_client import close_lock_client, lock_client_for
+from celery_singleton_lock.celery.options import AppSettings
+from celery_singleton_lock.core.replication import Replication
 
 
 @pytest.fixture
@@ -220,3 +224,40 @@ def test_a_release_and_renewals_the_replica_did_not_acknowledge(
             master.close()
     finally:
         client.close()
+
+
+def test_the_celery_app_client_reads_the_replication_settings(
+    sentinels: SentinelSet, prefix: str
+) -> None:
+    app = Celery(
+        "replicated",
+        set_as_current=False,
+        config_source={
+            "singleton_lock_url": sentinels.url,
+            "singleton_lock_prefix": prefix,
+            "singleton_lock_replicas": 1,
+            "singleton_lock_replica_timeout": 2.5,
+        },
+    )
+    try:
+        client = lock_client_for(app)
+        assert client.connection.replication == Replication(1, 2500)
+        with client.lease("nightly", ttl=5) as lease:
+            replica = SentinelSet.node(sentinels.replica.port)
+            try:  # acknowledged: the replica has it by the time the acquire returned
+                assert replica.exists(lease.keys.lock) == 1
+            finally:
+                replica.close()
+    finally:
+        close_lock_client(app)
+    unset = Celery("plain", set_as_current=False, config_source={"singleton_lock_url": "redis://x"})
+    assert AppSettings.from_conf(unset.conf).replicas == 0
+    with pytest.raises(ConfigurationError) as refused:
+        AppSettings.from_conf(
+            Celery(
+                "bad",
+                set_as_current=False,
+                config_source={"singleton_lock_url": "redis://x", "singleton_lock_replicas": "2"},
+            ).conf
+        )
+    assert refused.value.argument == "singleton_lock_replicas"
