@@ -15,7 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 from celery import Celery
-from support.redis_topologies import SentinelSet, running, wait_until
+from support.redis_topologies import Cluster, SentinelSet, running, wait_until
+from test_cluster_failover import PROMOTION_TIMEOUT, names_on
+from test_cluster_failover import fail_over as fail_over_cluster
 from test_sentinel import FAILOVER_TIMEOUT, fail_over
 
 from celery_singleton_lock import (
@@ -28,7 +30,10 @@ from celery_singleton_lock import (
 )
 from celery_singleton_lock.celery.app_client import close_lock_client, lock_client_for
 from celery_singleton_lock.celery.options import AppSettings
+from celery_singleton_lock.core.heartbeat import renew_calls
 from celery_singleton_lock.core.replication import Replication
+from celery_singleton_lock.core.scripts import run_batch
+from celery_singleton_lock.kinds.lease import Lease
 
 
 @pytest.fixture
@@ -261,3 +266,49 @@ def test_the_celery_app_client_reads_the_replication_settings(
             ).conf
         )
     assert refused.value.argument == "singleton_lock_replicas"
+
+
+@pytest.mark.timeout(150)
+def test_on_a_cluster_each_node_waits_for_its_replica_and_a_failover_keeps_the_lock() -> None:
+    """Three masters with a replica each: a lease on each master, renewed in one batch (a
+    WAIT sent to each node after its calls); master 0 is killed right after its acquire
+    returned, and on its promoted replica the name is still held."""
+    with running(Cluster(3, replicas=1)) as cluster:
+        prefix = f"csltest:{uuid.uuid4().hex[:12]}:"
+        first = LockClient.from_url(
+            cluster.url_with_all_nodes, prefix=prefix, replicas=1, replica_timeout=2
+        )
+        second = LockClient.from_url(cluster.url_with_all_nodes, prefix=prefix)
+        try:
+            names = [names_on(first, cluster, index, f"n{index}-")[0] for index in (2, 1, 0)]
+
+            def acquired(name: str) -> Lease | None:
+                lease = first.lease(name, ttl=60)
+                try:
+                    return lease if lease.acquire() else None
+                except LockNotReplicated:
+                    return None  # a replica that just synced: its first ACK is still due
+
+            leases = [
+                wait_until(lambda name=name: acquired(name), 10, f"{name!r} replicated")
+                for name in names
+            ]
+            conn = first.connection
+            entries = [(lease, lease.owner, *lease._renewal) for lease in leases]
+            calls, decode = renew_calls(conn, entries)
+            codes = decode(conn.call(run_batch, conn.redis, calls, conn.replication))
+            assert len(codes) == 3 and all(code > 0 for code in codes)  # ms granted each
+            fail_over_cluster(cluster, 0)  # master 0's lease (the last acquired) was replicated
+
+            def second_answers() -> bool:
+                try:
+                    return second.lease(names[2], ttl=5).acquire() is False
+                except LockBackendError:
+                    return False  # still finding the new slot map
+
+            wait_until(second_answers, PROMOTION_TIMEOUT, "the second client after failover")
+            holders = second.lease(names[2]).holders()
+            assert [holder.owner for holder in holders] == [leases[2].owner]
+        finally:
+            first.close()
+            second.close()
