@@ -206,7 +206,8 @@ def test_a_release_and_renewals_the_replica_did_not_acknowledge(
     try:
         renewed = client.lease("renewed", ttl=1.5, on_lost=lambda _: lost.set())
         released = client.lease("released", ttl=30)
-        assert renewed.acquire() and released.acquire()
+        handed = client.lease("handed", ttl=30)
+        assert renewed.acquire() and released.acquire() and handed.acquire()
         master = cut_replication(sentinels)
         try:
             with pytest.raises(LockNotReplicated):
@@ -225,6 +226,12 @@ def test_a_release_and_renewals_the_replica_did_not_acknowledge(
             assert not released.held
             with pytest.raises(LockNotHeld):
                 released.release()
+            with pytest.raises(LockNotReplicated) as refused:
+                handed.hand_over("claim:next-run", ttl=30)
+            assert "was handed over on the master" in str(refused.value)
+            assert not handed.held
+            claim = client.lease("handed").holders()
+            assert [holder.owner for holder in claim] == ["claim:next-run"]
         finally:
             master.close()
     finally:

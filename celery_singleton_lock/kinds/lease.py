@@ -324,7 +324,9 @@ class Lease(LockHandle):
         (this waiter then holds it, taken as its wait ran out)."""
         conn = self._conn
         try:
-            return conn.call(conn.scripts.fair_abandon, self.keys.lock, owner)
+            # Withdrawn on the master whether or not its replicas acknowledged it: a token
+            # in the reply is a lease this waiter now holds there.
+            return on_master(conn, conn.scripts.fair_abandon, self.keys.lock, owner)
         except LockBackendError:
             log.warning("could not withdraw the wait of %r", self.name, exc_info=True)
             return 0
