@@ -305,6 +305,11 @@ def test_on_a_cluster_each_node_waits_for_its_replica_and_a_failover_keeps_the_l
             calls, decode = renew_calls(conn, entries)
             codes = decode(conn.call(run_batch, conn.redis, calls, conn.replication))
             assert len(codes) == 3 and all(code > 0 for code in codes)  # ms granted each
+            # A multi-key lock on a Cluster takes and releases its names as leases, one
+            # slot at a time, each waiting for its node's replica.
+            both = first.multi([names_on(first, cluster, i, f"m{i}-")[0] for i in (1, 2)])
+            assert both.acquire()
+            both.release()
             fail_over_cluster(cluster, 0)  # master 0's lease (the last acquired) was replicated
 
             def second_answers() -> bool:
