@@ -17,6 +17,7 @@ from .exceptions import (
     LockExpired,
     LockLost,
     LockNotHeld,
+    LockNotReplicated,
     LockTaken,
     LockTimeout,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "LockError",
     "ConfigurationError",
     "LockBackendError",
+    "LockNotReplicated",
     "LockTimeout",
     "LockLost",
     "LockExpired",

@@ -15,6 +15,7 @@ from .core import redis_urls
 from .core.connection import Connection
 from .core.handle import HolderRecord
 from .core.keys import DEFAULT_PREFIX
+from .core.replication import check_replication
 from .exceptions import ConfigurationError, LockBackendError
 from .kinds.lease import Lease, ReleaseResult, release_holder, release_owner
 from .kinds.lease_listing import read_lease_holders
@@ -32,24 +33,48 @@ class LockClient:
 
     ``prefix`` namespaces every key, so several apps can share one Redis.
 
+    ``replicas`` N > 0: a lease's acquire, renewal, release and hand-over report success
+    only once N replicas acknowledged the write (``WAIT N``, in the same round trip), the
+    master waiting at most ``replica_timeout`` seconds for them; see docs/deployment.md,
+    "Replicated locks". An acquire not acknowledged in time is undone and raises
+    :class:`LockNotReplicated` (a :class:`LockBackendError`).
+
     >>> client = LockClient.from_url("redis://localhost:6379/0")
     >>> with client.lease("nightly-report", ttl=30, wait=5) as lease:
     ...     write_report(fencing_token=lease.token)
     """
 
-    def __init__(self, redis_client: Any, *, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(
+        self,
+        redis_client: Any,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        replicas: int = 0,
+        replica_timeout: float = 1.0,
+    ) -> None:
+        replication = check_replication(replicas, replica_timeout)
         #: What the handles and the admin functions work through.
-        self.connection = Connection(redis_client, prefix)
+        self.connection = Connection(redis_client, prefix, replication)
         self.redis = redis_client
         self.prefix = prefix
         self.url = self.connection.url
 
     @classmethod
-    def from_url(cls, url: str, *, prefix: str = DEFAULT_PREFIX, **redis_kwargs: Any) -> LockClient:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        replicas: int = 0,
+        replica_timeout: float = 1.0,
+        **redis_kwargs: Any,
+    ) -> LockClient:
         """A client for the Redis at ``url``: ``redis://``, ``rediss://``, ``unix://``, a
         Cluster (``redis+cluster://host:port,...``) or Sentinel
-        (``sentinel://host:port,.../master-name``), see docs/deployment.md; extra keyword
-        arguments go to the redis-py client."""
+        (``sentinel://host:port,.../master-name``), see docs/deployment.md; ``replicas`` and
+        ``replica_timeout`` as for :class:`LockClient`; extra keyword arguments go to the
+        redis-py client."""
+        check_replication(replicas, replica_timeout)
         url = check_url(url, redis_kwargs)
         try:
             client = redis_urls.connect(url, **redis_kwargs)
@@ -58,7 +83,7 @@ class LockClient:
         except (redis.RedisError, RedisClusterException) as exc:
             # A Cluster client reads the slot map when it is made.
             raise LockBackendError(f"Redis at {mask_password(url)}: {exc}") from exc
-        return cls(client, prefix=prefix)
+        return cls(client, prefix=prefix, replicas=replicas, replica_timeout=replica_timeout)
 
     def lease(
         self,

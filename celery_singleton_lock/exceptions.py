@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class LockError(Exception):
     """Root of every error raised by ``celery_singleton_lock``.
@@ -62,6 +64,26 @@ class LockTaken(LockLost):
 class LockBackendError(LockError):
     """Redis is unreachable or answered with an error. The message names the server
     (its URL without the password)."""
+
+
+class LockNotReplicated(LockBackendError):
+    """A client made with ``replicas`` N > 0: the script ran on the master, but fewer than N
+    replicas acknowledged its write in time (``WAIT``). An acquire is undone before this is
+    raised (nothing is held); a release or hand-over did happen on the master, but a
+    failover to a replica that missed it could bring the old hold back until its ttl runs
+    out. ``acknowledged``: how many replicas did; ``replies``: the scripts' replies."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str | None = None,
+        replies: list[Any] | None = None,
+        acknowledged: int = 0,
+    ) -> None:
+        super().__init__(message, name=name)
+        self.replies = replies or []
+        self.acknowledged = acknowledged
 
 
 class DuplicateTask(LockError):

@@ -79,17 +79,17 @@ def race(
         thread.start()
         thread.join(30)
 
-    def wrapped(redis: Any, calls: Any) -> list[Any]:
+    def wrapped(redis: Any, calls: Any, *replication: Any) -> list[Any]:
         if not renews(calls, handle):
-            return real(redis, calls)
+            return real(redis, calls, *replication)
         if not first.acquire(blocking=False):
             done.wait(60)
-            return real(redis, calls)
+            return real(redis, calls, *replication)
         try:
             if landing == "late":
                 extend()
-                return real(redis, calls)
-            replies = real(redis, calls)
+                return real(redis, calls, *replication)
+            replies = real(redis, calls, *replication)
             extend()
             return replies
         finally:

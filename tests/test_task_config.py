@@ -114,6 +114,16 @@ BAD_SETTINGS = [
         "singleton_lock_client_kwargs",
         id="unknown-client-keyword",
     ),
+    pytest.param(
+        {"singleton_lock_url": "{url}", "singleton_lock_replicas": -1},
+        "singleton_lock_replicas",
+        id="negative-replicas",
+    ),
+    pytest.param(
+        {"singleton_lock_url": "{url}", "singleton_lock_replica_timeout": 0},
+        "singleton_lock_replica_timeout",
+        id="zero-replica-timeout",
+    ),
 ]
 
 

@@ -19,7 +19,11 @@ def lock_client_for(app: Any) -> LockClient:
         settings = AppSettings.for_app(app)
         try:
             client = LockClient.from_url(
-                settings.url, prefix=settings.prefix, **settings.client_kwargs
+                settings.url,
+                prefix=settings.prefix,
+                replicas=settings.replicas,
+                replica_timeout=settings.replica_timeout,
+                **settings.client_kwargs,
             )
         except ConfigurationError as exc:
             # The URL passed its checks: the client keywords are what it refused.

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..core import redis_urls, validate
 from ..core.keys import DEFAULT_PREFIX
+from ..core.replication import check_replication
 from ..exceptions import ConfigurationError
 from ..kinds import registry
 
@@ -252,6 +253,9 @@ APP_SETTINGS = (
     "singleton_lock_url",
     "singleton_lock_prefix",
     "singleton_lock_client_kwargs",
+    # Replicated locks (LockClient's replicas and replica_timeout).
+    "singleton_lock_replicas",
+    "singleton_lock_replica_timeout",
     # Tasks locked by name (celery/named_tasks.py): {name or glob: {lock_* option: value}}.
     "singleton_lock_tasks",
     *(setting_name(option) for option in TASK_OPTIONS if option not in PER_TASK_ONLY),
@@ -378,19 +382,23 @@ class AppSettings:
 
     ``url_setting`` names the setting the URL came from (``singleton_lock_url``, or
     ``broker_url`` when the locks share a Redis broker), for error messages;
-    ``client_kwargs`` go to the redis-py client."""
+    ``client_kwargs`` go to the redis-py client; ``replicas`` and ``replica_timeout`` to the
+    :class:`LockClient` (replicated locks)."""
 
     url: str
     prefix: str
     url_setting: str = "singleton_lock_url"
     client_kwargs: dict[str, Any] = field(default_factory=dict)
+    replicas: int = 0
+    replica_timeout: float = 1.0
 
     def __repr__(self) -> str:
         from ..client import mask_password
 
         return (
             f"AppSettings(url={mask_password(self.url)!r}, prefix={self.prefix!r}, "
-            f"client_kwargs={sorted(self.client_kwargs)})"  # keys only: values hold secrets
+            f"client_kwargs={sorted(self.client_kwargs)}, "  # keys only: values hold secrets
+            f"replicas={self.replicas}, replica_timeout={self.replica_timeout})"
         )
 
     @classmethod
@@ -451,7 +459,32 @@ class AppSettings:
             prefix = DEFAULT_PREFIX
         if not isinstance(prefix, str):
             raise ConfigurationError("singleton_lock_prefix", f"must be a str, got {prefix!r}")
-        return cls(url=url, prefix=prefix, url_setting=url_setting, client_kwargs=client_kwargs)
+        replicas, replica_timeout = _replication(conf)
+        return cls(
+            url=url,
+            prefix=prefix,
+            url_setting=url_setting,
+            client_kwargs=client_kwargs,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
+        )
+
+
+def _replication(conf: Any) -> tuple[int, float]:
+    """The ``singleton_lock_replicas`` (default 0) and ``singleton_lock_replica_timeout``
+    (default 1.0) settings of ``conf``, checked as :class:`LockClient` checks them."""
+    replicas = conf.get("singleton_lock_replicas", None)
+    replicas = 0 if replicas is None else replicas
+    timeout = conf.get("singleton_lock_replica_timeout", None)
+    timeout = 1.0 if timeout is None else timeout
+    try:
+        check_replication(replicas, timeout)
+    except ConfigurationError as exc:
+        raise ConfigurationError(
+            f"singleton_lock_{exc.argument}",
+            f"bad configuration: {str(exc).partition(': ')[2]}",
+        ) from None
+    return replicas, float(timeout)
 
 
 def _safe(url: Any) -> str:

@@ -19,6 +19,7 @@ from ..exceptions import ConfigurationError, LockBackendError
 from . import redis_urls, validate
 from .keys import LockKeys, lock_keys
 from .notifier import notifier_for
+from .replication import Replication
 from .scripts import Scripts
 
 T = TypeVar("T")
@@ -27,9 +28,12 @@ T = TypeVar("T")
 class Connection:
     """A redis-py client, the key ``prefix`` of every lock on it, and what the handles need
     from it: ``keys(name)``, ``call(fn, ...)``, the ``scripts``, the ``notifier`` and the
-    server's clock."""
+    server's clock. ``replication``: how many replicas a lease's writes wait for (None:
+    none), see :mod:`.replication`."""
 
-    def __init__(self, redis_client: Any, prefix: str) -> None:
+    def __init__(
+        self, redis_client: Any, prefix: str, replication: Replication | None = None
+    ) -> None:
         validate.check_prefix(prefix)
         if not hasattr(redis_client, "register_script"):
             raise ConfigurationError(
@@ -42,7 +46,8 @@ class Connection:
         #: What a configuration error calls the URL: the argument, or the setting it came
         #: from (a Celery app's ``singleton_lock_url``), so the message names what to fix.
         self.url_argument = "url"
-        self.scripts = Scripts(redis_client)
+        self.replication = replication
+        self.scripts = Scripts(redis_client, replication)
         #: Shared by every Connection on the same pool (one pub/sub connection).
         self.notifier = notifier_for(redis_client)
         self._closed = False

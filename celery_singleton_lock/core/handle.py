@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ..exceptions import LockBackendError, LockError, LockLost
+from ..exceptions import LockBackendError, LockError, LockLost, LockNotReplicated
 from .connection import Connection, HasConnection, connection_of
 from .handle_state import (
     HandleState,
@@ -38,6 +38,18 @@ from .notifier import Wakeup
 from .scripts import ScriptCall, run_batch
 
 log = logging.getLogger("celery_singleton_lock.lease")
+
+
+def released_unreplicated(name: str, error: LockNotReplicated, done: str) -> LockNotReplicated:
+    """The error for a release or hand-over of lock ``name`` that ran on the master but that
+    the replicas did not acknowledge (``error``): what the caller should know."""
+    return LockNotReplicated(
+        f"lock {name!r} was {done} on the master, but {error}: a failover to a replica "
+        "that missed it could bring the old hold back until its ttl runs out",
+        name=name,
+        replies=error.replies,
+        acknowledged=error.acknowledged,
+    )
 
 
 @dataclass(frozen=True)
@@ -248,10 +260,16 @@ class LockHandle(HandleState, ABC):
         another owner's lock is never touched. If Redis does not answer
         (:class:`LockBackendError`) the handle still owns the lock, no longer renewed: call
         ``release`` again once Redis is back, or let the lock run out within its ttl.
+        With ``replicas`` (a replicated client), a release the replicas did not acknowledge
+        raises :class:`LockNotReplicated`: it did happen on the master, the handle no longer
+        holds the lock.
         """
         owner, delay_ms = self._begin_release(delay)
         try:
             code = self._release(owner, delay_ms)
+        except LockNotReplicated as exc:
+            self._released(int(exc.replies[0]))
+            raise released_unreplicated(self.name, exc, "released") from exc
         except LockBackendError:
             self._release_unsent(owner)
             raise
@@ -267,7 +285,8 @@ class LockHandle(HandleState, ABC):
         owner, _, ttl_ms, gen = self._begin_extend(ttl)
         sent_at = time.monotonic()
         calls, decode = renew_calls(self._conn, [(self, owner, ttl_ms, gen)])
-        (code,) = decode(self._conn.call(run_batch, self._conn.redis, calls))
+        conn = self._conn
+        (code,) = decode(conn.call(run_batch, conn.redis, calls, conn.replication))
         return self._extended(owner, code, sent_at, gen)
 
     # -- context manager ---------------------------------------------------------------------

@@ -354,7 +354,7 @@ class Heartbeat:
         calls, decode = renew_calls(conn, entries)
         sent_at = time.monotonic()
         try:
-            codes = decode(conn.call(run_batch, conn.redis, calls))
+            codes = decode(conn.call(run_batch, conn.redis, calls, conn.replication))
         except LockBackendError as exc:
             log.warning("heartbeat could not reach Redis: %s", exc)
             with _applying():

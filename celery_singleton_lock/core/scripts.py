@@ -20,6 +20,7 @@ from redis.typing import EncodableT, KeyT
 
 from .keys import FENCE_TTL_MS, key_base
 from .redis_urls import is_cluster
+from .replication import Replication
 from .replies import AcquireReply, HolderReply
 
 T = TypeVar("T")
@@ -46,13 +47,18 @@ class Script(RedisScript):
     (a connection of its pool, so the pool's ``max_connections`` holds), loaded on NOSCRIPT;
     in a pipeline it is redis-py's Script, loaded before the pipeline runs. On a plain
     client it calls ``execute_command`` itself: the layers between (``Script.__call__`` and
-    ``evalsha``) would add their Python to every acquire and release."""
+    ``evalsha``) would add their Python to every acquire and release.
 
-    def __init__(self, registered_client: Any, script: Any) -> None:
+    With a ``replication``, a call goes through :func:`run_batch` with its ``WAIT``."""
+
+    def __init__(
+        self, registered_client: Any, script: Any, replication: Replication | None = None
+    ) -> None:
         super().__init__(registered_client, script)
         self._cluster = is_cluster(registered_client)
         #: Told once: an isinstance test of a redis-py client runs typing's Protocol check.
         self._plain = not self._cluster and not isinstance(registered_client, Pipeline)
+        self.replication = replication
 
     def __call__(
         self,
@@ -62,6 +68,9 @@ class Script(RedisScript):
     ) -> Any:
         keys, args = keys or (), args or ()
         if client is None:
+            if self.replication is not None:
+                call = (self, keys, tuple(args))
+                return run_batch(self.registered_client, [call], self.replication)[0]
             if self._plain:
                 return self._evalsha(self.registered_client, keys, args)
             client = self.registered_client
@@ -118,9 +127,10 @@ SLOT_MIGRATION_RETRY = 2.0
 SLOT_MIGRATION_BACKOFF = 0.05
 
 
-def register(redis: Any, text: str) -> Script:
-    """``text`` as a :class:`Script` bound to ``redis`` (no I/O)."""
-    return Script(redis, text)
+def register(redis: Any, text: str, replication: Replication | None = None) -> Script:
+    """``text`` as a :class:`Script` bound to ``redis`` (no I/O); with ``replication``, each
+    call waits for its replicas (see :func:`run_batch`)."""
+    return Script(redis, text, replication)
 
 
 def load_on_node(redis: Any, text: Any, node: Any) -> str:
@@ -212,18 +222,20 @@ WAKE_FAIR_WAITER = "wake_fair_waiter"
 
 
 class Scripts:
-    """Typed wrappers around the scripts, bound to one Redis client."""
+    """Typed wrappers around the scripts, bound to one Redis client; with ``replication``,
+    every call of a script that writes a lease waits for its replicas (renewals: the
+    heartbeat's :func:`run_batch` adds the WAIT)."""
 
-    def __init__(self, redis: Any) -> None:
-        self._acquire: Script = register(redis, with_fence_ttl("acquire"))
-        self._release: Script = register(redis, with_fence_ttl("release"))
+    def __init__(self, redis: Any, replication: Replication | None = None) -> None:
+        self._acquire: Script = register(redis, with_fence_ttl("acquire"), replication)
+        self._release: Script = register(redis, with_fence_ttl("release"), replication)
         self._renew: Script = register(redis, source("renew"))
-        self._handover: Script = register(redis, source("handover"))
+        self._handover: Script = register(redis, source("handover"), replication)
         self._release_holder: Script = register(
-            redis, source_after(WAKE_FAIR_WAITER, "release_holder")
+            redis, source_after(WAKE_FAIR_WAITER, "release_holder"), replication
         )
-        self._fair_abandon: Script = register(redis, source("fair_abandon"))
-        self._acquire_undo: Script = register(redis, source("acquire_undo"))
+        self._fair_abandon: Script = register(redis, source("fair_abandon"), replication)
+        self._acquire_undo: Script = register(redis, source("acquire_undo"), replication)
 
     def acquire(
         self,
@@ -379,27 +391,47 @@ def bound_to(client: Any, scripts_class: Callable[[Any], T]) -> T:
 ScriptCall = tuple[RedisScript, Sequence[Any], Sequence[Any]]
 
 
-def run_batch(redis: Any, calls: Sequence[ScriptCall]) -> list[Any]:
+def run_batch(
+    redis: Any, calls: Sequence[ScriptCall], replication: Replication | None = None
+) -> list[Any]:
     """Run script calls in one round trip and return their replies in order.
 
     A single call goes straight to EVALSHA; several go through one non-transactional
     pipeline (on a Cluster, one round trip per node; each call's keys are in one slot).
     redis-py's own pipeline support would add a SCRIPT EXISTS round trip per execute, so
     NOSCRIPT (a restarted or flushed Redis) is handled here: load and run again.
+
+    With ``replication``, the pipeline ends with ``WAIT replicas timeout`` (on a Cluster,
+    one on each node the calls went to, after its calls), and a reply acknowledged by fewer
+    replicas raises :class:`LockNotReplicated` (the scripts ran on the master).
     """
-    if len(calls) == 1:
+    if len(calls) == 1 and replication is None:
         script, keys, args = calls[0]
         return [script(keys=keys, args=args)]
     cluster = is_cluster(redis)
     for attempt in (1, 2):
         pipe = redis.pipeline(transaction=False)
+        nodes: dict[str, Any] = {}  # on a Cluster, by name: the nodes the calls go to
         for script, keys, args in calls:
             # Not pipe.evalsha: a Cluster pipeline refuses it. On a Cluster, name the node, else
             # redis-py asks the server for the keys of each command (a round trip apiece);
             # the pipeline then writes once to each node.
-            options = {"target_nodes": redis.get_node_from_key(keys[0])} if cluster else {}
+            options = {}
+            if cluster:
+                node = redis.get_node_from_key(keys[0])
+                nodes.setdefault(node.name, node)
+                options["target_nodes"] = node
             pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args, **options)
+        if replication is not None:
+            # WAIT has no key: on a Cluster it is sent to each node by name, as the scripts
+            # were, so that it waits for what that node's calls wrote.
+            targets = [{"target_nodes": node} for node in nodes.values()] if cluster else [{}]
+            for options in targets:
+                pipe.execute_command(
+                    "WAIT", replication.replicas, replication.timeout_ms, **options
+                )
         replies = pipe.execute(raise_on_error=False)
+        acks, replies = replies[len(calls) :], replies[: len(calls)]
         missing = [
             (s, keys[0])
             for (s, keys, _), r in zip(calls, replies, strict=True)
@@ -429,7 +461,11 @@ def run_batch(redis: Any, calls: Sequence[ScriptCall]) -> list[Any]:
             else reply
             for (script, keys, args), reply in zip(calls, replies, strict=True)
         ]
-    for reply in replies:
+    for reply in (*replies, *acks):
         if isinstance(reply, Exception):
             raise reply
+    if replication is not None:
+        acknowledged = min(int(ack) for ack in acks)
+        if acknowledged < replication.replicas:
+            raise replication.failed(acknowledged, list(replies))
     return list(replies)

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
-from ..core.handle import HolderRecord, LockHandle, log
+from ..core.handle import HolderRecord, LockHandle, log, released_unreplicated
 from ..core.handle_state import (
     Options,
     Timing,
@@ -32,7 +32,7 @@ from ..core.scripts import (
     fair_keys,
     pack_items,
 )
-from ..exceptions import LockBackendError, LockError
+from ..exceptions import LockBackendError, LockError, LockNotReplicated
 from .lease_listing import read_lease_holders
 
 #: A fair waiter's registration lasts this long unless refreshed: a waiter that died is
@@ -46,6 +46,15 @@ FAIR_REFRESH = 0.25
 #: over to a retry (celery/claims.py), not by a process, which :func:`release_holder` never
 #: frees (lua/release_holder.lua has the same literal: a script cannot import it).
 CLAIM_OWNER_PREFIX = "claim:"
+
+
+def on_master(conn: Connection, script_call: Callable[..., int], *args: Any) -> int:
+    """The reply of ``conn.call(script_call, *args)`` (a :class:`Scripts` method) as the
+    master gave it, acknowledged by the replicas or not (:class:`LockNotReplicated`)."""
+    try:
+        return conn.call(script_call, *args)
+    except LockNotReplicated as exc:
+        return int(exc.replies[0])
 
 
 def block_for(hint: float, remaining: float) -> float:
@@ -154,7 +163,9 @@ class Lease(LockHandle):
         without freeing it in between; this handle holds nothing afterwards (no heartbeat
         renews the claim). Raises :class:`LockLost` if Redis no longer has it as this
         handle's, :class:`LockNotHeld` if it is not held, :class:`LockBackendError` if Redis
-        does not answer (the lease then runs out by itself)."""
+        does not answer (the lease then runs out by itself); on a replicated client,
+        :class:`LockNotReplicated` if it was handed over on the master but not acknowledged
+        by the replicas."""
         owner = validate.check_text(owner, "owner")
         ttl = validate.check_positive(ttl, "ttl")
         self._hand_over(owner, ttl, info_fields(validate.check_owner_info(owner_info)))
@@ -203,14 +214,19 @@ class Lease(LockHandle):
         The last two need to know which call took the name: a random owner token is the
         call's own, and a fixed one is stored with the call's id (acquire.lua's ``attempt``).
         A claim this call freed first (:meth:`free_first`) stays freed: that release stands
-        whatever the acquire does."""
+        whatever the acquire does.
+
+        On a replicated client the undo ran on the master even when its replicas did not
+        acknowledge it (an acquire that was not replicated is undone while they lag): the
+        undo goes on from the script's reply."""
         conn = self._conn
         try:
             if self.fair:
                 self._leave_queue(owner)
-            undone = conn.call(conn.scripts.acquire_undo, self.keys.lock, owner, self._attempt)
+            undo = conn.scripts.acquire_undo
+            undone = on_master(conn, undo, self.keys.lock, owner, self._attempt)
             if undone == UndoReply.HELD:
-                self._release(owner, 0)
+                on_master(conn, conn.scripts.release, self.keys.lock, owner, 0)
         except LockBackendError:
             self._withdraw_failed()
 
@@ -308,7 +324,9 @@ class Lease(LockHandle):
         (this waiter then holds it, taken as its wait ran out)."""
         conn = self._conn
         try:
-            return conn.call(conn.scripts.fair_abandon, self.keys.lock, owner)
+            # Withdrawn on the master whether or not its replicas acknowledged it: a token
+            # in the reply is a lease this waiter now holds there.
+            return on_master(conn, conn.scripts.fair_abandon, self.keys.lock, owner)
         except LockBackendError:
             log.warning("could not withdraw the wait of %r", self.name, exc_info=True)
             return 0
@@ -342,14 +360,19 @@ class Lease(LockHandle):
         pairs, without freeing it in between; this handle no longer holds it afterwards.
         Raises LockLost if it was lost already."""
         owner = self._forget()
-        code = self._conn.call(
-            self._conn.scripts.handover,
-            self.keys.lock,
-            owner,
-            new_owner,
-            validate.seconds_to_ms(ttl),
-            flat,
-        )
+        try:
+            code = self._conn.call(
+                self._conn.scripts.handover,
+                self.keys.lock,
+                owner,
+                new_owner,
+                validate.seconds_to_ms(ttl),
+                flat,
+            )
+        except LockNotReplicated as exc:
+            if int(exc.replies[0]) != HolderReply.DONE:
+                raise self._lost_error(int(exc.replies[0]), "hand over") from exc
+            raise released_unreplicated(self.name, exc, "handed over") from exc
         if code != HolderReply.DONE:
             raise self._lost_error(code, "hand over")
 

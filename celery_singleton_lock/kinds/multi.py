@@ -40,7 +40,7 @@ from ..core.scripts import (
     source,
     source_after,
 )
-from ..exceptions import ConfigurationError
+from ..exceptions import ConfigurationError, LockNotReplicated
 from .lease import release_holder as release_lease_holder
 from .lease import renew_lease_keys
 from .lease_listing import lease_keys, read_lease_holders
@@ -178,14 +178,25 @@ class MultiLease(LockHandle):
 
     def _release(self, owner: str, delay_ms: int, token: str = "") -> int:
         if is_cluster(self._conn.redis):
-            codes = [
-                self._conn.call(self._conn.scripts.release, k.lock, owner, delay_ms)
-                for k in self.keys
-            ]
-            for worst in (HolderReply.TAKEN, HolderReply.GONE):
-                if worst in codes:
-                    return worst
-            return HolderReply.DONE
+            codes: list[int] = []
+            unreplicated: LockNotReplicated | None = None
+            release = self._conn.scripts.release
+            for k in self.keys:
+                try:
+                    codes.append(self._conn.call(release, k.lock, owner, delay_ms))
+                except LockNotReplicated as exc:
+                    # Released on the master: go on with the other names, then say so.
+                    codes.append(int(exc.replies[0]))
+                    unreplicated = exc
+            code = next(
+                (worst for worst in (HolderReply.TAKEN, HolderReply.GONE) if worst in codes),
+                HolderReply.DONE,
+            )
+            if unreplicated is not None:
+                raise LockNotReplicated(
+                    str(unreplicated), replies=[code], acknowledged=unreplicated.acknowledged
+                )
+            return code
         return int(
             self._conn.call(
                 self._scripts.release,
