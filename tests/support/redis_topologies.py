@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -76,8 +77,45 @@ class Server:
         self.args = args
         self.config = config
         self.process: subprocess.Popen[bytes] | None = None
+        self._started = False
 
     def start(self) -> None:
+        """Start the server. A port found free may be taken by another process before the
+        server binds it (the tests run on parallel workers): on its first start a server
+        that could not bind moves to other free ports; a restart keeps its ports, which the
+        rest of its topology knows it by."""
+        for _ in range(5):
+            self._spawn()
+            if self._started or self.port == 0 or not self._port_was_taken():
+                break
+            self.port = free_port()
+            if "--cluster-port" in self.args:
+                self.args[self.args.index("--cluster-port") + 1] = str(free_port())
+        self._started = True
+
+    @property
+    def bus_port(self) -> int | None:
+        """A cluster node's bus port (``--cluster-port``), None for other servers."""
+        if "--cluster-port" not in self.args:
+            return None
+        return int(self.args[self.args.index("--cluster-port") + 1])
+
+    def _port_was_taken(self, timeout: float = 10.0) -> bool:
+        """Wait until the new process listens (False) or exits; True if it exited because
+        its port was in use."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                return "Address already in use" in self.log()
+            with socket.socket() as probe:
+                probe.settimeout(0.2)
+                if probe.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return False
+            time.sleep(0.02)  # polling a child process's socket, with a deadline
+        return False
+
+    def _spawn(self) -> None:
         log = Path(self.dir, "server.log").open("ab")  # noqa: SIM115 - handed to the child
         command = [redis_server_binary()]
         if self.config:
@@ -127,10 +165,9 @@ class Cluster:
     killing a master fails its slots over to its replica."""
 
     def __init__(self, masters: int = 3, *, replicas: int = 0) -> None:
-        self.bus_ports = [free_port() for _ in range(masters)]
         # No 5 s wait for more replicas before a master's first sync.
         extra = ["--repl-diskless-sync-delay", "0"] if replicas else []
-        self.servers = [self._server(bus, extra) for bus in self.bus_ports]
+        self.servers = [self._server(free_port(), extra) for _ in range(masters)]
         #: ``replicas[i]``: the replicas of ``servers[i]``.
         self.replicas = [
             [self._server(free_port(), extra) for _ in range(replicas)] for _ in range(masters)
@@ -198,7 +235,7 @@ class Cluster:
                 nodes[port].execute_command("CLUSTER ADDSLOTSRANGE", *self.slot_range(i))
             for server in servers[1:]:
                 nodes[server.port].execute_command(
-                    "CLUSTER MEET", "127.0.0.1", self.ports[0], self.bus_ports[0]
+                    "CLUSTER MEET", "127.0.0.1", self.ports[0], self.servers[0].bus_port
                 )
             self._attach_replicas(nodes)
             for node in nodes.values():
