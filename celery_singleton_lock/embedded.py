@@ -47,6 +47,10 @@ class RedisServer:
 
     def __init__(self, port: int | None = None, *, password: str | None = None) -> None:
         self.port = port or free_port()
+        # A port found free may be taken before the server binds it (another process doing
+        # the same, as parallel test workers do): a port chosen here may then be chosen
+        # again, on the first start only (a restart keeps the port its clients know).
+        self._may_move = port is None
         #: When set, the server requires it (``--requirepass``) and ``url`` carries it.
         self.password = password
         self.binary = redis_server_binary()
@@ -61,6 +65,18 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> None:
         if self.process is not None and self.process.poll() is None:
             return
+        for _ in range(5):
+            if self._spawn(timeout):
+                self._may_move = False
+                return
+            if not self._may_move:
+                break
+            self.port = free_port()
+        raise RuntimeError(f"redis-server could not bind port {self.port}: {self._log()}")
+
+    def _spawn(self, timeout: float) -> bool:
+        """Start the process and wait until it answers: True; False if it could not bind
+        its port because another process has it (raises for any other failure)."""
         log = Path(self._dir, "redis.log").open("ab")  # noqa: SIM115 - handed to the child
         command = [
             self.binary,
@@ -80,21 +96,31 @@ class RedisServer:
         )
         log.close()
         deadline = time.monotonic() + timeout
-        probe = redis.Redis(port=self.port, password=self.password, socket_connect_timeout=0.5)
+        probe = redis.Redis(
+            port=self.port, password=self.password, socket_connect_timeout=0.5, socket_timeout=0.5
+        )
         try:
             while True:
+                exited = self.process.poll() is not None
+                if exited and "Address already in use" in self._log():
+                    self.process = None
+                    return False
                 try:
-                    probe.ping()
-                    return
-                except redis.ConnectionError:
-                    if self.process.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(
-                            f"redis-server did not start on port {self.port}: "
-                            + Path(self._dir, "redis.log").read_text(errors="replace")[-2000:]
-                        ) from None
-                    time.sleep(0.02)  # waiting for an external process to listen
+                    # Answered by this process, not by another server that has the port.
+                    if not exited and probe.info("server")["process_id"] == self.process.pid:
+                        return True
+                except redis.RedisError:
+                    pass  # not listening yet, or another server (that may want a password)
+                if exited or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"redis-server did not start on port {self.port}: {self._log()}"
+                    )
+                time.sleep(0.02)  # waiting for an external process to listen
         finally:
             probe.close()
+
+    def _log(self) -> str:
+        return Path(self._dir, "redis.log").read_text(errors="replace")[-2000:]
 
     def stop(self) -> None:
         """Kill the server at once (SIGKILL: what a crash looks like to clients)."""
