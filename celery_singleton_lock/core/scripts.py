@@ -18,7 +18,7 @@ from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, KeyT
 
 from .keys import FENCE_TTL_MS, key_base
-from .redis_urls import is_cluster
+from .redis_urls import is_async_cluster, is_cluster
 from .replies import AcquireReply, HolderReply
 
 T = TypeVar("T")
@@ -86,8 +86,37 @@ class Script(RedisScript):
 
 
 def register(redis: Any, text: str) -> Script:
-    """``text`` as a :class:`Script` bound to ``redis`` (no I/O)."""
+    """``text`` as a :class:`Script` bound to ``redis`` (no I/O); on a Redis Cluster, with
+    its releases published to the channel's shard (:func:`sharded`)."""
+    if is_cluster(redis) or is_async_cluster(redis):
+        text = sharded(text)
     return Script(redis, text)
+
+
+#: Publishes on the channel's shard (SPUBLISH: the message stays on the node owning the
+#: channel's slot, which is the lock's), or, where the server has no SPUBLISH (before Redis
+#: 7), with PUBLISH to every node. The listener decides the same way per node
+#: (:mod:`.notifier`), so a waiter subscribes the way its release is published.
+SHARDED_PUBLISH = """\
+local function publish_sharded(channel, message)
+  local reply = redis.pcall('SPUBLISH', channel, message)
+  if type(reply) == 'table' and reply.err then
+    return redis.call('PUBLISH', channel, message)
+  end
+  return reply
+end
+"""
+
+
+def sharded(text: str) -> str:
+    """Script ``text`` with each ``redis.call('PUBLISH', ...)`` publishing on the channel's
+    shard, as on a Redis Cluster."""
+    if PUBLISH_CALL not in text:
+        return text
+    return SHARDED_PUBLISH + text.replace(PUBLISH_CALL, "publish_sharded(")
+
+
+PUBLISH_CALL = "redis.call('PUBLISH', "
 
 
 def load_on_node(redis: Any, text: Any, node: Any) -> str:
