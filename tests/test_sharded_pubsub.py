@@ -1,7 +1,8 @@
 """Sharded pub/sub on a real 3-master Redis Cluster: a release is published with SPUBLISH and
 reaches only the node owning the lock's slot, where its waiters SSUBSCRIBE through one
-connection per node (sync and asyncio); a node's listener that dies is replaced, a channel
-whose slot migrates follows it, and a cluster without SPUBLISH falls back to PUBLISH."""
+connection per node (sync and asyncio); a node's listener that dies is replaced (sync and
+asyncio), a channel whose slot migrates follows it, and a cluster without SPUBLISH falls back
+to PUBLISH, whose release every node sees."""
 
 from __future__ import annotations
 
@@ -254,6 +255,37 @@ def test_async_waiters_on_every_master_shard_subscribe(
     asyncio.run(body())
 
 
+def test_an_async_listener_killed_is_replaced_and_its_waiter_looks_again(
+    cluster: Cluster, client: LockClient
+) -> None:
+    name = names_on_every_node(client, stem="akill")[1]
+    channel = channel_of(client, name)
+    port = node_port(client, client.connection.keys(name).lock)
+
+    async def body() -> None:
+        aio = AsyncLockClient.from_url(cluster.url, prefix=client.prefix)
+        try:
+            holder = aio.lease(name, ttl=30)
+            assert await holder.acquire()
+            waiting = asyncio.ensure_future(aio.lease(name, ttl=30).acquire(wait=WAIT))
+            await eventually(lambda: shard_counts(cluster, channel)[port] == 1, "SSUBSCRIBE")
+            await eventually(lambda: marked(client, name), "the waiter's mark")
+            attempts = evalsha_calls(cluster)[port]
+            node = cluster.node(port)
+            assert node.client_kill_filter(_type="pubsub") == 1
+            node.close()
+            await eventually(lambda: evalsha_calls(cluster)[port] > attempts, "a new look")
+            await eventually(lambda: shard_counts(cluster, channel)[port] == 1, "resubscribe")
+            started = time.monotonic()
+            await holder.release()
+            assert await asyncio.wait_for(waiting, WAIT) is True
+            assert time.monotonic() - started < 2.0, "woken on the new connection"
+        finally:
+            await aio.close()
+
+    asyncio.run(body())
+
+
 async def eventually(probe: Callable[[], object], what: str) -> None:
     deadline = time.monotonic() + WAIT
     while not probe():
@@ -285,10 +317,19 @@ def test_without_spublish_waiters_subscribe_and_releases_publish() -> None:
                 assert shard_counts(cluster, channel) == dict.fromkeys(cluster.ports, 0)
                 node.close()
                 wait_until(lambda n=name: marked(client, n), 5, "the waiter's mark")
-                started = time.monotonic()
-                holder.release()
-                assert waiter.result() == [True], name
-                assert time.monotonic() - started < 2.0, "woken by the PUBLISH"
+                probes = Probes(cluster, channel)
+                try:
+                    started = time.monotonic()
+                    holder.release()
+                    assert waiter.result() == [True], name
+                    assert time.monotonic() - started < 2.0, "woken by the PUBLISH"
+                    # A PUBLISH crosses the bus to every node.
+                    owner_node = cluster.node(owner)
+                    seen = probes.seen_before_marker(owner_node)
+                    owner_node.close()
+                    assert seen == dict.fromkeys(cluster.ports, [b"released"])
+                finally:
+                    probes.close()
                 waiter.lease.release()
         finally:
             client.close()
