@@ -157,17 +157,20 @@ class AsyncNotifier:
         state.waiters.add(wakeup)
         return state.confirmed
 
-    def _leave(self, channel: bytes, wakeup: Wakeup) -> None:
+    def _leave(self, channel: bytes, wakeup: Wakeup) -> bool:
+        """``wakeup`` leaves ``channel``; whether other waiters are left on it."""
         state = self._channels.get(channel)
         if state is None:
-            return
+            return False
         state.waiters.discard(wakeup)
-        if not state.waiters:
-            self._idle.add(channel)
-            if self._unsubscriber is None or self._unsubscriber.done():
-                self._unsubscriber = asyncio.get_running_loop().create_task(
-                    self._unsubscribe_idle(), name="celery_singleton_lock-unsubscribe"
-                )
+        if state.waiters:
+            return True
+        self._idle.add(channel)
+        if self._unsubscriber is None or self._unsubscriber.done():
+            self._unsubscriber = asyncio.get_running_loop().create_task(
+                self._unsubscribe_idle(), name="celery_singleton_lock-unsubscribe"
+            )
+        return False
 
     async def _unsubscribe_idle(self) -> None:
         """UNSUBSCRIBE each channel that still has no waiter (one that does was come back
@@ -350,7 +353,8 @@ class AsyncClusterNotifier:
 
     def __init__(self, redis_client: Any) -> None:
         self._redis = redis_client
-        #: Node name -> its listener; channel -> the listener it was last subscribed with.
+        #: Node name -> its listener; channel -> the listener it is subscribed with, while it
+        #: has waiters.
         self._nodes: dict[str, AsyncNotifier] = {}
         self._where: dict[bytes, AsyncNotifier] = {}
         #: The tasks moving channels whose slot moved (kept until done).
@@ -387,8 +391,9 @@ class AsyncClusterNotifier:
         finally:
             for channel in channels:
                 listener = self._where.get(channel)
-                if listener is not None:
-                    listener._leave(channel, wakeup)
+                if listener is not None and not listener._leave(channel, wakeup):
+                    # No waiter left: a later one finds its slot's node again.
+                    del self._where[channel]
 
     def _moved(self, old: AsyncNotifier, channels: list[bytes]) -> None:
         """``old`` no longer listens to ``channels`` (called from its dispatch)."""

@@ -200,16 +200,18 @@ class Notifier:
             state.waiters.add(wakeup)
             return state.confirmed
 
-    def _remove(self, channel: bytes, wakeup: QueueWakeup) -> None:
+    def _remove(self, channel: bytes, wakeup: QueueWakeup) -> bool:
+        """``wakeup`` leaves ``channel``; whether other waiters are left on it."""
         with self._lock:
             state = self._channels.get(channel)
             if state is None:
-                return
+                return False
             state.waiters.discard(wakeup)
             if state.waiters:
-                return
+                return True
             left = self._left
         left.put(channel)
+        return False
 
     def _unsubscribe_left(self, stop: threading.Event, left: queue.SimpleQueue[bytes]) -> None:
         """The unsubscriber's loop: UNSUBSCRIBE each channel left that no waiter came back
@@ -457,7 +459,7 @@ class ClusterNotifier:
         self._lock = threading.Lock()
         #: Node name -> its listener.
         self._nodes: dict[str, Notifier] = {}
-        #: Channel -> the listener it was last subscribed with.
+        #: Channel -> the listener it is subscribed with, while it has waiters.
         self._where: dict[bytes, Notifier] = {}
         reset_in_child(self)
 
@@ -493,10 +495,11 @@ class ClusterNotifier:
             yield wakeup
         finally:
             with self._lock:
-                where = [(channel, self._where.get(channel)) for channel in channels]
-            for channel, listener in where:
-                if listener is not None:
-                    listener._remove(channel, wakeup)
+                for channel in channels:
+                    listener = self._where.get(channel)
+                    if listener is not None and not listener._remove(channel, wakeup):
+                        # No waiter left: a later one finds its slot's node again.
+                        del self._where[channel]
 
     def _moved(self, old: Notifier, channels: list[bytes]) -> None:
         """``old`` no longer listens to ``channels``: subscribe them where their slots are
