@@ -207,12 +207,10 @@ class AsyncNotifier:
 
     async def _connection_source(self) -> Any:
         """What the pub/sub connection is made from: the client's pool, or on a Redis Cluster
-        a node picked at random (a plain ``PUBLISH`` reaches every node)."""
+        this listener's node."""
         if not is_async_cluster(self._redis):
             return self._redis.connection_pool
         await self._redis.initialize()  # learns the nodes on first use; no I/O once it has
-        if self._node_name is None:
-            return self._redis.get_random_node()
         node = self._redis.get_node(node_name=self._node_name)
         if node is None:  # no longer in the client's map: the listener looks again
             raise redis.ConnectionError(f"no cluster node {self._node_name}")

@@ -274,12 +274,9 @@ def pubsub_source(redis_client: Any) -> Any:
 def pubsub_connection(source: Any, node_name: str | None = None) -> Any:
     """A new, unconnected connection for SUBSCRIBE from a :func:`pubsub_source`, with the
     client's settings (TLS, ACL user, ...) but no read timeout: a listener blocks in its read
-    as long as it waits. On a Cluster, to the node named ``node_name`` ("host:port"; a
-    random one if None)."""
+    as long as it waits. On a Cluster, to the node named ``node_name`` ("host:port")."""
     if is_cluster(source):
-        node = source.get_random_node() if node_name is None else None
-        if node is None:
-            node = source.get_node(node_name=node_name)
+        node = source.get_node(node_name=node_name)
         if node is None:  # no longer in the client's map: the listener looks again
             raise redis.ConnectionError(f"no cluster node {node_name}")
         pool = source.get_redis_connection(node).connection_pool
