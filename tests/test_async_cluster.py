@@ -1,6 +1,6 @@
 """The asyncio client on a real 3-master Redis Cluster, made from a ``redis+cluster://`` URL
 as the sync client is: leases on every master, renewed past their ttl; a waiter woken by a
-release through a node's pub/sub; one lock with the sync client; the admin view over every
+release through its node's pub/sub; one lock with the sync client; the admin view over every
 node."""
 
 from __future__ import annotations
@@ -67,8 +67,9 @@ def test_leases_on_every_master_renew_wake_and_list(cluster: Cluster, prefix: st
             assert listed == {name: "live" for name in names}
             for lease in leases:
                 await lease.release()
-            # A waiter on each master is woken by the release there (through one node's
-            # pub/sub: a plain PUBLISH reaches every node), long before a 30 s lease's end.
+            # A waiter on each master is woken by the release there (published on, and
+            # subscribed to at, the node owning the lock's slot), long before a 30 s lease's
+            # end.
             for name in names:
                 holder = client.lease(name, ttl=30)
                 assert await holder.acquire()

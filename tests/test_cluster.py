@@ -146,12 +146,17 @@ def test_fair_lease_is_handed_over_on_every_node(client: LockClient) -> None:
 
 
 def subscribed(client: LockClient, channel: bytes) -> bool:
-    """True once any master counts a subscriber on ``channel``."""
+    """True once any master counts a subscriber on ``channel`` (SSUBSCRIBE or SUBSCRIBE)."""
     for node in client.redis.get_primaries():
         connection = client.redis.get_redis_connection(node)
-        if connection.pubsub_numsub(channel)[0][1]:
+        if shard_subscribers(connection, channel) or connection.pubsub_numsub(channel)[0][1]:
             return True
     return False
+
+
+def shard_subscribers(node: redis.Redis, channel: bytes) -> int:
+    """The SSUBSCRIBE subscribers ``node`` counts on ``channel``."""
+    return int(node.pubsub_shardnumsub(channel)[0][1])
 
 
 def test_rwlock_and_range_lock(client: LockClient) -> None:

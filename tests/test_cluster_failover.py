@@ -8,8 +8,8 @@ the locks across it:
 - a new acquisition follows the new slot map, with a larger fencing token than before;
 - the admin listing scans the surviving masters, the dead one does not break it;
 - a waiter blocked across the failover is woken by a release made after it, whether its
-  pub/sub listener was on a surviving node or on the master that died (its lock then on
-  another master).
+  lock (and so its channel's subscription) was on a surviving master or on the one that
+  died (the channel then subscribed on the promoted replica).
 
 Every test starts its own cluster (it kills a node of it).
 """
@@ -249,53 +249,31 @@ def test_short_lease_is_reported_lost_and_new_acquires_get_larger_tokens(
 
 
 def listener_ports(cluster: Cluster, channel: bytes) -> list[int]:
-    """The live nodes where someone is subscribed to ``channel`` (PUBSUB NUMSUB is
-    per node on a Cluster)."""
+    """The live nodes where someone is subscribed to ``channel`` (SSUBSCRIBE: PUBSUB
+    SHARDNUMSUB, per node)."""
     found = []
     for server in cluster.all_servers:
         if server.process is None or server.process.poll() is not None:
             continue
         node = cluster.node(server.port)
         try:
-            if node.pubsub_numsub(channel)[0][1]:
+            if node.pubsub_shardnumsub(channel)[0][1]:
                 found.append(server.port)
         finally:
             node.close()
     return found
 
 
-def steer_listener(cluster: Cluster, channel: bytes, port: int) -> None:
-    """Until this process's pub/sub listener, subscribed to ``channel``, is connected to the
-    node on ``port``: wherever else it is, its connection is killed there (``CLIENT KILL``),
-    and it reconnects to a node of its choosing."""
-
-    def on_target() -> bool:
-        at = listener_ports(cluster, channel)
-        for other in at:
-            if other != port:
-                node = cluster.node(other)
-                node.client_kill_filter(_type="pubsub")
-                node.close()
-        return at == [port]
-
-    wait_until(on_target, 30, f"the pub/sub listener to land on {port}")
-
-
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize(
-    ("lock_master", "listener_master"),
-    [(0, 1), (1, 0)],
-    ids=["listener-on-a-survivor", "listener-on-the-dead-master"],
+    "lock_master", [1, 0], ids=["lock-on-a-survivor", "lock-on-the-dead-master"]
 )
 def test_waiter_is_woken_by_a_release_after_the_failover(
-    cluster: Cluster, client: LockClient, lock_master: int, listener_master: int
+    cluster: Cluster, client: LockClient, lock_master: int
 ) -> None:
-    # Master 0 fails over. With the lock on master 0, the listener sits on master 1 and
-    # stays there. With the listener on master 0, its connection drops and it must
-    # reconnect elsewhere; the lock is on master 1 then, so that the waiter, woken by the
-    # dropped connection to look again, finds the holder. (Were the lock on master 0 too,
-    # that look would meet the dead node, and acquire would raise LockBackendError at once,
-    # as it does when a single server goes down.)
+    # Master 0 fails over. The waiter's channel is subscribed on its lock's master: on a
+    # survivor it stays there; on the dead master the connection drops, the waiter looks
+    # again and the channel is subscribed on the promoted replica, which owns the slot now.
     (name,) = names_on(client, cluster, lock_master, "wake")
     channel = client.connection.keys(name).channel
     holder = client.lease(name, ttl=30)  # its expiry, the waiter's fallback, is far away
@@ -313,14 +291,14 @@ def test_waiter_is_woken_by_a_release_after_the_failover(
     thread = threading.Thread(target=wait_for_it)
     thread.start()
     try:
-        steer_listener(cluster, channel, cluster.ports[listener_master])
+        lock_port = cluster.ports[lock_master]
+        wait_until(lambda: listener_ports(cluster, channel) == [lock_port], 10, "the SSUBSCRIBE")
         cluster.wait_replicated(0)
         fail_over(cluster, 0)
-        # Still waiting, and subscribed on a live node (again, if it was on the dead one).
+        # Still waiting, and subscribed on the node that owns the slot now.
         assert thread.is_alive() and not errors, errors
-        at = wait_until(lambda: listener_ports(cluster, channel), 10, "the listener to resubscribe")
-        if listener_master != 0:
-            assert at == [cluster.ports[listener_master]]  # never dropped
+        owner = cluster.replicas[0][0].port if lock_master == 0 else lock_port
+        wait_until(lambda: listener_ports(cluster, channel) == [owner], 20, "the resubscribe")
         released_at = time.monotonic()
         holder.release()
         thread.join(20)

@@ -23,7 +23,7 @@ from ..core import redis_urls, validate
 from ..core.keys import DEFAULT_PREFIX, LockKeys, lock_keys
 from ..core.scripts import ScriptCall, Scripts
 from ..exceptions import ConfigurationError, LockBackendError
-from .notifier import AsyncNotifier
+from .notifier import AsyncClusterNotifier, AsyncNotifier, async_notifier
 from .scripts import LeaseScripts, run_batch, run_script
 
 T = TypeVar("T")
@@ -50,9 +50,9 @@ class AsyncConnection:
         #: The sync core's scripts: the renew call's layout is shared with the sync handles.
         self.scripts = Scripts(redis_client)
         self.lease_scripts = LeaseScripts(redis_client)
-        self._notifiers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncNotifier] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._notifiers: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, AsyncNotifier | AsyncClusterNotifier
+        ] = weakref.WeakKeyDictionary()
 
     @property
     def _scripts(self) -> Scripts:
@@ -63,12 +63,12 @@ class AsyncConnection:
         """The Redis keys of lock ``name`` (checked) under this prefix."""
         return lock_keys(self.prefix, validate.check_name(name))
 
-    def notifier(self) -> AsyncNotifier:
+    def notifier(self) -> AsyncNotifier | AsyncClusterNotifier:
         """The waiter listener of the running event loop."""
         loop = asyncio.get_running_loop()
         notifier = self._notifiers.get(loop)
         if notifier is None:
-            notifier = self._notifiers[loop] = AsyncNotifier(self.redis)
+            notifier = self._notifiers[loop] = async_notifier(self.redis)
         return notifier
 
     async def call(self, function: Callable[..., Awaitable[T]], *args: Any) -> T:

@@ -15,6 +15,10 @@ Two things keep a woken waiter's way back to its caller short (a hand-off's late
 - the last waiter of a channel leaves without sending the ``UNSUBSCRIBE``: a task of the
   notifier sends it once the waiter has returned, unless a waiter came back to the channel
   meanwhile, which then finds its subscription still live and sends no ``SUBSCRIBE``.
+
+On a Redis Cluster, as the threads' :class:`..core.notifier.ClusterNotifier`: an
+:class:`AsyncClusterNotifier` SSUBSCRIBEs each channel on the node owning its slot, with a
+listener per node that has waiters, and moves a channel whose slot moved.
 """
 
 from __future__ import annotations
@@ -23,15 +27,18 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
+
+import redis
 
 from ..core.notifier import (
     CONNECTION_ERRORS,
     RECONNECT_DELAY,
     RECONNECT_DELAY_MAX,
     SUBSCRIBE_TIMEOUT,
+    redirected_slot,
 )
 from ..core.redis_urls import is_async_cluster, pubsub_connection_of
 
@@ -87,8 +94,21 @@ class _Channel:
 class AsyncNotifier:
     """Shared by every waiter of one :class:`AsyncLockClient` on one event loop."""
 
-    def __init__(self, redis_client: Any) -> None:
+    def __init__(
+        self,
+        redis_client: Any,
+        node_name: str | None = None,
+        lost: Callable[[AsyncNotifier, list[bytes]], None] | None = None,
+    ) -> None:
         self._redis = redis_client
+        #: On a Cluster, the node this listener subscribes on, and what it tells of channels
+        #: it no longer listens to there (see :class:`AsyncClusterNotifier`).
+        self._node_name = node_name
+        self._lost = lost
+        #: Whether this connection's server has sharded pub/sub (found at each connect).
+        self._sharded = False
+        #: SUNSUBSCRIBEs sent and not yet answered per channel (as the threads' notifier).
+        self._unsubscribing: Counter[bytes] = Counter()
         self._channels: dict[bytes, _Channel] = {}
         self._sent: Counter[bytes] = Counter()
         self._acked: Counter[bytes] = Counter()
@@ -137,17 +157,20 @@ class AsyncNotifier:
         state.waiters.add(wakeup)
         return state.confirmed
 
-    def _leave(self, channel: bytes, wakeup: Wakeup) -> None:
+    def _leave(self, channel: bytes, wakeup: Wakeup) -> bool:
+        """``wakeup`` leaves ``channel``; whether other waiters are left on it."""
         state = self._channels.get(channel)
         if state is None:
-            return
+            return False
         state.waiters.discard(wakeup)
-        if not state.waiters:
-            self._idle.add(channel)
-            if self._unsubscriber is None or self._unsubscriber.done():
-                self._unsubscriber = asyncio.get_running_loop().create_task(
-                    self._unsubscribe_idle(), name="celery_singleton_lock-unsubscribe"
-                )
+        if state.waiters:
+            return True
+        self._idle.add(channel)
+        if self._unsubscriber is None or self._unsubscriber.done():
+            self._unsubscriber = asyncio.get_running_loop().create_task(
+                self._unsubscribe_idle(), name="celery_singleton_lock-unsubscribe"
+            )
+        return False
 
     async def _unsubscribe_idle(self) -> None:
         """UNSUBSCRIBE each channel that still has no waiter (one that does was come back
@@ -164,6 +187,10 @@ class AsyncNotifier:
         conn = self._conn
         if conn is None:
             return  # the listener subscribes every live channel when it (re)connects
+        if self._sharded:
+            command = "S" + command
+            if command == "SUNSUBSCRIBE":
+                self._unsubscribing[channel] += 1
         try:
             await conn.send_command(command, channel, check_health=False)
         except CONNECTION_ERRORS:
@@ -180,11 +207,14 @@ class AsyncNotifier:
 
     async def _connection_source(self) -> Any:
         """What the pub/sub connection is made from: the client's pool, or on a Redis Cluster
-        a node picked at random (a plain ``PUBLISH`` reaches every node)."""
+        this listener's node."""
         if not is_async_cluster(self._redis):
             return self._redis.connection_pool
         await self._redis.initialize()  # learns the nodes on first use; no I/O once it has
-        return self._redis.get_random_node()
+        node = self._redis.get_node(node_name=self._node_name)
+        if node is None:  # no longer in the client's map: the listener looks again
+            raise redis.ConnectionError(f"no cluster node {self._node_name}")
+        return node
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         # A finished task still names its loop: drop it, so a stopped loop can be collected.
@@ -194,8 +224,15 @@ class AsyncNotifier:
     async def _connect(self) -> Any:
         conn = pubsub_connection_of(await self._connection_source())
         await conn.connect()
+        self._sharded = False
+        if self._node_name is not None:
+            await conn.send_command("COMMAND", "INFO", "SPUBLISH", check_health=False)
+            reply = await conn.read_response()
+            self._sharded = bool(reply and reply[0])
+        subscribe = "SSUBSCRIBE" if self._sharded else "SUBSCRIBE"
         self._sent.clear()
         self._acked.clear()
+        self._unsubscribing.clear()
         channels = list(self._channels.items())
         for channel, state in channels:
             self._sent[channel] += 1
@@ -204,7 +241,7 @@ class AsyncNotifier:
         # Published before any waiter's own send can reach it: replies stay in order.
         self._conn = conn
         for channel, _ in channels:
-            await conn.send_command("SUBSCRIBE", channel, check_health=False)
+            await conn.send_command(subscribe, channel, check_health=False)
         return conn
 
     async def _run(self) -> None:
@@ -214,7 +251,12 @@ class AsyncNotifier:
                 conn = await self._connect()
                 delay = RECONNECT_DELAY
                 while not self._closed:
-                    self._dispatch(await conn.read_response())
+                    try:
+                        reply = await conn.read_response()
+                    except redis.ResponseError as exc:
+                        self._refused(exc)
+                    else:
+                        self._dispatch(reply)
             except CONNECTION_ERRORS as exc:
                 log.debug("pub/sub connection lost: %s", exc)
             except asyncio.CancelledError:
@@ -229,6 +271,14 @@ class AsyncNotifier:
                     wakeup.set()
             if self._closed:
                 break
+            if self._lost is not None:
+                # The node may be gone for good (a failover): its channels go to whichever
+                # node owns them now, which may be this one again.
+                waited = [channel for channel, state in self._channels.items() if state.waiters]
+                if waited:
+                    self._lost(self, waited)
+                if not self._channels:  # none left here: no reconnecting in vain
+                    break
             await asyncio.sleep(delay)  # reconnect back-off, not a poll of the lock
             delay = min(delay * 2, RECONNECT_DELAY_MAX)
 
@@ -244,16 +294,43 @@ class AsyncNotifier:
         kind, channel = reply[0], reply[1]
         if isinstance(channel, str):
             channel = channel.encode()
-        if kind in (b"message", "message"):
+        if kind in (b"message", "message", b"smessage", "smessage"):
             state = self._channels.get(channel)
             if state is not None:
                 for wakeup in state.waiters:
                     wakeup.set()
-        elif kind in (b"subscribe", "subscribe"):
+        elif kind in (b"subscribe", "subscribe", b"ssubscribe", "ssubscribe"):
             self._acked[channel] += 1
             state = self._channels.get(channel)
             if state is not None and self._acked[channel] >= state.need:
                 state.confirmed.set()
+        elif kind in (b"sunsubscribe", "sunsubscribe"):
+            if self._unsubscribing[channel] > 0:
+                self._unsubscribing[channel] -= 1
+            elif self._lost is not None:  # not an answer to ours: the slot left this node
+                self._lost(self, [channel])
+
+    def _refused(self, exc: redis.ResponseError) -> None:
+        """An SSUBSCRIBE refused: with MOVED (or ASK), the channels of that slot go to the
+        node that has it now."""
+        slot = redirected_slot(exc)
+        if slot is None or self._lost is None:
+            log.warning("pub/sub command refused: %s", exc)
+            return
+        channels = [channel for channel in self._channels if self._redis.keyslot(channel) == slot]
+        if channels:
+            self._lost(self, channels)
+
+    def take(self, channel: bytes) -> set[Wakeup]:
+        """Stop listening to ``channel`` here, no longer subscribed; its waiters, for
+        another node's listener."""
+        state = self._channels.pop(channel, None)
+        self._acked[channel] = self._sent[channel]  # its answer will never come here
+        return set() if state is None else state.waiters
+
+    def listens_to(self, channel: bytes) -> bool:
+        """Whether ``channel`` is subscribed here (or about to be)."""
+        return channel in self._channels
 
     async def close(self) -> None:
         """Stop the listener; waiters fall back to their hints."""
@@ -266,3 +343,96 @@ class AsyncNotifier:
         self._task = self._unsubscriber = None
         self._idle.clear()
         await self._drop()
+
+
+class AsyncClusterNotifier:
+    """:class:`AsyncNotifier` on a Redis Cluster: a listener per node that has waiters, each
+    channel subscribed on the node owning its slot."""
+
+    def __init__(self, redis_client: Any) -> None:
+        self._redis = redis_client
+        #: Node name -> its listener; channel -> the listener it is subscribed with, while it
+        #: has waiters.
+        self._nodes: dict[str, AsyncNotifier] = {}
+        self._where: dict[bytes, AsyncNotifier] = {}
+        #: The tasks moving channels whose slot moved (kept until done).
+        self._moving: set[asyncio.Task[None]] = set()
+
+    async def _listener(self, channel: bytes) -> AsyncNotifier:
+        """The listener ``channel`` is subscribed with, or that of its slot's node."""
+        listener = self._where.get(channel)
+        if listener is None or not listener.listens_to(channel):
+            await self._redis.initialize()  # learns the nodes on first use
+            name = self._redis.get_node_from_key(channel).name
+            listener = self._nodes.get(name)
+            if listener is None:
+                listener = self._nodes[name] = AsyncNotifier(self._redis, name, self._moved)
+            self._where[channel] = listener
+        return listener
+
+    @asynccontextmanager
+    async def listening(self, channels: Sequence[bytes]) -> AsyncIterator[Wakeup]:
+        """As :meth:`AsyncNotifier.listening`, each channel on its slot's node."""
+        wakeup = Wakeup()
+        try:
+            confirmed = [await (await self._listener(c))._add(c, wakeup) for c in channels]
+            pending = [
+                asyncio.ensure_future(done.wait()) for done in confirmed if not done.is_set()
+            ]
+            if pending:
+                try:
+                    await asyncio.wait(pending, timeout=SUBSCRIBE_TIMEOUT)
+                finally:
+                    for waiting in pending:
+                        waiting.cancel()
+            yield wakeup
+        finally:
+            for channel in channels:
+                listener = self._where.get(channel)
+                if listener is not None and not listener._leave(channel, wakeup):
+                    # No waiter left: a later one finds its slot's node again.
+                    del self._where[channel]
+
+    def _moved(self, old: AsyncNotifier, channels: list[bytes]) -> None:
+        """``old`` no longer listens to ``channels`` (called from its dispatch)."""
+        task = asyncio.get_running_loop().create_task(self._move(old, channels))
+        self._moving.add(task)
+        task.add_done_callback(self._moving.discard)
+
+    async def _move(self, old: AsyncNotifier, channels: list[bytes]) -> None:
+        """Subscribe ``channels`` where their slots are now; their waiters look again."""
+        woken: list[Wakeup] = []
+        for channel in channels:
+            waiters = old.take(channel)
+            if self._where.get(channel) is old:
+                del self._where[channel]
+            if not waiters:
+                continue
+            # The client follows the MOVED this gets and learns the slot's owner.
+            with contextlib.suppress(redis.RedisError, redis.exceptions.RedisClusterException):
+                await self._redis.exists(channel)
+            try:
+                listener = await self._listener(channel)
+            except Exception:  # the cluster is unreachable: the waiters fall to their hints
+                log.debug("no node for channel %r", channel, exc_info=True)
+                woken += waiters
+                continue
+            for wakeup in waiters:
+                await listener._add(channel, wakeup)
+            woken += waiters
+        for wakeup in woken:
+            wakeup.set()
+
+    async def close(self) -> None:
+        """Stop every node's listener."""
+        for task in list(self._moving):
+            task.cancel()
+        for listener in list(self._nodes.values()):
+            await listener.close()
+
+
+def async_notifier(redis_client: Any) -> AsyncNotifier | AsyncClusterNotifier:
+    """The notifier for one client and event loop: per node on a Redis Cluster."""
+    if is_async_cluster(redis_client):
+        return AsyncClusterNotifier(redis_client)
+    return AsyncNotifier(redis_client)

@@ -21,6 +21,15 @@ The last waiter of a channel does not send the UNSUBSCRIBE on its way out of ``a
 send costs more than the rest of leaving. It marks the channel as left and a second thread,
 the unsubscriber, sends it once it gets to run. Until then the subscription stays live: a
 waiter that comes back meanwhile keeps it, with no SUBSCRIBE.
+
+On a Redis Cluster whose servers have sharded pub/sub (Redis 7+), the scripts publish a
+release with SPUBLISH, which only the node owning the channel's slot (the lock's) delivers,
+and a :class:`ClusterNotifier` SSUBSCRIBEs each channel on that node: one connection and
+listener per node that has waiters, each a :class:`Notifier` of its own. A channel whose slot
+moved (MOVED in reply to SSUBSCRIBE, or an ``sunsubscribe`` the node sends when the slot
+leaves it) or whose node's connection was lost is subscribed again on the node that owns it
+now, and its waiters look again. A node without SPUBLISH gets plain SUBSCRIBE, as its scripts
+fall back to PUBLISH.
 """
 
 from __future__ import annotations
@@ -33,14 +42,14 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
 import redis
 
 from .forking import reset_in_child
-from .redis_urls import pubsub_connection, pubsub_source
+from .redis_urls import is_cluster, pubsub_connection, pubsub_source
 
 #: Keeps the module's old name: logging configurations name it (docs/lease.md).
 log = logging.getLogger("celery_singleton_lock.waiting")
@@ -109,7 +118,21 @@ class Notifier:
     connection and listener thread shared by all their waiters in one process (see
     :func:`notifier_for`)."""
 
-    def __init__(self, redis_client: Any) -> None:
+    def __init__(
+        self,
+        redis_client: Any,
+        node_name: str | None = None,
+        lost: Callable[[Notifier, list[bytes]], None] | None = None,
+    ) -> None:
+        #: On a Cluster, the node ("host:port") this listener subscribes on, and what it
+        #: tells of channels it no longer listens to there (see :class:`ClusterNotifier`).
+        self._node_name = node_name
+        self._lost = lost
+        #: Whether this connection's server has sharded pub/sub (found at each connect).
+        self._sharded = False
+        #: SUNSUBSCRIBEs sent and not yet answered per channel: an ``sunsubscribe`` beyond
+        #: them is the node's own (the channel's slot left it).
+        self._unsubscribing: Counter[bytes] = Counter()
         # Weak: the registry keeps a notifier only as long as its pool lives (a client
         # made from a URL and dropped unclosed takes its pool with it).
         self._source = weakref.ref(pubsub_source(redis_client))
@@ -136,6 +159,7 @@ class Notifier:
         self._channels = {}
         self._sent = Counter()
         self._acked = Counter()
+        self._unsubscribing = Counter()
         self._conn = None
         self._thread = None
         self._closed = threading.Event()
@@ -176,16 +200,18 @@ class Notifier:
             state.waiters.add(wakeup)
             return state.confirmed
 
-    def _remove(self, channel: bytes, wakeup: QueueWakeup) -> None:
+    def _remove(self, channel: bytes, wakeup: QueueWakeup) -> bool:
+        """``wakeup`` leaves ``channel``; whether other waiters are left on it."""
         with self._lock:
             state = self._channels.get(channel)
             if state is None:
-                return
+                return False
             state.waiters.discard(wakeup)
             if state.waiters:
-                return
+                return True
             left = self._left
         left.put(channel)
+        return False
 
     def _unsubscribe_left(self, stop: threading.Event, left: queue.SimpleQueue[bytes]) -> None:
         """The unsubscriber's loop: UNSUBSCRIBE each channel left that no waiter came back
@@ -213,6 +239,10 @@ class Notifier:
             self._sent[channel] += 1
         if self._conn is None:
             return  # the listener subscribes every live channel when it reconnects
+        if self._sharded:
+            command = "S" + command
+            if command == "SUNSUBSCRIBE":
+                self._unsubscribing[channel] += 1
         try:
             self._conn.send_command(command, channel)
         except CONNECTION_ERRORS:
@@ -242,14 +272,18 @@ class Notifier:
         if source is None:  # the pool is gone, and with it every client that could wait
             stop.set()
             return None
-        conn = pubsub_connection(source)
+        conn = pubsub_connection(source, self._node_name)
         conn.connect()
+        sharded = self._node_name is not None and has_sharded_pubsub(conn)
         with self._lock:
             if stop.is_set():  # closed while connecting: a later listener owns _conn
                 conn.disconnect()
                 return None
+            self._sharded = sharded
+            subscribe = "SSUBSCRIBE" if sharded else "SUBSCRIBE"
             self._sent.clear()
             self._acked.clear()
+            self._unsubscribing.clear()
             # A new connection has no subscriptions: channels left meanwhile are just dropped.
             for channel in [c for c, state in self._channels.items() if not state.waiters]:
                 del self._channels[channel]
@@ -257,7 +291,7 @@ class Notifier:
                 self._sent[channel] += 1
                 state.need = self._sent[channel]
                 state.confirmed.clear()
-                conn.send_command("SUBSCRIBE", channel)
+                conn.send_command(subscribe, channel)
             self._conn = conn
         return conn
 
@@ -270,7 +304,12 @@ class Notifier:
                 conn = self._connect(stop)
                 delay = RECONNECT_DELAY
                 while conn is not None and not stop.is_set():
-                    self._dispatch(conn.read_response())
+                    try:
+                        reply = conn.read_response()
+                    except redis.ResponseError as exc:
+                        self._refused(exc)
+                    else:
+                        self._dispatch(reply)
             except CONNECTION_ERRORS as exc:
                 log.debug("pub/sub connection lost: %s", exc)
             except Exception as exc:
@@ -284,9 +323,19 @@ class Notifier:
                 if conn is not None and self._conn is conn:
                     self._conn = None
                     self._wake_all_locked()
+                waited = [channel for channel, state in self._channels.items() if state.waiters]
             if conn is not None:
                 with contextlib.suppress(Exception):
                     conn.disconnect()
+            if self._lost is not None and not stop.is_set():
+                # The node may be gone for good (a failover): its channels go to whichever
+                # node owns them now, which may be this one again.
+                if waited:
+                    self._hand_back(waited)
+                with self._lock:
+                    if not self._channels:  # none left here: no reconnecting in vain
+                        self._thread = None
+                        return
             stop.wait(delay)
             delay = min(delay * 2, RECONNECT_DELAY_MAX)
 
@@ -303,18 +352,62 @@ class Notifier:
         kind, channel = reply[0], reply[1]
         if isinstance(channel, str):
             channel = channel.encode()
-        if kind in (b"message", "message"):
+        if kind in (b"message", "message", b"smessage", "smessage"):
             with self._lock:
                 state = self._channels.get(channel)
                 if state is not None:
                     for wakeup in state.waiters:
                         wakeup.set()
-        elif kind in (b"subscribe", "subscribe"):
+        elif kind in (b"subscribe", "subscribe", b"ssubscribe", "ssubscribe"):
             with self._lock:
                 self._acked[channel] += 1
                 state = self._channels.get(channel)
                 if state is not None and self._acked[channel] >= state.need:
                     state.confirmed.set()
+        elif kind in (b"sunsubscribe", "sunsubscribe"):
+            with self._lock:
+                if self._unsubscribing[channel] > 0:
+                    self._unsubscribing[channel] -= 1
+                    return
+            self._hand_back([channel])  # not an answer to ours: the slot left this node
+
+    def _refused(self, exc: redis.ResponseError) -> None:
+        """An SSUBSCRIBE refused: with MOVED (or ASK), its channel's slot is on another
+        node now, and the channels of that slot go there."""
+        slot = redirected_slot(exc)
+        if slot is None or self._lost is None:
+            log.warning("pub/sub command refused: %s", exc)
+            return
+        source = self._source()
+        if source is None:
+            return
+        with self._lock:
+            channels = [channel for channel in self._channels if source.keyslot(channel) == slot]
+        if channels:
+            self._hand_back(channels)
+
+    def _hand_back(self, channels: list[bytes]) -> None:
+        """Tell the cluster notifier this listener no longer listens to ``channels``."""
+        if self._lost is None:
+            return
+        try:
+            self._lost(self, channels)
+        except Exception:  # the cluster is unreachable: the waiters fall back to their hints
+            log.debug("pub/sub channels not moved", exc_info=True)
+
+    def take(self, channel: bytes) -> set[QueueWakeup]:
+        """Stop listening to ``channel`` here, no longer subscribed (its slot moved, or the
+        connection is gone); its waiters, for another node's listener."""
+        with self._lock:
+            state = self._channels.pop(channel, None)
+            # Its subscription's answer will never come here: the count starts over.
+            self._acked[channel] = self._sent[channel]
+            return set() if state is None else state.waiters
+
+    def listens_to(self, channel: bytes) -> bool:
+        """Whether ``channel`` is subscribed here (or about to be)."""
+        with self._lock:
+            return channel in self._channels
 
     def leave(self) -> None:
         """One client of this notifier closed; the last one stops the listener."""
@@ -339,11 +432,121 @@ class Notifier:
                 conn.disconnect()
 
 
-_notifiers: weakref.WeakKeyDictionary[Any, Notifier] = weakref.WeakKeyDictionary()
+def has_sharded_pubsub(conn: Any) -> bool:
+    """Whether the server on ``conn`` (connected, nothing subscribed yet) has SPUBLISH."""
+    conn.send_command("COMMAND", "INFO", "SPUBLISH")
+    reply = conn.read_response()
+    return bool(reply and reply[0])
+
+
+def redirected_slot(exc: redis.ResponseError) -> int | None:
+    """The slot of a MOVED or ASK error, else None."""
+    if isinstance(exc, redis.exceptions.AskError):  # MovedError too
+        return exc.slot_id
+    words = str(exc).split()
+    if len(words) == 3 and words[0] in ("MOVED", "ASK") and words[1].isdigit():
+        return int(words[1])
+    return None
+
+
+class ClusterNotifier:
+    """:class:`Notifier` on a Redis Cluster: a listener per node that has waiters, each
+    channel subscribed on the node owning its slot (see the module's docstring)."""
+
+    def __init__(self, redis_client: Any) -> None:
+        self._source = weakref.ref(redis_client)
+        self._users = 0
+        self._lock = threading.Lock()
+        #: Node name -> its listener.
+        self._nodes: dict[str, Notifier] = {}
+        #: Channel -> the listener it is subscribed with, while it has waiters.
+        self._where: dict[bytes, Notifier] = {}
+        reset_in_child(self)
+
+    def _reset_after_fork(self) -> None:
+        self._lock = threading.Lock()
+        self._nodes = {}
+        self._where = {}
+
+    def _listener_locked(self, channel: bytes) -> Notifier:
+        """The listener ``channel`` is subscribed with, or that of its slot's node."""
+        listener = self._where.get(channel)
+        if listener is None or not listener.listens_to(channel):
+            source = self._source()
+            if source is None:
+                raise redis.ConnectionError("the Redis Cluster client is gone")
+            name = source.get_node_from_key(channel).name
+            listener = self._nodes.get(name)
+            if listener is None:
+                listener = self._nodes[name] = Notifier(source, name, self._moved)
+            self._where[channel] = listener
+        return listener
+
+    @contextmanager
+    def listening(self, *channels: bytes) -> Iterator[QueueWakeup]:
+        """As :meth:`Notifier.listening`, each channel on its slot's node."""
+        wakeup = QueueWakeup()
+        try:
+            with self._lock:
+                confirmed = [self._listener_locked(c)._add(c, wakeup) for c in channels]
+            deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
+            for done in confirmed:
+                done.wait(max(0.0, deadline - time.monotonic()))
+            yield wakeup
+        finally:
+            with self._lock:
+                for channel in channels:
+                    listener = self._where.get(channel)
+                    if listener is not None and not listener._remove(channel, wakeup):
+                        # No waiter left: a later one finds its slot's node again.
+                        del self._where[channel]
+
+    def _moved(self, old: Notifier, channels: list[bytes]) -> None:
+        """``old`` no longer listens to ``channels``: subscribe them where their slots are
+        now; their waiters look again (a release may have gone unseen meanwhile)."""
+        source = self._source()
+        if source is None:
+            return
+        for channel in channels:
+            # redis-py follows the MOVED this gets and learns the slot's owner.
+            with contextlib.suppress(redis.RedisError, redis.exceptions.RedisClusterException):
+                source.exists(channel)
+        woken: list[QueueWakeup] = []
+        with self._lock:
+            for channel in channels:
+                waiters = old.take(channel)
+                if self._where.get(channel) is old:
+                    del self._where[channel]
+                if not waiters:
+                    continue
+                listener = self._listener_locked(channel)
+                for wakeup in waiters:
+                    listener._add(channel, wakeup)
+                woken += waiters
+        for wakeup in woken:
+            wakeup.set()
+
+    def leave(self) -> None:
+        """One client of this notifier closed; the last one stops the listeners."""
+        with _registry_lock:
+            self._users -= 1
+            last = self._users <= 0
+        if last:
+            self.close()
+
+    def close(self) -> None:
+        """Stop every node's listener (see :meth:`Notifier.close`)."""
+        with self._lock:
+            listeners = list(self._nodes.values())
+        for listener in listeners:
+            listener.close()
+
+
+_notifiers: weakref.WeakKeyDictionary[Any, Notifier | ClusterNotifier] = weakref.WeakKeyDictionary()
 _registry_lock = threading.Lock()
 
 
-def notifier_for(redis_client: Any) -> Notifier:
+def notifier_for(redis_client: Any) -> Notifier | ClusterNotifier:
     """The notifier of ``redis_client``'s connection pool in this process, shared by every
     client on that pool (on a Cluster, the client's own); counts one more user of it, for
     :meth:`Notifier.leave`."""
@@ -351,7 +554,8 @@ def notifier_for(redis_client: Any) -> Notifier:
     with _registry_lock:
         notifier = _notifiers.get(source)
         if notifier is None:
-            notifier = _notifiers[source] = Notifier(redis_client)
+            made = ClusterNotifier if is_cluster(redis_client) else Notifier
+            notifier = _notifiers[source] = made(redis_client)
         notifier._users += 1
         return notifier
 

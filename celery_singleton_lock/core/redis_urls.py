@@ -271,12 +271,15 @@ def pubsub_source(redis_client: Any) -> Any:
     return redis_client if is_cluster(redis_client) else redis_client.connection_pool
 
 
-def pubsub_connection(source: Any) -> Any:
+def pubsub_connection(source: Any, node_name: str | None = None) -> Any:
     """A new, unconnected connection for SUBSCRIBE from a :func:`pubsub_source`, with the
     client's settings (TLS, ACL user, ...) but no read timeout: a listener blocks in its read
-    as long as it waits. On a Cluster, to a random node (plain ``PUBLISH`` reaches all)."""
+    as long as it waits. On a Cluster, to the node named ``node_name`` ("host:port")."""
     if is_cluster(source):
-        pool = source.get_redis_connection(source.get_random_node()).connection_pool
+        node = source.get_node(node_name=node_name)
+        if node is None:  # no longer in the client's map: the listener looks again
+            raise redis.ConnectionError(f"no cluster node {node_name}")
+        pool = source.get_redis_connection(node).connection_pool
         return pubsub_connection_of(pool)
     return pubsub_connection_of(source)
 

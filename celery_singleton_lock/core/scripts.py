@@ -19,7 +19,7 @@ from redis.exceptions import ClusterError, NoScriptError, TryAgainError
 from redis.typing import EncodableT, KeyT
 
 from .keys import FENCE_TTL_MS, key_base
-from .redis_urls import is_cluster
+from .redis_urls import is_async_cluster, is_cluster
 from .replication import Replication
 from .replies import AcquireReply, HolderReply
 
@@ -129,8 +129,37 @@ SLOT_MIGRATION_BACKOFF = 0.05
 
 def register(redis: Any, text: str, replication: Replication | None = None) -> Script:
     """``text`` as a :class:`Script` bound to ``redis`` (no I/O); with ``replication``, each
-    call waits for its replicas (see :func:`run_batch`)."""
+    call waits for its replicas (see :func:`run_batch`); on a Redis Cluster, with its releases
+    published to the channel's shard (:func:`sharded`)."""
+    if is_cluster(redis) or is_async_cluster(redis):
+        text = sharded(text)
     return Script(redis, text, replication)
+
+
+#: Publishes on the channel's shard (SPUBLISH: the message stays on the node owning the
+#: channel's slot, which is the lock's), or, where the server has no SPUBLISH (before Redis
+#: 7), with PUBLISH to every node. The listener decides the same way per node
+#: (:mod:`.notifier`), so a waiter subscribes the way its release is published.
+SHARDED_PUBLISH = """\
+local function publish_sharded(channel, message)
+  local reply = redis.pcall('SPUBLISH', channel, message)
+  if type(reply) == 'table' and reply.err then
+    return redis.call('PUBLISH', channel, message)
+  end
+  return reply
+end
+"""
+
+
+def sharded(text: str) -> str:
+    """Script ``text`` with each ``redis.call('PUBLISH', ...)`` publishing on the channel's
+    shard, as on a Redis Cluster."""
+    if PUBLISH_CALL not in text:
+        return text
+    return SHARDED_PUBLISH + text.replace(PUBLISH_CALL, "publish_sharded(")
+
+
+PUBLISH_CALL = "redis.call('PUBLISH', "
 
 
 def load_on_node(redis: Any, text: Any, node: Any) -> str:
