@@ -17,6 +17,10 @@ from celery.result import allow_join_result
 
 import celery_singleton_lock
 
+#: ``cluster`` (a local three-master Redis Cluster, one per test module that asks for it) and
+#: ``client`` (a LockClient on it): the Cluster tests' fixtures.
+pytest_plugins = ["support.cluster_fixtures"]
+
 # Import everything now, in the main thread. CPython 3.11 before 3.11.8 has a parser that is
 # not thread-safe (gh-106905: "AST constructor recursion depth mismatch"): pytest rewrites
 # asserts of plugin modules with ast.parse at import, while worker threads format

@@ -8,11 +8,10 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from redis.asyncio.cluster import RedisCluster
-from support.redis_topologies import Cluster, running
+from support.redis_topologies import Cluster
 from test_cluster import names_on_every_node
 
 from celery_singleton_lock import AsyncLockClient, LockClient
@@ -31,12 +30,6 @@ async def eventually(probe: object, what: str) -> None:
     while not probe():  # type: ignore[operator]
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.02)
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    with running(Cluster(3)) as topology:
-        yield topology
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,26 +15,13 @@ import redis
 from celery import Celery
 from click.testing import CliRunner
 from redis.cluster import RedisCluster
-from support.redis_topologies import Cluster, running, wait_until
+from support.redis_topologies import Cluster, wait_until
 
 from celery_singleton_lock import LockClient, LockTaken
 from celery_singleton_lock.celery.task import lock_client_for
 from celery_singleton_lock.cli import commands
 from celery_singleton_lock.core.heartbeat import heartbeat
 from celery_singleton_lock.kinds.intervals import interval_keys
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    with running(Cluster(3)) as topology:
-        yield topology
-
-
-@pytest.fixture
-def client(cluster: Cluster) -> Iterator[LockClient]:
-    made = LockClient.from_url(cluster.url, prefix=f"csltest:{uuid.uuid4().hex[:12]}:")
-    yield made
-    made.close()
 
 
 def node_port(client: LockClient, key: bytes) -> int:

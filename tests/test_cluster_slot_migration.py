@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from support.redis_topologies import Cluster, running, wait_until
+from support.redis_topologies import Cluster, wait_until
 from support.slot_migration import SlotMigration, errors_seen
 
 from celery_singleton_lock import AsyncLockClient, LockBackendError, LockClient
@@ -37,19 +37,6 @@ REDIS_PY_TRIES = 16
 
 #: Short enough that the heartbeat must renew during the test (every ttl / 3).
 TTL = 1.5
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    with running(Cluster(3)) as topology:
-        yield topology
-
-
-@pytest.fixture
-def client(cluster: Cluster) -> Iterator[LockClient]:
-    made = LockClient.from_url(cluster.url, prefix=f"csltest:{uuid.uuid4().hex[:12]}:")
-    yield made
-    made.close()
 
 
 @pytest.fixture

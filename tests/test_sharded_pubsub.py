@@ -9,11 +9,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 import redis
 from support.redis_topologies import Cluster, running, wait_until
 from support.slot_migration import SlotMigration
@@ -22,19 +20,6 @@ from test_cluster import evalsha_calls, names_on_every_node, node_port, shard_su
 from celery_singleton_lock import AsyncLockClient, LockClient
 
 WAIT = 20.0
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    with running(Cluster(3)) as topology:
-        yield topology
-
-
-@pytest.fixture
-def client(cluster: Cluster) -> Iterator[LockClient]:
-    made = LockClient.from_url(cluster.url, prefix=f"csltest:{uuid.uuid4().hex[:12]}:")
-    yield made
-    made.close()
 
 
 def channel_of(client: LockClient, name: str) -> bytes:
