@@ -22,9 +22,9 @@ from typing import Any, TypeVar
 from ..core.handle_state import (
     NO_LOCK,
     HandleState,
+    Outage,
     _Process,
     check_options,
-    outage_pause,
     retry_in,
 )
 from ..core.heartbeat import RenewUnit, renew_calls
@@ -184,21 +184,15 @@ class AsyncLockHandle(HandleState):
         until it succeeds or ``wait`` seconds pass; ``abandon`` runs when giving up (when
         the waiting task is cancelled, :meth:`_undo_attempts` does)."""
         deadline = time.monotonic() + wait
-        failures = 0
+        outage = Outage(deadline)
         async with self._conn.notifier().listening(self._channels) as woken:
             while True:
                 try:
                     taken, value = await attempt()
-                except LockBackendError:
-                    # Redis stopped answering while this call waited: keep trying within
-                    # the wait, as the sync handles do (core/handle.py).
-                    failures += 1
-                    pause = outage_pause(deadline, failures)
-                    if pause is None:
-                        raise
-                    await woken.wait(pause)
+                except LockBackendError as error:
+                    await woken.wait(outage.pause(error))  # see Outage
                     continue
-                failures = 0
+                outage.answered()
                 if taken:
                     return True, value
                 sleep = retry_in(deadline, value)

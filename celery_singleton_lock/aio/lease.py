@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..core import validate
-from ..core.handle_state import hint_seconds, outage_pause
+from ..core.handle_state import Outage, hint_seconds
 from ..core.heartbeat import RenewUnit
 from ..core.keys import lock_keys
 from ..core.replies import AcquireReply
@@ -110,7 +110,7 @@ class AsyncLease(AsyncLockHandle):
         handed = fair_keys(self.keys.base, owner)[2]
         deadline = time.monotonic() + wait
         hint = hint_seconds(self._queued_hint)
-        failures = 0
+        outage = Outage(deadline)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -121,15 +121,10 @@ class AsyncLease(AsyncLockHandle):
                 if token:
                     return True, token
                 taken, value = await attempt()
-            except LockBackendError:
-                # Redis stopped answering: keep trying within the wait (as the sync lease).
-                failures += 1
-                pause = outage_pause(deadline, failures)
-                if pause is None:
-                    raise
-                await asyncio.sleep(pause)
+            except LockBackendError as error:
+                await asyncio.sleep(outage.pause(error))  # see Outage
                 continue
-            failures = 0
+            outage.answered()
             if taken:
                 return True, value
             hint = hint_seconds(value)

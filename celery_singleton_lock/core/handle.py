@@ -27,9 +27,9 @@ from .connection import Connection, HasConnection, connection_of
 from .handle_state import (
     HandleState,
     Options,
+    Outage,
     _Process,
     check_options,
-    outage_pause,
     retry_in,
 )
 from .heartbeat import RenewEntry, RenewUnit, heartbeat, renew_calls, renewing
@@ -216,24 +216,16 @@ class LockHandle(HandleState, ABC):
         it succeeds or ``wait`` seconds pass; ``abandon`` runs when giving up."""
         deadline = time.monotonic() + wait
         done = False
-        failures = 0
+        outage = Outage(deadline)
         try:
             with self._listening() as woken:
                 while True:
                     try:
                         taken, value = attempt()
-                    except LockBackendError:
-                        # Redis stopped answering while this call waited (a failover, a
-                        # restart): a waiter holds nothing, so it keeps trying within its
-                        # wait, with the same owner token (a re-sent attempt is answered as
-                        # the first), and takes the lock on the server that answers next.
-                        failures += 1
-                        pause = outage_pause(deadline, failures)
-                        if pause is None:
-                            raise
-                        woken.wait(pause)
+                    except LockBackendError as error:
+                        woken.wait(outage.pause(error))  # see Outage
                         continue
-                    failures = 0
+                    outage.answered()
                     if taken:
                         done = True
                         return True, value

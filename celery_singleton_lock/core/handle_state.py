@@ -149,12 +149,30 @@ def hint_seconds(hint_ms: int) -> float:
 OUTAGE_FIRST_PAUSE, OUTAGE_LONGEST_PAUSE = 0.05, 1.0
 
 
-def outage_pause(deadline: float, failures: int) -> float | None:
-    """How long a waiter whose attempt number ``failures`` in a row Redis did not answer
-    pauses before it tries again; None when the monotonic ``deadline`` comes first (the
-    waiter then raises the last error: Redis did not answer within its wait)."""
-    pause = min(OUTAGE_FIRST_PAUSE * 2 ** min(failures - 1, 16), OUTAGE_LONGEST_PAUSE)
-    return None if time.monotonic() + pause >= deadline else pause
+class Outage:
+    """A waiter's run of attempts Redis did not answer (a failover, a restart). A waiter holds
+    nothing, so it keeps trying within its wait, as the same owner (a re-sent attempt is
+    answered as the first), and takes the lock on the server that answers next."""
+
+    __slots__ = ("_deadline", "_failures")
+
+    def __init__(self, deadline: float) -> None:
+        self._deadline = deadline  # monotonic: the end of the wait
+        self._failures = 0
+
+    def pause(self, error: LockBackendError) -> float:
+        """The pause before trying again after ``error``: the first soon, then doubling to
+        the longest; raises ``error`` when the wait ends first (Redis did not answer
+        within it)."""
+        self._failures += 1
+        pause = min(OUTAGE_FIRST_PAUSE * (1 << min(self._failures - 1, 16)), OUTAGE_LONGEST_PAUSE)
+        if time.monotonic() + pause >= self._deadline:
+            raise error
+        return pause
+
+    def answered(self) -> None:
+        """Redis answered: the next outage's pauses start short again."""
+        self._failures = 0
 
 
 def retry_in(deadline: float, hint_ms: int) -> float | None:

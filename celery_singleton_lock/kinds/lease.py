@@ -15,11 +15,11 @@ from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle import HolderRecord, LockHandle, log, released_unreplicated
 from ..core.handle_state import (
     Options,
+    Outage,
     Timing,
     _Process,
     check_options,
     hint_seconds,
-    outage_pause,
 )
 from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.holder import HOSTNAME, holder_fields, info_fields
@@ -282,7 +282,7 @@ class Lease(LockHandle):
         handed = fair_keys(self.keys.base, owner)[2]
         deadline = time.monotonic() + wait
         hint = hint_seconds(self._queued_hint)
-        failures = 0
+        outage = Outage(deadline)
         try:
             while True:
                 remaining = deadline - time.monotonic()
@@ -296,17 +296,11 @@ class Lease(LockHandle):
                     if token:
                         return True, token
                     taken, value = attempt()
-                except LockBackendError:
-                    # Redis stopped answering (a failover, a restart): keep trying within
-                    # the wait, as a waiter that is not queued does (core/handle.py). The
-                    # next attempt queues again, as the same owner.
-                    failures += 1
-                    pause = outage_pause(deadline, failures)
-                    if pause is None:
-                        raise
-                    time.sleep(pause)
+                except LockBackendError as error:
+                    # See Outage; the next attempt queues again, as the same owner.
+                    time.sleep(outage.pause(error))
                     continue
-                failures = 0
+                outage.answered()
                 if taken:
                     return True, value
                 hint = hint_seconds(value)
