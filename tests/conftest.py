@@ -17,9 +17,9 @@ from celery.result import allow_join_result
 
 import celery_singleton_lock
 
-#: ``cluster`` (a local three-master Redis Cluster, one per test module that asks for it) and
-#: ``client`` (a LockClient on it): the Cluster tests' fixtures.
-pytest_plugins = ["support.cluster_fixtures"]
+#: ``cluster``, ``client``, ``sentinels`` and ``prefix``: the fixtures of the tests on local
+#: Redis topologies (Cluster, Sentinel).
+pytest_plugins = ["support.topology_fixtures"]
 
 # Import everything now, in the main thread. CPython 3.11 before 3.11.8 has a parser that is
 # not thread-safe (gh-106905: "AST constructor recursion depth mismatch"): pytest rewrites

@@ -43,11 +43,6 @@ def tls() -> Iterator[TLSServer]:
         yield server
 
 
-@pytest.fixture
-def prefix() -> str:
-    return f"csltest:{uuid.uuid4().hex[:12]}:"
-
-
 def run_cli(url: str, prefix: str, *args: str) -> Result:
     return CliRunner().invoke(commands.main, ["--url", url, "--prefix", prefix, *args])
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 
-import pytest
 from redis.asyncio.cluster import RedisCluster
 from support.redis_topologies import Cluster
 from test_cluster import names_on_every_node
@@ -30,11 +28,6 @@ async def eventually(probe: object, what: str) -> None:
     while not probe():  # type: ignore[operator]
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.02)
-
-
-@pytest.fixture
-def prefix() -> str:
-    return f"csltest:{uuid.uuid4().hex[:12]}:"
 
 
 def test_leases_on_every_master_renew_wake_and_list(cluster: Cluster, prefix: str) -> None:

@@ -6,27 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import uuid
-from collections.abc import Iterator
 
 import pytest
-from support.redis_topologies import SENTINEL_MASTER, SentinelSet, running
+from support.redis_topologies import SENTINEL_MASTER, SentinelSet
 from test_sentinel import FAILOVER_TIMEOUT, fail_over
 
 from celery_singleton_lock import AsyncLockClient, ConfigurationError, LockClient
 from celery_singleton_lock.embedded import free_port
 from celery_singleton_lock.exceptions import LockBackendError
-
-
-@pytest.fixture
-def sentinels() -> Iterator[SentinelSet]:
-    with running(SentinelSet()) as topology:
-        yield topology
-
-
-@pytest.fixture
-def prefix() -> str:
-    return f"csltest:{uuid.uuid4().hex[:12]}:"
 
 
 def test_a_sentinel_url_gives_a_client_that_follows_a_failover(

@@ -56,11 +56,6 @@ def acknowledged_write(master: redis.Redis) -> bool:
     return bool(pipe.execute()[1] == 1)
 
 
-@pytest.fixture
-def prefix() -> str:
-    return f"csltest:{uuid.uuid4().hex[:12]}:"
-
-
 @pytest.mark.parametrize(
     ("replicas", "replica_timeout", "argument"),
     [

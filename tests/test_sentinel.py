@@ -8,29 +8,17 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
-from support.redis_topologies import SENTINEL_MASTER, SentinelSet, running, wait_until
+from support.redis_topologies import SENTINEL_MASTER, SentinelSet, wait_until
 
 from celery_singleton_lock import LockClient, LockLost
 from celery_singleton_lock.exceptions import LockBackendError
 
 #: A failover here takes down-after (1 s) + election and promotion: a few seconds.
 FAILOVER_TIMEOUT = 30
-
-
-@pytest.fixture
-def sentinels() -> Iterator[SentinelSet]:
-    with running(SentinelSet()) as topology:
-        yield topology
-
-
-@pytest.fixture
-def prefix() -> str:
-    return f"csltest:{uuid.uuid4().hex[:12]}:"
 
 
 def fail_over(sentinels: SentinelSet) -> int:

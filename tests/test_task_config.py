@@ -406,12 +406,6 @@ def test_client_kwargs_setting_reaches_the_redis_client(tls: TLSServer, lock_pre
     assert info.value.argument == "singleton_lock_client_kwargs"
 
 
-@pytest.fixture
-def sentinels() -> Iterator[SentinelSet]:
-    with running(SentinelSet()) as topology:
-        yield topology
-
-
 def test_a_sentinel_broker_lends_master_name_and_sentinel_kwargs(
     sentinels: SentinelSet, lock_prefix: str
 ) -> None:
