@@ -140,3 +140,18 @@ def test_the_setting_is_checked_before_any_task_is_changed(celery_lock_app: Cele
     with pytest.raises(ConfigurationError) as info:
         lock_named_tasks(celery_lock_app)
     assert info.value.argument == "singleton_lock_tasks"
+
+
+def test_a_task_two_keys_name_is_refused(celery_lock_app: Celery) -> None:
+    @celery_lock_app.task(name="both.export", shared=False)
+    def export() -> None:
+        return None
+
+    celery_lock_app.conf.singleton_lock_tasks = {
+        "both.*": {"lock_ttl": 60},
+        "both.export": {"lock_ttl": 120},
+    }
+    with pytest.raises(ConfigurationError) as info:
+        lock_named_tasks(celery_lock_app)
+    assert info.value.argument == "singleton_lock_tasks['both.export']"
+    assert "named by 'both.*' too" in str(info.value)

@@ -90,8 +90,16 @@ def lock_task(task: Any, options: dict[str, Any], pattern: str) -> bool:
     """Make ``task`` a SingletonTask with ``options``; False if it is one already (declared
     with ``base=SingletonTask``: its own options stand, and a warning says so)."""
     cls = type(task)
-    if getattr(cls, "_locked_by_name", None) == pattern:
-        return False  # done already, by this setting
+    locked_by = getattr(cls, "_locked_by_name", None)
+    if locked_by == pattern:
+        return False  # done already, by this key
+    if locked_by is not None:
+        # Two keys name the task: which options apply would depend on the setting's order.
+        raise ConfigurationError(
+            f"{SETTING}[{pattern!r}]",
+            f"bad configuration: {task.name} is named by {locked_by!r} too; "
+            "let one key name each task",
+        )
     if isinstance(task, SingletonTask):
         log.warning(
             "%s is a SingletonTask already: %s[%r] left out (set its options on the task)",
