@@ -137,7 +137,7 @@ def test_wait_time_is_the_time_the_run_was_blocked(
     with receiving(events_app) as events, in_process_worker(events_app):
         with task_locks.hold(job) as held:
             result = job.delay()
-            wait_for_subscriber(job.lock_client, held._channel)  # the run is blocked now
+            wait_for_subscriber(job.lock_client, held._channels[0])  # the run is blocked now
             blocked_since = time.monotonic()
         blocked_for = time.monotonic() - blocked_since
         task_locks.assert_ran(result)
@@ -337,6 +337,7 @@ def test_a_prefork_worker_started_with_events_sends_them_from_its_child(
         ({"lock_range": ("lo", "hi"), "lock_key": "rows"}, "range", "write"),
         ({"lock_range": ("lo", "hi"), "lock_key": "rows", "lock_mode": "read"}, "range", "read"),
         ({"lock_keys": ["a:{lo}", "b:{hi}"]}, "multi", "exclusive"),
+        ({"lock_limit": 3}, "semaphore", "exclusive"),
     ],
 )
 def test_lock_kind_and_mode_name_what_the_task_takes(

@@ -19,6 +19,7 @@ from celery.utils import uuid
 from celery_singleton_lock import SingletonTask, admin, is_skipped
 from celery_singleton_lock.celery import claims, evidence
 from celery_singleton_lock.celery.testing import TaskLocks
+from celery_singleton_lock.core.holder import flatten
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
 
@@ -28,7 +29,7 @@ TIMEOUT = 30
 def lock_fields(task: Any, *args: Any) -> dict[str, str]:
     """The lock hash a call of ``task`` with these arguments takes, decoded."""
     client = task.lock_client
-    raw = client.redis.hgetall(client.connection.keys(task.lock_name(args)).lock)
+    raw = flatten(client.redis.hgetall(client.connection.keys(task.lock_name(args)).lock))
     return {key.decode(): value.decode() for key, value in raw.items()}
 
 

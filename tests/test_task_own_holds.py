@@ -16,6 +16,7 @@ from celery import Celery
 from support.proxies import OutageProxy
 
 from celery_singleton_lock import LockBackendError, SingletonTask
+from celery_singleton_lock.core.holder import flatten
 from celery_singleton_lock.core.keys import lock_keys
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
@@ -64,8 +65,16 @@ def retrying_task(app: Celery, proxy: OutageProxy, **options: Any) -> Any:
 
 
 def holder(server: redis.Redis, prefix: str, name: str) -> dict[str, str]:
-    fields: dict[str, str] = server.hgetall(lock_keys(prefix, name).lock)
-    return fields
+    """The holder fields of lock ``name``, as text: read as bytes (a lease keeps its holder
+    fields packed in one binary field), then unpacked."""
+    raw = redis.Redis(connection_pool=redis.ConnectionPool(
+        **{**server.connection_pool.connection_kwargs, "decode_responses": False}
+    ))  # fmt: skip
+    try:
+        fields = flatten(raw.hgetall(lock_keys(prefix, name).lock))
+    finally:
+        raw.close()
+    return {key.decode(): value.decode() for key, value in fields.items()}
 
 
 def test_lost_acquire_reply_leaves_a_hold_the_autoretry_takes_over(

@@ -4,6 +4,8 @@ and a visibility timeout shorter than the task's lease, on the Redis transport).
 
 A whole worker is SIGKILLed mid-run, children and all: its message comes back while the dead
 run's lease still stands. The call must still run, and never beside another run of its key.
+A message delivered again while its first delivery still waits for the lock must not run the
+body a second time once that delivery ran.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from apps.fault_app import gate_key
 from support.chaos import Workers
 from support.waiting import wait_for
 
+from celery_singleton_lock.celery import waiting_marks
 from celery_singleton_lock.embedded import RedisServer
 
 TIMEOUT = 60.0
@@ -115,3 +118,54 @@ def test_copy_of_a_live_run_waits_in_the_queue_and_runs_once_the_original_dies(
     runs = events(pool, event="start", task_id=result.id)
     ends = events(pool, event="end", task_id=result.id)
     assert len(runs) == 2 and len(ends) == 1, (runs, ends)
+
+
+@pytest.mark.timeout(180)
+def test_copy_of_a_delivery_waiting_for_the_lock_is_requeued_and_dropped_not_run_again(
+    pool: Workers,
+) -> None:
+    workers = [pool.start(concurrency=1), pool.start(concurrency=1)]
+    pool.wait_ready(*workers)
+    # fault.chaos: acks_late, lock_wait=15 s.
+    task = pool.app.tasks["fault.chaos"]
+    args = ("kw", 0.3)
+    # Another call holds the key, so the call's first delivery waits for it.
+    blocker = task.make_lock(args, owner_info={"task_name": "blocker", "task_id": "blocker"})
+    assert blocker.acquire(0.0)
+    lock = task.lock_client.connection
+    try:
+        result = task.apply_async(args)
+        received = wait_for(
+            lambda: events(pool, event="received", task_id=result.id), TIMEOUT, "a delivery"
+        )
+        lock_hash = lock.keys(blocker.name).lock
+        wait_for(lambda: lock.redis.hget(lock_hash, "waiting"), TIMEOUT, "it to wait")
+        original_worker = next(w for w in workers if received[0]["pid"] in w.children())
+        other_worker = next(w for w in workers if w is not original_worker)
+        # A second delivery of the same message (as a visibility timeout would make) while
+        # the first still waits: it must not wait behind it and then run the body again.
+        pool.app.send_task(task.name, args, task_id=result.id)
+        wait_for(
+            lambda: (
+                "re-queued: a copy of this task id waits for the lock" in other_worker.log_tail(200)
+            ),
+            TIMEOUT,
+            "the copy to be re-queued",
+        )
+        mark = waiting_marks.mark_key(lock, blocker, result.id, 0)
+        assert 0 < lock.redis.pttl(mark) <= (15 + waiting_marks.MARK_MARGIN_S) * 1000
+        assert result.state == "PENDING"  # the copy stored nothing
+    finally:
+        blocker.release()
+    assert result.get(timeout=TIMEOUT) > 0
+    assert result.state == "SUCCESS"
+    wait_for(
+        lambda: any(
+            "dropped: the original run ended (SUCCESS)" in w.log_tail(400) for w in workers
+        ),
+        TIMEOUT,
+        "the copy to be dropped",
+    )
+    assert len(events(pool, event="start", task_id=result.id)) == 1
+    assert len(events(pool, event="end", task_id=result.id)) == 1
+    assert not lock.redis.exists(mark)  # removed when the wait ended

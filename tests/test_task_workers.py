@@ -27,6 +27,7 @@ from support.workers import WorkerPrograms
 from celery_singleton_lock import LockClient
 from celery_singleton_lock.celery.testing import TaskLocks
 from celery_singleton_lock.core.handle import LockHandle
+from celery_singleton_lock.core.holder import flatten
 from celery_singleton_lock.core.keys import lock_keys
 from celery_singleton_lock.kinds import intervals, rangelock, rwlock, semaphore
 from celery_singleton_lock.kinds.intervals import interval_keys
@@ -107,7 +108,7 @@ class Cluster(WorkerPrograms):
             key
             for key in self.keys()
             if self.redis.type(key) == b"hash"
-            and self.redis.hget(key, "task_id") == task_id.encode()
+            and flatten(self.redis.hgetall(key)).get(b"task_id") == task_id.encode()
         ]
 
     def server_time(self) -> float:
@@ -225,7 +226,7 @@ def test_sigkilled_worker_frees_the_lock_within_the_lease_not_the_ttl(
     key, lease = "worker-killed", 2.0
     first = cluster.task("short_lease").apply_async((key, 600), queue=victim.queues[0])
     started = cluster.wait_record(event="start", task_id=first.id)
-    holder = cluster.redis.hgetall(cluster.lock_key(key))
+    holder = flatten(cluster.redis.hgetall(cluster.lock_key(key)))
     assert int(holder[b"pid"]) == started["pid"] != victim.pid  # a pool child holds it
     # lock_ttl is an hour: a lock without a renewed lease would stay that long.
     assert int(holder[b"deadline_ms"]) - int(holder[b"acquired_ms"]) == 3600 * 1000
@@ -369,7 +370,7 @@ def test_sigkilled_pool_child_frees_every_lock_kind_at_once(
     assert len(holds) == len(expected), holds
     pairs = zip(sorted(holds), expected, strict=True)
     assert all(key.startswith(start) for key, start in pairs), (holds, expected)
-    assert {int(cluster.redis.hget(key, "pid") or 0) for key in holds} == {child}
+    assert {int(flatten(cluster.redis.hgetall(key)).get(b"pid") or 0) for key in holds} == {child}
     assert all(60_000 - 5_000 < cluster.redis.pttl(key) <= 60_000 for key in holds)
     assert task_locks.is_held(cluster.task(case.rival), *case.rival_args)
 

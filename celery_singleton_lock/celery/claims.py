@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from celery.backends.base import DisabledBackend
 
 from ..core import validate
 from ..core.replies import HolderReply
 from ..kinds.lease import CLAIM_OWNER_PREFIX, Lease, ReleaseResult
+from .holders import Holder
 from .options import DEBOUNCE, UNTIL_START
 
 log = logging.getLogger("celery_singleton_lock.task")
@@ -95,37 +96,34 @@ def claim_lease(
     return claim
 
 
-class _Holder(Protocol):
-    @property
-    def task_id(self) -> str | None: ...
-
-    @property
-    def claimed(self) -> bool: ...
-
-
-H = TypeVar("H", bound=_Holder)
-
-
-def finished_claim(task: Any, found: Sequence[H]) -> H | None:
-    """The claim among ``found`` (holders.Holder) whose task the result backend says is over
-    (finished, failed or revoked): a message that will never run under it. None if there is
-    none, or no result backend to ask."""
-    claims = [holder for holder in found if holder.claimed and holder.task_id]
-    if not claims:
-        return None
+def has_result_backend(source: Any, logger: logging.Logger = log) -> bool:
+    """Whether ``source`` (a task or an app) has a result backend to ask."""
     try:
-        if isinstance(task.backend, DisabledBackend):
-            return None
+        return not isinstance(source.backend, DisabledBackend)
     except Exception as exc:  # a misconfigured backend: no evidence from it
-        log.warning("result backend unusable: %s", exc)
+        logger.warning("result backend unusable: %s", exc)
+        return False
+
+
+def result_state(source: Any, task_id: str, logger: logging.Logger = log) -> str | None:
+    """The state the result backend of ``source`` has for ``task_id``, None if it does not
+    answer (no evidence either way)."""
+    try:
+        return str(source.AsyncResult(task_id).state)
+    except Exception as exc:
+        logger.warning("result backend did not answer for %s: %s", task_id, exc)
+        return None
+
+
+def finished_claim(task: Any, found: Sequence[Holder]) -> Holder | None:
+    """The claim among ``found`` whose task the result backend says is over (finished,
+    failed or revoked): a message that will never run under it. None if there is none, or
+    no result backend to ask."""
+    claims = [holder for holder in found if holder.claimed and holder.task_id]
+    if not claims or not has_result_backend(task):
         return None
     for holder in claims:
-        try:
-            state = task.AsyncResult(holder.task_id).state
-        except Exception as exc:  # no evidence from a backend that does not answer
-            log.warning("result backend did not answer for %s: %s", holder.task_id, exc)
-            continue
-        if state in FINISHED_STATES:
+        if result_state(task, str(holder.task_id)) in FINISHED_STATES:
             return holder
     return None
 

@@ -27,7 +27,6 @@ from celery.result import AsyncResult
 from celery.utils import uuid
 
 from ..exceptions import DuplicateTask
-from ..kinds.lease import Lease
 from . import holders
 from .claims import claim_lease, claim_life, claim_name, finished_claim
 from .options import DEBOUNCE
@@ -46,11 +45,6 @@ def is_retry(task: Any, task_id: str | None, options: dict[str, Any]) -> bool:
     return bool(options.get("retries")) and task_id is not None and task_id == task.request.id
 
 
-def in_canvas(options: dict[str, Any]) -> bool:
-    """True if a message sent with these ``apply_async`` options carries more of a canvas."""
-    return any(options.get(key) for key in _CANVAS_OPTIONS)
-
-
 def send_once(
     task: Any,
     send: Callable[..., Any],
@@ -66,22 +60,29 @@ def send_once(
     name = claim_name(task, args, kwargs)
     ttl = claim_life(seconds_until(options.get("eta"), options.get("countdown")), lock.queue_ttl)
     claim = claim_lease(task, name, task_id, ttl)
-    if claim.acquire(0):
-        return _send_claimed(claim, send, args, kwargs, task_id, options)
-    found = holders.holders_of(claim)
-    stale = finished_claim(task, found)
-    if stale is None and lock.on_enqueue == DEBOUNCE:
-        stale = next((holder for holder in found if holder.claimed), None)
-    if stale is not None:
-        # Its task finished or was revoked without running it (or without freeing it): take
-        # the claim over, only if it is still that one (owner-checked, atomic).
-        claim = claim_lease(task, name, task_id, ttl, takeover=stale.owner)
-        if claim.acquire(0):
-            log.info("%s[%s] took over the claim of %s", task.name, task_id, stale.task_id)
-            return _send_claimed(claim, send, args, kwargs, task_id, options)
+    claimed = claim.acquire(0)
+    if not claimed:
         found = holders.holders_of(claim)
+        stale = finished_claim(task, found)
+        if stale is None and lock.on_enqueue == DEBOUNCE:
+            stale = next((holder for holder in found if holder.claimed), None)
+        if stale is not None:
+            # Its task finished or was revoked without running it (or without freeing it):
+            # take the claim over, only if it is still that one (owner-checked, atomic).
+            claim = claim_lease(task, name, task_id, ttl, takeover=stale.owner)
+            claimed = claim.acquire(0)
+            if claimed:
+                log.info("%s[%s] took over the claim of %s", task.name, task_id, stale.task_id)
+            else:
+                found = holders.holders_of(claim)
+    if claimed:
+        try:
+            return send(args, kwargs, task_id=task_id, **options)
+        except BaseException:
+            claim.release()  # no message carries the claim
+            raise
     why = holders.describe(found)
-    if in_canvas(options):
+    if any(options.get(key) for key in _CANVAS_OPTIONS):
         log.info(
             "%s[%s] sent despite lock %r (%s): part of a canvas", task.name, task_id, name, why
         )
@@ -97,21 +98,6 @@ def send_once(
     if holder is None:
         return send(args, kwargs, task_id=task_id, **options)
     return AsyncResult(holder, app=task.app)
-
-
-def _send_claimed(
-    claim: Lease,
-    send: Callable[..., Any],
-    args: Any,
-    kwargs: Any,
-    task_id: str,
-    options: dict[str, Any],
-) -> Any:
-    try:
-        return send(args, kwargs, task_id=task_id, **options)
-    except BaseException:
-        claim.release()
-        raise
 
 
 def seconds_until(eta: datetime.datetime | str | None, countdown: float | None) -> float:

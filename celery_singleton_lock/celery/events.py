@@ -1,30 +1,15 @@
 """Celery task events for what a run's lock did, so Flower, ``celery events`` and other event
 consumers see skipped and lost runs next to Celery's own ``task-started``/``task-succeeded``.
+The event types and their fields are listed in docs/monitoring.md.
 
-Event types (the ``uuid`` of each is the run's task id, ``hostname`` its worker's):
+The field names start with ``lock_`` because Flower merges an event's fields into its view of
+the task: a field called ``name`` would replace the task's name there.
 
-- ``task-lock-acquired``: the run took its lock; ``lock_wait`` seconds it waited.
-- ``task-lock-skipped``: the run found its lock taken and did not run its body;
-  ``lock_holder`` is the holding run, ``lock_wait`` the seconds it waited first.
-- ``task-lock-lost``: the run's lock was found lost while the body ran; ``lock_reason``
-  is ``"expired"`` (nobody holds it) or ``"taken"`` (another owner does).
-- ``task-lock-released``: the run released its lock (or handed it to its retry).
-
-Every event also carries ``lock_name``, ``lock_kind`` (as ``celery locks list`` shows it:
-``lease``, ``read``, ``upgradable``, ``write``, ``range`` or ``multi``), ``lock_mode``
-(``exclusive``, ``read``, ``upgradable`` or ``write``),
-``lock_holder`` and ``lock_token`` (the fencing token; None when skipped). The field names
-start with ``lock_`` because Flower merges an event's fields into its view of the task: a
-field called ``name`` would replace the task's name there.
-
-Events are sent only by a worker that sends task events (``celery worker -E``,
-``worker_send_task_events = True``, or Flower's "enable events" at run time; under the
-prefork pool a child follows the setting as it was when the child started), and only for
-tasks whose ``send_events`` is true. Eager runs (``apply()``) send none. An event that fails
-to send is logged at WARNING and never reaches the run: events go out from a sender thread of
-their own, so a slow or unreachable broker does not hold up the run either (a stopping worker
-gives it up to ``FLUSH_AT_SHUTDOWN`` seconds to send what is left). Loaded with :mod:`.task`:
-no set-up.
+Events are sent only by a worker that sends task events (under the prefork pool a child
+follows the setting as it was when the child started), only for tasks whose ``send_events``
+is true, and never for eager runs. They go out from a sender thread of their own, so a slow or
+unreachable broker does not hold up the run; one that fails to send is logged at WARNING.
+Loaded with :mod:`.task`: no set-up.
 """
 
 from __future__ import annotations
@@ -76,12 +61,14 @@ def worker_sends_task_events(worker: Any) -> bool:
 
 def _event_hostname(task: Any) -> str | None:
     """The hostname to send this run's events as, or None if it sends none."""
-    request = task.request
-    if request.is_eager or not request.id or not getattr(task, "send_events", True):
-        return None
+    # The worker first: without -E (the common case) the answer is known before the
+    # request is looked up, and this runs on every acquire.
     ref = _workers.get(task.app)
     worker = ref() if ref is not None else None
     if worker is None or not worker_sends_task_events(worker):
+        return None
+    request = task.request
+    if request.is_eager or not request.id or not getattr(task, "send_events", True):
         return None
     return str(request.hostname or worker.hostname)
 
@@ -92,6 +79,8 @@ def lock_fields(task: Any, name: str, holder: str | None, lease: Any) -> dict[st
     mode = "write" if options.range is not None and options.mode == "exclusive" else options.mode
     if options.keys is not None:
         kind = "multi"
+    elif options.limit is not None:
+        kind = "semaphore"  # a permit: `celery locks list` shows `semaphore/<limit>`
     elif options.range is not None:
         kind = "range"
     elif mode != "exclusive":

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..admin import CLAIMED, LIVE, NO_EVIDENCE, QUEUED, STALE, Check, LockInfo
 from . import broker_queues
-from .claims import FINISHED_STATES
+from .claims import FINISHED_STATES, has_result_backend, result_state
 
 log = logging.getLogger("celery_singleton_lock.admin")
 
@@ -75,13 +75,7 @@ def backend_check(app: Any) -> Check | None:
     over will never take its claim over). A fresh heartbeat always wins: some process still
     renews that lock, whatever an earlier run under the same task id stored. None when the
     app has no result backend."""
-    from celery.backends.base import DisabledBackend
-
-    try:
-        if isinstance(app.backend, DisabledBackend):
-            return None
-    except Exception as exc:  # a misconfigured backend: no evidence from it
-        log.warning("result backend unusable: %s", exc)
+    if not has_result_backend(app, log):
         return None
 
     def check(infos: list[LockInfo]) -> list[LockInfo]:
@@ -92,11 +86,7 @@ def backend_check(app: Any) -> Check | None:
                 and info.evidence in (NO_EVIDENCE, CLAIMED)
                 and info.task_id
             ):
-                try:
-                    state = app.AsyncResult(info.task_id).state
-                except Exception as exc:
-                    log.warning("result backend did not answer for %s: %s", info.task_id, exc)
-                    state = None
+                state = result_state(app, info.task_id, log)
                 if state is not None:
                     info = dataclasses.replace(info, task_state=state)
                 if state in FINISHED_STATES:

@@ -29,18 +29,6 @@ MODE_KINDS = {"exclusive": "lease", "read": "rw", "upgradable": "rw", "write": "
 LOCK_MODES = tuple(MODE_KINDS)
 
 
-def _seconds(value: Any, argument: str) -> float:
-    return validate.check_positive(value, argument)
-
-
-def _wait(value: Any, argument: str) -> float:
-    return validate.check_wait(value, argument)
-
-
-def _delay(value: Any, argument: str) -> float:
-    return validate.check_delay(value, argument)
-
-
 #: ``lock_on_enqueue`` value: claim only while the call is queued (see enqueue.py).
 UNTIL_START = "until_start"
 #: ``lock_on_enqueue`` value: as UNTIL_START, but a new call replaces the queued one.
@@ -72,14 +60,19 @@ def _any(value: Any, argument: str) -> Any:
     return value  # checked against the task's signature by task_keys.TaskKey
 
 
+def _are_names(value: Any) -> bool:
+    """A non-empty list or tuple of non-empty strings."""
+    return (
+        isinstance(value, (list, tuple))
+        and bool(value)
+        and all(isinstance(item, str) and item for item in value)
+    )
+
+
 def _range(value: Any, argument: str) -> tuple[str, str] | None:
     if value is None:
         return None
-    if (
-        not isinstance(value, (list, tuple))
-        or len(value) != 2
-        or not all(isinstance(item, str) and item for item in value)
-    ):
+    if not _are_names(value) or len(value) != 2:
         raise ConfigurationError(argument, f"must be two argument names, got {value!r}")
     return (value[0], value[1])
 
@@ -95,11 +88,7 @@ def _limit(value: Any, argument: str) -> int | None:
 def _keys(value: Any, argument: str) -> Any:
     if value is None or callable(value):
         return value
-    if (
-        isinstance(value, (list, tuple))
-        and value
-        and all(isinstance(item, str) and item for item in value)
-    ):
+    if _are_names(value):
         return tuple(value)
     raise ConfigurationError(
         argument, f"must be a list of key templates or a callable, got {value!r}"
@@ -133,13 +122,13 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "lock_ttl",
         3600.0,
-        _seconds,
+        validate.check_positive,
         "Hard cap in seconds on how long one run may hold its lock (default 3600).",
     ),
     Option(
         "lock_lease",
         30.0,
-        _seconds,
+        validate.check_positive,
         "Heartbeat-renewed lease in seconds: a dead worker frees the lock within it (default 30).",
     ),
     Option(
@@ -150,7 +139,9 @@ OPTIONS: tuple[Option, ...] = (
         "a list of argument names, or a callable ``(args, kwargs) -> str``.",
         per_task_only=True,
     ),
-    Option("lock_wait", 0.0, _wait, "Seconds a run waits for a busy lock (default 0)."),
+    Option(
+        "lock_wait", 0.0, validate.check_wait, "Seconds a run waits for a busy lock (default 0)."
+    ),
     Option(
         "lock_conflict",
         "skip",
@@ -160,13 +151,13 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "lock_retry_countdown",
         10.0,
-        _delay,
+        validate.check_delay,
         'Countdown in seconds of the retry that ``lock_conflict="retry"`` schedules (default 10).',
     ),
     Option(
         "lock_release_delay",
         0.0,
-        _delay,
+        validate.check_delay,
         "Seconds the key stays locked after the run ends (release delay; default 0).",
     ),
     Option(
@@ -181,7 +172,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "lock_queue_ttl",
         300.0,
-        _seconds,
+        validate.check_positive,
         "With ``lock_on_enqueue``: seconds a queued call keeps its claim, counted from when "
         "it may run (after its countdown or eta), so a purged or lost message stops "
         "deduplicating new calls (default 300).",
@@ -232,9 +223,6 @@ TASK_OPTIONS: dict[str, tuple[Any, Callable[[Any, str], Any]]] = {
 #: The options that select a lock family when set: (option, its TaskLockOptions field, family).
 KIND_OPTIONS = tuple((option.name, option.field, option.kind) for option in OPTIONS if option.kind)
 
-#: Options with no app-wide setting: they only make sense per task.
-PER_TASK_ONLY = tuple(option.name for option in OPTIONS if option.per_task_only)
-
 #: The lease a task gets when neither it nor the app sets one, unless ``lock_ttl`` is
 #: shorter than three of them: then a third of ``lock_ttl``.
 DEFAULT_LEASE: float = TASK_OPTIONS["lock_lease"][0]
@@ -258,13 +246,8 @@ APP_SETTINGS = (
     "singleton_lock_replica_timeout",
     # Tasks locked by name (celery/named_tasks.py): {name or glob: {lock_* option: value}}.
     "singleton_lock_tasks",
-    *(setting_name(option) for option in TASK_OPTIONS if option not in PER_TASK_ONLY),
+    *(setting_name(option.name) for option in OPTIONS if not option.per_task_only),
 )
-
-
-def default_lease(ttl: float) -> float:
-    """The lease of a task that sets none: 30 s, or a third of a shorter ``lock_ttl``."""
-    return min(DEFAULT_LEASE, ttl / 3)
 
 
 def check_lease_within_ttl(lease_from: str, lease: float, ttl_from: str, ttl: float) -> None:
@@ -332,7 +315,7 @@ class TaskLockOptions:
             sources[option.name] = where
             values[option.field] = option.check(value, where) if value is not None else None
         if sources["lock_lease"] == _BUILT_IN:
-            values["lease"] = default_lease(values["ttl"])
+            values["lease"] = min(DEFAULT_LEASE, values["ttl"] / 3)
         else:
             check_lease_within_ttl(
                 sources["lock_lease"], values["lease"], sources["lock_ttl"], values["ttl"]
@@ -481,8 +464,7 @@ def _replication(conf: Any) -> tuple[int, float]:
         check_replication(replicas, timeout)
     except ConfigurationError as exc:
         raise ConfigurationError(
-            f"singleton_lock_{exc.argument}",
-            f"bad configuration: {str(exc).partition(': ')[2]}",
+            f"singleton_lock_{exc.argument}", f"bad configuration: {str(exc).partition(': ')[2]}"
         ) from None
     return replicas, float(timeout)
 
@@ -584,16 +566,15 @@ def _broker_connection(url: str, conf: Any) -> tuple[str, dict[str, Any]]:
         if isinstance(use_ssl, dict):
             kwargs.update(use_ssl)
         # Kombu turns TLS on for a redis:// or sentinel:// broker with broker_use_ssl.
-        tls_scheme = {"redis": "rediss", "sentinel": "rediss+sentinel"}
-        tls_scheme["redis+sentinel"] = "rediss+sentinel"
-        if scheme in tls_scheme:
-            scheme = tls_scheme[scheme]
+        tls = "rediss+sentinel"
+        scheme = {"redis": "rediss", "sentinel": tls, "redis+sentinel": tls}.get(scheme, scheme)
     if scheme in redis_urls.SENTINEL_SCHEMES:
-        options = conf.get("broker_transport_options", None) or {}
-        master = options.get("master_name") if isinstance(options, dict) else None
+        options = conf.get("broker_transport_options", None)
+        options = options if isinstance(options, dict) else {}
+        master = options.get("master_name")
         if master and "master_name=" not in rest:
             rest += ("&" if "?" in rest else "?") + f"master_name={master}"
-        sentinel_kwargs = options.get("sentinel_kwargs") if isinstance(options, dict) else None
+        sentinel_kwargs = options.get("sentinel_kwargs")
         if sentinel_kwargs is not None:
             kwargs["sentinel_kwargs"] = sentinel_kwargs
     return f"{scheme}://{rest}", kwargs

@@ -35,21 +35,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import Task
-from celery.backends.base import DisabledBackend
 from celery.exceptions import Reject
 
-from ..admin.inspect import (
-    MISSED_TICKS,
-    TICKS_PER_TTL,
-    escape,
-    heartbeat_stopped,
-    server_ms,
-)
+from ..admin.inspect import MISSED_TICKS, TICKS_PER_TTL, escape, heartbeat_stopped, server_ms
 from ..core.holder import HOSTNAME
 from ..exceptions import LockBackendError
 from ..kinds.lease import CLAIM_OWNER_PREFIX, Lease
 from ..kinds.lease_listing import list_holders
-from .claims import FINISHED_STATES
+from .claims import FINISHED_STATES, has_result_backend, result_state
 
 log = logging.getLogger("celery_singleton_lock.task")
 
@@ -115,14 +108,8 @@ def decide(
         return Verdict(TAKE_OVER, "took over the claim of its own attempt")
     if hold.stale:
         return Verdict(TAKE_OVER, "took over the hold of a dead earlier delivery (heartbeat)")
-    same_process = hold.pid == pid and hold.host == HOSTNAME
-    if (
-        node is not None
-        and hold.worker == node
-        and hold.host == HOSTNAME
-        and hold.pid is not None
-        and not same_process
-        and pid_gone(hold.pid)
+    if left_by_dead_process(
+        hold.worker, hold.host, hold.pid, node=node, this_pid=pid, pid_gone=pid_gone
     ):
         return Verdict(TAKE_OVER, f"took over the hold of a dead earlier delivery (pid {hold.pid})")
     base = max(hold.overdue_in, 0.0) + MARGIN_S
@@ -161,6 +148,28 @@ def pid_gone(pid: int) -> bool:
             return stat.read().rpartition(b")")[2].split()[:1] == [b"Z"]
     except OSError:  # no /proc (not Linux), or it exited just now
         return not os.path.exists(f"/proc/{pid}") and os.path.isdir("/proc")
+
+
+def left_by_dead_process(
+    worker: str | None,
+    host: str | None,
+    pid: int | None,
+    *,
+    node: str | None,
+    this_pid: int,
+    pid_gone: Callable[[int], bool] = pid_gone,
+) -> bool:
+    """Whether a record made by worker ``worker`` on ``host`` in process ``pid`` (a hold, a
+    wait mark) was left by a process of worker ``node`` on this host that no longer exists;
+    never by ``this_pid``, the process asking (a threads pool runs copies side by side)."""
+    return (
+        node is not None
+        and worker == node
+        and host == HOSTNAME
+        and pid is not None
+        and pid != this_pid
+        and pid_gone(pid)
+    )
 
 
 # -- reading the hold --------------------------------------------------------------------------
@@ -246,14 +255,10 @@ def requeues(request: Any) -> int:
 def finished(task: Any, task_id: str) -> str | None:
     """The finished state (SUCCESS, FAILURE, REVOKED) the result backend has for ``task_id``,
     None if it has none, or there is no backend to ask."""
-    try:
-        if isinstance(task.backend, DisabledBackend):
-            return None
-        state = task.AsyncResult(task_id).state
-    except Exception as exc:  # no evidence from a backend that does not answer
-        log.warning("result backend did not answer for %s: %s", task_id, exc)
+    if not has_result_backend(task):
         return None
-    return str(state) if state in FINISHED_STATES else None
+    state = result_state(task, task_id)
+    return state if state in FINISHED_STATES else None
 
 
 def max_countdown(app: Any) -> float | None:

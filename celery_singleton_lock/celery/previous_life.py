@@ -8,20 +8,20 @@ on this host whose process no longer exists: a process of this host that is gone
 nothing, so none of these holds has a heartbeat that still runs, however recent its last
 renewal (each is still cleared only if not renewed since it was listed). A hold whose process
 still exists (a prefork child that outlived its killed parent and still runs its task, or a new
-process that reused the pid) is left to its heartbeat or its lease, as before.
+process that reused the pid) is left to its heartbeat or its lease.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 from ..admin import LIVE, STALE, LockInfo, clear_listed, list_locks
 from ..admin.clear import CLEARED
 from ..client import LockClient
-from ..core.holder import HOSTNAME
 from ..kinds.lease import CLAIM_OWNER_PREFIX
-from .own_holds import pid_gone
+from .own_holds import left_by_dead_process, pid_gone
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +38,11 @@ def left_by_previous_life(
     return [
         info.restated(STALE, PREVIOUS_LIFE)
         for info in infos
-        if info.worker == node
-        and info.host == HOSTNAME
-        and info.pid is not None
-        and info.state in (LIVE, STALE)
+        if info.state in (LIVE, STALE)
         and not (info.owner or "").startswith(CLAIM_OWNER_PREFIX)
-        and pid_gone(info.pid)
+        and left_by_dead_process(
+            info.worker, info.host, info.pid, node=node, this_pid=os.getpid(), pid_gone=pid_gone
+        )
     ]
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import Counter as Tally
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
@@ -52,76 +52,63 @@ _registered: weakref.WeakKeyDictionary[CollectorRegistry, LockMetrics] = weakref
 _registering = threading.Lock()
 
 
+#: The counters, one per signal: (signal, the counter's attribute and name suffix, help).
+COUNTED = (
+    (lock_acquired, "acquired", "Task runs that took their lock."),
+    (lock_skipped, "skipped", "Task runs skipped because their lock was taken."),
+    (lock_lost, "lost", "Task runs whose lock was found lost while they ran."),
+    (
+        lock_released,
+        "released",
+        "Task runs that released their lock (or handed it to their retry).",
+    ),
+)
+
+
 class LockMetrics:
     """The lock metrics in one registry, and the signal receivers that update them."""
 
+    # Set from COUNTED; declared for the type checker.
+    acquired: Counter
+    skipped: Counter
+    lost: Counter
+    released: Counter
+
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        name = "celery_singleton_lock_"
-        self.acquired = Counter(
-            name + "acquired", "Task runs that took their lock.", ["task"], registry=registry
-        )
-        self.skipped = Counter(
-            name + "skipped",
-            "Task runs skipped because their lock was taken.",
-            ["task"],
-            registry=registry,
-        )
-        self.lost = Counter(
-            name + "lost",
-            "Task runs whose lock was found lost while they ran.",
-            ["task"],
-            registry=registry,
-        )
-        self.released = Counter(
-            name + "released",
-            "Task runs that released their lock (or handed it to their retry).",
-            ["task"],
-            registry=registry,
-        )
+        self._receivers = []
+        for signal, outcome, doc in COUNTED:
+            counter = Counter(f"celery_singleton_lock_{outcome}", doc, ["task"], registry=registry)
+            setattr(self, outcome, counter)
+            self._receivers.append((signal, self._receiver(counter, outcome)))
         self.wait = Histogram(
-            name + "wait_seconds",
+            "celery_singleton_lock_wait_seconds",
             "Seconds task runs waited for their lock.",
             ["task", "outcome"],
             buckets=WAIT_BUCKETS,
             registry=registry,
         )
-        self._receivers = (
-            (lock_acquired, self._on_acquired),
-            (lock_skipped, self._on_skipped),
-            (lock_lost, self._on_lost),
-            (lock_released, self._on_released),
-        )
         for signal, receiver in self._receivers:
             signal.connect(receiver, weak=False)
+
+    def _receiver(self, counter: Counter, outcome: str) -> Callable[..., None]:
+        def count(sender: Any, wait: float | None = None, **_: Any) -> None:
+            counter.labels(task=sender.name).inc()
+            if wait is not None:  # sent with lock_acquired and lock_skipped only
+                self.wait.labels(task=sender.name, outcome=outcome).observe(wait)
+
+        return count
 
     def close(self) -> None:
         """Stop counting and take the metrics out of the registry."""
         for signal, receiver in self._receivers:
             signal.disconnect(receiver)
-        for collector in (self.acquired, self.skipped, self.lost, self.released, self.wait):
-            self.registry.unregister(collector)
+        for _, outcome, _ in COUNTED:
+            self.registry.unregister(getattr(self, outcome))
+        self.registry.unregister(self.wait)
         with _registering:
             if _registered.get(self.registry) is self:
                 del _registered[self.registry]
-
-    def _on_acquired(self, sender: Any, **kwargs: Any) -> None:
-        self.acquired.labels(task=sender.name).inc()
-        self._observe_wait(sender, "acquired", kwargs.get("wait"))
-
-    def _on_skipped(self, sender: Any, **kwargs: Any) -> None:
-        self.skipped.labels(task=sender.name).inc()
-        self._observe_wait(sender, "skipped", kwargs.get("wait"))
-
-    def _on_lost(self, sender: Any, **_: Any) -> None:
-        self.lost.labels(task=sender.name).inc()
-
-    def _on_released(self, sender: Any, **_: Any) -> None:
-        self.released.labels(task=sender.name).inc()
-
-    def _observe_wait(self, sender: Any, outcome: str, wait: float | None) -> None:
-        if wait is not None:
-            self.wait.labels(task=sender.name, outcome=outcome).observe(wait)
 
 
 def register_metrics(registry: CollectorRegistry | None = None) -> LockMetrics:
@@ -173,9 +160,9 @@ def register_lock_states(
     """List the locks of ``client_or_app`` (a :class:`LockClient`, or a Celery app: its lock
     client) into ``registry`` (default: prometheus_client's ``REGISTRY``) at each scrape.
     Register it in one process only (the one serving the metrics), not per pool child."""
-    client = client_or_app if isinstance(client_or_app, LockClient) else None
-    if client is None:
-        client = lock_client_for(client_or_app)
-    states = LockStates(client)
+    if isinstance(client_or_app, LockClient):
+        states = LockStates(client_or_app)
+    else:
+        states = LockStates(lock_client_for(client_or_app))
     (REGISTRY if registry is None else registry).register(states)
     return states

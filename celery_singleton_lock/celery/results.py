@@ -13,12 +13,7 @@ def skipped_result(name: str, holder_task_id: str | None, reason: str = "") -> d
     """What a skipped run returns: a JSON-friendly dict that :func:`is_skipped` recognises.
     ``reason`` says what stood in the way, as the log line does (``held by task <id>``,
     ``in a release delay until <time>``, ...)."""
-    return {
-        _RESULT_MARK: SKIPPED,
-        "lock": name,
-        "holder_task_id": holder_task_id,
-        "reason": reason,
-    }
+    return {_RESULT_MARK: SKIPPED, "lock": name, "holder_task_id": holder_task_id, "reason": reason}
 
 
 def is_skipped(result: Any) -> bool:

@@ -14,7 +14,8 @@ import datetime
 import logging
 import threading
 import time
-from typing import Any
+from functools import cached_property
+from typing import Any, NoReturn
 
 from celery import Task
 from celery.exceptions import Ignore, Retry
@@ -26,7 +27,7 @@ from ..exceptions import ConfigurationError, LockBackendError, LockError, LockLo
 from ..kinds import registry
 from ..kinds.lease import Lease, ReleaseResult
 from ..kinds.registry import HandleFactory, Target
-from . import claims, enqueue, holders, own_holds
+from . import claims, enqueue, holders, own_holds, waiting_marks
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
 # before a worker starts, which always imports its tasks first).
@@ -47,7 +48,7 @@ from .signals import lock_acquired, lock_lost, lock_released, lock_skipped
 from .task_keys import TaskKey
 
 # Importing the task connects the worker's receivers of Celery's signals (release at shutdown,
-# free revoked claims), as importing the signals did before.
+# free revoked claims).
 from .worker import install, track_run_lock
 
 log = logging.getLogger("celery_singleton_lock.task")
@@ -69,6 +70,14 @@ class _DeferredRetries(threading.local):
 
 
 _deferred_retries = _DeferredRetries()
+
+
+class _RunLocks(threading.local):
+    """Per task and thread (greenlet): the locks of the runs under way, innermost last (a
+    task may call itself from its body)."""
+
+    def __init__(self) -> None:
+        self.leases: list[LockHandle | None] = []
 
 
 def worker_node(request: Any) -> str | None:
@@ -139,26 +148,21 @@ class SingletonTask(Task):  # type: ignore[misc]
         self.check_lock_configuration()
         return super().apply(args, kwargs, *rest, **options)
 
-    @property
+    @cached_property
     def lock_options(self) -> TaskLockOptions:
-        """This task's options, resolved against the app's settings (cached)."""
-        options: TaskLockOptions | None = self.__dict__.get("_lock_options")
-        if options is None:
-            options = TaskLockOptions.resolve(self.name, self, self.app.conf)
-            self.__dict__["_lock_options"] = options
-        return options
+        """This task's options, resolved against the app's settings."""
+        return TaskLockOptions.resolve(self.name, self, self.app.conf)
 
-    @property
+    @cached_property
     def lock_naming(self) -> TaskKey:
-        naming: TaskKey | None = self.__dict__.get("_lock_naming")
-        if naming is None:
-            options = self.lock_options
-            naming = TaskKey(self.name, self.run, options.key)
-            if options.range is not None:
-                naming.check_arguments("lock_range", options.range)
-            if isinstance(options.keys, tuple):
-                naming.check_templates("lock_keys", options.keys)
-            self.__dict__["_lock_naming"] = naming
+        """Makes this task's lock names from its call arguments, checked against its
+        signature."""
+        options = self.lock_options
+        naming = TaskKey(self.name, self.run, options.key)
+        if options.range is not None:
+            naming.check_arguments("lock_range", options.range)
+        if isinstance(options.keys, tuple):
+            naming.check_templates("lock_keys", options.keys)
         return naming
 
     @property
@@ -195,12 +199,13 @@ class SingletonTask(Task):  # type: ignore[misc]
         # bounds of a range).
         if options.keys is not None:
             names = tuple(self.lock_naming.names(options.keys, args, kwargs))
-            return make(Target(" + ".join(sorted(names)), names), mode, owner_info, on_lost)
-        name = self.lock_name(args, kwargs)
-        if options.range is None:
-            return make(Target(name), mode, owner_info, on_lost)
-        bounds = self.lock_naming.bounds(options.range, args, kwargs)
-        return make(Target(name, bounds=bounds), mode, owner_info, on_lost)
+            target = Target(" + ".join(sorted(names)), names)
+        elif options.range is None:
+            target = Target(self.lock_name(args, kwargs))
+        else:
+            name = self.lock_name(args, kwargs)
+            target = Target(name, bounds=self.lock_naming.bounds(options.range, args, kwargs))
+        return make(target, mode, owner_info, on_lost)
 
     def _handle_factory(
         self, client: LockClient, options: TaskLockOptions, mode: str
@@ -220,8 +225,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             family = registry.family_named(options.kind(mode))
             if mode not in family.modes:
                 raise ConfigurationError(
-                    "mode",
-                    f"a {family.family} lock's modes are {list(family.modes)}, not {mode!r}",
+                    "mode", f"a {family.family} lock's modes are {list(family.modes)}, not {mode!r}"
                 )
             if options.limit is not None:
                 # A semaphore's permits need the task's limit, which a family cannot give.
@@ -258,22 +262,8 @@ class SingletonTask(Task):  # type: ignore[misc]
     def lock(self) -> LockHandle | None:
         """The lease the current run holds (None outside a run, or when running unlocked):
         use ``self.lock.token`` to fence writes and ``self.lock.check()`` to stop early."""
-        stack = self.__dict__.get("_lock_stack")
-        local_stack = getattr(stack, "leases", None) if stack is not None else None
-        return local_stack[-1] if local_stack else None
-
-    def _push_lock(self, lease: LockHandle | None) -> None:
-        stack = self.__dict__.get("_lock_stack")
-        if stack is None:
-            # Not setdefault(name, threading.local()): that would make a new local per run.
-            stack = self.__dict__.setdefault("_lock_stack", threading.local())
-        leases = getattr(stack, "leases", None)
-        if leases is None:
-            leases = stack.leases = []
-        leases.append(lease)
-
-    def _pop_lock(self) -> None:
-        self.__dict__["_lock_stack"].leases.pop()
+        runs: _RunLocks | None = self.__dict__.get("_lock_stack")
+        return runs.leases[-1] if runs is not None and runs.leases else None
 
     # -- the run -----------------------------------------------------------------------------
 
@@ -293,10 +283,12 @@ class SingletonTask(Task):  # type: ignore[misc]
             args,
             kwargs,
             owner_info=owner_info,
-            on_lost=lambda lost: self._lease_lost(lost, task_id),
+            on_lost=lambda lost: lock_lost.send(
+                sender=self, name=lost.name, task_id=task_id, lease=lost
+            ),
         )
         name = lease.name
-        self._drop_finished_copy()
+        self._drop_finished_copy(request)
         if isinstance(lease, Lease):
             claims.take_over_at_run(lease, task_id, attempt)
         if (
@@ -318,7 +310,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 found = holders.holders_of(lease)
                 acquired = self._meet_own_hold(lease, found, node)
                 if not acquired and options.wait:
-                    acquired, found = lease.acquire(options.wait), None
+                    acquired, found = self._wait_unless_copy(lease, options.wait, node), None
         except LockBackendError as exc:
             if options.backend_down != "run":
                 self._autoretry(exc)
@@ -376,18 +368,14 @@ class SingletonTask(Task):  # type: ignore[misc]
         return not (code == ReleaseResult.HELD_BY_ANOTHER and self._replaceable())
 
     def _replaced(self, lease: LockHandle, args: Any, kwargs: Any) -> Any:
-        request, name = self.request, lease.name
+        name = lease.name
         self._ignore_copy_of_self(lease, holders.holders_of(lease))  # it left the queue already
         try:
             latest = claims.replaced_by(self, args, kwargs)
         except LockError:
             latest = None
         why = f"replaced by queued task {latest}"
-        log.info("%s[%s] skipped: %s", self.name, request.id, why)
-        lock_skipped.send(
-            sender=self, name=name, task_id=request.id, lease=None, wait=0.0, holder=latest
-        )
-        return skipped_result(name, latest, why)
+        return self._skip(name, latest, why, 0.0, logged=why)
 
     def _ignore_copy_of_self(self, lease: LockHandle, found: list[holders.Holder]) -> None:
         """Raise Ignore if the lock is held under this run's own task id: another delivery of
@@ -415,32 +403,32 @@ class SingletonTask(Task):  # type: ignore[misc]
             return False
         # The release delay of this very call (it ran): nothing more to do.
         delays = [holder for holder in found if holder.release_delay_until_ms is not None]
-        hold: own_holds.OwnHold | None = None
         verdict: own_holds.Verdict | None
         if isinstance(lease, Lease):
             hold, verdict = own_holds.assess(self, lease, node)
+            if hold is not None and verdict is not None and verdict.action == own_holds.TAKE_OVER:
+                lease.take_over = hold.owner
+                if lease.acquire(0.0):
+                    log.warning("%s[%s] %s on %r", self.name, request.id, verdict.why, lease.name)
+                    return True
+                verdict = None
         else:
             # No take-over for the other kinds: the copy looks again once a dead holder's
             # lease could have run out, until the hold is gone or its task finished.
             self._ignore_copy_of_self(lease, delays)
             verdict = own_holds.requeue_verdict(self)
-        if (
-            isinstance(lease, Lease)
-            and hold is not None
-            and verdict is not None
-            and verdict.action == own_holds.TAKE_OVER
-        ):
-            lease.take_over = hold.owner
-            if lease.acquire(0.0):
-                log.warning("%s[%s] %s on %r", self.name, request.id, verdict.why, lease.name)
-                return True
-            verdict = None
         if verdict is None:
             self._ignore_copy_of_self(lease, delays)
             # Changed hands meanwhile (let go, or another copy took it over): look again soon.
             verdict = own_holds.Verdict(
                 own_holds.REQUEUE, "re-queued: its hold changed hands", own_holds.MARGIN_S
             )
+        self._requeue_or_ignore(verdict)
+
+    def _requeue_or_ignore(self, verdict: own_holds.Verdict) -> NoReturn:
+        """Act on ``verdict`` for this copy of a message: re-queue it (REQUEUE) or not,
+        and ignore this delivery (raise Ignore)."""
+        request = self.request
         if verdict.action == own_holds.REQUEUE:
             own_holds.requeue(self, verdict.countdown)
             log.info(
@@ -454,10 +442,35 @@ class SingletonTask(Task):  # type: ignore[misc]
             log.info("%s[%s] ignored: %s", self.name, request.id, verdict.why)
         raise Ignore()
 
-    def _drop_finished_copy(self) -> None:
+    def _wait_unless_copy(self, lease: LockHandle, wait: float, node: str | None) -> bool:
+        """Wait up to ``wait`` seconds for the lock, under a mark saying this delivery of
+        the message waits (waiting_marks.py), removed when the wait ends. A copy of a
+        delivery that waits already does not wait behind it (it would run the body a second
+        time once its original ran): it is re-queued, as a copy of a live original is, and
+        this delivery ignored."""
+        request = self.request
+        connection = self.lock_client.connection
+        try:
+            mark = waiting_marks.claim(
+                connection,
+                waiting_marks.mark_key(connection, lease, request.id, request.retries or 0),
+                wait=wait,
+                node=node,
+                requeues=own_holds.requeues(request),
+                max_countdown=own_holds.max_countdown(self.app),
+            )
+        except waiting_marks.CopyOfWaiting as copy:
+            verdict = copy.verdict()
+        else:
+            try:
+                return lease.acquire(wait)
+            finally:
+                waiting_marks.remove(connection, mark)
+        self._requeue_or_ignore(verdict)
+
+    def _drop_finished_copy(self, request: Any) -> None:
         """A copy re-queued behind a live original (own_holds.py) is dropped, storing
         nothing, once the result backend shows that original finished: its result stands."""
-        request = self.request
         if not own_holds.requeues(request):
             return
         state = own_holds.finished(self, request.id)
@@ -486,13 +499,17 @@ class SingletonTask(Task):  # type: ignore[misc]
         raise self.retry(exc=exc, **retry_kwargs)
 
     def _run_holding(self, lease: LockHandle | None, args: Any, kwargs: Any) -> Any:
-        self._push_lock(lease)
+        runs: _RunLocks | None = self.__dict__.get("_lock_stack")
+        if runs is None:
+            # Not setdefault(name, _RunLocks()) alone: that would make a new local per run.
+            runs = self.__dict__.setdefault("_lock_stack", _RunLocks())
+        runs.leases.append(lease)
         try:
             if self._called_by_tracer():
                 return self.run(*args, **kwargs)
             return super().__call__(*args, **kwargs)
         finally:
-            self._pop_lock()
+            runs.leases.pop()
             sends = _take_deferred(lease)
             if sends:
                 self._send_deferred_retries(lease, sends)
@@ -534,9 +551,6 @@ class SingletonTask(Task):  # type: ignore[misc]
             return
         lock_released.send(sender=self, name=lease.name, task_id=self.request.id, lease=lease)
 
-    def _lease_lost(self, lease: LockHandle, task_id: str) -> None:
-        lock_lost.send(sender=self, name=lease.name, task_id=task_id, lease=lease)
-
     def _conflict(
         self,
         lease: LockHandle,
@@ -544,21 +558,24 @@ class SingletonTask(Task):  # type: ignore[misc]
         waited: float,
         found: list[holders.Holder] | None = None,
     ) -> Any:
-        request, name = self.request, lease.name
+        name = lease.name
         if found is None:
             found = holders.holders_of(lease)
         why = holders.describe(found)
-        if options.conflict == "raise":
-            raise LockTimeout(f"{self.name}: lock {name!r} is taken ({why})", name=name)
-        if options.conflict == "retry":
-            raise self.retry(
-                countdown=options.retry_countdown,
-                exc=LockTimeout(f"{self.name}: lock {name!r} is taken ({why})", name=name),
-            )
+        if options.conflict != "skip":
+            exc = LockTimeout(f"{self.name}: lock {name!r} is taken ({why})", name=name)
+            if options.conflict == "raise":
+                raise exc
+            raise self.retry(countdown=options.retry_countdown, exc=exc)
         holder = holders.holder_task_id(found)
-        log.info("%s[%s] skipped: lock %r %s", self.name, request.id, name, why)
+        return self._skip(name, holder, why, waited, logged=f"lock {name!r} {why}")
+
+    def _skip(self, name: str, holder: str | None, why: str, waited: float, logged: str) -> Any:
+        """Skip the body: log, send ``lock_skipped`` and return the skipped result."""
+        task_id = self.request.id
+        log.info("%s[%s] skipped: %s", self.name, task_id, logged)
         lock_skipped.send(
-            sender=self, name=name, task_id=request.id, lease=None, wait=waited, holder=holder
+            sender=self, name=name, task_id=task_id, lease=None, wait=waited, holder=holder
         )
         return skipped_result(name, holder, why)
 
@@ -583,33 +600,37 @@ class SingletonTask(Task):  # type: ignore[misc]
         to it, so the retried run never starts beside this one. A ``countdown`` still counts
         from this call."""
         lease = self.lock
-        call = (exc, throw, eta, countdown, max_retries)
+        call = dict(args=args, kwargs=kwargs, exc=exc, throw=throw, eta=eta, countdown=countdown)
+        call.update(max_retries=max_retries, **options)
         if lease is None or not lease.held:
-            return self._celery_retry(args, kwargs, *call, **options)
+            return super().retry(**call)
         if not throw:
-            return self._retry_at_end(lease, args, kwargs, call, options)
+            # Celery's retry (its checks, its ``Retry``), with the message it sends kept back
+            # until the body ends (:meth:`_send_deferred_retries`).
+            captured: list[_RetrySend] = []
+            _deferred_retries.capture = captured
+            try:
+                outcome = super().retry(**call)
+            finally:
+                _deferred_retries.capture = None
+            _deferred_retries.pending.extend((lease, send) for send in captured)
+            return outcome
         request = self.request
-        same_key = isinstance(lease, Lease) and lease.name == self.lock_name(
-            request.args if args is None else args, request.kwargs if kwargs is None else kwargs
+        if countdown is None and eta is None:
+            until_run = float(self.default_retry_delay or 0)
+        else:
+            until_run = enqueue.seconds_until(eta, countdown)
+        next_owner = self._hand_over(
+            lease,
+            request.args if args is None else args,
+            request.kwargs if kwargs is None else kwargs,
+            (request.retries or 0) + 1,
+            until_run,
         )
-        if not same_key:
-            # Another key, or a kind with no claims (read/write, range, multi): let go now;
-            # the retried run locks for itself.
-            self._release(lease)
-            return self._celery_retry(args, kwargs, *call, **options)
-        assert isinstance(lease, Lease)
-        delay = self._retry_delay(eta, countdown)
+        if next_owner is None:  # the retry itself must still be sent
+            return super().retry(**call)
         try:
-            next_owner = claims.hand_over(
-                self, lease, request.id, (request.retries or 0) + 1, delay + self.lock_options.ttl
-            )
-        except LockError as exc:
-            # Lost already, or Redis unreachable: nothing to hand over; the retried run
-            # takes the lock for itself (the retry itself must still be sent).
-            log.warning("%s[%s] retries without its lock: %s", self.name, request.id, exc)
-            return self._celery_retry(args, kwargs, *call, **options)
-        try:
-            return self._celery_retry(args, kwargs, *call, **options)
+            return super().retry(**call)
         except Retry:
             lock_released.send(sender=self, name=lease.name, task_id=request.id, lease=lease)
             raise
@@ -620,52 +641,6 @@ class SingletonTask(Task):  # type: ignore[misc]
                 self, lease.name, next_owner, self.lock_options.release_delay
             )
             raise
-
-    def _celery_retry(
-        self,
-        args: Any,
-        kwargs: Any,
-        exc: BaseException | None,
-        throw: bool,
-        eta: datetime.datetime | None,
-        countdown: float | None,
-        max_retries: int | None,
-        **options: Any,
-    ) -> Any:
-        return super().retry(
-            args=args,
-            kwargs=kwargs,
-            exc=exc,
-            throw=throw,
-            eta=eta,
-            countdown=countdown,
-            max_retries=max_retries,
-            **options,
-        )
-
-    def _retry_delay(self, eta: datetime.datetime | None, countdown: float | None) -> float:
-        if countdown is None and eta is None:
-            return float(self.default_retry_delay or 0)
-        return enqueue.seconds_until(eta, countdown)
-
-    def _retry_at_end(
-        self,
-        lease: LockHandle,
-        args: Any,
-        kwargs: Any,
-        call: tuple[Any, ...],
-        options: dict[str, Any],
-    ) -> Any:
-        """``retry(throw=False)``: Celery's retry (its checks, its ``Retry``), with the
-        message it sends kept back until the body ends (:meth:`_send_deferred_retries`)."""
-        captured: list[_RetrySend] = []
-        _deferred_retries.capture = captured
-        try:
-            outcome = self._celery_retry(args, kwargs, *call, **options)
-        finally:
-            _deferred_retries.capture = None
-        _deferred_retries.pending.extend((lease, send) for send in captured)
-        return outcome
 
     def _send_deferred_retries(self, lease: LockHandle | None, sends: list[_RetrySend]) -> None:
         """The body ended: pass the run's lock to the retry kept back by
@@ -680,7 +655,13 @@ class SingletonTask(Task):  # type: ignore[misc]
                 )
             next_owner = None
             if lease is not None and lease.held:
-                next_owner = self._hand_over_at_end(lease, args, kwargs, options)
+                next_owner = self._hand_over(
+                    lease,
+                    args,
+                    kwargs,
+                    int(options.get("retries") or (request.retries or 0) + 1),
+                    enqueue.seconds_until(options.get("eta"), options.get("countdown")),
+                )
             elif lease is not None and lease.lost:
                 self._release(lease)  # reports it lost
             try:
@@ -696,23 +677,24 @@ class SingletonTask(Task):  # type: ignore[misc]
             if next_owner is not None and lease is not None:
                 lock_released.send(sender=self, name=lease.name, task_id=request.id, lease=lease)
 
-    def _hand_over_at_end(
-        self, lease: LockHandle, args: Any, kwargs: Any, options: dict[str, Any]
+    def _hand_over(
+        self, lease: LockHandle, args: Any, kwargs: Any, attempt: int, until_run: float
     ) -> str | None:
-        """Hand the run's held ``lease`` to the retry message about to be sent with these
-        arguments and options; its claim's owner token, or None if the lock was released
-        instead (another key, a kind with no claims) or could not be handed over."""
+        """Hand the run's held ``lease`` to attempt ``attempt``, the retry with these
+        arguments that may run in ``until_run`` seconds; its claim's owner token, or None if
+        the lock was released instead or could not be handed over: the retried run then
+        takes the lock for itself."""
         request = self.request
         if not isinstance(lease, Lease) or lease.name != self.lock_name(args, kwargs):
-            self._release(lease)  # the retried run locks for itself
+            # Another key, or a kind with no claims (read/write, range, multi): let go now.
+            self._release(lease)
             return None
-        delay = enqueue.seconds_until(options.get("eta"), options.get("countdown"))
-        attempt = int(options.get("retries") or (request.retries or 0) + 1)
         try:
-            return claims.hand_over(self, lease, request.id, attempt, delay + self.lock_options.ttl)
+            return claims.hand_over(
+                self, lease, request.id, attempt, until_run + self.lock_options.ttl
+            )
         except LockError as exc:
-            # Lost already, or Redis unreachable (the lease then runs out by itself): the
-            # retried run takes the lock for itself.
+            # Lost already, or Redis unreachable (the lease then runs out by itself).
             log.warning("%s[%s] retries without its lock: %s", self.name, request.id, exc)
             return None
 

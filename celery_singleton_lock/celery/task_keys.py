@@ -22,8 +22,6 @@ from typing import Any
 
 from ..exceptions import ConfigurationError
 
-KeyFunction = Callable[[tuple[Any, ...], dict[str, Any]], str]
-
 
 class UnkeyableArgument(TypeError):
     """An argument value with no stable spelling."""
@@ -31,12 +29,10 @@ class UnkeyableArgument(TypeError):
 
 def normalize(value: Any) -> Any:
     """A JSON-ready value that serializer round trips do not change."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        if isinstance(value, enum.Enum):
-            return normalize(value.value)
-        return value
-    if isinstance(value, enum.Enum):
+    if isinstance(value, enum.Enum):  # an IntEnum or StrEnum too: by its value
         return normalize(value.value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
     if isinstance(value, (list, tuple)):
         return [normalize(item) for item in value]
     if isinstance(value, Mapping):
@@ -64,13 +60,22 @@ def _key(key: Any) -> str:
 
 #: ``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``, with the
 #: encoder made once: ``json.dumps`` with options makes a new ``JSONEncoder`` on every call.
-_canonical_encode = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False
-).encode
+_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
 
 
-def _canonical(value: Any) -> str:
-    return _canonical_encode(value)
+def _template_roots(option: str, template: str) -> list[str]:
+    """The argument names a key template formats (``{day}``, ``{user.id}`` -> ``user``)."""
+    roots = []
+    for _, field, _, _ in string.Formatter().parse(template):
+        if field is None:
+            continue
+        root = field.split(".", 1)[0].split("[", 1)[0]
+        if not root or root.isdigit():
+            raise ConfigurationError(
+                option, f"{template!r}: use argument names in braces, not {{{field}}}"
+            )
+        roots.append(root)
+    return roots
 
 
 class TaskKey:
@@ -88,7 +93,6 @@ class TaskKey:
             self.signature: inspect.Signature | None = inspect.signature(run)
         except (TypeError, ValueError):
             self.signature = None
-        params = set(self.signature.parameters) if self.signature else set()
         #: The parameter names, in order, when every parameter is a plain positional-or-keyword
         #: one without a default: then a call's bound arguments are just its values by name,
         #: with no need for Signature.bind and apply_defaults (which cost more than the rest
@@ -117,24 +121,15 @@ class TaskKey:
         elif isinstance(spec, str):
             if not spec:
                 raise ConfigurationError(option, "must not be empty")
-            for _, field, _, _ in string.Formatter().parse(spec):
-                if field is None:
-                    continue
-                root = field.split(".", 1)[0].split("[", 1)[0]
-                if not root or root.isdigit():
-                    raise ConfigurationError(
-                        option, f"{spec!r}: use argument names in braces, not {{{field}}}"
-                    )
-                if self.signature is not None and root not in params:
+            for root in _template_roots(option, spec):
+                if self.signature is not None and root not in self.signature.parameters:
                     raise ConfigurationError(
                         option, f"{spec!r} names {root!r}, which is not an argument of the task"
                     )
         elif isinstance(spec, Sequence) and not isinstance(spec, (str, bytes)):
             if not spec or not all(isinstance(item, str) for item in spec):
                 raise ConfigurationError(option, "must be a non-empty list of argument names")
-            missing = [item for item in spec if self.signature is not None and item not in params]
-            if missing:
-                raise ConfigurationError(option, f"{missing} are not arguments of the task")
+            self.check_arguments("lock_key", spec)
         else:
             raise ConfigurationError(
                 option, "must be None, a format string, a list of argument names or a callable"
@@ -153,13 +148,7 @@ class TaskKey:
     def check_templates(self, option: str, templates: Sequence[str]) -> None:
         """Raise ConfigurationError if a key template names something that is not an argument."""
         for template in templates:
-            fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
-            roots = [field.split(".", 1)[0].split("[", 1)[0] for field in fields]
-            if any(not root or root.isdigit() for root in roots):
-                raise ConfigurationError(
-                    f"{self.task_name}.{option}", f"{template!r}: use argument names in braces"
-                )
-            self.check_arguments(option, roots)
+            self.check_arguments(option, _template_roots(f"{self.task_name}.{option}", template))
 
     def bounds(
         self, spec: tuple[str, str], args: Sequence[Any], kwargs: Mapping[str, Any]
@@ -209,14 +198,11 @@ class TaskKey:
                 # As Signature.bind orders them: by parameter, whichever way each was passed.
                 rest = names[len(args) :]
                 if all(name in kwargs for name in rest):
-                    bound = dict(zip(names, args, strict=False))
+                    by_name = dict(zip(names, args, strict=False))
                     for name in rest:
-                        bound[name] = kwargs[name]
-                    return bound
+                        by_name[name] = kwargs[name]
+                    return by_name
             # Anything else (missing, extra or doubled arguments) is Signature.bind's to judge.
-        return self._bind_signature(args, kwargs)
-
-    def _bind_signature(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         if self.signature is None:
             return {"args": list(args), "kwargs": dict(kwargs)}
         try:

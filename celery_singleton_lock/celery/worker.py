@@ -38,7 +38,7 @@ from .options import AppSettings
 from .previous_life import free_previous_life
 
 log = logging.getLogger("celery_singleton_lock.task")
-#: The bootstep's own logger name, as before the worker side was one module.
+#: The bootstep's own logger.
 step_log = logging.getLogger("celery_singleton_lock.worker")
 
 

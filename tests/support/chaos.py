@@ -161,6 +161,49 @@ class Workers:
 # -- the driver ---------------------------------------------------------------------------------
 
 
+class Progress:
+    """The calls' progress as the workers record it on the evidence Redis, read as it comes."""
+
+    def __init__(self, pool: Workers) -> None:
+        self.pool = pool
+        self.settled: set[str] = set()  # task ids whose delivery ended with a final state
+        self.running: dict[int, float] = {}  # pid -> start time of its open run
+        self.open_runs: dict[str, int] = {}  # execution -> pid, of runs started and not ended
+        self._offset = 0
+
+    def poll(self) -> None:
+        new = self.pool.events(self._offset)
+        self._offset += len(new)
+        for event in new:
+            if event["event"] == "start":
+                self.running[event["pid"]] = event["time"]
+                self.open_runs[event["execution"]] = event["pid"]
+            elif event["event"] == "end":
+                self.running.pop(event["pid"], None)
+                self.open_runs.pop(event["execution"], None)
+            elif event["event"] == "outcome" and event["state"] in FINAL_STATES:
+                self.settled.add(event["task_id"])
+
+    def drain(self, calls: dict[str, Call], timeout: float) -> None:
+        """Wait (up to ``timeout`` seconds) until the history can be read whole.
+
+        Every call settled is not enough: a call's message may be delivered twice (a
+        visibility timeout runs out while its first delivery waits for the key), and the
+        second delivery may start its run just as the first one's result settles the call.
+        So also until no run is open in a live process and the broker holds no message
+        that could start another run: a run still going when the history is read would be
+        taken for one that never ended."""
+        deadline = time.monotonic() + timeout
+        quiet = 0  # polls in a row that found nothing unsettled, running or queued
+        while time.monotonic() < deadline and quiet < 2:
+            self.poll()
+            idle = calls.keys() <= self.settled and not any(
+                _alive(pid) for pid in self.open_runs.values()
+            )
+            quiet = quiet + 1 if idle and _broker_empty(self.pool.broker, self.pool.queue) else 0
+            time.sleep(0.1)
+
+
 def run_chaos(
     seconds: float,
     *,
@@ -187,28 +230,14 @@ def run_chaos(
             tasks = [pool.app.tasks["fault.chaos"], pool.app.tasks["fault.chaos_skip"]]
             broker = pool.broker
             calls: dict[str, Call] = {}  # task id -> the call sent
-            settled: set[str] = set()  # task ids whose delivery ended with a final state
+            progress = Progress(pool)
             sent_at: dict[str, float] = {}  # task id -> when sent (monotonic)
-            running: dict[int, float] = {}  # pid -> start time of its open run
-            offset = 0
             paused: list[tuple[int, float, float]] = []  # pid, stopped at (server), cont at
             next_fault = time.monotonic() + rng.uniform(1.0, 2.5)
             next_delay = time.monotonic() + rng.uniform(*REPLY_DELAY_EVERY)
             unseen = list(FAULTS)
             rng.shuffle(unseen)
             end = time.monotonic() + seconds
-
-            def poll() -> None:
-                nonlocal offset
-                new = pool.events(offset)
-                offset += len(new)
-                for event in new:
-                    if event["event"] == "start":
-                        running[event["pid"]] = event["time"]
-                    elif event["event"] == "end":
-                        running.pop(event["pid"], None)
-                    elif event["event"] == "outcome" and event["state"] in FINAL_STATES:
-                        settled.add(event["task_id"])
 
             def resume_due(force: bool = False) -> None:
                 for item in list(paused):
@@ -228,12 +257,14 @@ def run_chaos(
                 faults.kills.append((before, server_time(broker), pids))
 
             while time.monotonic() < end:
-                poll()
+                progress.poll()
                 resume_due()
                 # A call unsettled for long is lost or stuck (the check says which at the
                 # end): it no longer takes a place, so that lost calls cannot stop the chaos.
                 recent = time.monotonic() - IN_FLIGHT_FOR
-                pending = [t for t, at in sent_at.items() if at > recent and t not in settled]
+                pending = [
+                    t for t, at in sent_at.items() if at > recent and t not in progress.settled
+                ]
                 for _ in range(in_flight - len(pending)):
                     key = f"k{rng.randrange(keys)}"
                     task = tasks[1] if rng.randrange(SKIP_EVERY) == 0 else tasks[0]
@@ -245,7 +276,9 @@ def run_chaos(
                     proxy.delay_next_script(REPLY_DELAY)
                 if time.monotonic() >= next_fault:
                     next_fault = time.monotonic() + rng.uniform(1.5, 3.0)
-                    holders = [pid for pid in running if pid not in {p for p, _, _ in paused}]
+                    holders = [
+                        pid for pid in progress.running if pid not in {p for p, _, _ in paused}
+                    ]
                     # Every kind of fault at least once (the test asserts each happened),
                     # then at random: a short run must not depend on the seed's luck.
                     fault = (
@@ -281,10 +314,7 @@ def run_chaos(
             resume_due(force=True)
             lock_server.start()
             pool.wait_ready(*live_workers())
-            deadline = time.monotonic() + drain_timeout
-            while time.monotonic() < deadline and not calls.keys() <= settled:
-                poll()
-                time.sleep(0.1)
+            progress.drain(calls, drain_timeout)
             faults.reply_delays = proxy.delayed
             history = _history(pool, calls, faults)
             check(history, report)
@@ -308,6 +338,24 @@ FINAL_STATES = ("SUCCESS", "FAILURE", "REVOKED")
 def _signal(pid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signum)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs code: it exists and is not a zombie (a killed
+    worker's children may stay zombies until reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    # "pid (comm) state ...": comm may hold spaces and parentheses, so after the last ')'.
+    return stat.rpartition(b")")[2].split()[:1] != [b"Z"]
+
+
+def _broker_empty(broker: Any, queue: str) -> bool:
+    """No message queued nor unacked (Kombu's Redis transport). A message a worker popped
+    is in neither until its unacked record is written, a moment later in the same step of
+    that worker: the caller asks twice, a poll apart."""
+    return broker.llen(queue) == 0 and broker.hlen("unacked") == 0
 
 
 def _history(pool: Workers, calls: dict[str, Call], faults: Faults) -> History:
