@@ -71,7 +71,9 @@ class LockNotReplicated(LockBackendError):
     replicas acknowledged its write in time (``WAIT``). An acquire is undone before this is
     raised (nothing is held); a release or hand-over did happen on the master, but a
     failover to a replica that missed it could bring the old hold back until its ttl runs
-    out. ``acknowledged``: how many replicas did; ``replies``: the scripts' replies."""
+    out; an upgrade, downgrade or shrink done on the master is the handle's state before
+    this is raised. ``acknowledged``: how many replicas did; ``replies``: the scripts'
+    replies."""
 
     def __init__(
         self,

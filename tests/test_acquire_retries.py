@@ -27,6 +27,7 @@ from celery_singleton_lock import (
     HolderRecord,
     LockBackendError,
     LockClient,
+    LockLost,
 )
 from celery_singleton_lock.core.keys import lock_keys
 
@@ -270,6 +271,35 @@ def test_a_delayed_release_sent_again_after_its_reply_was_lost_is_a_release(
         assert proxy.holding.is_set()
         assert not handle.held and not handle.lost
         assert not free(lock_client, kind)  # in its release delay
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_release_sent_again_after_its_reply_was_lost_says_the_first_may_have_freed_it(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str
+) -> None:
+    """The release ran, its reply was lost (LockBackendError: the handle keeps its owner
+    token for a retry, as documented); the caller sends it again, which finds nothing of its
+    own. Nothing in Redis tells that apart from a lease lost before the first release
+    arrived, so it still raises, fail closed, but says that the first one may have freed it."""
+    client = proxied_client(lock_client, proxy, retries=0)
+    try:
+        warm_up(client, kind)
+        handle = KINDS[kind](client)
+        assert handle.acquire()
+        proxy.hold_next_reply()
+        with pytest.raises(LockBackendError):
+            handle.release()
+        assert proxy.holding.is_set()
+        assert free(lock_client, kind)  # the first release did run
+        with pytest.raises(LockLost, match="earlier release of it whose reply was lost"):
+            handle.release()
+        assert not handle.held
+        # An answered release after that is plain again.
+        assert handle.acquire()
+        handle.release()
     finally:
         client.close()
 

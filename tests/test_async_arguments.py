@@ -11,6 +11,7 @@ import pytest
 import redis
 import redis.asyncio
 from support.async_sides import run
+from test_core_hygiene import BAD_DELAYS, BAD_PIDS, BAD_TEXT
 from test_lease_arguments import BAD_LEASE_ARGUMENTS
 
 from celery_singleton_lock import AsyncLockClient, ConfigurationError, LockBackendError
@@ -104,6 +105,7 @@ def test_bad_release_delay(delay: Any) -> None:
         ("names", lambda c: c.multi(["a", ""])),
         ("name", lambda c: c.clear("")),
         ("token", lambda c: c.clear("x", token="1")),
+        ("token", lambda c: c.clear("x", token=0)),  # tokens start at 1, as for LockClient
         ("force", lambda c: c.clear("x", force="yes")),
         ("pattern", lambda c: c.locks(42)),
     ],
@@ -146,3 +148,18 @@ def test_a_sync_redis_client_is_refused() -> None:
         with pytest.raises(ConfigurationError) as info:
             AsyncLockClient(wrong)
         assert info.value.argument == "redis_client"
+
+
+def bad_release_holder_arguments() -> list[tuple[str, Any]]:
+    bad: list[tuple[str, Any]] = [("task_id", v) for v in BAD_TEXT]
+    bad += [("pid", v) for v in BAD_PIDS]
+    bad += [("host", v) for v in ("", 5, b"host")]
+    return bad + [("delay", v) for v in BAD_DELAYS]
+
+
+@pytest.mark.parametrize(("argument", "value"), bad_release_holder_arguments())
+def test_bad_release_holder_argument(argument: str, value: Any) -> None:
+    """Checked as the sync client's release_holder checks them (test_core_hygiene.py)."""
+    good: dict[str, Any] = {"task_id": "t-1", "pid": 1234}
+    kwargs = {**good, argument: value}
+    assert refused(lambda c: c.release_holder("job", **kwargs)).argument == argument

@@ -15,10 +15,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis.asyncio
 from support.async_sides import Side, eventually, run, run_with, side_fixture  # noqa: F401
+from support.lost_cancellation import LosingConnection
 from support.proxies import HoldingProxy
 
-from celery_singleton_lock import AsyncLockClient, ConfigurationError, LockClient
+from celery_singleton_lock import (
+    AsyncLockClient,
+    ConfigurationError,
+    LockBackendError,
+    LockClient,
+)
+from celery_singleton_lock.aio.connection import AsyncConnection
+from celery_singleton_lock.aio.lease import AsyncLease
 from celery_singleton_lock.core.scripts import fair_keys
 from celery_singleton_lock.embedded import free_port
 
@@ -174,6 +183,54 @@ def test_waiter_cancelled_after_being_handed_the_lease_gives_it_back(
 
 
 @pytest.mark.parametrize("fair", [True, False], ids=["fair", "pubsub"])
+def test_acquire_whose_cancellation_redis_py_lost_undoes_all_its_attempt_did(
+    lock_client: LockClient, proxy: HoldingProxy, fair: bool
+) -> None:
+    """The interleaving above, with the cancellation lost on its way into the attempt's
+    round trip (as redis-py loses one now and then): the attempt's call goes on waiting for
+    its reply and runs into the socket's timeout. The acquire raises the cancellation (where
+    the task can tell one was asked for), and the undo runs to its end: the waiter handed
+    the lease gives it back, the one that took the free name releases it."""
+
+    async def body() -> None:
+        conn = LosingConnection(
+            redis.asyncio.Redis.from_url(proxy.url, socket_timeout=1), lock_client.prefix
+        )
+        holder = lock_client.lease("lost", ttl=30)
+        if fair:
+            assert holder.acquire()
+        waiter = AsyncLease(conn, "lost", ttl=30, fair=fair)
+        lock_key = waiter.keys.lock
+        queue = waiter.keys.base + b"queue"
+        try:
+            await warm_up(conn)  # the scripts loaded: the next reply is the attempt's
+            proxy.hold_next_reply()
+            conn.lose_next_cancellation()
+            task = asyncio.ensure_future(waiter.acquire(wait=20))
+            assert await asyncio.to_thread(proxy.holding.wait, 10)
+            if fair:
+                assert lock_client.redis.llen(queue) == 1
+                holder.release()  # hands the lease to the queued waiter
+            assert lock_client.redis.hget(lock_key, "owner") == waiter._queued.encode()
+            task.cancel()
+            try:
+                ended = await outcome(task)
+            except LockBackendError:
+                ended = "backend error"
+            assert conn.lost.is_set()
+            # Task.cancelling() (3.11) is what tells the runner a cancellation was asked.
+            assert ended == ("cancelled" if hasattr(task, "cancelling") else "backend error")
+            assert not waiter.held
+            assert not lock_client.redis.exists(lock_key)
+            assert lock_client.redis.llen(queue) == 0
+            assert not lock_client.redis.exists(*fair_keys(waiter.keys.base, waiter._queued)[1:])
+        finally:
+            await conn.close()
+
+    run(body())
+
+
+@pytest.mark.parametrize("fair", [True, False], ids=["fair", "pubsub"])
 def test_acquire_cancelled_with_its_first_attempt_unread_leaves_nothing_held(
     lock_client: LockClient, proxy: HoldingProxy, fair: bool
 ) -> None:
@@ -230,9 +287,9 @@ def lock_client_async(lock_client: LockClient) -> Any:
     return redis.asyncio.Redis(host=kwargs["host"], port=kwargs["port"], db=kwargs.get("db", 0))
 
 
-async def warm_up(client: AsyncLockClient) -> None:
+async def warm_up(client: AsyncLockClient | AsyncConnection) -> None:
     """A pooled connection open and the lease scripts loaded."""
-    lease = client.lease("warm-up")
+    lease = AsyncLease(client, "warm-up")
     assert await lease.acquire()
     await lease.release()
 

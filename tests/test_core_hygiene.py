@@ -494,6 +494,11 @@ def test_close_after_a_waiting_acquire_is_quiet_and_closes_the_waiters_connectio
     """``close()`` used to log ``ERROR pub/sub listener error`` with a traceback: the
     listener's blocked read saw its connection closed under it. Closing is not an error."""
     caplog.set_level(logging.DEBUG, logger="celery_singleton_lock")
+    # "after-acquire": the waiter must still be waiting when the release comes (a loaded
+    # machine can take seconds to get there), and the release wakes it, so a long wait
+    # costs nothing. "while-waiting": nothing wakes it once its listener is closed, so
+    # it returns at the end of its wait, kept short.
+    wait_s = 30.0 if close_while == "after-acquire" else 3.0
     for attempt in range(5):  # the race it had was lost in most runs, not all: try a few
         holder_client = LockClient.from_url(lock_redis_url, prefix=lock_prefix)
         client = LockClient.from_url(lock_redis_url, prefix=lock_prefix)
@@ -505,16 +510,23 @@ def test_close_after_a_waiting_acquire_is_quiet_and_closes_the_waiters_connectio
 
         def wait(waiter: Lease = waiter, got: list[object] = got) -> None:
             try:
-                got.append(waiter.acquire(3))
+                got.append(waiter.acquire(wait_s))
             except Exception as exc:
                 got.append(exc)
 
         thread = threading.Thread(target=wait)
         thread.start()
-        wait_for_subscriber(client, waiter._channel)
+        wait_for_subscriber(client, waiter._channels[0])
         notifier = client.connection.notifier
         listener = notifier._thread
-        assert listener is not None and notifier._conn is not None
+        assert listener is not None
+        # The listener keeps its connection right after sending the SUBSCRIBE the server
+        # already counts: it may not have got there yet.
+        wait_for(
+            lambda notifier=notifier: notifier.connection is not None,
+            10,
+            "the listener's connection",
+        )
         if close_while == "after-acquire":
             holder.release()
             thread.join(10)
@@ -526,7 +538,7 @@ def test_close_after_a_waiting_acquire_is_quiet_and_closes_the_waiters_connectio
             thread.join(20)
             assert not thread.is_alive() and len(got) == 1, got
         listener.join(10)
-        assert not listener.is_alive() and notifier._conn is None
+        assert not listener.is_alive() and notifier.connection is None
         if got == [True]:
             waiter.release()
         holder_client.close()

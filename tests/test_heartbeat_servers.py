@@ -136,20 +136,18 @@ def test_a_tick_with_two_clients_renews_both_concurrently_and_waits_for_them(
     lock_client: LockClient, other_client: LockClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     beat = Heartbeat()
-    leases = [
-        lock_client.lease("pair", ttl=LONG_TTL, heartbeat=False),
-        other_client.lease("pair", ttl=LONG_TTL, heartbeat=False),
-    ]
+    clients = [lock_client, other_client]
+    leases = [client.lease("pair", ttl=LONG_TTL, heartbeat=False) for client in clients]
     try:
         for lease in leases:
             assert lease.acquire()
             beat.add(lease)
         ran_on = spy_on_renewals(monkeypatch, beat)
-        for lease in leases:
-            shorten(lease._conn, lease)
+        for client, lease in zip(clients, leases, strict=True):
+            shorten(client, lease)
         beat.tick()
         # Applied when tick() returns, both of them.
-        assert all(renewed(lease._conn, lease) for lease in leases)
+        assert all(renewed(*pair) for pair in zip(clients, leases, strict=True))
         # One batch on the caller, which waits anyway; the other on a renewal thread.
         assert len(ran_on) == 2 and threading.current_thread() in ran_on, ran_on
         (worker,) = (thread for thread in ran_on if thread is not threading.current_thread())
@@ -165,11 +163,11 @@ def _child(clients: list[LockClient]) -> dict[str, Any]:
     """Runs in the forked child; returns what it found."""
     report: dict[str, Any] = {"pool_reset": heartbeat()._workers is None}
     leases = [client.lease("child", ttl=LONG_TTL) for client in clients]
-    for lease in leases:
+    for client, lease in zip(clients, leases, strict=True):
         assert lease.acquire()
-        shorten(lease._conn, lease)
+        shorten(client, lease)
     heartbeat().tick()
-    report["renewed"] = [renewed(lease._conn, lease) for lease in leases]
+    report["renewed"] = [renewed(*pair) for pair in zip(clients, leases, strict=True)]
     report["pool_made"] = heartbeat()._workers is not None
     for lease in leases:
         lease.release()

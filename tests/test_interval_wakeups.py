@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from support.attempts import change, try_acquire
 from support.pubsub import Channel
 from support.waiting import BackgroundAcquire
 
@@ -49,7 +50,7 @@ def waiting_reader(client: LockClient) -> tuple[IntervalHandle, BackgroundAcquir
 
     def counted(owner: str, reserve: bool) -> Any:
         try:
-            return attempt(owner, reserve)
+            return (yield from attempt(owner, reserve))
         finally:
             attempts.release()
 
@@ -87,7 +88,7 @@ def test_failed_attempt_of_a_waiter_marks_and_the_release_publishes_once(
     lock_client: LockClient, channel: Channel
 ) -> None:
     writer = hold(lock_client, "write")
-    taken, hint = lock_client.rwlock("wake").read()._try_acquire("reader", True)
+    taken, hint = try_acquire(lock_client.rwlock("wake").read(), "reader", True)
     assert not taken and 0 < hint <= 30_000
     assert marked(lock_client)
     # The mark outlives the hint: the waiter sleeps that long before it looks again.
@@ -102,7 +103,7 @@ def test_failed_attempt_of_a_waiter_marks_and_the_release_publishes_once(
 
 def test_failed_try_without_wait_does_not_mark(lock_client: LockClient, channel: Channel) -> None:
     writer = hold(lock_client, "write")
-    assert not lock_client.rwlock("wake").read()._try_acquire("reader", False)[0]
+    assert not try_acquire(lock_client.rwlock("wake").read(), "reader", False)[0]
     assert not lock_client.rwlock("wake").write().acquire(wait=0)
     assert not marked(lock_client)
     writer.release()
@@ -112,12 +113,12 @@ def test_failed_try_without_wait_does_not_mark(lock_client: LockClient, channel:
 def test_a_shorter_hint_never_shortens_the_mark(lock_client: LockClient) -> None:
     writer = hold(lock_client, "write")
     rw = lock_client.rwlock("wake")
-    assert not rw.read()._try_acquire("long", True)[0]  # hint: the writer's 30 s
+    assert not try_acquire(rw.read(), "long", True)[0]  # hint: the writer's 30 s
     writer.release()
     reader = hold(lock_client, "read")
     # A queued writer blocked by the reader, then a reader blocked by its 1.5 s reservation.
-    assert not rw.write()._try_acquire("queued", True)[0]
-    taken, hint = rw.read()._try_acquire("short", True)
+    assert not try_acquire(rw.write(), "queued", True)[0]
+    taken, hint = try_acquire(rw.read(), "short", True)
     assert not taken and hint <= 1_500
     assert lock_client.redis.pttl(reader.keys.waiting) > 1_500 + 1_000
     assert release(lock_client, "queued") == 1
@@ -140,12 +141,12 @@ def test_blocked_upgrade_is_woken_by_the_last_readers_release(
 ) -> None:
     up = hold(lock_client, "upgradable")
     reader = hold(lock_client, "read")
-    code, hint = up._change("upgrade", reserve=1_500)
+    code, hint = change(up, "upgrade", reserve=1_500)
     assert code == 0 and hint > 0
     assert marked(lock_client)
     reader.release()
     assert channel.published() == [b"released"]
-    code, _ = up._change("upgrade", reserve=1_500)
+    code, _ = change(up, "upgrade", reserve=1_500)
     assert code == 1
     up.release()
 
@@ -175,9 +176,9 @@ def test_release_with_a_delay_publishes_nothing_and_keeps_the_mark(
 ) -> None:
     writer = hold(lock_client, "write")
     owner = writer.owner or ""
-    assert not lock_client.rwlock("wake").read()._try_acquire("reader", True)[0]
+    assert not try_acquire(lock_client.rwlock("wake").read(), "reader", True)[0]
     assert release(lock_client, owner, delay_ms=5_000) == 1
-    taken, hint = lock_client.rwlock("wake").read()._try_acquire("reader", True)
+    taken, hint = try_acquire(lock_client.rwlock("wake").read(), "reader", True)
     assert not taken and 0 < hint <= 5_000  # the waiter sleeps until the delay ends
     assert marked(lock_client)
     assert channel.published() == []
@@ -190,9 +191,9 @@ def test_given_up_writer_wakes_the_readers_its_reservation_held_back(
 ) -> None:
     reader = hold(lock_client, "read")
     rw = lock_client.rwlock("wake")
-    assert not rw.write()._try_acquire("writer", True)[0]
-    assert not rw.read()._try_acquire("late", True)[0]  # held back by the reservation
+    assert not try_acquire(rw.write(), "writer", True)[0]
+    assert not try_acquire(rw.read(), "late", True)[0]  # held back by the reservation
     assert release(lock_client, "writer") == 1  # the writer's abandon
     assert channel.published() == [b"released"]
-    assert rw.read()._try_acquire("late", True)[0]
+    assert try_acquire(rw.read(), "late", True)[0]
     reader.release()

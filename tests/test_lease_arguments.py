@@ -20,6 +20,7 @@ from celery_singleton_lock import (
     LockClient,
 )
 from celery_singleton_lock.core.heartbeat import heartbeat
+from celery_singleton_lock.core.holder import flatten
 from celery_singleton_lock.embedded import free_port
 
 
@@ -123,6 +124,14 @@ def test_bad_prefix(prefix: Any) -> None:
     assert info.value.argument == "prefix"
 
 
+def test_bad_prefix_is_refused_before_a_cluster_url_is_connected() -> None:
+    # A Cluster client reads the slot map when it is made: the prefix is checked first, so
+    # the error names it rather than the unreachable nodes.
+    with pytest.raises(ConfigurationError) as info:
+        LockClient.from_url(f"redis+cluster://127.0.0.1:{free_port()}", prefix="a{b")
+    assert info.value.argument == "prefix"
+
+
 @pytest.mark.parametrize(
     "url",
     [
@@ -170,7 +179,7 @@ def test_owner_info_is_stored(lock_client: LockClient) -> None:
         "info", owner_info={"task_name": "app.report", "task_id": "abc", "retries": 2, "x": 1.5}
     )
     assert lease.acquire()
-    holder = lock_client.redis.hgetall(lease.keys.lock)
+    holder = flatten(lock_client.redis.hgetall(lease.keys.lock))
     assert holder[b"task_name"] == b"app.report"
     assert holder[b"task_id"] == b"abc"
     lease.release()
@@ -187,7 +196,7 @@ def test_holder_fields_are_stored_byte_for_byte_whatever_their_length(
     value = ("é" * size)[: max(0, size - 1)] + "x" if size else ""
     lease = lock_client.lease(name, owner_info={"task_name": value, "worker": "w", "k": "v"})
     assert lease.acquire()
-    stored = lock_client.redis.hgetall(lease.keys.lock)
+    stored = flatten(lock_client.redis.hgetall(lease.keys.lock))
     assert stored[b"name"] == name.encode("utf-8", "surrogatepass")
     assert stored[b"task_name"] == value.encode()
     assert stored[b"worker"] == b"w"

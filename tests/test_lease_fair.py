@@ -16,7 +16,9 @@ from support.proxies import HoldingProxy
 from support.waiting import BackgroundAcquire, wait_for
 
 from celery_singleton_lock import ConfigurationError, Lease, LockClient
-from celery_singleton_lock.core.scripts import fair_keys, pack_holder
+from celery_singleton_lock.core.holder import flatten
+from celery_singleton_lock.core.replies import AcquireReply
+from celery_singleton_lock.core.scripts import fair_keys, pack_holder, run
 from celery_singleton_lock.kinds.lease import FAIR_REGISTRATION_MS
 
 
@@ -30,18 +32,24 @@ def holder(lock_client: LockClient) -> Lease:
 def queue_up(client: LockClient, lease: Lease, owner: str, thread: str) -> tuple[bool, int]:
     """One queued attempt of fair waiter ``owner`` (as its acquire makes while blocked)."""
     fields = [b"name", b"fair", b"kind", b"lease", b"thread", thread]
-    return client.connection.scripts.acquire(
+    taken, value = run(client.connection.scripts.acquire_call(
         lease.keys.lock, lease.keys.fence, owner, 20_000, 0, pack_holder(fields),
         waiting=True, fair_ms=FAIR_REGISTRATION_MS,
-    )  # fmt: skip
+    ))  # fmt: skip
+    return taken == AcquireReply.ACQUIRED, int(value)
 
 
 def release(client: LockClient, lease: Lease, owner: str, delay_ms: int = 0) -> int:
-    return client.connection.scripts.release(lease.keys.lock, owner, delay_ms)
+    return int(run(client.connection.scripts.release_call(lease.keys.lock, owner, delay_ms)))
+
+
+def abandon(client: LockClient, lease: Lease, owner: str) -> int:
+    """Fair waiter ``owner`` gives up: its token if it was handed the lease, else 0."""
+    return int(run(client.connection.scripts.fair_abandon_call(lease.keys.lock, owner)))
 
 
 def holder_of(client: LockClient, lease: Lease) -> dict[bytes, bytes]:
-    return client.redis.hgetall(lease.keys.lock)
+    return flatten(client.redis.hgetall(lease.keys.lock))
 
 
 def handed(client: LockClient, lease: Lease, owner: str) -> list[bytes]:
@@ -107,7 +115,7 @@ def test_nobody_left_alive_frees_the_name(lock_client: LockClient, holder: Lease
 
 def test_waiter_that_gives_up_leaves_the_queue(lock_client: LockClient, holder: Lease) -> None:
     queue_up(lock_client, holder, "a", "t")
-    assert lock_client.connection.scripts.fair_abandon(holder.keys.lock, "a") == 0
+    assert abandon(lock_client, holder, "a") == 0
     queue, registration, _ = fair_keys(holder.keys.base, "a")
     assert not lock_client.redis.exists(queue, registration)
     assert holder.owner is not None
@@ -121,7 +129,7 @@ def test_waiter_giving_up_while_being_handed_the_lease_keeps_it(
     queue_up(lock_client, holder, "a", "t")
     assert holder.owner is not None
     assert release(lock_client, holder, holder.owner) == 1  # handed over...
-    token = lock_client.connection.scripts.fair_abandon(holder.keys.lock, "a")  # ...as it gave up
+    token = abandon(lock_client, holder, "a")  # ...as it gave up
     record = holder_of(lock_client, holder)
     assert record[b"owner"] == b"a" and token == int(record[b"token"])
     assert handed(lock_client, holder, "a") == []

@@ -1,5 +1,6 @@
 """The fencing counter: tokens strictly increase per name whatever the server clock and the
-counter key do (acquire.lua records and reads the counter with one ``SET ... GET``)."""
+counter key do (fencing.lua: one ``SET ... GET KEEPTTL`` records the clock's token and reads
+the last one)."""
 
 from __future__ import annotations
 
@@ -91,6 +92,24 @@ def test_tokens_increase_after_the_counter_is_deleted_and_after_a_restart(
         assert first < second < third
     finally:
         client.close()
+
+
+def test_a_counter_set_back_still_gives_tokens_above_every_one_handed_out(
+    lock_client: LockClient,
+) -> None:
+    """As after a failover to a replica that had the counter but not its last writes: the
+    tokens handed out since must not come again (the clock, not the counter, says so)."""
+    lease = lock_client.lease("set-back", heartbeat=False)
+    with lease:
+        first = lease.token
+    seen = []
+    for _ in range(5):
+        with lease:
+            seen.append(lease.token)
+    assert first is not None
+    lock_client.redis.set(lease.keys.fence, first, px=60_000)  # the replica's counter
+    with lease:
+        assert lease.token is not None and lease.token > max(seen)
 
 
 def test_interval_locks_follow_a_counter_ahead_of_the_clock(lock_client: LockClient) -> None:

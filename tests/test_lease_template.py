@@ -15,6 +15,7 @@ import redis.asyncio
 from celery_singleton_lock import ConfigurationError, LockClient
 from celery_singleton_lock.aio.connection import AsyncConnection
 from celery_singleton_lock.aio.lease import AsyncLease
+from celery_singleton_lock.core.holder import flatten
 from celery_singleton_lock.core.scripts import pack_holder
 from celery_singleton_lock.embedded import free_port
 from celery_singleton_lock.kinds.lease import LeaseTemplate
@@ -98,7 +99,7 @@ def assert_nothing_mutable_shared(one: Any, other: Any) -> None:
 
 
 STATE = ("name", "ttl", "max_hold", "heartbeat", "wait", "owner_info", "fair", "take_over")
-STATE += ("on_lost", "_ttl_ms", "_max_hold_ms", "keys", "_channel", "_fixed_owner", "_conn")
+STATE += ("on_lost", "_ttl_ms", "_max_hold_ms", "keys", "_channels", "_fixed_owner", "_conn")
 
 
 @pytest.mark.parametrize("max_hold", [None, 7.5])
@@ -183,7 +184,7 @@ def test_leases_of_one_template_acquired_in_turn_store_their_own_holder(
         lease = template.lease(name, owner_info={"task_id": task_id, "task_name": "t"})
         assert lease.acquire()
         try:
-            stored = lock_client.redis.hgetall(lease.keys.lock)
+            stored = flatten(lock_client.redis.hgetall(lease.keys.lock))
             assert stored[b"name"] == name.encode()
             assert stored[b"task_id"] == task_id.encode()
             assert stored[b"owner"] == lease.owner.encode()

@@ -74,7 +74,7 @@ def test_the_last_waiter_leaving_unsubscribes(lock_client: LockClient, notifier:
     with notifier.listening(channel):
         assert subscribers(lock_client, channel) == 1
     wait_for(lambda: subscribers(lock_client, channel) == 0, 10, "the unsubscribe")
-    assert channel not in notifier._channels
+    assert not notifier.listens_to(channel)
 
 
 def test_a_waiter_back_before_the_unsubscribe_keeps_the_subscription(
@@ -85,9 +85,10 @@ def test_a_waiter_back_before_the_unsubscribe_keeps_the_subscription(
     with notifier.listening(channel):
         pass
     assert drained(left) == {channel}
-    subscribed = notifier._sent[channel]
+    subscribed = notifier.subscriptions.subscribes_sent(channel)
     with notifier.listening(channel) as wakeup:
-        assert notifier._sent[channel] == subscribed  # no second SUBSCRIBE: still live
+        # No second SUBSCRIBE: the subscription is still live.
+        assert notifier.subscriptions.subscribes_sent(channel) == subscribed
         notifier._unsubscribe({channel})  # the unsubscriber's step, after the waiter came back
         assert subscribers(lock_client, channel) == 1
         lock_client.redis.publish(channel, b"released")
@@ -122,15 +123,15 @@ def test_a_reconnect_drops_channels_left_rather_than_subscribing_them_again(
         with notifier.listening(left_behind):
             pass
         assert subscribers(lock_client, left_behind) == 1  # not unsubscribed (held)
-        old = notifier._conn
+        old = notifier.connection
         lock_client.redis.client_kill_filter(_type="pubsub")
         wait_for(
-            lambda: notifier._conn not in (None, old) and subscribers(lock_client, live) == 1,
+            lambda: notifier.connection not in (None, old) and subscribers(lock_client, live) == 1,
             10,
             "the listener to reconnect",
         )
         assert subscribers(lock_client, left_behind) == 0
-        assert left_behind not in notifier._channels
+        assert not notifier.listens_to(left_behind)
         assert wakeup.wait(10) is True  # the drop woke the waiter to look again
         lock_client.redis.publish(live, b"released")
         assert wakeup.wait(10) is True

@@ -30,6 +30,7 @@ from support.workers import WorkerPrograms
 
 from celery_singleton_lock import LockClient, SingletonTask, lock_released
 from celery_singleton_lock.celery.worker import SingletonLockStep, install, release_all_held
+from celery_singleton_lock.core.holder import flatten
 from celery_singleton_lock.core.keys import lock_keys
 
 TIMEOUT = 30.0
@@ -91,7 +92,7 @@ def gate(celery_lock_app: Celery) -> Iterator[Gate]:
 
 
 def holder_task_id(client: LockClient, name: str) -> str | None:
-    value = client.redis.hget(client.connection.keys(name).lock, "task_id")
+    value = flatten(client.redis.hgetall(client.connection.keys(name).lock)).get(b"task_id")
     return value.decode() if value is not None else None
 
 
@@ -248,7 +249,7 @@ class PoolWorkers(WorkerPrograms):
         return lock_keys(self.prefix, f"pool:{key}").lock
 
     def holder(self, key: str) -> dict[str, str]:
-        raw = self.redis.hgetall(self.lock_key(key))
+        raw = flatten(self.redis.hgetall(self.lock_key(key)))
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     def server_ms(self) -> int:

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import pytest
+from support.attempts import try_acquire
 from support.kind_children import killable_holder
 from support.waiting import wait_for
 
@@ -277,7 +278,7 @@ def test_clear_holder_and_every_key_expires(lock_client: LockClient) -> None:
     held = lock.write(1, 2, heartbeat=False)
     assert held.acquire()
     assert lock.read(3, 4).acquire()
-    assert lock.write(0, 5)._try_acquire("waiter", True)[0] is False
+    assert try_acquire(lock.write(0, 5), "waiter", True)[0] is False
     keys = lock_client.redis.keys(lock_client.prefix + "*")
     assert len(keys) >= 8
     assert all(lock_client.redis.pttl(key) > 0 for key in keys)

@@ -155,7 +155,7 @@ def test_an_async_tick_racing_extend_keeps_the_extended_lease(
         try:
             handle = KINDS[kind](client)
             assert await handle.acquire()
-            conn = handle._conn
+            conn = client.connection
             real = conn.batch
             raced = asyncio.Event()
             state = {"first": True, "extending": False}

@@ -5,6 +5,8 @@ undone and raised; a release or renewal the replica did not acknowledge is repor
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import signal
 import threading
@@ -21,6 +23,7 @@ from test_cluster_failover import fail_over as fail_over_cluster
 from test_sentinel import FAILOVER_TIMEOUT, fail_over
 
 from celery_singleton_lock import (
+    AsyncLockClient,
     ConfigurationError,
     LockBackendError,
     LockClient,
@@ -47,6 +50,26 @@ def sentinels() -> Iterator[SentinelSet]:
         finally:
             master.close()
         yield topology
+
+
+@pytest.fixture
+def heartbeat_log() -> Iterator[list[logging.LogRecord]]:
+    """What the heartbeat logs during the test, read from its own logger (another test in
+    the same process may have reconfigured logging, e.g. a Celery worker's set-up)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("celery_singleton_lock.heartbeat")
+    was_disabled, logger.disabled = logger.disabled, False
+    was_level = logger.level
+    logger.setLevel(logging.WARNING)  # whatever level the root logger was left at
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(was_level)
+        logger.disabled = was_disabled
 
 
 def acknowledged_write(master: redis.Redis) -> bool:
@@ -192,7 +215,7 @@ def test_an_acquire_the_replica_cannot_have_is_undone_and_raised(
 
 
 def test_a_release_and_renewals_the_replica_did_not_acknowledge(
-    sentinels: SentinelSet, prefix: str
+    sentinels: SentinelSet, prefix: str, heartbeat_log: list[logging.LogRecord]
 ) -> None:
     """Taken while replicated, then replication is cut: a renewal is a failed renewal (the
     lease is lost once it could have run out), and a release raises LockNotReplicated after
@@ -212,6 +235,12 @@ def test_a_release_and_renewals_the_replica_did_not_acknowledge(
             # have run out, as when Redis does not answer.
             assert lost.wait(10)
             assert renewed.lost
+            # Said as what it is: Redis answered, its replica did not acknowledge.
+            said = [record.getMessage() for record in heartbeat_log]
+            assert any("renewals were not acknowledged by the replicas" in m for m in said)
+            # (Only this client's: the process's heartbeat also renews what earlier tests
+            # left held on servers since stopped.)
+            assert not any("could not reach Redis" in m and client.url in m for m in said)
             with pytest.raises(LockExpired) as expired:
                 renewed.check()
             assert expired.value.reason == "unreachable"
@@ -308,6 +337,9 @@ def test_on_a_cluster_each_node_waits_for_its_replica_and_a_failover_keeps_the_l
             both = first.multi([names_on(first, cluster, i, f"m{i}-")[0] for i in (1, 2)])
             assert both.acquire()
             both.release()
+            # The asyncio client: a WAIT to each node, after that node's calls.
+            on_each = [names_on(first, cluster, index, f"a{index}-")[0] for index in (0, 1, 2)]
+            assert asyncio.run(async_leases_on_each_node(cluster, prefix, on_each)) == 3
             fail_over_cluster(cluster, 0)  # master 0's lease (the last acquired) was replicated
 
             def second_answers() -> bool:
@@ -322,3 +354,36 @@ def test_on_a_cluster_each_node_waits_for_its_replica_and_a_failover_keeps_the_l
         finally:
             first.close()
             second.close()
+
+
+async def async_leases_on_each_node(cluster: Cluster, prefix: str, names: list[str]) -> int:
+    """With an asyncio ``replicas=1`` client on ``cluster``: leases on ``names`` (one on each
+    master) acquired, renewed in one batch and released, each acknowledged by its node's
+    replica; then, with master 1's replica stopped, only the lease on master 1 is refused.
+    How many renewals were granted."""
+    client = AsyncLockClient.from_url(
+        cluster.url_with_all_nodes, prefix=prefix, replicas=1, replica_timeout=0.5
+    )
+    try:
+        leases = [client.lease(name, ttl=60, heartbeat=False) for name in names]
+        for lease in leases:
+            assert await lease.acquire()
+        conn = client.connection
+        entries = [(lease, lease.owner, *lease._renewal) for lease in leases]
+        calls, decode = renew_calls(conn, entries)  # type: ignore[arg-type]
+        codes = decode(await conn.batch(calls))
+        for lease in leases:
+            await lease.release()
+        (replica,) = cluster.replicas[1]
+        assert replica.process is not None
+        os.kill(replica.process.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(LockNotReplicated):
+                await leases[1].acquire()
+            assert await leases[2].acquire()  # its own node's replica acknowledges
+            await leases[2].release()
+        finally:
+            os.kill(replica.process.pid, signal.SIGCONT)
+        return sum(1 for code in codes if code > 0)
+    finally:
+        await client.close()

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import pytest
+from support.attempts import try_acquire
 from support.kind_children import killable_holder
 
 from celery_singleton_lock import (
@@ -179,7 +180,7 @@ def test_dead_waiting_writer_stops_blocking_readers_quickly(lock_client: LockCli
     reader = rw.read()
     assert reader.acquire()
     ghost = rw.write()
-    assert ghost._try_acquire("ghost-owner", True) == (False, RESERVATION_MS // 3)
+    assert try_acquire(ghost, "ghost-owner", True) == (False, RESERVATION_MS // 3)
     assert not rw.read().acquire()
     started = time.monotonic()
     late = rw.read()
@@ -315,7 +316,7 @@ def test_every_key_expires(lock_client: LockClient) -> None:
     reader, up = rw.read(), rw.upgradable()
     assert reader.acquire() and up.acquire()
     writer = rw.write()
-    assert writer._try_acquire("waiting", True)[0] is False
+    assert try_acquire(writer, "waiting", True)[0] is False
     keys = lock_client.redis.keys(lock_client.prefix + "*")
     assert len(keys) > 5
     assert all(lock_client.redis.pttl(key) > 0 for key in keys)

@@ -45,6 +45,7 @@ from celery_singleton_lock.celery.options import (
 )
 from celery_singleton_lock.cli.commands import Session
 from celery_singleton_lock.core.heartbeat import heartbeat
+from celery_singleton_lock.core.holder import flatten
 from celery_singleton_lock.core.keys import encode_name, lock_keys
 from celery_singleton_lock.embedded import RedisServer
 from celery_singleton_lock.kinds.intervals import interval_keys
@@ -343,9 +344,9 @@ def test_apps_with_different_prefixes_never_block_or_see_each_other(
                 client.range_lock("range").write(-math.inf, math.inf, ttl=30),
                 client.multi(["m1", "m2"], ttl=30),
             ]
+            held.append(handles)
             for handle in handles:
                 assert handle.acquire(), (client.prefix, handle)
-            held.append(handles)
         for client in (one, two):
             names = sorted(info.name for info in client.locks())
             assert names == ["job", "m1", "m2", "range", "rw"], (client.prefix, names)
@@ -360,10 +361,9 @@ def test_apps_with_different_prefixes_never_block_or_see_each_other(
         for handle in held[1]:
             handle.release()
     finally:
+        for handle in (handle for handles in held for handle in handles):
+            heartbeat().remove(handle)
         for client in (one, two):
-            for handle in heartbeat().leases():
-                if handle._conn is client.connection:
-                    heartbeat().remove(handle)
             client.close()
 
 
@@ -411,7 +411,7 @@ def exercise_name(client: LockClient, other: LockClient, name: Any) -> str:
     lease = client.lease(name, ttl=30, heartbeat=False)
     assert lease.acquire()
     keys = lock_keys(PREFIX, name)
-    fields = client.redis.hgetall(keys.lock)
+    fields = flatten(client.redis.hgetall(keys.lock))
     assert fields[b"name"] == encode_name(name) and fields[b"owner"].decode() == lease.owner
     assert fields[b"token"].decode() == str(lease.token)
     assert not client.lease(name).acquire(0)  # the same name is taken...

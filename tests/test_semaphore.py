@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import pytest
+from support.attempts import try_acquire
 from support.kind_children import holder_process
 from support.semaphore_children import permit_worker
 from support.waiting import BackgroundAcquire, wait_for, wait_for_subscriber
@@ -159,7 +160,7 @@ def test_a_release_wakes_a_waiter_and_only_as_many_as_permits_freed(
     assert all(p.acquire() for p in held)
     first, second = sem.permit(), sem.permit()
     waiting = [BackgroundAcquire(first, wait=20), BackgroundAcquire(second, wait=20)]
-    wait_for_subscriber(lock_client, first._channel)
+    wait_for_subscriber(lock_client, first.keys.channel)
     wait_for(lambda: lock_client.redis.exists(first.keys.waiting), 10, "a waiter's mark")
     released = time.monotonic()
     held[0].release()
@@ -295,7 +296,7 @@ def test_every_key_expires(lock_client: LockClient) -> None:
     sem = lock_client.semaphore("keys", 1)
     assert sem.permit().acquire()
     blocked = sem.permit()
-    assert blocked._try_acquire("waiting-owner", True) == (False, pytest.approx(30_000, abs=500))
+    assert try_acquire(blocked, "waiting-owner", True) == (False, pytest.approx(30_000, abs=500))
     keys = lock_client.redis.keys(lock_client.prefix + "*")
     assert len(keys) >= 4  # expiry index, holder hash, fencing counter, waiter's mark
     assert all(lock_client.redis.pttl(key) > 0 for key in keys)

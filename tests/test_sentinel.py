@@ -121,8 +121,11 @@ def test_a_waiter_rides_out_a_failover_and_is_woken_on_the_new_master(
         old_port = sentinels.master.port
         fail_over(sentinels)
         wait_until(subscribed, FAILOVER_TIMEOUT, "the waiter on the new master")
-        listener = waiter_client.connection.notifier._conn  # reconnected by the listener
-        assert listener is not None and listener.port != old_port
+        notifier = waiter_client.connection.notifier
+        # Reconnected by the listener, which keeps the new connection right after sending
+        # the SUBSCRIBE the new master already counts: it may not have got there yet.
+        listener = wait_until(lambda: notifier.connection, 10, "the listener's new connection")
+        assert listener.port != old_port
         assert not blocked.done()  # still waiting: the name is still held there
         released = time.monotonic()
         holder.release()

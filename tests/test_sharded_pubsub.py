@@ -137,7 +137,7 @@ def test_waiters_on_every_master_shard_subscribe_and_releases_stay_on_their_node
             probes.close()
         waiter.lease.release()
     # A channel left by its last waiter is forgotten (no map growing with every name).
-    assert client.connection.notifier._where == {}  # type: ignore[union-attr]
+    assert client.connection.notifier.placement.placed() == []  # type: ignore[union-attr]
 
 
 def test_a_killed_listener_is_replaced_and_its_waiters_look_again(

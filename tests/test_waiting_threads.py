@@ -144,12 +144,8 @@ def test_threads_waiting_on_one_name_take_it_in_turn(
     assert holder.acquire()
     waiters = [lock_client.lease("own", ttl=TTL) for _ in range(2)]
     blocked = [BackgroundAcquire(w, wait=TTL) for w in waiters]
-    wait_for(
-        lambda: len(getattr(lock_client.connection.notifier._channels.get(holder.keys.channel),
-                            "waiters", ())) == 2,
-        10,
-        "both waiters",
-    )  # fmt: skip
+    notifier: Any = lock_client.connection.notifier
+    wait_for(lambda: notifier.subscriptions.waiters(holder.keys.channel) == 2, 10, "both waiters")
     release_to_both(holder, waiters, blocked)
 
 
@@ -171,12 +167,12 @@ def test_a_connection_killed_while_waiting_looks_again_and_is_woken_by_the_relea
     assert holder.acquire()
     blocked = BackgroundAcquire(waiter, wait=TTL)
     wait_for_subscriber(lock_client, waiter.keys.channel)
-    old = lock_client.connection.notifier._conn
+    old = lock_client.connection.notifier.connection
     lock_client.redis.client_kill_filter(_type="pubsub")
     # It looks again (the lock is still held) and subscribes on a new connection.
     wait_for(
         lambda: (
-            lock_client.connection.notifier._conn not in (None, old)
+            lock_client.connection.notifier.connection not in (None, old)
             and subscribers(lock_client, waiter.keys.channel) == 1
         ),
         10,
@@ -238,14 +234,14 @@ def test_a_forked_child_waits_through_a_listener_of_its_own(
 ) -> None:
     # The parent's listener runs first; the child must not read (or close) its connection.
     wait_once(lock_client, holder, waiter, worker)
-    connection = lock_client.connection.notifier._conn
+    connection = lock_client.connection.notifier.connection
     report = worker.run(lambda: run_in_child(lambda: _child_waits(lock_client)))
     assert report.get("error") is None, report.get("error")
     assert report["got"] is True and report["took"] < WOKEN_WITHIN
     assert report["own_listener"] is True
     # The parent's listener still serves it, on the same connection.
     assert wait_once(lock_client, holder, waiter, worker) < WOKEN_WITHIN
-    assert lock_client.connection.notifier._conn is connection
+    assert lock_client.connection.notifier.connection is connection
 
 
 @pytest.mark.timeout(60)

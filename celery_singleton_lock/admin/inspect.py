@@ -25,10 +25,10 @@ from typing import Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
-from ..core.heartbeat import TICKS_PER_TTL
 from ..core.holder import OWN_INFO_FIELDS, ListedHolder
 from ..core.keys import RELEASE_DELAY_STATE
 from ..core.patterns import escape, literal_name
+from ..core.renewal import TICKS_PER_TTL
 from ..core.scan import BATCH, Record, read_query
 from ..kinds.lease import CLAIM_OWNER_PREFIX
 from ..kinds.registry import FAMILIES, LEASES, KindFamily

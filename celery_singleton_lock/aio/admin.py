@@ -11,26 +11,22 @@ from __future__ import annotations
 from ..admin import BATCH, CLEARED, GONE, LockInfo, escape
 from ..admin.clear import clear_call, cleared, to_clear
 from ..admin.inspect import lock_infos
+from ..core import validate
 from ..core.holder import ListedHolder
 from ..core.replies import ClearReply
-from ..core.scan import Record
+from ..core.scan import Record, reading, records_of
 from ..kinds.registry import FAMILIES
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
 
 
 async def _read(conn: AsyncConnection, keys: list[bytes]) -> list[Record]:
-    """HGETALL and PTTL of each key, ``BATCH`` keys per pipeline round trip."""
-    found = []
+    """HGETALL and PTTL of each key, ``BATCH`` keys per pipeline round trip, as
+    :func:`..core.scan.read_hashes` reads them."""
+    records: list[Record] = []
     for start in range(0, len(keys), BATCH):
-        pipe = conn.redis.pipeline(transaction=False)
-        for key in keys[start : start + BATCH]:
-            pipe.hgetall(key)
-            pipe.pttl(key)
-        replies = await conn.call(pipe.execute)
-        found += [
-            (fields, int(pttl)) for fields, pttl in zip(replies[::2], replies[1::2], strict=True)
-        ]
-    return [(fields, pttl) for fields, pttl in found if fields]
+        pipe = reading(conn.redis, keys[start : start + BATCH])
+        records += records_of(await conn.call(pipe.execute))
+    return records
 
 
 async def _scan(conn: AsyncConnection, match: bytes) -> list[bytes]:
@@ -45,6 +41,7 @@ async def list_locks(
 ) -> list[LockInfo]:
     """Every holder of every lock under the connection's prefix whose name matches the glob
     ``pattern``, as :func:`..admin.list_locks` lists them (without Celery's checks)."""
+    pattern = validate.check_pattern(pattern)
     conn = async_connection_of(client)
     now_ms = await conn.server_ms()
     read: dict[str, list[Record]] = {}  # keyspace -> its records: each is read once
@@ -86,5 +83,8 @@ async def clear(
     """Clear every holder of lock ``name`` (only the one with fencing ``token``, if given);
     refuses a live one without ``force``, and leaves alone a holder listed stale whose
     heartbeat resumed before the clear, saying so (see :func:`..admin.clear`)."""
+    name = validate.check_name(name)
+    token = validate.check_optional_token(token)
+    force = validate.check_bool(force, "force")
     infos = to_clear(await list_locks(client, escape(name)), name, token, force)
     return cleared(name, [await clear_listed(client, info, force=force) for info in infos])

@@ -3,15 +3,14 @@ async views) that take or inspect the same locks Celery tasks hold."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from ..admin import LockInfo
-from ..client import bad_url, check_url
 from ..core import redis_urls, validate
-from ..core.keys import DEFAULT_PREFIX
-from ..exceptions import ConfigurationError
-from ..kinds.lease import release_holder_args
+from ..core.client_base import ClientBase
+from ..core.holder import HOSTNAME
+from ..core.replies import HolderReply
 from . import admin
 from .connection import AsyncConnection
 from .intervals import AsyncRangeLock, AsyncRWLock
@@ -20,53 +19,31 @@ from .multi import AsyncMultiLease
 from .semaphore import AsyncSemaphore
 
 
-class AsyncLockClient:
+class AsyncLockClient(
+    ClientBase[AsyncConnection, AsyncRWLock, AsyncRangeLock, AsyncSemaphore, AsyncMultiLease]
+):
     """Entry point of the asyncio lock core: wraps a ``redis.asyncio`` client and makes locks.
 
     The same keys, scripts and guarantees as :class:`LockClient`: an async lease excludes a
     sync lease and a SingletonTask run of the same name, and fencing tokens increase across
     all of them. ``prefix`` namespaces every key.
 
+    ``replicas`` N > 0: every lock write (acquire, renewal, release, upgrade, clear) reports
+    success only once N replicas acknowledged it (``WAIT N``, in the same round trip), the
+    master waiting at most ``replica_timeout`` seconds, as for :class:`LockClient`; see
+    docs/deployment.md, "Replicated locks".
+
     >>> client = AsyncLockClient.from_url("redis://localhost:6379/0")
     >>> async with client.lease("nightly-report", ttl=30, wait=5) as lease:
     ...     await write_report(fencing_token=lease.token)
     """
 
-    def __init__(self, redis_client: Any, *, prefix: str = DEFAULT_PREFIX) -> None:
-        #: What the handles and the admin functions work through.
-        self.connection = AsyncConnection(redis_client, prefix)
-
-    @property
-    def redis(self) -> Any:
-        """The ``redis.asyncio`` client."""
-        return self.connection.redis
-
-    @property
-    def prefix(self) -> str:
-        """The key prefix of every lock of this client."""
-        return self.connection.prefix
-
-    @property
-    def url(self) -> str:
-        """The server, with no password."""
-        return self.connection.url
-
-    @classmethod
-    def from_url(
-        cls, url: str, *, prefix: str = DEFAULT_PREFIX, **redis_kwargs: Any
-    ) -> AsyncLockClient:
-        """A client for the Redis at ``url``: ``redis://``, ``rediss://``, ``unix://``, a
-        Cluster (``redis+cluster://host:port,...``) or Sentinel
-        (``sentinel://host:port,.../master-name``), read as :meth:`LockClient.from_url` reads
-        it; extra keyword arguments go to the ``redis.asyncio`` client. No I/O until the first
-        lock call."""
-        url = check_url(url, redis_kwargs)
-        validate.check_prefix(prefix)
-        try:
-            client = redis_urls.connect_async(url, **redis_kwargs)
-        except ValueError as exc:
-            raise bad_url(url, exc) from None
-        return cls(client, prefix=prefix)
+    _connection_type = AsyncConnection
+    _connect = staticmethod(redis_urls.connect_async)
+    _rwlock_type = AsyncRWLock
+    _range_lock_type = AsyncRangeLock
+    _semaphore_type = AsyncSemaphore
+    _multi_type = AsyncMultiLease
 
     def lease(
         self,
@@ -94,43 +71,6 @@ class AsyncLockClient:
             on_lost=on_lost,
         )
 
-    def rwlock(self, name: str) -> AsyncRWLock:
-        """A reader-writer lock on ``name``: ``.read()``, ``.upgradable()``, ``.write()``."""
-        return AsyncRWLock(self.connection, name)
-
-    def range_lock(self, name: str) -> AsyncRangeLock:
-        """A range lock on ``name``: ``.read(lo, hi)``, ``.upgradable(lo, hi)``,
-        ``.write(lo, hi)``."""
-        return AsyncRangeLock(self.connection, name)
-
-    def semaphore(self, name: str, limit: int) -> AsyncSemaphore:
-        """A counting semaphore on ``name``: at most ``limit`` (an int >= 1) permits held at
-        once; ``.permit()`` makes one. Shares its permits with :meth:`LockClient.semaphore`."""
-        return AsyncSemaphore(self.connection, name, limit)
-
-    def multi(
-        self,
-        names: Iterable[str],
-        *,
-        ttl: float = 30.0,
-        heartbeat: bool = True,
-        max_hold: float | None = None,
-        wait: float = 0.0,
-        owner_info: dict[str, Any] | None = None,
-        on_lost: Callable[[AsyncMultiLease], object] | None = None,
-    ) -> AsyncMultiLease:
-        """Exclusive leases on all of ``names``, taken all or nothing (not yet acquired)."""
-        return AsyncMultiLease(
-            self.connection,
-            names,
-            ttl=ttl,
-            heartbeat=heartbeat,
-            max_hold=max_hold,
-            wait=wait,
-            owner_info=owner_info,
-            on_lost=on_lost,
-        )
-
     async def release_holder(
         self,
         name: str,
@@ -145,24 +85,19 @@ class AsyncLockClient:
         :meth:`LockClient.release_holder`. True if released."""
         conn = self.connection
         keys = conn.keys(name)
-        args = release_holder_args(task_id, pid, host, delay, keys.channel)
-        return bool(await conn.script(conn.lease_scripts.release_holder, [keys.lock], args))
+        process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
+        call = conn.scripts.release_holder_call(keys.lock, *process, keys.channel)
+        return int(await conn.script(*call)) == HolderReply.DONE
 
     async def locks(self, pattern: str | None = None) -> list[LockInfo]:
         """Every lock under this client's prefix whose name matches the glob ``pattern``,
         with its holder and whether it is live, stale or in a release delay (docs/admin.md)."""
-        if pattern is not None:
-            validate.check_name(pattern, "pattern")
         return await admin.list_locks(self.connection, pattern)
 
     async def clear(self, name: str, *, token: int | None = None, force: bool = False) -> bool:
         """Clear lock ``name`` (only its holder with fencing ``token``, if given): atomic and
         holder-checked. A live lock is cleared only with ``force``, else :class:`LockError`.
         True if something was cleared."""
-        validate.check_name(name)
-        if token is not None and (isinstance(token, bool) or not isinstance(token, int)):
-            raise ConfigurationError("token", f"must be an int or None, got {token!r}")
-        validate.check_bool(force, "force")
         return await admin.clear(self.connection, name, token=token, force=force)
 
     async def server_time(self) -> float:
@@ -180,6 +115,3 @@ class AsyncLockClient:
     async def close(self) -> None:
         """Stop this client's waiter listeners and close its connections."""
         await self.connection.close()
-
-    def __repr__(self) -> str:
-        return f"<AsyncLockClient {self.url} prefix={self.prefix!r}>"

@@ -19,49 +19,53 @@ from typing import Any, Protocol, TypeVar
 import redis
 from redis.exceptions import RedisClusterException
 
-from ..core import redis_urls, validate
-from ..core.keys import DEFAULT_PREFIX, LockKeys, lock_keys
+from ..core.connection import ConnectionBase, clock_ms, clock_seconds
+from ..core.keys import DEFAULT_PREFIX
+from ..core.replication import Replication
 from ..core.scripts import ScriptCall, Scripts
 from ..exceptions import ConfigurationError, LockBackendError
 from .notifier import AsyncClusterNotifier, AsyncNotifier, async_notifier
-from .scripts import LeaseScripts, run_batch, run_script
+from .scripts import run_batch, run_script
 
 T = TypeVar("T")
 
 
-class AsyncConnection:
+class AsyncConnection(ConnectionBase):
     """A ``redis.asyncio`` client, the key ``prefix`` of every lock on it, and what the
     handles need from it: ``keys(name)``, ``call(fn, ...)``, the scripts, the waiter
     listener of the running loop and the server's clock."""
 
-    def __init__(self, redis_client: Any, prefix: str = DEFAULT_PREFIX) -> None:
-        validate.check_prefix(prefix)
-        execute = getattr(type(redis_client), "execute_command", None)
-        if not hasattr(redis_client, "register_script") or not inspect.iscoroutinefunction(execute):
-            raise ConfigurationError(
-                "redis_client",
-                f"must be a redis.asyncio client, got {type(redis_client).__name__}",
-            )
-        self.redis = redis_client
-        self.prefix = prefix
-        #: The server, with no password: what error messages name.
-        self.url = redis_urls.safe_url(redis_client)
-        # Both only compute SHAs here: the scripts are sent by SHA, see scripts.py.
-        #: The sync core's scripts: the renew call's layout is shared with the sync handles.
+    def __init__(
+        self,
+        redis_client: Any,
+        prefix: str = DEFAULT_PREFIX,
+        replication: Replication | None = None,
+    ) -> None:
+        super().__init__(redis_client, prefix)
+        #: How many replicas a lock's writes wait for (None: none), see
+        #: :mod:`..core.replication`: every script call and batch then carries its WAIT.
+        self.replication = replication
+        # Only computes SHAs here: the scripts are sent by SHA, see scripts.py.
+        #: The sync core's scripts: the handles build their lease calls (and the heartbeat
+        #: its renew calls) with them, as the sync handles do.
         self.scripts = Scripts(redis_client)
-        self.lease_scripts = LeaseScripts(redis_client)
         self._notifiers: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, AsyncNotifier | AsyncClusterNotifier
         ] = weakref.WeakKeyDictionary()
 
     @property
     def _scripts(self) -> Scripts:
-        # The sync heartbeat's renew_calls, which the async heartbeat reuses, reads this name.
+        # The heartbeats' renew_calls (core/renewal.py) reads this name.
         return self.scripts
 
-    def keys(self, name: str) -> LockKeys:
-        """The Redis keys of lock ``name`` (checked) under this prefix."""
-        return lock_keys(self.prefix, validate.check_name(name))
+    @staticmethod
+    def check_client(redis_client: Any) -> None:
+        execute = getattr(type(redis_client), "execute_command", None)
+        if not hasattr(redis_client, "register_script") or not inspect.iscoroutinefunction(execute):
+            raise ConfigurationError(
+                "redis_client",
+                f"must be a redis.asyncio client, got {type(redis_client).__name__}",
+            )
 
     def notifier(self) -> AsyncNotifier | AsyncClusterNotifier:
         """The waiter listener of the running event loop."""
@@ -79,26 +83,25 @@ class AsyncConnection:
             raise LockBackendError(f"Redis at {self.url}: {exc}") from exc
 
     async def script(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """One script call by SHA (loaded on NOSCRIPT)."""
+        """One script call by SHA (loaded on NOSCRIPT); with ``replication``, followed by its
+        WAIT in the same round trip (:class:`LockNotReplicated` if not acknowledged)."""
+        if self.replication is not None:
+            (reply,) = await self.batch([(script, keys, args)])
+            return reply
         return await self.call(run_script, self.redis, script, keys, args)
 
     async def batch(self, calls: Sequence[ScriptCall]) -> list[Any]:
-        """Script calls in one round trip; their replies in order."""
-        return await self.call(run_batch, self.redis, calls)
+        """Script calls in one round trip; their replies in order. With ``replication``,
+        the round trip ends with the WAIT (:func:`.scripts.run_batch`)."""
+        return await self.call(run_batch, self.redis, calls, self.replication)
 
     async def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""
-        seconds, micros = await self._server_clock()
-        return seconds + micros / 1_000_000
+        return clock_seconds(await self.call(self.redis.time))
 
     async def server_ms(self) -> int:
         """The Redis server's clock in ms (the clock every lock time is written with)."""
-        seconds, micros = await self._server_clock()
-        return seconds * 1000 + micros // 1000
-
-    async def _server_clock(self) -> tuple[int, int]:
-        seconds, micros = await self.call(self.redis.time)
-        return int(seconds), int(micros)
+        return clock_ms(await self.call(self.redis.time))
 
     async def ping(self) -> bool:
         """True if Redis answers; raises :class:`LockBackendError` if not."""
@@ -112,9 +115,6 @@ class AsyncConnection:
         # aclose() since redis-py 5.0.1; close() before it (deprecated after).
         close = getattr(self.redis, "aclose", None) or self.redis.close
         await close()
-
-    def __repr__(self) -> str:
-        return f"<AsyncConnection {self.url} prefix={self.prefix!r}>"
 
 
 class HasAsyncConnection(Protocol):

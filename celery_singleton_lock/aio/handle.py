@@ -1,11 +1,11 @@
-"""The asyncio lock handle: the driver of :class:`..core.handle_state.HandleState` (held,
-lost, check, the lost-lock bookkeeping, the waiter's sleeps, shared with the sync handle)
-with awaitable round trips.
+"""The asyncio lock handle: the asyncio runner of :class:`..core.handle_ops.HandleOps`
+(the operations every kind shares, written once as generators of :mod:`..core.steps`, on
+the state and decisions of :class:`..core.handle_state.HandleState`).
 
-A subclass supplies them: ``_try_acquire(owner, reserve)``, ``_release(owner, delay_ms)``
-and the classmethod ``_renew_script_call(conn, entries)`` the heartbeat batches. A handle
-works through an :class:`AsyncConnection` (given one, or an ``AsyncLockClient``), and
-belongs to the event loop that acquired it: its loop's heartbeat task renews it.
+A kind is its ops class and a thin class per runner (``class AsyncLease(LeaseOps,
+AsyncLockHandle)``). A handle works through an :class:`AsyncConnection` (given one, or an
+``AsyncLockClient``), and belongs to the event loop that acquired it: its loop's heartbeat
+task renews it.
 """
 
 from __future__ import annotations
@@ -14,40 +14,31 @@ import asyncio
 import inspect
 import logging
 import threading
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ..core.handle_state import (
-    NO_LOCK,
-    HandleState,
-    Outage,
-    _Process,
-    check_options,
-    retry_in,
-)
-from ..core.heartbeat import RenewUnit, renew_calls
+from ..core.handle_ops import HandleOps
+from ..core.handle_state import NO_LOCK, _Process, check_options
 from ..core.holder import holder_fields
-from ..core.scripts import ScriptCall
+from ..core.steps import Batch, Blpop, Listen, Pause, Steps
 from ..exceptions import LockBackendError, LockLost
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
 from .heartbeat import AsyncHeartbeat, heartbeat
+from .notifier import Wakeup
 
 log = logging.getLogger("celery_singleton_lock.lease")
 
 H = TypeVar("H", bound="AsyncLockHandle")
-
-#: (handle, owner token, ttl ms, generation): one renewal the subclass turns into script
-#: arguments.
-RenewEntry = tuple[Any, str, int, int]
+T = TypeVar("T")
 
 #: Callbacks run when a handle is found lost that are still running (a task nobody else
 #: holds a reference to could be collected half-way).
 _callbacks: set[asyncio.Task[Any]] = set()
 
 
-class AsyncLockHandle(HandleState):
+class AsyncLockHandle(HandleOps):
     """Base of every async lock handle (lease, read/upgradable/write, range, multi).
 
     Made by the factories of :class:`AsyncLockClient`. ``await acquire()`` takes the lock,
@@ -56,10 +47,10 @@ class AsyncLockHandle(HandleState):
     within ``ttl``. ``async with`` acquires (waiting up to ``wait`` seconds, else raising
     :class:`LockTimeout`) and releases on exit.
 
-    The state and its decisions are :class:`HandleState`'s, as for the sync handle; this
-    class awaits the round trips and the waits. ``on_lost`` is called with the handle from
-    the heartbeat task or the code whose check() or extend() found the lock lost; a
-    coroutine function's result is run as a task of the handle's loop.
+    The state and its decisions are :class:`HandleState`'s and the operations
+    :class:`HandleOps`', as for the sync handle; this class awaits their steps. ``on_lost``
+    is called with the handle from the heartbeat task or the code whose check() or extend()
+    found the lock lost; a coroutine function's result is run as a task of the handle's loop.
     """
 
     __slots__ = ("_conn", "_beat")
@@ -67,6 +58,7 @@ class AsyncLockHandle(HandleState):
     _stall_causes = "event loop blocked or stopped, Redis unreachable or max_hold reached"
     #: Every state change runs on the handle's event loop: no lock needed.
     _state = NO_LOCK
+    _conn: AsyncConnection
 
     def __init__(
         self,
@@ -84,32 +76,81 @@ class AsyncLockHandle(HandleState):
         self._conn = async_connection_of(client)
         self._beat: AsyncHeartbeat | None = None
 
-    # -- what a subclass provides ------------------------------------------------------------
+    # -- the runner --------------------------------------------------------------------------
 
-    #: The pub/sub channels releases of this lock are published on.
-    _channels: tuple[bytes, ...]
+    async def _run(self, steps: Steps[T], *, cancellable: bool = False) -> T:
+        """Await an operation's steps (see :mod:`..core.steps`); its result. An error doing
+        a step is thrown into the operation, which handles it or lets it go.
 
-    async def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
-        """One acquire round trip: (True, token) or (False, ms a waiter may sleep)."""
-        raise NotImplementedError
-
-    async def _abandon(self, owner: str) -> None:
-        """The caller stopped waiting: drop whatever ``_try_acquire`` reserved."""
-
-    async def _release(self, owner: str, delay_ms: int) -> int:
-        """One release round trip: a ``HolderReply`` (DONE, GONE or TAKEN)."""
-        raise NotImplementedError
-
-    @classmethod
-    def _renew_script_call(cls, conn: AsyncConnection, entries: list[RenewEntry]) -> ScriptCall:
-        """One script call renewing ``entries``; its reply has one code per entry."""
-        raise NotImplementedError
-
-    def _renew_units(self, owner: str, ttl_ms: int, gen: int) -> list[RenewUnit]:
-        """On a Redis Cluster, this handle's renewal in units of one slot each, as the sync
-        handles' (core/handle.py): by default the whole handle, in its channel's slot."""
-        renewer: Any = type(self)._renew_script_call  # takes an AsyncConnection
-        return [(renewer, self._channels[0], (self, owner, ttl_ms, gen))]
+        ``cancellable`` (an acquire): redis-py can lose a cancellation that lands while a
+        command is under way (the call returns its reply, or runs into the socket's timeout,
+        instead). One asked for during the operation is thrown into it after the round trip,
+        in place of the round trip's error if it had one (unless one reached it already: one
+        is enough), where the acquire undoes what its attempts did; an error the operation
+        then ends with is raised as the cancellation the caller asked for. The count of
+        cancellations asked for is Python 3.11's; before it, none is noticed."""
+        conn = self._conn
+        cancelling = getattr(asyncio.current_task(), "cancelling", None) if cancellable else None
+        asked = cancelling() if cancelling is not None else 0
+        watch = cancelling is not None
+        listening: AbstractAsyncContextManager[Wakeup] | None = None
+        woken: Wakeup | None = None
+        try:
+            step = steps.send(None)
+            while True:
+                try:
+                    if type(step) is tuple:
+                        script, keys, args = step
+                        result = await conn.script(script, keys, args)
+                    elif isinstance(step, Batch):
+                        result = await conn.batch(step.calls)
+                    elif isinstance(step, Pause):
+                        if woken is not None:
+                            await woken.wait(step.seconds)
+                        else:
+                            await asyncio.sleep(step.seconds)
+                        result = None
+                    elif isinstance(step, Blpop):
+                        result = await conn.call(conn.redis.blpop, [step.key], step.timeout)
+                    else:
+                        assert isinstance(step, Listen) and listening is None, step
+                        entering = conn.notifier().listening(step.channels)
+                        woken = await entering.__aenter__()
+                        listening, result = entering, None
+                    if watch and cancelling is not None and cancelling() > asked:
+                        raise asyncio.CancelledError
+                except BaseException as exc:
+                    if (
+                        watch
+                        and cancelling is not None
+                        and cancelling() > asked
+                        and not isinstance(exc, asyncio.CancelledError)
+                    ):
+                        # The step's error came after a cancellation redis-py lost: the
+                        # operation is thrown the cancellation now, and not again in the
+                        # middle of the undo this starts.
+                        cancelled = asyncio.CancelledError()
+                        cancelled.__cause__ = exc
+                        exc = cancelled
+                    if isinstance(exc, asyncio.CancelledError):
+                        watch = False  # the operation has its cancellation: once is enough
+                    step = steps.throw(exc)
+                else:
+                    step = steps.send(result)
+        except StopIteration as done:
+            value: T = done.value
+            return value
+        except BaseException as exc:
+            if (
+                cancelling is not None
+                and not isinstance(exc, asyncio.CancelledError)
+                and cancelling() > asked
+            ):
+                raise asyncio.CancelledError from exc
+            raise
+        finally:
+            if listening is not None:
+                await listening.__aexit__(None, None, None)
 
     # -- acquire / release / extend ----------------------------------------------------------
 
@@ -119,91 +160,7 @@ class AsyncLockHandle(HandleState):
         ``wait`` defaults to the handle's own; ``math.inf`` waits forever. A blocked call is
         woken by a release (pub/sub), or when a conflicting holder's lease could have run out.
         """
-        wait, owner = self._begin_acquire(wait)
-        # redis-py can lose a cancellation that lands while a command is under way (the
-        # call returns its reply instead): one asked for during this acquire is raised
-        # after each attempt, where the acquire undoes what its attempts did. The count
-        # of cancellations asked for is Python 3.11's; before it, none is noticed.
-        cancelling = getattr(asyncio.current_task(), "cancelling", None)
-        cancels = cancelling() if cancelling is not None else 0
-
-        def cancelled_meanwhile() -> bool:
-            return cancelling is not None and cancelling() > cancels
-
-        def raise_if_cancelled() -> None:
-            if cancelled_meanwhile():
-                raise asyncio.CancelledError
-
-        sent_at = time.monotonic()
-        try:
-            taken, value = await self._try_acquire(owner, wait > 0)
-            raise_if_cancelled()
-            if not taken:
-                if wait <= 0:
-                    return False
-
-                async def attempt() -> tuple[bool, int]:
-                    nonlocal sent_at
-                    sent_at = time.monotonic()
-                    result = await self._try_acquire(owner, True)
-                    raise_if_cancelled()
-                    return result
-
-                taken, value = await self._wait_for(attempt, wait, lambda: self._abandon(owner))
-                if not taken:
-                    return False
-        except BaseException as exc:
-            await self._undo_attempts(owner)
-            if not isinstance(exc, asyncio.CancelledError) and cancelled_meanwhile():
-                # The lost cancellation ran into the socket's timeout: the caller asked
-                # for the cancellation, not for this error.
-                raise asyncio.CancelledError from exc
-            raise
-        self._took(owner, value, sent_at)
-        return True
-
-    async def _undo_attempts(self, owner: str) -> None:
-        """The acquire was cancelled (its task, a timeout around it) or failed while a round
-        trip was under way. That attempt may have taken the lock, or a release may have
-        handed it over, with the reply unread; or it reserved a place. Give back whatever
-        ``owner`` holds, so that a caller who is gone holds nothing, rather than the name
-        staying locked, unrenewed, until its ttl runs out."""
-        try:
-            await self._abandon(owner)
-            await self._release(owner, 0)
-        except LockBackendError:
-            self._withdraw_failed()
-
-    async def _wait_for(
-        self,
-        attempt: Callable[[], Awaitable[tuple[bool, int]]],
-        wait: float,
-        abandon: Callable[[], Awaitable[None]],
-    ) -> tuple[bool, int]:
-        """Retry ``attempt`` on each release published on the channels (or at its hint)
-        until it succeeds or ``wait`` seconds pass; ``abandon`` runs when giving up (when
-        the waiting task is cancelled, :meth:`_undo_attempts` does)."""
-        deadline = time.monotonic() + wait
-        outage = Outage(deadline)
-        async with self._conn.notifier().listening(self._channels) as woken:
-            while True:
-                try:
-                    taken, value = await attempt()
-                except LockBackendError as error:
-                    await woken.wait(outage.pause(error))  # see Outage
-                    continue
-                outage.answered()
-                if taken:
-                    return True, value
-                sleep = retry_in(deadline, value)
-                if sleep is None:
-                    break
-                await woken.wait(sleep)
-        try:
-            await abandon()
-        except LockBackendError:
-            self._withdraw_failed()
-        return False, value
+        return await self._run(self._acquire_steps(wait), cancellable=True)
 
     async def release(self, delay: float = 0.0) -> None:
         """Give the lock back. With ``delay`` seconds > 0 what it covered stays locked, with
@@ -214,14 +171,7 @@ class AsyncLockHandle(HandleState):
         (:class:`LockBackendError`) the handle still owns the lock, no longer renewed: call
         ``release`` again, or let the lock run out within its ttl.
         """
-        owner, delay_ms = self._begin_release(delay)
-        try:
-            code = await self._release(owner, delay_ms)
-        except BaseException:
-            # Also when the task was cancelled while the release was under way.
-            self._release_unsent(owner)
-            raise
-        self._released(code)
+        await self._run(self._release_steps(delay))
 
     async def extend(self, ttl: float | None = None) -> float:
         """Set the lock's remaining time to ``ttl`` seconds (default: its ttl) and renew it
@@ -230,11 +180,7 @@ class AsyncLockHandle(HandleState):
 
         On a handle already found lost it raises that :class:`LockLost` again, with no
         round trip."""
-        owner, _, ttl_ms, gen = self._begin_extend(ttl)
-        sent_at = time.monotonic()
-        calls, decode = renew_calls(self._conn, [(self, owner, ttl_ms, gen)])  # type: ignore[arg-type]
-        (code,) = decode(await self._conn.batch(calls))
-        return self._extended(owner, code, sent_at, gen)
+        return await self._run(self._extend_steps(ttl))
 
     # -- context manager ---------------------------------------------------------------------
 

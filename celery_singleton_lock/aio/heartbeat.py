@@ -1,8 +1,8 @@
-"""The per-event-loop renewal task: the asyncio counterpart of :mod:`..heartbeat`.
+"""The per-event-loop renewal task: the asyncio counterpart of :mod:`..core.heartbeat`.
 
 One task per event loop renews every async handle of that loop, in one round trip per Redis
-client per tick however many handles it holds (the same batched script calls as the thread:
-:func:`..heartbeat.renew_calls`). The tick period is the shortest lease held divided by
+client per tick however many handles it holds (the same tick as the thread's:
+:mod:`..core.renewal`). The tick period is the shortest lease held divided by
 ``TICKS_PER_TTL``. A client whose batch is still in flight when the next tick comes is
 skipped by that tick, so a Redis that stops answering costs only its own leases. The task
 holds weak references only: a handle nobody can reach any more is no longer renewed and runs
@@ -18,30 +18,14 @@ import functools
 import logging
 import time
 import weakref
-from typing import Any, Protocol
+from typing import Any
 
 import redis
 
-from ..core.heartbeat import TICKS_PER_TTL, renew_calls
+from ..core.renewal import TICKS_PER_TTL, Renewable, RenewalRound, by_connection, tick_period
 from ..exceptions import LockBackendError
-from .connection import AsyncConnection
 
 log = logging.getLogger("celery_singleton_lock.heartbeat")
-
-
-class Renewable(Protocol):
-    """What the heartbeat needs of a handle (:class:`.handle.AsyncLockHandle` is one): its
-    ttl, connection and owner, and where to report each renewal. Its class supplies the
-    script call renewing it (``_renew_script_call``, see :func:`..heartbeat.renew_calls`)."""
-
-    ttl: float
-    _conn: AsyncConnection
-    _owner: str | None
-    _renewal: tuple[int, int]
-
-    def _renewed(self, owner: str | None, code: int, sent_at: float, gen: int) -> None: ...
-
-    def _renewal_failed(self, owner: str | None, error: LockBackendError) -> None: ...
 
 
 class AsyncHeartbeat:
@@ -97,10 +81,10 @@ class AsyncHeartbeat:
     async def _run(self, wake: asyncio.Event) -> None:
         last_tick = time.monotonic()
         while True:
-            ttls = [handle.ttl for handle in self.leases()]
-            if not ttls:
+            period = tick_period(self.leases())
+            if period is None:
                 return  # add() starts a new task with the next lease
-            self._period = period = min(ttls) / TICKS_PER_TTL
+            self._period = period
             timeout = last_tick + period - time.monotonic()
             if timeout > 0:
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -120,9 +104,7 @@ class AsyncHeartbeat:
         await self._tick(wait=True)
 
     async def _tick(self, *, wait: bool) -> None:
-        by_client: dict[int, list[Renewable]] = {}
-        for handle in self.leases():
-            by_client.setdefault(id(handle._conn), []).append(handle)
+        by_client = by_connection(self.leases())
         self.ticks += 1
         started = []
         for key, handles in by_client.items():
@@ -144,23 +126,14 @@ class AsyncHeartbeat:
 
     async def _renew(self, handles: list[Renewable]) -> None:
         """One round trip: the script calls of every kind batched in a pipeline."""
-        # A handle released since the tick listed it has no owner token any more: renewing
-        # it with an empty one would renew its ownerless release delay instead.
-        entries = [
-            (handle, owner, *handle._renewal)
-            for handle in handles
-            if (owner := handle._owner) is not None
-        ]
-        if not entries:
+        renewal = RenewalRound(handles)
+        if not renewal.entries:
             return
-        handles = [handle for handle, _, _, _ in entries]
-        owners: list[str | None] = [owner for _, owner, _, _ in entries]
-        conn = handles[0]._conn
-        calls, decode = renew_calls(conn, entries)  # type: ignore[arg-type]
+        conn = renewal.conn
         sent_at = time.monotonic()
         try:
             try:
-                replies = await conn.batch(calls)
+                replies = await conn.batch(renewal.calls)
             except LockBackendError as exc:
                 # redis.asyncio hands out a pooled connection the server has closed (after a
                 # restart) and fails on it once, where the sync client reconnects. A renewal
@@ -169,16 +142,11 @@ class AsyncHeartbeat:
                 if not isinstance(exc.__cause__, redis.ConnectionError):
                     raise
                 sent_at = time.monotonic()
-                replies = await conn.batch(calls)
-            codes = decode(replies)
+                replies = await conn.batch(renewal.calls)
         except LockBackendError as exc:
-            log.warning("heartbeat could not reach Redis: %s", exc)
-            for handle, owner in zip(handles, owners, strict=True):
-                handle._renewal_failed(owner, exc)
+            renewal.failed(exc)
             return
-        for (handle, owner, _, gen), code in zip(entries, codes, strict=True):
-            if self.holds(handle):
-                handle._renewed(owner, code, sent_at, gen)
+        renewal.renewed(replies, sent_at, self.holds)
 
 
 _heartbeats: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncHeartbeat] = (

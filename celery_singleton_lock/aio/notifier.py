@@ -1,11 +1,11 @@
 """How blocked async acquirers are woken: one pub/sub listener task per client and event loop.
 
-The same protocol as the threads' :mod:`..waiting`: a waiter subscribes to its lock's
-channel, waits until Redis confirms the subscription, tries the lock once more (a release
-that came before the subscription is not missed), then sleeps until a release is published
-or until the script's hint says the holder could have run out. The listener task only reads;
-waiters send SUBSCRIBE themselves, and counting ``subscribe`` acknowledgements per channel
-tells each waiter when *its* subscription is live.
+The same protocol as the threads' :mod:`..core.notifier`, kept by the same
+:class:`..core.subscriptions.Subscriptions`: a waiter subscribes to its lock's channel, waits
+until Redis confirms the subscription, tries the lock once more (a release that came before
+the subscription is not missed), then sleeps until a release is published or until the
+script's hint says the holder could have run out. The listener task only reads; waiters send
+SUBSCRIBE themselves.
 
 Two things keep a woken waiter's way back to its caller short (a hand-off's latency):
 
@@ -26,21 +26,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import redis
 
-from ..core.notifier import (
-    CONNECTION_ERRORS,
+from ..core.notifier import CONNECTION_ERRORS, SUBSCRIBE_TIMEOUT
+from ..core.redis_urls import is_async_cluster, pubsub_connection_of
+from ..core.subscriptions import (
     RECONNECT_DELAY,
     RECONNECT_DELAY_MAX,
-    SUBSCRIBE_TIMEOUT,
-    redirected_slot,
+    Placement,
+    Subscriptions,
 )
-from ..core.redis_urls import is_async_cluster, pubsub_connection_of
 
 log = logging.getLogger("celery_singleton_lock.waiting")
 
@@ -82,17 +81,9 @@ def _complete(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-class _Channel:
-    __slots__ = ("confirmed", "need", "waiters")
-
-    def __init__(self) -> None:
-        self.waiters: set[Wakeup] = set()
-        self.confirmed = asyncio.Event()
-        self.need = 0
-
-
 class AsyncNotifier:
-    """Shared by every waiter of one :class:`AsyncLockClient` on one event loop."""
+    """Shared by every waiter of one :class:`AsyncLockClient` on one event loop. The
+    subscription bookkeeping is a :class:`Subscriptions`, as for the threads' notifier."""
 
     def __init__(
         self,
@@ -105,19 +96,18 @@ class AsyncNotifier:
         #: it no longer listens to there (see :class:`AsyncClusterNotifier`).
         self._node_name = node_name
         self._lost = lost
-        #: Whether this connection's server has sharded pub/sub (found at each connect).
-        self._sharded = False
-        #: SUNSUBSCRIBEs sent and not yet answered per channel (as the threads' notifier).
-        self._unsubscribing: Counter[bytes] = Counter()
-        self._channels: dict[bytes, _Channel] = {}
-        self._sent: Counter[bytes] = Counter()
-        self._acked: Counter[bytes] = Counter()
+        self.subscriptions: Subscriptions[Wakeup, asyncio.Event] = Subscriptions(asyncio.Event)
         self._conn: Any = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         #: Channels whose last waiter left; the unsubscriber task sends their UNSUBSCRIBE.
         self._idle: set[bytes] = set()
         self._unsubscriber: asyncio.Task[None] | None = None
+
+    @property
+    def connection(self) -> Any:
+        """The pub/sub connection the listener reads (None while it is not connected)."""
+        return self._conn
 
     @asynccontextmanager
     async def listening(self, channels: Sequence[bytes]) -> AsyncIterator[Wakeup]:
@@ -127,43 +117,22 @@ class AsyncNotifier:
         ``SUBSCRIBE_TIMEOUT`` passed and the waiter falls back to its hint."""
         wakeup = Wakeup()
         try:
-            confirmed = [await self._add(channel, wakeup) for channel in channels]
-            pending = [
-                asyncio.ensure_future(done.wait()) for done in confirmed if not done.is_set()
-            ]
-            if pending:
-                try:
-                    await asyncio.wait(pending, timeout=SUBSCRIBE_TIMEOUT)
-                finally:
-                    for waiting in pending:  # timed out, or this task was cancelled
-                        waiting.cancel()
+            await wait_confirmed([await self._add(channel, wakeup) for channel in channels])
             yield wakeup
         finally:
             for channel in channels:
-                self._leave(channel, wakeup)
+                self._remove(channel, wakeup)
 
     async def _add(self, channel: bytes, wakeup: Wakeup) -> asyncio.Event:
         self._ensure_listener()
-        state = self._channels.get(channel)
-        if state is None:
-            state = self._channels[channel] = _Channel()
-            self._sent[channel] += 1
-            state.need = self._sent[channel]
-            if self._acked[channel] >= state.need:
-                state.confirmed.set()
+        confirmed, new = self.subscriptions.join(channel, wakeup)
+        if new:
             await self._send("SUBSCRIBE", channel)
-        # A channel whose last waiter left is still subscribed until the unsubscriber runs:
-        # coming back to it keeps it.
-        state.waiters.add(wakeup)
-        return state.confirmed
+        return confirmed
 
-    def _leave(self, channel: bytes, wakeup: Wakeup) -> bool:
+    def _remove(self, channel: bytes, wakeup: Wakeup) -> bool:
         """``wakeup`` leaves ``channel``; whether other waiters are left on it."""
-        state = self._channels.get(channel)
-        if state is None:
-            return False
-        state.waiters.discard(wakeup)
-        if state.waiters:
+        if self.subscriptions.leave(channel, wakeup):
             return True
         self._idle.add(channel)
         if self._unsubscriber is None or self._unsubscriber.done():
@@ -176,21 +145,14 @@ class AsyncNotifier:
         """UNSUBSCRIBE each channel that still has no waiter (one that does was come back
         to, and stays subscribed)."""
         while self._idle:
-            channel = self._idle.pop()
-            state = self._channels.get(channel)
-            if state is None or state.waiters:
-                continue
-            del self._channels[channel]
-            await self._send("UNSUBSCRIBE", channel)
+            for channel in self.subscriptions.unsubscribable([self._idle.pop()]):
+                await self._send("UNSUBSCRIBE", channel)
 
     async def _send(self, command: str, channel: bytes) -> None:
         conn = self._conn
         if conn is None:
             return  # the listener subscribes every live channel when it (re)connects
-        if self._sharded:
-            command = "S" + command
-            if command == "SUNSUBSCRIBE":
-                self._unsubscribing[channel] += 1
+        command = self.subscriptions.command(command, channel)
         try:
             await conn.send_command(command, channel, check_health=False)
         except CONNECTION_ERRORS:
@@ -224,23 +186,15 @@ class AsyncNotifier:
     async def _connect(self) -> Any:
         conn = pubsub_connection_of(await self._connection_source())
         await conn.connect()
-        self._sharded = False
+        sharded = False
         if self._node_name is not None:
             await conn.send_command("COMMAND", "INFO", "SPUBLISH", check_health=False)
             reply = await conn.read_response()
-            self._sharded = bool(reply and reply[0])
-        subscribe = "SSUBSCRIBE" if self._sharded else "SUBSCRIBE"
-        self._sent.clear()
-        self._acked.clear()
-        self._unsubscribing.clear()
-        channels = list(self._channels.items())
-        for channel, state in channels:
-            self._sent[channel] += 1
-            state.need = self._sent[channel]
-            state.confirmed.clear()
+            sharded = bool(reply and reply[0])
+        subscribe, channels = self.subscriptions.reconnected(sharded)
         # Published before any waiter's own send can reach it: replies stay in order.
         self._conn = conn
-        for channel, _ in channels:
+        for channel in channels:
             await conn.send_command(subscribe, channel, check_health=False)
         return conn
 
@@ -256,7 +210,9 @@ class AsyncNotifier:
                     except redis.ResponseError as exc:
                         self._refused(exc)
                     else:
-                        self._dispatch(reply)
+                        moved = self.subscriptions.dispatch(reply)
+                        if moved and self._lost is not None:
+                            self._lost(self, moved)
             except CONNECTION_ERRORS as exc:
                 log.debug("pub/sub connection lost: %s", exc)
             except asyncio.CancelledError:
@@ -266,18 +222,16 @@ class AsyncNotifier:
                 log.exception("pub/sub listener error")
             await self._drop()
             # Waiters look again now rather than at their hint: a release may be unseen.
-            for state in self._channels.values():
-                for wakeup in state.waiters:
-                    wakeup.set()
+            self.subscriptions.wake_all()
             if self._closed:
                 break
             if self._lost is not None:
                 # The node may be gone for good (a failover): its channels go to whichever
                 # node owns them now, which may be this one again.
-                waited = [channel for channel, state in self._channels.items() if state.waiters]
+                waited = self.subscriptions.waited()
                 if waited:
                     self._lost(self, waited)
-                if not self._channels:  # none left here: no reconnecting in vain
+                if not self.subscriptions:  # none left here: no reconnecting in vain
                     break
             await asyncio.sleep(delay)  # reconnect back-off, not a poll of the lock
             delay = min(delay * 2, RECONNECT_DELAY_MAX)
@@ -288,49 +242,22 @@ class AsyncNotifier:
             with contextlib.suppress(Exception):
                 await conn.disconnect()
 
-    def _dispatch(self, reply: Any) -> None:
-        if not isinstance(reply, list) or len(reply) < 3:
-            return
-        kind, channel = reply[0], reply[1]
-        if isinstance(channel, str):
-            channel = channel.encode()
-        if kind in (b"message", "message", b"smessage", "smessage"):
-            state = self._channels.get(channel)
-            if state is not None:
-                for wakeup in state.waiters:
-                    wakeup.set()
-        elif kind in (b"subscribe", "subscribe", b"ssubscribe", "ssubscribe"):
-            self._acked[channel] += 1
-            state = self._channels.get(channel)
-            if state is not None and self._acked[channel] >= state.need:
-                state.confirmed.set()
-        elif kind in (b"sunsubscribe", "sunsubscribe"):
-            if self._unsubscribing[channel] > 0:
-                self._unsubscribing[channel] -= 1
-            elif self._lost is not None:  # not an answer to ours: the slot left this node
-                self._lost(self, [channel])
-
     def _refused(self, exc: redis.ResponseError) -> None:
         """An SSUBSCRIBE refused: with MOVED (or ASK), the channels of that slot go to the
         node that has it now."""
-        slot = redirected_slot(exc)
-        if slot is None or self._lost is None:
-            log.warning("pub/sub command refused: %s", exc)
-            return
-        channels = [channel for channel in self._channels if self._redis.keyslot(channel) == slot]
-        if channels:
-            self._lost(self, channels)
+        lost = self._lost
+        channels = self.subscriptions.refused(exc, None if lost is None else self._redis.keyslot)
+        if channels and lost is not None:
+            lost(self, channels)
 
     def take(self, channel: bytes) -> set[Wakeup]:
         """Stop listening to ``channel`` here, no longer subscribed; its waiters, for
         another node's listener."""
-        state = self._channels.pop(channel, None)
-        self._acked[channel] = self._sent[channel]  # its answer will never come here
-        return set() if state is None else state.waiters
+        return self.subscriptions.take(channel)
 
     def listens_to(self, channel: bytes) -> bool:
         """Whether ``channel`` is subscribed here (or about to be)."""
-        return channel in self._channels
+        return self.subscriptions.listens_to(channel)
 
     async def close(self) -> None:
         """Stop the listener; waiters fall back to their hints."""
@@ -345,30 +272,37 @@ class AsyncNotifier:
         await self._drop()
 
 
+async def wait_confirmed(confirmed: list[asyncio.Event]) -> None:
+    """Until every subscription of ``confirmed`` is live, or ``SUBSCRIBE_TIMEOUT`` passed."""
+    pending = [asyncio.ensure_future(done.wait()) for done in confirmed if not done.is_set()]
+    if pending:
+        try:
+            await asyncio.wait(pending, timeout=SUBSCRIBE_TIMEOUT)
+        finally:
+            for waiting in pending:  # timed out, or this task was cancelled
+                waiting.cancel()
+
+
 class AsyncClusterNotifier:
     """:class:`AsyncNotifier` on a Redis Cluster: a listener per node that has waiters, each
     channel subscribed on the node owning its slot."""
 
     def __init__(self, redis_client: Any) -> None:
         self._redis = redis_client
-        #: Node name -> its listener; channel -> the listener it is subscribed with, while it
-        #: has waiters.
-        self._nodes: dict[str, AsyncNotifier] = {}
-        self._where: dict[bytes, AsyncNotifier] = {}
+        self.placement: Placement[AsyncNotifier] = Placement()
         #: The tasks moving channels whose slot moved (kept until done).
         self._moving: set[asyncio.Task[None]] = set()
 
     async def _listener(self, channel: bytes) -> AsyncNotifier:
         """The listener ``channel`` is subscribed with, or that of its slot's node."""
-        listener = self._where.get(channel)
-        if listener is None or not listener.listens_to(channel):
-            await self._redis.initialize()  # learns the nodes on first use
-            name = self._redis.get_node_from_key(channel).name
-            listener = self._nodes.get(name)
-            if listener is None:
-                listener = self._nodes[name] = AsyncNotifier(self._redis, name, self._moved)
-            self._where[channel] = listener
-        return listener
+        listener = self.placement.current(channel)
+        if listener is not None:
+            return listener
+        await self._redis.initialize()  # learns the nodes on first use
+        node = self._redis.get_node_from_key(channel).name
+        return self.placement.place(
+            channel, node, lambda name: AsyncNotifier(self._redis, name, self._moved)
+        )
 
     @asynccontextmanager
     async def listening(self, channels: Sequence[bytes]) -> AsyncIterator[Wakeup]:
@@ -376,22 +310,10 @@ class AsyncClusterNotifier:
         wakeup = Wakeup()
         try:
             confirmed = [await (await self._listener(c))._add(c, wakeup) for c in channels]
-            pending = [
-                asyncio.ensure_future(done.wait()) for done in confirmed if not done.is_set()
-            ]
-            if pending:
-                try:
-                    await asyncio.wait(pending, timeout=SUBSCRIBE_TIMEOUT)
-                finally:
-                    for waiting in pending:
-                        waiting.cancel()
+            await wait_confirmed(confirmed)
             yield wakeup
         finally:
-            for channel in channels:
-                listener = self._where.get(channel)
-                if listener is not None and not listener._leave(channel, wakeup):
-                    # No waiter left: a later one finds its slot's node again.
-                    del self._where[channel]
+            self.placement.leave(channels, wakeup)
 
     def _moved(self, old: AsyncNotifier, channels: list[bytes]) -> None:
         """``old`` no longer listens to ``channels`` (called from its dispatch)."""
@@ -403,9 +325,7 @@ class AsyncClusterNotifier:
         """Subscribe ``channels`` where their slots are now; their waiters look again."""
         woken: list[Wakeup] = []
         for channel in channels:
-            waiters = old.take(channel)
-            if self._where.get(channel) is old:
-                del self._where[channel]
+            waiters = self.placement.take(old, channel)
             if not waiters:
                 continue
             # The client follows the MOVED this gets and learns the slot's owner.
@@ -427,7 +347,7 @@ class AsyncClusterNotifier:
         """Stop every node's listener."""
         for task in list(self._moving):
             task.cancel()
-        for listener in list(self._nodes.values()):
+        for listener in list(self.placement.nodes.values()):
             await listener.close()
 
 

@@ -25,7 +25,45 @@ from .scripts import Scripts
 T = TypeVar("T")
 
 
-class Connection:
+class ConnectionBase:
+    """What the sync and the asyncio connection share: a redis-py client (checked by
+    ``check_client``), the key ``prefix`` of every lock on it, and the keys of a lock."""
+
+    def __init__(self, redis_client: Any, prefix: str) -> None:
+        validate.check_prefix(prefix)
+        self.check_client(redis_client)
+        self.redis = redis_client
+        self.prefix = prefix
+        #: The server(s), with no password: what error messages name.
+        self.url = redis_urls.safe_url(redis_client)
+
+    @staticmethod
+    def check_client(redis_client: Any) -> None:
+        """ConfigurationError unless ``redis_client`` is the kind of client this takes."""
+        raise NotImplementedError
+
+    def keys(self, name: str) -> LockKeys:
+        """The Redis keys of lock ``name`` (checked) under this prefix."""
+        return lock_keys(self.prefix, validate.check_name(name))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url} prefix={self.prefix!r}>"
+
+
+def clock_seconds(reply: Any) -> float:
+    """The server's clock, in seconds since the epoch, from the reply to TIME."""
+    seconds, micros = reply
+    return int(seconds) + int(micros) / 1_000_000
+
+
+def clock_ms(reply: Any) -> int:
+    """The server's clock in ms (the clock every lock time is written with), from the reply
+    to TIME."""
+    seconds, micros = reply
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+class Connection(ConnectionBase):
     """A redis-py client, the key ``prefix`` of every lock on it, and what the handles need
     from it: ``keys(name)``, ``call(fn, ...)``, the ``scripts``, the ``notifier`` and the
     server's clock. ``replication``: how many replicas a lease's writes wait for (None:
@@ -34,15 +72,7 @@ class Connection:
     def __init__(
         self, redis_client: Any, prefix: str, replication: Replication | None = None
     ) -> None:
-        validate.check_prefix(prefix)
-        if not hasattr(redis_client, "register_script"):
-            raise ConfigurationError(
-                "redis_client", f"must be a redis-py client, got {type(redis_client).__name__}"
-            )
-        self.redis = redis_client
-        self.prefix = prefix
-        #: The server(s), with no password: what error messages name.
-        self.url = redis_urls.safe_url(redis_client)
+        super().__init__(redis_client, prefix)
         #: What a configuration error calls the URL: the argument, or the setting it came
         #: from (a Celery app's ``singleton_lock_url``), so the message names what to fix.
         self.url_argument = "url"
@@ -52,9 +82,12 @@ class Connection:
         self.notifier = notifier_for(redis_client)
         self._closed = False
 
-    def keys(self, name: str) -> LockKeys:
-        """The Redis keys of lock ``name`` (checked) under this prefix."""
-        return lock_keys(self.prefix, validate.check_name(name))
+    @staticmethod
+    def check_client(redis_client: Any) -> None:
+        if not hasattr(redis_client, "register_script"):
+            raise ConfigurationError(
+                "redis_client", f"must be a redis-py client, got {type(redis_client).__name__}"
+            )
 
     def call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run one Redis operation; Redis failures become :class:`LockBackendError`."""
@@ -74,17 +107,11 @@ class Connection:
 
     def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""
-        seconds, micros = self._server_clock()
-        return seconds + micros / 1_000_000
+        return clock_seconds(self.call(self.redis.time))
 
     def server_ms(self) -> int:
         """The Redis server's clock in ms (the clock every lock time is written with)."""
-        seconds, micros = self._server_clock()
-        return seconds * 1000 + micros // 1000
-
-    def _server_clock(self) -> tuple[int, int]:
-        seconds, micros = self.call(self.redis.time)
-        return int(seconds), int(micros)
+        return clock_ms(self.call(self.redis.time))
 
     def close(self) -> None:
         """Close the client (its pool too if the client owns it: it was made from a URL),
@@ -94,9 +121,6 @@ class Connection:
             self._closed = True
             self.notifier.leave()
         self.redis.close()
-
-    def __repr__(self) -> str:
-        return f"<Connection {self.url} prefix={self.prefix!r}>"
 
 
 class HasConnection(Protocol):

@@ -1,13 +1,13 @@
-"""The thread-based lock handle: the driver of :class:`.handle_state.HandleState`.
+"""The thread-based lock handle: the sync runner of :class:`.handle_ops.HandleOps`.
 
-A lock kind is a subclass supplying the abstract methods of :class:`LockHandle`: the round
-trips ``_try_acquire(owner, reserve)``, ``_release(owner, delay_ms)``,
-``_renew_script_call(conn, entries)`` and ``_release_holder(task_id, pid, host, delay)``, and
-the ``_channel`` its releases are published on (and, for a kind holding keys in several
-Redis Cluster slots, ``_renew_units``). When a handle is held or lost, how long a blocked
-acquire sleeps, what a renewal code does, is decided once in :mod:`.handle_state` (shared
-with the asyncio handle); this module runs the round trips, the waits and the heartbeat, so
-every lock kind behaves like the exclusive :class:`Lease`.
+A lock kind is one subclass of :class:`.handle_ops.HandleOps` (its round trips written once,
+as generators of :mod:`.steps`) and a thin class per runner: ``class Lease(LeaseOps,
+LockHandle)``. When a handle is held or lost, how long a blocked acquire sleeps, what a
+renewal code does, is decided once in :mod:`.handle_state`; how an acquire waits and undoes
+its attempts, once in :mod:`.handle_ops`. This module runs the steps with threads (script
+calls through :meth:`.connection.Connection.call`, with the replicas' WAIT where the client
+has one), the waits and the heartbeat; a sync kind adds ``holders`` and
+``_release_holder(task_id, pid, host, delay)``.
 """
 
 from __future__ import annotations
@@ -15,41 +15,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ..exceptions import LockBackendError, LockError, LockLost, LockNotReplicated
+from ..exceptions import LockBackendError, LockLost
 from .connection import Connection, HasConnection, connection_of
-from .handle_state import (
-    HandleState,
-    Options,
-    Outage,
-    _Process,
-    check_options,
-    retry_in,
-)
-from .heartbeat import RenewEntry, RenewUnit, heartbeat, renew_calls, renewing
+from .handle_ops import HandleOps
+from .handle_state import Options, _Process, check_options
+from .heartbeat import heartbeat, renewing
 from .holder import holder_fields
 from .notifier import Wakeup
-from .scripts import ScriptCall, run_batch
+from .scripts import run_batch
+from .steps import Batch, Blpop, Listen, Pause, Steps
 
 log = logging.getLogger("celery_singleton_lock.lease")
 
-
-def released_unreplicated(name: str, error: LockNotReplicated, done: str) -> LockNotReplicated:
-    """The error for a release or hand-over of lock ``name`` that ran on the master but that
-    the replicas did not acknowledge (``error``): what the caller should know."""
-    return LockNotReplicated(
-        f"lock {name!r} was {done} on the master, but {error}: a failover to a replica "
-        "that missed it could bring the old hold back until its ttl runs out",
-        name=name,
-        replies=error.replies,
-        acknowledged=error.acknowledged,
-    )
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -69,7 +54,7 @@ class HolderRecord:
 H = TypeVar("H", bound="LockHandle")
 
 
-class LockHandle(HandleState, ABC):
+class LockHandle(HandleOps):
     """Base of every expiring lock handle (lease, read/upgradable/write, range, multi).
 
     Not made directly: :class:`LockClient` has a factory per kind. ``acquire`` takes the lock,
@@ -78,12 +63,15 @@ class LockHandle(HandleState, ABC):
     manager it acquires (waiting up to ``wait`` seconds, else raising :class:`LockTimeout`)
     and releases on exit.
 
-    The state and its decisions are :class:`HandleState`'s; this class runs the round trips
-    and the waits (threads). ``on_lost`` is called with the handle from a heartbeat thread,
-    or from the thread whose check() or extend() found the lock lost.
+    The state and its decisions are :class:`HandleState`'s, the operations
+    :class:`HandleOps`'; this class runs their steps and the waits (threads). ``on_lost`` is
+    called with the handle from a heartbeat thread, or from the thread whose check() or
+    extend() found the lock lost.
     """
 
     __slots__ = ("_conn", "_state", "_holder_cache")
+
+    _conn: Connection
 
     def __init__(
         self,
@@ -109,33 +97,7 @@ class LockHandle(HandleState, ABC):
         # (named, pid, thread ident) -> the holder fields of _describe_holder.
         self._holder_cache: dict[tuple[bool, int, int], list[Any]] = {}
 
-    # -- what a subclass provides ------------------------------------------------------------
-
-    #: The pub/sub channel releases of this lock are published on.
-    _channel: bytes
-
-    @abstractmethod
-    def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
-        """One acquire round trip: (True, token) or (False, ms a waiter may sleep).
-        ``reserve``: the caller will wait, so a writer may queue a reservation."""
-
-    def _abandon(self, owner: str) -> None:  # noqa: B027 - optional: a no-op unless overridden
-        """The caller stopped waiting: drop whatever ``_try_acquire`` reserved."""
-
-    @abstractmethod
-    def _release(self, owner: str, delay_ms: int) -> int:
-        """One release round trip: a ``HolderReply`` (DONE, GONE or TAKEN)."""
-
-    @classmethod
-    @abstractmethod
-    def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:
-        """One script call renewing ``entries``; its reply has one code per entry."""
-
-    def _renew_units(self, owner: str, ttl_ms: int, gen: int) -> list[RenewUnit]:
-        """On a Redis Cluster, this handle's renewal in units of one slot each: by default
-        the whole handle, renewed by its class in the slot of its channel (every key of a
-        one-name kind shares that slot)."""
-        return [(type(self)._renew_script_call, self._channel, (self, owner, ttl_ms, gen))]
+    # -- what a sync kind adds ---------------------------------------------------------------
 
     @abstractmethod
     def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
@@ -160,6 +122,47 @@ class LockHandle(HandleState, ABC):
         if something was released."""
         return self._release_holder(task_id, pid, host, delay)
 
+    # -- the runner --------------------------------------------------------------------------
+
+    def _run(self, steps: Steps[T]) -> T:
+        """Run an operation's steps (see :mod:`.steps`) on this thread; its result. An
+        error doing a step is thrown into the operation, which handles it or lets it go."""
+        conn = self._conn
+        listening: AbstractContextManager[Wakeup] | None = None
+        woken: Wakeup | None = None
+        try:
+            step = steps.send(None)
+            while True:
+                try:
+                    if type(step) is tuple:
+                        script, keys, args = step
+                        result = conn.call(script, keys=keys, args=args)
+                    elif isinstance(step, Batch):
+                        result = conn.call(run_batch, conn.redis, step.calls, conn.replication)
+                    elif isinstance(step, Pause):
+                        if woken is not None:
+                            woken.wait(step.seconds)
+                        else:
+                            time.sleep(step.seconds)
+                        result = None
+                    elif isinstance(step, Blpop):
+                        result = conn.call(conn.redis.blpop, [step.key], timeout=step.timeout)
+                    else:
+                        assert isinstance(step, Listen) and listening is None, step
+                        entering = conn.notifier.listening(*step.channels)
+                        woken = entering.__enter__()
+                        listening, result = entering, None
+                except BaseException as exc:
+                    step = steps.throw(exc)
+                else:
+                    step = steps.send(result)
+        except StopIteration as done:
+            value: T = done.value
+            return value
+        finally:
+            if listening is not None:
+                listening.__exit__(None, None, None)
+
     # -- acquire / release / extend ----------------------------------------------------------
 
     def acquire(self, wait: float | None = None) -> bool:
@@ -171,78 +174,7 @@ class LockHandle(HandleState, ABC):
         If Redis does not answer (:class:`LockBackendError`) or the call is interrupted,
         what its attempts may have taken or reserved is given back before it raises.
         """
-        wait, owner = self._begin_acquire(wait)
-        sent_at = time.monotonic()
-        try:
-            taken, value = self._try_acquire(owner, wait > 0)
-            if not taken:
-                if wait <= 0:
-                    return False
-
-                def attempt() -> tuple[bool, int]:
-                    nonlocal sent_at
-                    sent_at = time.monotonic()
-                    return self._try_acquire(owner, True)
-
-                taken, value = self._wait_for(attempt, wait, lambda: self._abandon(owner))
-                if not taken:
-                    return False
-        except BaseException as exc:
-            # A refusal the script answered (LockError, but not LockBackendError) took
-            # nothing; anything else may have come after the script ran.
-            if not isinstance(exc, LockError) or isinstance(exc, LockBackendError):
-                self._undo_attempts(owner)
-            raise
-        self._took(owner, value, sent_at)
-        return True
-
-    def _undo_attempts(self, owner: str) -> None:
-        """An attempt of this acquire call failed after its send (a timeout, a dropped
-        connection: the script may have run with its reply lost) or the call was
-        interrupted. Give back whatever ``owner`` holds or reserved, so that a caller who
-        got an error holds nothing, rather than the lock staying taken, unrenewed, until its
-        ttl runs out. The owner token is unique to this call, so whatever it holds, this
-        call took (a lease with a fixed owner token narrows this down)."""
-        try:
-            self._abandon(owner)
-            self._release(owner, 0)
-        except LockBackendError:
-            self._withdraw_failed()
-
-    def _wait_for(
-        self, attempt: Callable[[], tuple[bool, int]], wait: float, abandon: Callable[[], None]
-    ) -> tuple[bool, int]:
-        """Retry ``attempt`` on each release published on the channel (or at its hint) until
-        it succeeds or ``wait`` seconds pass; ``abandon`` runs when giving up."""
-        deadline = time.monotonic() + wait
-        done = False
-        outage = Outage(deadline)
-        try:
-            with self._listening() as woken:
-                while True:
-                    try:
-                        taken, value = attempt()
-                    except LockBackendError as error:
-                        woken.wait(outage.pause(error))  # see Outage
-                        continue
-                    outage.answered()
-                    if taken:
-                        done = True
-                        return True, value
-                    sleep = retry_in(deadline, value)
-                    if sleep is None:
-                        return False, value
-                    woken.wait(sleep)
-        finally:
-            if not done:
-                try:
-                    abandon()
-                except LockBackendError:
-                    self._withdraw_failed()
-
-    def _listening(self) -> AbstractContextManager[Wakeup]:
-        """Subscribed to what wakes this handle's waiters; yields what they wait on."""
-        return self._conn.notifier.listening(self._channel)
+        return self._run(self._acquire_steps(wait))
 
     def release(self, delay: float = 0.0) -> None:
         """Give the lock back. With ``delay`` seconds > 0 what it covered stays locked, with
@@ -256,16 +188,7 @@ class LockHandle(HandleState, ABC):
         raises :class:`LockNotReplicated`: it did happen on the master, the handle no longer
         holds the lock.
         """
-        owner, delay_ms = self._begin_release(delay)
-        try:
-            code = self._release(owner, delay_ms)
-        except LockNotReplicated as exc:
-            self._released(int(exc.replies[0]))
-            raise released_unreplicated(self.name, exc, "released") from exc
-        except LockBackendError:
-            self._release_unsent(owner)
-            raise
-        self._released(code)
+        self._run(self._release_steps(delay))
 
     def extend(self, ttl: float | None = None) -> float:
         """Set the lock's remaining time to ``ttl`` seconds (default: its ttl) and renew it
@@ -274,12 +197,7 @@ class LockHandle(HandleState, ABC):
 
         On a handle already found lost it raises that :class:`LockLost` again, with no
         round trip: a lost lock is never renewed again, even if its key is still there."""
-        owner, _, ttl_ms, gen = self._begin_extend(ttl)
-        sent_at = time.monotonic()
-        calls, decode = renew_calls(self._conn, [(self, owner, ttl_ms, gen)])
-        conn = self._conn
-        (code,) = decode(conn.call(run_batch, conn.redis, calls, conn.replication))
-        return self._extended(owner, code, sent_at, gen)
+        return self._run(self._extend_steps(ttl))
 
     # -- context manager ---------------------------------------------------------------------
 

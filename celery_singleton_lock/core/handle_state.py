@@ -4,9 +4,9 @@
 its fencing token, when its lease runs out locally, whether it was found lost) and makes every
 decision about it: what an acquire reply, a release code, an extend or renewal reply does to
 the state, what to raise, log and announce, how long a waiter sleeps. It never talks to Redis
-and never sleeps: the drivers (:class:`.handle.LockHandle` with threads,
-``aio.handle.AsyncLockHandle`` with asyncio) run the script calls and the waits and feed
-the replies here.
+and never sleeps: the operations (:mod:`.handle_ops`) feed it the replies of the script
+calls that the runners (:class:`.handle.LockHandle` with threads,
+``aio.handle.AsyncLockHandle`` with asyncio) make.
 
 Every change of the state is made under ``self._state``: a ``threading.Lock`` in the sync
 handle, where the heartbeat thread reports renewals while the owner's thread releases or
@@ -198,7 +198,7 @@ class HandleState:
     __slots__ = (
         "name", "ttl", "heartbeat", "max_hold", "wait", "owner_info", "on_lost",
         "_max_hold_ms", "_gen", "_ttl_ms", "_renewal", "_first_lease",
-        "_owner", "_pid", "_token", "_lost", "_expires_at", "_hold_ends_at",
+        "_owner", "_pid", "_token", "_lost", "_expires_at", "_hold_ends_at", "_release_unanswered",
         "__weakref__",  # the heartbeats hold handles by weak reference
     )  # fmt: skip
 
@@ -242,6 +242,8 @@ class HandleState:
         # Monotonic time from which max_hold may have ended the hold (math.inf: no max_hold):
         # a lease found gone from then on ran out at its max_hold, and says so.
         self._hold_ends_at = math.inf
+        # A release round trip failed: it may have run with its reply lost.
+        self._release_unanswered = False
 
     # -- what a driver provides --------------------------------------------------------------
 
@@ -379,13 +381,26 @@ class HandleState:
         with self._state:
             if self._owner is None:
                 self._owner = owner
+            self._release_unanswered = True
 
     def _released(self, code: int) -> None:
         """The release script answered ``code``: DONE released, else raise the lost error."""
+        unanswered, self._release_unanswered = self._release_unanswered, False
         if code == HolderReply.DONE:
             self._lost = None
             return
         error = self._lost_error(code, "release")
+        if unanswered:
+            # Found gone (or another's) by a release sent again: no stored trace tells
+            # whether the earlier one, whose reply was lost, freed it, or the lease was lost
+            # before it arrived. The caller hears both, and the error stays (fail closed).
+            reason = error.reason
+            error = type(error)(
+                f"{error}; an earlier release of it whose reply was lost may have been the "
+                "one that freed it",
+                name=self.name,
+            )
+            error.reason = reason
         # Found lost only now (a starved heartbeat, a paused process): on_lost fires here,
         # once, as it would have from the renewal that should have found it.
         with self._state:

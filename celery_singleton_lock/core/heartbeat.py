@@ -16,11 +16,9 @@ the heartbeat thread and no pool is made: there is nobody else to hold up. ``tic
 directly, waits for every batch it starts (and for one still in flight from the thread), so
 the renewals have been applied when it returns.
 
-Any lock kind can be renewed here, and none is named: a handle is a :class:`Renewable` (its
-``_conn``, ``ttl``, ``_owner``, the callbacks ``_renewed`` and ``_renewal_failed``), its class
-has ``_renew_script_call(conn, entries)`` returning one script call whose reply holds one code
-per handle (> 0 ms granted, else a ``HolderReply``: core/replies.py), and on a
-Redis Cluster the handle splits itself into the units renewed in one slot (``_renew_units``).
+Any lock kind can be renewed here, and none is named: a handle is a
+:class:`.renewal.Renewable`, and what one tick sends and what its replies mean is
+:mod:`.renewal`'s, the same for the asyncio heartbeat.
 
 The thread holds only weak references: a lease object nobody can reach any more is no longer
 renewed and runs out on its own. In a forked child the registry starts empty (the child holds
@@ -39,59 +37,16 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ..exceptions import LockBackendError
-from . import redis_urls
-from .replies import HolderReply
-from .scripts import ScriptCall, run_batch
-
-if TYPE_CHECKING:
-    from .connection import Connection, HasConnection
+from .renewal import TICKS_PER_TTL as TICKS_PER_TTL
+from .renewal import Renewable, RenewalRound, by_connection, tick_period
+from .renewal import RenewEntry as RenewEntry
+from .renewal import RenewUnit as RenewUnit
+from .renewal import renew_calls as renew_calls
+from .scripts import run_batch
 
 log = logging.getLogger("celery_singleton_lock.heartbeat")
-
-#: Renewals per ttl: a heartbeat (this thread, and the asyncio task) renews every
-#: ``ttl / TICKS_PER_TTL`` seconds, so a lease missing one tick still has time for the next.
-#: The admin's staleness rule counts missed ticks of this same period.
-TICKS_PER_TTL = 3
-
-#: (handle, owner token, ttl ms, generation): one renewal the handle's class turns into
-#: script arguments (the generation: see ``HandleState._begin_extend``).
-RenewEntry = tuple[Any, str, int, int]
-
-#: Builds the one script call renewing a group of units (its reply: one code per unit).
-Renewer = Callable[["Connection", list[Any]], ScriptCall]
-
-#: On a Redis Cluster, one piece of a handle's renewal: the renewer whose call takes it, a
-#: key in the slot the unit's keys are in, and what the renewer takes for it. Units with the
-#: same renewer and slot go in one call.
-RenewUnit = tuple[Renewer, bytes, Any]
-
-
-class Renewable(Protocol):
-    """What the heartbeat needs of a handle (every lock kind's ``LockHandle`` is one)."""
-
-    name: str
-    ttl: float
-    _renewal: tuple[int, int]
-    _owner: str | None
-
-    @property
-    def _conn(self) -> Connection: ...
-
-    def _renew_units(self, owner: str, ttl_ms: int, gen: int) -> list[RenewUnit]:
-        """This handle's renewal as units renewed one slot at a time (Redis Cluster)."""
-        ...
-
-    def _renewed(self, owner: str | None, code: int, sent_at: float, gen: int) -> None: ...
-
-    def _renewal_failed(self, owner: str | None, error: LockBackendError) -> None: ...
-
-    def release(self, delay: float = 0.0) -> None:
-        """What a shutting-down worker calls on each handle still registered."""
-        ...
-
 
 #: Set while this thread applies renewal results (the heartbeat's threads, or ``tick()``).
 _renewing = threading.local()
@@ -186,15 +141,15 @@ class Heartbeat:
         return [lease for lease in (ref() for ref in refs) if lease is not None]
 
     def _period_locked(self) -> float | None:
-        """Seconds between ticks: a third of the shortest lease held (None: nothing held)."""
-        ttls: list[float] = []
+        """Seconds between ticks (None: nothing held)."""
+        held: list[Renewable] = []
         for key, ref in list(self._leases.items()):
             lease = ref()
             if lease is None:
                 del self._leases[key]  # collected while held: nothing left to renew
             else:
-                ttls.append(lease.ttl)
-        return min(ttls) / TICKS_PER_TTL if ttls else None
+                held.append(lease)
+        return tick_period(held)
 
     def stop(self) -> None:
         self._stop.set()
@@ -268,9 +223,7 @@ class Heartbeat:
     def _tick(self, *, wait: bool) -> None:
         """``wait``: also wait for a client's batch still in flight, then renew it again;
         else skip that client, and return without waiting for the batches started."""
-        by_client: dict[int, list[Renewable]] = {}
-        for handle in self.leases():
-            by_client.setdefault(id(handle._conn), []).append(handle)
+        by_client = by_connection(self.leases())
         self.ticks += 1
         if len(by_client) == 1 and not self._in_flight:
             (handles,) = by_client.values()
@@ -339,32 +292,19 @@ class Heartbeat:
 
     def _renew(self, handles: list[Renewable]) -> None:
         """One round trip (per node on a Cluster): script calls batched in a pipeline."""
-        conn = handles[0]._conn
-        # A handle released since the tick listed it has no owner token any more: renewing
-        # it with none would renew its release delay instead (the scripts refuse that too).
-        entries = [
-            (handle, owner, *handle._renewal)
-            for handle in handles
-            if (owner := handle._owner) is not None
-        ]
-        if not entries:
+        renewal = RenewalRound(handles)
+        if not renewal.entries:
             return
-        handles = [handle for handle, _, _, _ in entries]
-        owners = [owner for _, owner, _, _ in entries]
-        calls, decode = renew_calls(conn, entries)
+        conn = renewal.conn
         sent_at = time.monotonic()
         try:
-            codes = decode(conn.call(run_batch, conn.redis, calls, conn.replication))
+            replies = conn.call(run_batch, conn.redis, renewal.calls, conn.replication)
         except LockBackendError as exc:
-            log.warning("heartbeat could not reach Redis: %s", exc)
             with _applying():
-                for handle, owner in zip(handles, owners, strict=True):
-                    handle._renewal_failed(owner, exc)
+                renewal.failed(exc)
             return
         with _applying():
-            for (handle, owner, _, gen), code in zip(entries, codes, strict=True):
-                if self.holds(handle):
-                    handle._renewed(owner, code, sent_at, gen)
+            renewal.renewed(replies, sent_at, self.holds)
 
 
 @contextmanager
@@ -462,53 +402,6 @@ class _Workers:
         for thread in threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=max(0.0, deadline - time.monotonic()))
-
-
-#: Codes of renew.lua, worst first: the worst of a multi-key lock's names decides.
-_RANK: dict[int, int] = {HolderReply.TAKEN: 3, HolderReply.GONE: 2, HolderReply.MAX_HOLD_REACHED: 1}
-
-
-def renew_calls(
-    client: Connection | HasConnection, entries: list[RenewEntry]
-) -> tuple[list[ScriptCall], Callable[[list[Any]], list[int]]]:
-    """The script calls renewing (handle, owner, ttl ms) ``entries``, and how to read one
-    code per entry from their replies.
-
-    One call per lock kind (its class's ``_renew_script_call``). On a Redis Cluster a script
-    may only touch keys of one slot, so each handle splits itself into units
-    (``_renew_units``), one call per renewer and slot, and a handle's code is the worst of
-    its units' (a multi-key lock's names are renewed one by one like leases); the Cluster
-    pipeline that runs the calls groups them by node, one round trip per node.
-    """
-    # A LockClient gives its Connection; the async client, which has none, passes itself: it
-    # has the ``redis`` and ``_scripts`` its handles' renew calls read.
-    conn = cast("Connection", getattr(client, "connection", client))
-    # (renewer, slot) -> [(entry index, what the renewer takes)]
-    groups: dict[tuple[Renewer, int], list[tuple[int, Any]]] = {}
-    if not (redis_urls.is_cluster(conn.redis) or redis_urls.is_async_cluster(conn.redis)):
-        # Grouped by class first: this runs on every tick, for every handle held.
-        by_kind: dict[Any, list[tuple[int, Any]]] = {}  # handle class -> its entries
-        for i, entry in enumerate(entries):
-            by_kind.setdefault(type(entry[0]), []).append((i, entry))
-        groups = {(kind._renew_script_call, 0): group for kind, group in by_kind.items()}
-    else:
-        slot = conn.redis.keyslot
-        for i, (handle, owner, ttl_ms, gen) in enumerate(entries):
-            for renewer, key, unit in handle._renew_units(owner, ttl_ms, gen):
-                groups.setdefault((renewer, slot(key)), []).append((i, unit))
-    calls = [renewer(conn, [u for _, u in group]) for (renewer, _), group in groups.items()]
-
-    def decode(replies: list[Any]) -> list[int]:
-        codes: list[int | None] = [None] * len(entries)
-        for group, reply in zip(groups.values(), replies, strict=True):
-            for (i, _), raw in zip(group, reply, strict=True):
-                code, was = int(raw), codes[i]
-                worse, rank = _RANK.get(code, 0), _RANK.get(was, 0) if was is not None else -1
-                if was is None or worse > rank or (worse == rank == 0 and code < was):
-                    codes[i] = code
-        return [HolderReply.GONE if code is None else code for code in codes]
-
-    return calls, decode
 
 
 _heartbeat = Heartbeat()

@@ -4,7 +4,10 @@ a listing decodes such a hash into (:class:`ListedHolder`), which the admin read
 (``admin.inspect.lock_info``).
 
 A lease and each name of a multi-key lock are held in the name's ``P{T}:lock`` hash, each
-hold of an interval lock in its ``B h:<owner>``; the acquire scripts write these fields.
+hold of an interval lock in its ``B h:<owner>``; the acquire scripts write these fields. A
+lease's hash (layout 2, lua/acquire.lua) keeps the fields that describe its holder as they
+were sent, packed in one ``holder`` field, and has no ``renewed_ms`` until it is renewed:
+:func:`flatten` reads such a hash as one of layout 1, where each is a field of its own.
 """
 
 from __future__ import annotations
@@ -54,6 +57,73 @@ def info_fields(owner_info: dict[str, str]) -> list[Any]:
         extra = {key: value for key, value in owner_info.items() if key not in OWN_INFO_FIELDS}
         fields += (b"info", json.dumps(extra, sort_keys=True))
     return fields
+
+
+#: The field of a layout-2 hash holding the packed holder fields (``pack_holder``'s bytes).
+PACKED_FIELD = b"holder"
+
+
+def flatten(fields: dict[bytes, Any]) -> dict[bytes, Any]:
+    """A holder hash as read (HGETALL) with its packed ``holder`` field unpacked into fields
+    of their own (a field the hash has itself wins: handover.lua and renewals write those
+    later), and ``renewed_ms`` as ``acquired_ms`` when it was not renewed yet: the fields
+    of a layout-1 hash. A hash without a ``holder`` field comes back as it is; one whose
+    ``holder`` does not unpack keeps it, so a listing still shows the hold."""
+    packed = fields.get(PACKED_FIELD)
+    if packed is None:
+        if b"renewed_ms" not in fields and b"acquired_ms" in fields:
+            return {**fields, b"renewed_ms": fields[b"acquired_ms"]}
+        return fields
+    try:
+        items = unpack_strings(packed)
+    except ValueError:
+        return fields
+    flat: dict[bytes, Any] = dict(zip(items[::2], items[1::2], strict=False))
+    flat.update((key, value) for key, value in fields.items() if key != PACKED_FIELD)
+    if b"renewed_ms" not in flat and b"acquired_ms" in flat:
+        flat[b"renewed_ms"] = flat[b"acquired_ms"]
+    return flat
+
+
+def unpack_strings(raw: Any) -> list[bytes]:
+    """The items of a MessagePack array of strings (what ``core.scripts.pack_holder``
+    makes: fixarray, array 16 or 32 of fixstr, str 8/16/32, or bin 8/16/32); ValueError for
+    anything else, or bytes left over."""
+    if not isinstance(raw, bytes):
+        raise ValueError("a packed holder is bytes")
+    size, pos = _header(raw, 0, _ARRAY_HEADERS)
+    items: list[bytes] = []
+    for _ in range(size):
+        length, pos = _header(raw, pos, _STR_HEADERS)
+        if pos + length > len(raw):
+            raise ValueError("a packed holder item runs past its end")
+        items.append(raw[pos : pos + length])
+        pos += length
+    if pos != len(raw):
+        raise ValueError("bytes after a packed holder")
+    return items
+
+
+#: MessagePack headers of arrays and of strings (and bins): first byte -> bytes of length
+#: that follow it (big-endian); fix types carry the length in the byte itself.
+_ARRAY_HEADERS = {0xDC: 2, 0xDD: 4}
+_STR_HEADERS = {0xD9: 1, 0xDA: 2, 0xDB: 4, 0xC4: 1, 0xC5: 2, 0xC6: 4}
+
+
+def _header(raw: bytes, pos: int, sized: dict[int, int]) -> tuple[int, int]:
+    """The length a MessagePack array or string header at ``pos`` gives, and where what it
+    heads starts."""
+    if pos >= len(raw):
+        raise ValueError("a packed holder ends early")
+    first = raw[pos]
+    if sized is _ARRAY_HEADERS and 0x90 <= first <= 0x9F:
+        return first & 0x0F, pos + 1
+    if sized is _STR_HEADERS and 0xA0 <= first <= 0xBF:
+        return first & 0x1F, pos + 1
+    width = sized.get(first)
+    if width is None or pos + 1 + width > len(raw):
+        raise ValueError(f"not a packed holder (byte {first:#x} at {pos})")
+    return int.from_bytes(raw[pos + 1 : pos + 1 + width], "big"), pos + 1 + width
 
 
 @dataclass(frozen=True)
@@ -106,7 +176,9 @@ _DECODED = {f.name: f.type for f in dataclasses.fields(ListedHolder) if f.defaul
 
 def decode(fields: dict[bytes, Any], pttl: int) -> ListedHolder:
     """The holder hash ``fields`` read with PTTL ``pttl``: numbers as int, bounds as float
-    (as the text stored when it is none), text as str; a hash with no ``kind`` is a lease."""
+    (as the text stored when it is none), text as str; a hash with no ``kind`` is a lease.
+    A layout-2 hash is read as :func:`flatten` makes it."""
+    fields = flatten(fields)
     found: dict[str, Any] = {}
     for raw_key, raw in fields.items():
         key = text(raw_key)

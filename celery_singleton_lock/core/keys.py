@@ -2,10 +2,12 @@
 
 Layout for a lock named N under prefix P (default ``csl:``)::
 
-    P{T}:lock     hash   the holder (owner token, fencing token, host, pid, ...);
+    P{T}:lock     hash   the holder (owner token, fencing token, and host, pid, ... packed
+                         in one field: core/holder.py);
                          expires with the lease; during a release delay it has no owner
                          and its ``state`` is RELEASE_DELAY_STATE
-    P{T}:fence    string the last fencing token handed out; expires after FENCE_TTL
+    P{T}:fence    string the last fencing token handed out; expires FENCE_TTL after it
+                         was made
     P{T}:chan     pub/sub channel that wakes waiters on release (not a key)
     P{T}:queue    list   owner tokens of fair waiters, oldest first; expires unless one of
                          them refreshes it
@@ -39,9 +41,10 @@ DEFAULT_PREFIX = "csl:"
 #: Names longer than this (in UTF-8 bytes) are hashed into the key.
 MAX_PLAIN_NAME = 200
 
-#: How long the fencing counter outlives the last acquisition (ms). Tokens are seeded from
-#: the Redis server clock in microseconds, so they keep increasing after this key expires;
-#: the counter only guards acquisitions within one microsecond and small clock steps back.
+#: How long the fencing counter lives once made (ms; its expiry is set when it is made, not
+#: on every token). Tokens follow the Redis server clock in microseconds, so they keep
+#: increasing after this key expires; the counter only guards acquisitions within one
+#: microsecond and small clock steps back.
 FENCE_TTL_MS = 24 * 3600 * 1000
 
 

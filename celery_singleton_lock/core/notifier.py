@@ -13,9 +13,9 @@ sleeps until a release is published or until the holder's lease would run out (t
 acquire script returns), whichever comes first. A lost message therefore costs at most the
 hint, never a missed lock; there is no polling loop.
 
-The listener thread only reads; waiters send SUBSCRIBE themselves under a lock. Replies arrive
-in the order commands were sent, so counting ``subscribe`` acknowledgements per channel tells
-each waiter when *its* subscription is live.
+The listener thread only reads; waiters send SUBSCRIBE themselves under a lock. What to
+(un)subscribe, when a subscription is live and whom a message wakes is kept by a
+:class:`.subscriptions.Subscriptions`, the same as the asyncio listener's.
 
 The last waiter of a channel does not send the UNSUBSCRIBE on its way out of ``acquire``: that
 send costs more than the rest of leaving. It marks the channel as left and a second thread,
@@ -41,7 +41,6 @@ import queue
 import threading
 import time
 import weakref
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -50,16 +49,18 @@ import redis
 
 from .forking import reset_in_child
 from .redis_urls import is_cluster, pubsub_connection, pubsub_source
+from .subscriptions import (
+    RECONNECT_DELAY,
+    RECONNECT_DELAY_MAX,
+    Placement,
+    Subscriptions,
+)
 
 #: Keeps the module's old name: logging configurations name it (docs/lease.md).
 log = logging.getLogger("celery_singleton_lock.waiting")
 
 #: A waiter waits at most this long for Redis to confirm its subscription.
 SUBSCRIBE_TIMEOUT = 1.0
-#: How long the listener waits before reconnecting after Redis went away (doubles up to
-#: ``RECONNECT_DELAY_MAX``).
-RECONNECT_DELAY = 0.05
-RECONNECT_DELAY_MAX = 2.0
 #: The errors that mean a pub/sub connection is gone (or never came): waiters look again.
 CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
 
@@ -104,19 +105,11 @@ class QueueWakeup:
         return True
 
 
-class _Channel:
-    __slots__ = ("confirmed", "need", "waiters")
-
-    def __init__(self) -> None:
-        self.waiters: set[QueueWakeup] = set()
-        self.confirmed = threading.Event()
-        self.need = 0
-
-
 class Notifier:
     """What wakes the blocked acquirers of the clients on one connection pool: one pub/sub
     connection and listener thread shared by all their waiters in one process (see
-    :func:`notifier_for`)."""
+    :func:`notifier_for`). The subscription bookkeeping is a :class:`Subscriptions`, used
+    under ``_lock``."""
 
     def __init__(
         self,
@@ -128,21 +121,21 @@ class Notifier:
         #: tells of channels it no longer listens to there (see :class:`ClusterNotifier`).
         self._node_name = node_name
         self._lost = lost
-        #: Whether this connection's server has sharded pub/sub (found at each connect).
-        self._sharded = False
-        #: SUNSUBSCRIBEs sent and not yet answered per channel: an ``sunsubscribe`` beyond
-        #: them is the node's own (the channel's slot left it).
-        self._unsubscribing: Counter[bytes] = Counter()
         # Weak: the registry keeps a notifier only as long as its pool lives (a client
         # made from a URL and dropped unclosed takes its pool with it).
         self._source = weakref.ref(pubsub_source(redis_client))
         #: The clients using it that have not closed (the last one to close stops it).
         self._users = 0
-        self._pid = os.getpid()
+        self._reset_after_fork()
+        reset_in_child(self)
+
+    def _reset_after_fork(self) -> None:
+        # Also the initial state: the child has no listener thread and must not read the
+        # parent's socket.
         self._lock = threading.Lock()
-        self._channels: dict[bytes, _Channel] = {}
-        self._sent: Counter[bytes] = Counter()
-        self._acked: Counter[bytes] = Counter()
+        self.subscriptions: Subscriptions[QueueWakeup, threading.Event] = Subscriptions(
+            threading.Event
+        )
         self._conn: Any = None
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
@@ -150,21 +143,11 @@ class Notifier:
         #: neither drops the GIL nor takes a Python-level lock, unlike an Event).
         self._left: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self._unsubscriber: threading.Thread | None = None
-        reset_in_child(self)
 
-    def _reset_after_fork(self) -> None:
-        # The child has no listener thread and must not read the parent's socket.
-        self._pid = os.getpid()
-        self._lock = threading.Lock()
-        self._channels = {}
-        self._sent = Counter()
-        self._acked = Counter()
-        self._unsubscribing = Counter()
-        self._conn = None
-        self._thread = None
-        self._closed = threading.Event()
-        self._left = queue.SimpleQueue()
-        self._unsubscriber = None
+    @property
+    def connection(self) -> Any:
+        """The pub/sub connection the listener reads (None while it is not connected)."""
+        return self._conn
 
     @contextmanager
     def listening(self, *channels: bytes) -> Iterator[QueueWakeup]:
@@ -177,9 +160,7 @@ class Notifier:
         wakeup = QueueWakeup()
         try:
             confirmed = [self._add(channel, wakeup) for channel in channels]
-            deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
-            for done in confirmed:
-                done.wait(max(0.0, deadline - time.monotonic()))
+            wait_confirmed(confirmed)
             yield wakeup
         finally:
             for channel in channels:
@@ -188,26 +169,15 @@ class Notifier:
     def _add(self, channel: bytes, wakeup: QueueWakeup) -> threading.Event:
         with self._lock:
             self._ensure_threads()
-            # A channel whose last waiter left is still subscribed until the unsubscriber
-            # runs: this waiter keeps that subscription (and its confirmation).
-            state = self._channels.get(channel)
-            if state is None:
-                state = self._channels[channel] = _Channel()
+            confirmed, new = self.subscriptions.join(channel, wakeup)
+            if new:
                 self._send_locked("SUBSCRIBE", channel)
-                state.need = self._sent[channel]
-                if self._acked[channel] >= state.need:
-                    state.confirmed.set()
-            state.waiters.add(wakeup)
-            return state.confirmed
+            return confirmed
 
     def _remove(self, channel: bytes, wakeup: QueueWakeup) -> bool:
         """``wakeup`` leaves ``channel``; whether other waiters are left on it."""
         with self._lock:
-            state = self._channels.get(channel)
-            if state is None:
-                return False
-            state.waiters.discard(wakeup)
-            if state.waiters:
+            if self.subscriptions.leave(channel, wakeup):
                 return True
             left = self._left
         left.put(channel)
@@ -228,23 +198,14 @@ class Notifier:
     def _unsubscribe(self, channels: set[bytes]) -> None:
         """UNSUBSCRIBE those of ``channels`` that no waiter came back to."""
         with self._lock:
-            for channel in channels:
-                state = self._channels.get(channel)
-                if state is not None and not state.waiters:
-                    del self._channels[channel]
-                    self._send_locked("UNSUBSCRIBE", channel, count=False)
+            for channel in self.subscriptions.unsubscribable(channels):
+                self._send_locked("UNSUBSCRIBE", channel)
 
-    def _send_locked(self, command: str, channel: bytes, *, count: bool = True) -> None:
-        if count:
-            self._sent[channel] += 1
+    def _send_locked(self, command: str, channel: bytes) -> None:
         if self._conn is None:
             return  # the listener subscribes every live channel when it reconnects
-        if self._sharded:
-            command = "S" + command
-            if command == "SUNSUBSCRIBE":
-                self._unsubscribing[channel] += 1
         try:
-            self._conn.send_command(command, channel)
+            self._conn.send_command(self.subscriptions.command(command, channel), channel)
         except CONNECTION_ERRORS:
             log.debug("pub/sub send failed; the listener will reconnect", exc_info=True)
 
@@ -279,18 +240,8 @@ class Notifier:
             if stop.is_set():  # closed while connecting: a later listener owns _conn
                 conn.disconnect()
                 return None
-            self._sharded = sharded
-            subscribe = "SSUBSCRIBE" if sharded else "SUBSCRIBE"
-            self._sent.clear()
-            self._acked.clear()
-            self._unsubscribing.clear()
-            # A new connection has no subscriptions: channels left meanwhile are just dropped.
-            for channel in [c for c, state in self._channels.items() if not state.waiters]:
-                del self._channels[channel]
-            for channel, state in self._channels.items():
-                self._sent[channel] += 1
-                state.need = self._sent[channel]
-                state.confirmed.clear()
+            subscribe, channels = self.subscriptions.reconnected(sharded)
+            for channel in channels:
                 conn.send_command(subscribe, channel)
             self._conn = conn
         return conn
@@ -309,7 +260,10 @@ class Notifier:
                     except redis.ResponseError as exc:
                         self._refused(exc)
                     else:
-                        self._dispatch(reply)
+                        with self._lock:
+                            moved = self.subscriptions.dispatch(reply)
+                        if moved:
+                            self._hand_back(moved)
             except CONNECTION_ERRORS as exc:
                 log.debug("pub/sub connection lost: %s", exc)
             except Exception as exc:
@@ -322,8 +276,8 @@ class Notifier:
             with self._lock:
                 if conn is not None and self._conn is conn:
                     self._conn = None
-                    self._wake_all_locked()
-                waited = [channel for channel, state in self._channels.items() if state.waiters]
+                    self.subscriptions.wake_all()
+                waited = self.subscriptions.waited()
             if conn is not None:
                 with contextlib.suppress(Exception):
                     conn.disconnect()
@@ -333,56 +287,18 @@ class Notifier:
                 if waited:
                     self._hand_back(waited)
                 with self._lock:
-                    if not self._channels:  # none left here: no reconnecting in vain
+                    if not self.subscriptions:  # none left here: no reconnecting in vain
                         self._thread = None
                         return
             stop.wait(delay)
             delay = min(delay * 2, RECONNECT_DELAY_MAX)
 
-    def _wake_all_locked(self) -> None:
-        """The connection is gone: a release may have gone unheard, so every waiter looks
-        again now rather than at its hint."""
-        for state in self._channels.values():
-            for wakeup in state.waiters:
-                wakeup.set()
-
-    def _dispatch(self, reply: Any) -> None:
-        if not isinstance(reply, list) or len(reply) < 3:
-            return
-        kind, channel = reply[0], reply[1]
-        if isinstance(channel, str):
-            channel = channel.encode()
-        if kind in (b"message", "message", b"smessage", "smessage"):
-            with self._lock:
-                state = self._channels.get(channel)
-                if state is not None:
-                    for wakeup in state.waiters:
-                        wakeup.set()
-        elif kind in (b"subscribe", "subscribe", b"ssubscribe", "ssubscribe"):
-            with self._lock:
-                self._acked[channel] += 1
-                state = self._channels.get(channel)
-                if state is not None and self._acked[channel] >= state.need:
-                    state.confirmed.set()
-        elif kind in (b"sunsubscribe", "sunsubscribe"):
-            with self._lock:
-                if self._unsubscribing[channel] > 0:
-                    self._unsubscribing[channel] -= 1
-                    return
-            self._hand_back([channel])  # not an answer to ours: the slot left this node
-
     def _refused(self, exc: redis.ResponseError) -> None:
         """An SSUBSCRIBE refused: with MOVED (or ASK), its channel's slot is on another
         node now, and the channels of that slot go there."""
-        slot = redirected_slot(exc)
-        if slot is None or self._lost is None:
-            log.warning("pub/sub command refused: %s", exc)
-            return
-        source = self._source()
-        if source is None:
-            return
+        source = self._source() if self._lost is not None else None
         with self._lock:
-            channels = [channel for channel in self._channels if source.keyslot(channel) == slot]
+            channels = self.subscriptions.refused(exc, None if source is None else source.keyslot)
         if channels:
             self._hand_back(channels)
 
@@ -399,22 +315,16 @@ class Notifier:
         """Stop listening to ``channel`` here, no longer subscribed (its slot moved, or the
         connection is gone); its waiters, for another node's listener."""
         with self._lock:
-            state = self._channels.pop(channel, None)
-            # Its subscription's answer will never come here: the count starts over.
-            self._acked[channel] = self._sent[channel]
-            return set() if state is None else state.waiters
+            return self.subscriptions.take(channel)
 
     def listens_to(self, channel: bytes) -> bool:
         """Whether ``channel`` is subscribed here (or about to be)."""
         with self._lock:
-            return channel in self._channels
+            return self.subscriptions.listens_to(channel)
 
     def leave(self) -> None:
         """One client of this notifier closed; the last one stops the listener."""
-        with _registry_lock:
-            self._users -= 1
-            last = self._users <= 0
-        if last:
+        if _last_user(self):
             self.close()
 
     def close(self) -> None:
@@ -426,10 +336,17 @@ class Notifier:
             # Taken here, not left for the listener to drop: a waiter that comes meanwhile
             # must not send its SUBSCRIBE on it (redis-py would reconnect it, unread).
             conn, self._conn = self._conn, None
-            self._wake_all_locked()
+            self.subscriptions.wake_all()
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.disconnect()
+
+
+def wait_confirmed(confirmed: list[threading.Event]) -> None:
+    """Until every subscription of ``confirmed`` is live, or ``SUBSCRIBE_TIMEOUT`` passed."""
+    deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
+    for done in confirmed:
+        done.wait(max(0.0, deadline - time.monotonic()))
 
 
 def has_sharded_pubsub(conn: Any) -> bool:
@@ -439,16 +356,6 @@ def has_sharded_pubsub(conn: Any) -> bool:
     return bool(reply and reply[0])
 
 
-def redirected_slot(exc: redis.ResponseError) -> int | None:
-    """The slot of a MOVED or ASK error, else None."""
-    if isinstance(exc, redis.exceptions.AskError):  # MovedError too
-        return exc.slot_id
-    words = str(exc).split()
-    if len(words) == 3 and words[0] in ("MOVED", "ASK") and words[1].isdigit():
-        return int(words[1])
-    return None
-
-
 class ClusterNotifier:
     """:class:`Notifier` on a Redis Cluster: a listener per node that has waiters, each
     channel subscribed on the node owning its slot (see the module's docstring)."""
@@ -456,31 +363,23 @@ class ClusterNotifier:
     def __init__(self, redis_client: Any) -> None:
         self._source = weakref.ref(redis_client)
         self._users = 0
-        self._lock = threading.Lock()
-        #: Node name -> its listener.
-        self._nodes: dict[str, Notifier] = {}
-        #: Channel -> the listener it is subscribed with, while it has waiters.
-        self._where: dict[bytes, Notifier] = {}
+        self._reset_after_fork()
         reset_in_child(self)
 
     def _reset_after_fork(self) -> None:
         self._lock = threading.Lock()
-        self._nodes = {}
-        self._where = {}
+        self.placement: Placement[Notifier] = Placement()
 
     def _listener_locked(self, channel: bytes) -> Notifier:
         """The listener ``channel`` is subscribed with, or that of its slot's node."""
-        listener = self._where.get(channel)
-        if listener is None or not listener.listens_to(channel):
-            source = self._source()
-            if source is None:
-                raise redis.ConnectionError("the Redis Cluster client is gone")
-            name = source.get_node_from_key(channel).name
-            listener = self._nodes.get(name)
-            if listener is None:
-                listener = self._nodes[name] = Notifier(source, name, self._moved)
-            self._where[channel] = listener
-        return listener
+        listener = self.placement.current(channel)
+        if listener is not None:
+            return listener
+        source = self._source()
+        if source is None:
+            raise redis.ConnectionError("the Redis Cluster client is gone")
+        node = source.get_node_from_key(channel).name
+        return self.placement.place(channel, node, lambda name: Notifier(source, name, self._moved))
 
     @contextmanager
     def listening(self, *channels: bytes) -> Iterator[QueueWakeup]:
@@ -489,17 +388,11 @@ class ClusterNotifier:
         try:
             with self._lock:
                 confirmed = [self._listener_locked(c)._add(c, wakeup) for c in channels]
-            deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
-            for done in confirmed:
-                done.wait(max(0.0, deadline - time.monotonic()))
+            wait_confirmed(confirmed)
             yield wakeup
         finally:
             with self._lock:
-                for channel in channels:
-                    listener = self._where.get(channel)
-                    if listener is not None and not listener._remove(channel, wakeup):
-                        # No waiter left: a later one finds its slot's node again.
-                        del self._where[channel]
+                self.placement.leave(channels, wakeup)
 
     def _moved(self, old: Notifier, channels: list[bytes]) -> None:
         """``old`` no longer listens to ``channels``: subscribe them where their slots are
@@ -514,9 +407,7 @@ class ClusterNotifier:
         woken: list[QueueWakeup] = []
         with self._lock:
             for channel in channels:
-                waiters = old.take(channel)
-                if self._where.get(channel) is old:
-                    del self._where[channel]
+                waiters = self.placement.take(old, channel)
                 if not waiters:
                     continue
                 listener = self._listener_locked(channel)
@@ -528,16 +419,13 @@ class ClusterNotifier:
 
     def leave(self) -> None:
         """One client of this notifier closed; the last one stops the listeners."""
-        with _registry_lock:
-            self._users -= 1
-            last = self._users <= 0
-        if last:
+        if _last_user(self):
             self.close()
 
     def close(self) -> None:
         """Stop every node's listener (see :meth:`Notifier.close`)."""
         with self._lock:
-            listeners = list(self._nodes.values())
+            listeners = list(self.placement.nodes.values())
         for listener in listeners:
             listener.close()
 
@@ -558,6 +446,13 @@ def notifier_for(redis_client: Any) -> Notifier | ClusterNotifier:
             notifier = _notifiers[source] = made(redis_client)
         notifier._users += 1
         return notifier
+
+
+def _last_user(notifier: Notifier | ClusterNotifier) -> bool:
+    """One user of ``notifier`` closed: whether it was the last."""
+    with _registry_lock:
+        notifier._users -= 1
+        return notifier._users <= 0
 
 
 def _after_fork_in_child() -> None:

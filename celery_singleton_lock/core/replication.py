@@ -1,11 +1,12 @@
 """Replicated locks (opt-in): a lock's writes acknowledged by N replicas before a call
 reports success.
 
-With ``replicas`` N > 0 every lease script call (acquire, release, renewal, hand-over) is
-sent with ``WAIT N timeout`` in the same round trip (a non-transactional pipeline), and a
-reply acknowledged by fewer than N replicas raises :class:`LockNotReplicated` after the
-script ran on the master. :func:`.scripts.run_batch` adds the WAIT; this module holds the
-setting and the error.
+With ``replicas`` N > 0 every lock script call of every kind (acquire, release, renewal,
+hand-over, upgrade, downgrade, shrink, clear), sync or asyncio, is sent with ``WAIT N
+timeout`` in the same round trip (a non-transactional pipeline), and a reply acknowledged by
+fewer than N replicas raises :class:`LockNotReplicated` after the script ran on the master.
+:func:`.scripts.run_batch` (and the asyncio ``run_batch``) adds the WAIT; this module holds
+the setting and the error.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .holder import flatten
+
 if TYPE_CHECKING:
     from .connection import Connection
 
@@ -36,17 +38,30 @@ def read_query(conn: Connection, query: KeyQuery) -> list[Record]:
 
 def read_hashes(conn: Connection, keys: list[bytes]) -> list[Record]:
     """HGETALL and PTTL of each of ``keys``, ``BATCH`` keys per pipeline round trip, in
-    order; keys gone since they were listed (empty hashes) are left out."""
+    order; keys gone since they were listed (empty hashes) are left out. Each hash comes
+    with its packed holder fields unpacked (:func:`.holder.flatten`), so readers see the
+    fields of every layout alike."""
     records: list[Record] = []
     for start in range(0, len(keys), BATCH):
-        pipe = conn.redis.pipeline(transaction=False)
-        for key in keys[start : start + BATCH]:
-            pipe.hgetall(key)
-            pipe.pttl(key)
-        replies = conn.call(pipe.execute)
-        records += [
-            (fields, int(pttl))
-            for fields, pttl in zip(replies[::2], replies[1::2], strict=True)
-            if fields
-        ]
+        records += records_of(conn.call(reading(conn.redis, keys[start : start + BATCH]).execute))
     return records
+
+
+def reading(redis: Any, keys: list[bytes]) -> Any:
+    """A pipeline of ``redis`` (sync or asyncio) reading the HGETALL and PTTL of ``keys``."""
+    pipe = redis.pipeline(transaction=False)
+    for key in keys:
+        pipe.hgetall(key)
+        pipe.pttl(key)
+    return pipe
+
+
+def records_of(replies: list[Any]) -> list[Record]:
+    """The records in the replies of a :func:`reading` pipeline, the keys gone left out,
+    each hash with its packed holder fields unpacked (:func:`.holder.flatten`), so readers
+    see the fields of every layout alike."""
+    return [
+        (flatten(fields), int(pttl))
+        for fields, pttl in zip(replies[::2], replies[1::2], strict=True)
+        if fields
+    ]

@@ -21,7 +21,6 @@ from redis.typing import EncodableT, KeyT
 from .keys import FENCE_TTL_MS, key_base
 from .redis_urls import is_async_cluster, is_cluster
 from .replication import Replication
-from .replies import AcquireReply, HolderReply
 
 T = TypeVar("T")
 
@@ -90,14 +89,12 @@ class Script(RedisScript):
     def _on_node(self, client: Any, keys: list[Any], args: list[Any]) -> Any:
         """Run on the node of the keys' slot; while that slot is being migrated, again until
         it answers (:data:`SLOT_MIGRATION_RETRY`)."""
-        deadline = time.monotonic() + SLOT_MIGRATION_RETRY
+        retry = SlotMigrationRetry()
         while True:
             try:
                 return self._once_on_node(client, keys, args)
-            except SLOT_MIGRATION_ERRORS:
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(SLOT_MIGRATION_BACKOFF)
+            except SLOT_MIGRATION_ERRORS as error:
+                time.sleep(retry.pause_after(error))
 
     def _once_on_node(self, client: Any, keys: list[Any], args: list[Any]) -> Any:
         try:
@@ -125,6 +122,23 @@ SLOT_MIGRATION_ERRORS = (TryAgainError, ClusterError)
 #: already last about 0.4 s).
 SLOT_MIGRATION_RETRY = 2.0
 SLOT_MIGRATION_BACKOFF = 0.05
+
+
+class SlotMigrationRetry:
+    """When a script call that failed with one of :data:`SLOT_MIGRATION_ERRORS` is sent
+    again: after :data:`SLOT_MIGRATION_BACKOFF`, until :data:`SLOT_MIGRATION_RETRY` has
+    passed since the first try (made when this is). For the sync ``Script`` and the asyncio
+    ``run_script``."""
+
+    def __init__(self) -> None:
+        self._deadline = time.monotonic() + SLOT_MIGRATION_RETRY
+
+    def pause_after(self, error: Exception) -> float:
+        """Seconds to wait before the next try after the failed try's ``error``; ``error``
+        raised once the time is up."""
+        if time.monotonic() >= self._deadline:
+            raise error
+        return SLOT_MIGRATION_BACKOFF
 
 
 def register(redis: Any, text: str, replication: Replication | None = None) -> Script:
@@ -251,9 +265,10 @@ WAKE_FAIR_WAITER = "wake_fair_waiter"
 
 
 class Scripts:
-    """Typed wrappers around the scripts, bound to one Redis client; with ``replication``,
-    every call of a script that writes a lease waits for its replicas (renewals: the
-    heartbeat's :func:`run_batch` adds the WAIT)."""
+    """The lease scripts registered on one Redis client, and a typed builder of each one's
+    :data:`ScriptCall` (run by :func:`run`, :func:`run_batch` or a handle's runner); with
+    ``replication``, every call of a script that writes a lease waits for its replicas
+    (renewals: the heartbeat's :func:`run_batch` adds the WAIT)."""
 
     def __init__(self, redis: Any, replication: Replication | None = None) -> None:
         self._acquire: Script = register(redis, with_fence_ttl("acquire"), replication)
@@ -266,7 +281,7 @@ class Scripts:
         self._fair_abandon: Script = register(redis, source("fair_abandon"), replication)
         self._acquire_undo: Script = register(redis, source("acquire_undo"), replication)
 
-    def acquire(
+    def acquire_call(
         self,
         lock_key: bytes,
         fence_key: bytes,
@@ -279,73 +294,63 @@ class Scripts:
         waiting: bool = False,
         fair_ms: int = 0,
         attempt: str = "",
-    ) -> tuple[bool, int]:
-        """(True, fencing token) when taken, else (False, ms until the holder's expiry).
-        ``holder``: the holder's fields, packed by :func:`pack_holder`. ``takeover``: the
-        owner token of a claim this acquisition may replace. ``waiting``: the caller will
-        wait for a release, so a busy holder's release must publish. ``fair_ms`` > 0: it
-        waits in the queue instead, registered for that long. ``attempt``: the acquire
-        call's id, for :meth:`acquire_undo` (needed when ``owner`` is not the call's own)."""
-        keys, args = acquire_call(
-            lock_key, fence_key, owner, ttl_ms, max_hold_ms, holder, takeover, waiting, fair_ms,
-            attempt,
-        )  # fmt: skip
-        taken, value = self._acquire(keys=keys, args=args)
-        return taken == AcquireReply.ACQUIRED, int(value)
+        free: tuple[bytes, str, bool] | None = None,
+    ) -> ScriptCall:
+        """The acquire.lua call of one attempt; its reply is (AcquireReply, fencing token when
+        taken, else ms until the holder's expiry). ``holder``: the holder's fields, packed by
+        :func:`pack_holder`. ``takeover``: the owner token of a claim this acquisition may
+        replace. ``waiting``: the caller will wait for a release, so a busy holder's release
+        must publish. ``fair_ms`` > 0: it waits in the queue instead, registered for that
+        long. ``attempt``: the acquire call's id, for :meth:`acquire_undo_call` (needed when
+        ``owner`` is not the call's own).
 
-    def acquire_freeing(
-        self,
-        lock_key: bytes,
-        fence_key: bytes,
-        owner: str,
-        ttl_ms: int,
-        max_hold_ms: int,
-        holder: bytes,
-        takeover: str,
-        free: tuple[bytes, str, bool],
-        attempt: str = "",
-    ) -> tuple[bool, int, int]:
-        """One try of :meth:`acquire` that first releases another lease, ``free`` = (its lock
-        key, the owner token holding it, whether to stop when another owner holds it), in
-        the same round trip (not on a Redis Cluster: the keys are in two slots). The third
-        item: what the release did, as :meth:`release` says (a :class:`HolderReply`); when
-        it is TAKEN and stopping was asked, nothing was tried: (False, 0, TAKEN)."""
-        free_key, free_owner, stop = free
-        reply = self._acquire(
-            keys=(lock_key, fence_key, free_key),
-            args=(owner, ttl_ms, max_hold_ms, takeover,
-                  "free-or-stop" if stop else "free", free_owner, holder, attempt),
-        )  # fmt: skip
-        return reply[0] == AcquireReply.ACQUIRED, int(reply[1]), int(reply[2])
+        ``free`` = (a lock key, the owner token holding it, whether to stop when another
+        owner holds it): a single try (neither waiting nor fair) that first releases that
+        other lease in the same round trip (not on a Redis Cluster: the keys are in two
+        slots); the reply's third item is what the release did (HolderReply), and when it
+        found TAKEN and stopping was asked, nothing was tried: (BUSY, 0, TAKEN)."""
+        keys: tuple[bytes, ...] = (lock_key, fence_key)
+        mode_arg: Any = fair_ms
+        if free is not None:
+            free_key, mode_arg, stop = free
+            keys, mode = (*keys, free_key), "free-or-stop" if stop else "free"
+        elif fair_ms > 0:
+            keys, mode = (*keys, *fair_keys(key_base(lock_key), owner)), "fair"
+        else:
+            mode = "1" if waiting else ""
+        args = (owner, ttl_ms, max_hold_ms, takeover, mode, mode_arg, holder, attempt)
+        return self._acquire, keys, args
 
-    def release(self, lock_key: bytes, owner: str, delay_ms: int) -> int:
-        """DONE released (or handed to the oldest fair waiter), GONE or TAKEN (HolderReply); a
-        release a waiter waits for is published on the lock's channel (``P{T}:chan``)."""
-        return int(self._release(keys=(lock_key,), args=(owner, delay_ms)))
+    def release_call(self, lock_key: bytes, owner: str, delay_ms: int) -> ScriptCall:
+        """The release.lua call: its reply is DONE released (or handed to the oldest fair
+        waiter), GONE or TAKEN (HolderReply); a release a waiter waits for is published on
+        the lock's channel (``P{T}:chan``)."""
+        return self._release, (lock_key,), (owner, delay_ms)
 
-    def acquire_undo(self, lock_key: bytes, owner: str, attempt: str) -> int:
-        """Undo what the acquire call ``attempt`` of ``owner`` took (acquire_undo.lua): 2 a
-        claim taken over is back, 1 it holds the name (release it), 0 nothing of its own
-        (:class:`UndoReply`)."""
-        return int(self._acquire_undo(keys=(lock_key,), args=(owner, attempt)))
+    def acquire_undo_call(self, lock_key: bytes, owner: str, attempt: str) -> ScriptCall:
+        """The acquire_undo.lua call: undo what the acquire call ``attempt`` of ``owner`` took;
+        its reply is 2 a claim taken over is back, 1 it holds the name (release it), 0
+        nothing of its own (:class:`UndoReply`)."""
+        return self._acquire_undo, (lock_key,), (owner, attempt)
 
-    def fair_abandon(self, lock_key: bytes, owner: str) -> int:
-        """A fair waiter gives up: its fencing token if it was handed the lease meanwhile
-        (it then holds it), else 0."""
-        return int(self._fair_abandon(keys=fair_abandon_keys(lock_key, owner), args=(owner,)))
+    def fair_abandon_call(self, lock_key: bytes, owner: str) -> ScriptCall:
+        """The fair_abandon.lua call of a fair waiter giving up: its reply is its fencing
+        token if it was handed the lease meanwhile (it then holds it), else 0."""
+        return self._fair_abandon, fair_abandon_keys(lock_key, owner), (owner,)
 
-    def handover(
+    def handover_call(
         self, lock_key: bytes, owner: str, new_owner: str, ttl_ms: int, fields: Sequence[Any]
-    ) -> int:
-        """DONE handed over, GONE or TAKEN (:class:`HolderReply`)."""
-        return int(self._handover(keys=(lock_key,), args=(owner, new_owner, ttl_ms, *fields)))
+    ) -> ScriptCall:
+        """The handover.lua call: its reply is DONE handed over, GONE or TAKEN
+        (:class:`HolderReply`)."""
+        return self._handover, (lock_key,), (owner, new_owner, ttl_ms, *fields)
 
-    def release_holder(
+    def release_holder_call(
         self, lock_key: bytes, task_id: str, pid: int, host: str, delay_ms: int, channel: bytes
-    ) -> bool:
-        """Release the lock if task ``task_id`` in process ``pid`` on ``host`` holds it."""
-        reply = self._release_holder(keys=(lock_key,), args=(task_id, pid, host, delay_ms, channel))
-        return int(reply) == HolderReply.DONE
+    ) -> ScriptCall:
+        """The release_holder.lua call: release the lock if task ``task_id`` in process
+        ``pid`` on ``host`` holds it; its reply is DONE released or GONE (HolderReply)."""
+        return self._release_holder, (lock_key,), (task_id, pid, host, delay_ms, channel)
 
     def renew_call(self, leases: Sequence[tuple[bytes, str, int, int]]) -> ScriptCall:
         """The renew.lua call for (lock key, owner, ttl ms, generation) tuples, to batch
@@ -357,32 +362,16 @@ class Scripts:
         return self._renew, keys, args
 
 
+def run(call: ScriptCall) -> Any:
+    """Run one script call (its script on the client it was registered on); its reply."""
+    script, keys, args = call
+    return script(keys=keys, args=args)
+
+
 def fair_keys(base: bytes, owner: str) -> tuple[bytes, bytes, bytes]:
     """The fair-waiting keys of ``owner``: the queue, its registration, its hand-off list."""
     raw = owner.encode()
     return base + b"queue", base + b"w:" + raw, base + b"m:" + raw
-
-
-def acquire_call(
-    lock_key: bytes,
-    fence_key: bytes,
-    owner: str,
-    ttl_ms: int,
-    max_hold_ms: int,
-    holder: bytes,
-    takeover: str,
-    waiting: bool,
-    fair_ms: int,
-    attempt: str = "",
-) -> tuple[tuple[bytes, ...], tuple[Any, ...]]:
-    """KEYS and ARGV of acquire.lua for one attempt (the sync and the asyncio lease's), as
-    :meth:`Scripts.acquire` describes its arguments."""
-    keys: tuple[bytes, ...]
-    if fair_ms > 0:
-        mode, keys = "fair", (lock_key, fence_key, *fair_keys(key_base(lock_key), owner))
-    else:
-        mode, keys = "1" if waiting else "", (lock_key, fence_key)
-    return keys, (owner, ttl_ms, max_hold_ms, takeover, mode, fair_ms, holder, attempt)
 
 
 def fair_abandon_keys(lock_key: bytes, owner: str) -> tuple[bytes, ...]:
@@ -392,7 +381,8 @@ def fair_abandon_keys(lock_key: bytes, owner: str) -> tuple[bytes, ...]:
 
 class ScriptHost(Protocol):
     """A sync or asyncio connection, as a pure script-call builder needs it: its key prefix,
-    and its Redis client to register scripts on (:func:`bound_to`)."""
+    its Redis client to register scripts on (:func:`bound_to`), and how many replicas its
+    lock writes wait for."""
 
     @property
     def prefix(self) -> str: ...
@@ -400,19 +390,23 @@ class ScriptHost(Protocol):
     @property
     def redis(self) -> Any: ...
 
+    @property
+    def replication(self) -> Replication | None: ...
 
-_bound: weakref.WeakKeyDictionary[Any, dict[Callable[[Any], Any], Any]] = (
+
+_bound: weakref.WeakKeyDictionary[Any, dict[Callable[[Any, Any], Any], Any]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def bound_to(client: Any, scripts_class: Callable[[Any], T]) -> T:
-    """The ``scripts_class(client.redis)`` of ``client``, made (registered) on first use:
-    for lock kinds whose scripts are not in :class:`Scripts`."""
+def bound_to(client: Any, scripts_class: Callable[[Any, Replication | None], T]) -> T:
+    """The ``scripts_class(client.redis, client.replication)`` of ``client``, made
+    (registered) on first use: for lock kinds whose scripts are not in :class:`Scripts`.
+    Their writes wait for the client's replicas as the lease's do."""
     per_client = _bound.setdefault(client, {})
     found = per_client.get(scripts_class)
     if found is None:
-        found = per_client[scripts_class] = scripts_class(client.redis)
+        found = per_client[scripts_class] = scripts_class(client.redis, client.replication)
     return found
 
 
@@ -420,81 +414,139 @@ def bound_to(client: Any, scripts_class: Callable[[Any], T]) -> T:
 ScriptCall = tuple[RedisScript, Sequence[Any], Sequence[Any]]
 
 
-def run_batch(
-    redis: Any, calls: Sequence[ScriptCall], replication: Replication | None = None
-) -> list[Any]:
-    """Run script calls in one round trip and return their replies in order.
+class ScriptBatch:
+    """Script calls sent in one non-transactional pipeline, without I/O: what the pipeline
+    carries, which scripts a reply says are missing on the server, and what the replies
+    come to. :func:`run_batch` and the asyncio ``run_batch`` send it and load the scripts.
 
-    A single call goes straight to EVALSHA; several go through one non-transactional
-    pipeline (on a Cluster, one round trip per node; each call's keys are in one slot).
-    redis-py's own pipeline support would add a SCRIPT EXISTS round trip per execute, so
-    NOSCRIPT (a restarted or flushed Redis) is handled here: load and run again.
+    ``node_of`` (a Cluster client's ``get_node_from_key``, else None): each call is sent to
+    the node of its first key by name, else redis-py asks the server for the keys of each
+    command (a round trip apiece); the pipeline then writes once to each node.
 
     With ``replication``, the pipeline ends with ``WAIT replicas timeout`` (on a Cluster,
     one on each node the calls went to, after its calls), and a reply acknowledged by fewer
-    replicas raises :class:`LockNotReplicated` (the scripts ran on the master).
+    replicas raises :class:`LockNotReplicated` (the scripts ran on the master)."""
+
+    def __init__(
+        self,
+        calls: Sequence[ScriptCall],
+        replication: Replication | None,
+        node_of: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self.calls = calls
+        self.replication = replication
+        self._node_of = node_of
+        #: The calls' replies (an exception where one failed), once :meth:`read`.
+        self.replies: list[Any] = []
+        self._acks: list[Any] = []
+
+    def queue(self, pipe: Any) -> None:
+        """Put the calls (and the WAITs) on the pipeline ``pipe``."""
+        nodes: dict[str, Any] = {}  # on a Cluster, by name: the nodes the calls go to
+        for script, keys, args in self.calls:
+            # Not pipe.evalsha: a Cluster pipeline refuses it.
+            options = {}
+            if self._node_of is not None:
+                node = self._node_of(keys[0])
+                nodes.setdefault(node.name, node)
+                options["target_nodes"] = node
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args, **options)
+        if self.replication is not None:
+            # WAIT has no key: on a Cluster it is sent to each node by name, as the scripts
+            # were, so that it waits for what that node's calls wrote on that connection.
+            targets = [{"target_nodes": node} for node in nodes.values()]
+            for options in targets if self._node_of is not None else [{}]:
+                pipe.execute_command(
+                    "WAIT", self.replication.replicas, self.replication.timeout_ms, **options
+                )
+
+    def read(self, replies: Sequence[Any]) -> None:
+        """Take the pipeline's ``replies`` (``raise_on_error=False``)."""
+        count = len(self.calls)
+        self.replies, self._acks = list(replies[:count]), list(replies[count:])
+
+    def missing(self) -> list[tuple[RedisScript, Any]]:
+        """Each script a reply says is not loaded, with the Cluster node that said so (None
+        off a Cluster), once each: load it there (SCRIPT LOAD on every primary fails while
+        one of them is down) and send the batch again."""
+        found: dict[tuple[int, str | None], tuple[RedisScript, Any]] = {}
+        for (script, keys, _), reply in zip(self.calls, self.replies, strict=True):
+            if isinstance(reply, NoScriptError):
+                node = None if self._node_of is None else self._node_of(keys[0])
+                found.setdefault((id(script), node and node.name), (script, node))
+        return list(found.values())
+
+    def failed(self, errors: tuple[type[Exception], ...]) -> list[int]:
+        """The indexes of the calls whose reply is one of ``errors``: to run again alone."""
+        return [i for i, reply in enumerate(self.replies) if isinstance(reply, errors)]
+
+    def result(self) -> list[Any]:
+        """The calls' replies in order; the first error among them (or the WAITs) raised,
+        or :class:`LockNotReplicated` when fewer replicas acknowledged than asked."""
+        for reply in (*self.replies, *self._acks):
+            if isinstance(reply, Exception):
+                raise reply
+        if self.replication is not None:
+            acknowledged = min(int(ack) for ack in self._acks)
+            if acknowledged < self.replication.replicas:
+                raise self.replication.failed(acknowledged, list(self.replies))
+        return list(self.replies)
+
+
+def run_batch(
+    redis: Any,
+    calls: Sequence[ScriptCall],
+    replication: Replication | None = None,
+    *,
+    alone: bool = False,
+) -> list[Any]:
+    """Run script calls in one round trip and return their replies in order.
+
+    A single call goes straight to EVALSHA; several go through one :class:`ScriptBatch`
+    (on a Cluster, one round trip per node; each call's keys are in one slot). redis-py's
+    own pipeline support would add a SCRIPT EXISTS round trip per execute, so NOSCRIPT (a
+    restarted or flushed Redis) is handled here: load and run again. ``alone``: this is
+    :func:`run_alone`'s try, which sends the call again itself.
     """
     if len(calls) == 1 and replication is None:
         script, keys, args = calls[0]
         return [script(keys=keys, args=args)]
     cluster = is_cluster(redis)
+    batch = ScriptBatch(calls, replication, redis.get_node_from_key if cluster else None)
     for attempt in (1, 2):
         pipe = redis.pipeline(transaction=False)
-        nodes: dict[str, Any] = {}  # on a Cluster, by name: the nodes the calls go to
-        for script, keys, args in calls:
-            # Not pipe.evalsha: a Cluster pipeline refuses it. On a Cluster, name the node, else
-            # redis-py asks the server for the keys of each command (a round trip apiece);
-            # the pipeline then writes once to each node.
-            options = {}
-            if cluster:
-                node = redis.get_node_from_key(keys[0])
-                nodes.setdefault(node.name, node)
-                options["target_nodes"] = node
-            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args, **options)
-        if replication is not None:
-            # WAIT has no key: on a Cluster it is sent to each node by name, as the scripts
-            # were, so that it waits for what that node's calls wrote.
-            targets = [{"target_nodes": node} for node in nodes.values()] if cluster else [{}]
-            for options in targets:
-                pipe.execute_command(
-                    "WAIT", replication.replicas, replication.timeout_ms, **options
-                )
-        replies = pipe.execute(raise_on_error=False)
-        acks, replies = replies[len(calls) :], replies[: len(calls)]
-        missing = [
-            (s, keys[0])
-            for (s, keys, _), r in zip(calls, replies, strict=True)
-            if isinstance(r, NoScriptError)
-        ]
+        batch.queue(pipe)
+        batch.read(pipe.execute(raise_on_error=False))
+        missing = batch.missing()
         if not missing or attempt == 2:
             break
-        loaded: set[tuple[int, str | None]] = set()
-        for script, key in missing:
-            # On a Cluster only on the node that ran it: SCRIPT LOAD on every primary fails
-            # while one of them is down.
-            node = redis.get_node_from_key(key) if cluster else None
-            if (id(script), node and node.name) in loaded:
-                continue
-            loaded.add((id(script), node and node.name))
+        for script, node in missing:
             if node is not None:
                 script.sha = load_on_node(redis, script.script, node)
             else:
                 script.sha = redis.script_load(script.script)
-    if cluster:
+    if cluster and not alone:
         # A call the pipeline could not run while its slot is half-migrated (or that was
-        # sent on with ASK to a node without the script) runs again alone, as
-        # Script._on_node retries it.
-        replies = [
-            script(keys=keys, args=args)
-            if isinstance(reply, (*SLOT_MIGRATION_ERRORS, NoScriptError))
-            else reply
-            for (script, keys, args), reply in zip(calls, replies, strict=True)
-        ]
-    for reply in (*replies, *acks):
-        if isinstance(reply, Exception):
-            raise reply
-    if replication is not None:
-        acknowledged = min(int(ack) for ack in acks)
-        if acknowledged < replication.replicas:
-            raise replication.failed(acknowledged, list(replies))
-    return list(replies)
+        # sent on with ASK to a node without the script) runs again alone.
+        for i in batch.failed(RUN_ALONE_ERRORS):
+            batch.replies[i] = run_alone(redis, calls[i], replication)
+    return batch.result()
+
+
+#: What a Cluster pipeline's call is sent again alone after (see :func:`run_batch`).
+RUN_ALONE_ERRORS = (*SLOT_MIGRATION_ERRORS, NoScriptError)
+
+
+def run_alone(redis: Any, call: ScriptCall, replication: Replication | None) -> Any:
+    """The reply of a Cluster pipeline's ``call`` refused while its slot is half-migrated,
+    sent again alone until it runs (:class:`SlotMigrationRetry`), as ``Script._on_node``
+    sends one; a replicated one with its own WAIT, in a pipeline of its own."""
+    script, keys, args = call
+    if replication is None:
+        return script(keys=keys, args=args)
+    retry = SlotMigrationRetry()
+    while True:
+        try:
+            return run_batch(redis, [call], replication, alone=True)[0]
+        except RUN_ALONE_ERRORS as error:
+            time.sleep(retry.pause_after(error))

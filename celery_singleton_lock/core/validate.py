@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..exceptions import ConfigurationError
 
@@ -178,6 +178,27 @@ def check_pattern(value: object, argument: str = "pattern") -> str | None:
     return value
 
 
-def check_host(value: object, default: str) -> str:
-    """A host name as the holder records store it; None means ``default`` (this machine)."""
-    return default if value is None else check_text(value, "host")
+class HolderProcess(NamedTuple):
+    """The process a supervisor releases a lock for (``release_holder``): the task it ran,
+    its pid and host as the holder records store them, and the release delay in ms (0: free
+    at once)."""
+
+    task_id: str
+    pid: int
+    host: str
+    delay_ms: int
+
+
+def check_holder_process(
+    task_id: object, pid: object, host: object, delay: object, default_host: str
+) -> HolderProcess:
+    """The arguments of every ``release_holder``: ``task_id`` a non-empty str, ``pid`` an int
+    >= 1, ``host`` a non-empty str or None (``default_host``: this machine), ``delay`` seconds
+    as :func:`check_delay`."""
+    checked_task = check_text(task_id, "task_id")
+    checked_pid = check_pid(pid)
+    checked_host = default_host if host is None else check_text(host, "host")
+    seconds = check_delay(delay)
+    return HolderProcess(
+        checked_task, checked_pid, checked_host, seconds_to_ms(seconds) if seconds > 0 else 0
+    )

@@ -30,14 +30,29 @@ from typing import TYPE_CHECKING, Any
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle import HolderRecord, LockHandle
-from ..core.handle_state import HandleState
+from ..core.handle_ops import (
+    HandleOps,
+    changed_unreplicated,
+    released_unreplicated,
+    with_reply,
+)
 from ..core.heartbeat import RenewEntry
-from ..core.holder import HOSTNAME, ListedHolder, decode, text
+from ..core.holder import HOSTNAME, ListedHolder, decode, flatten, text
 from ..core.keys import FENCE_TTL_MS, RELEASE_DELAY_STATE, escape_glob, name_tag
-from ..core.replies import ClearReply, IntervalReply
+from ..core.replication import Replication
+from ..core.replies import ClearReply, HolderReply, IntervalReply
 from ..core.scan import Record, read_query
-from ..core.scripts import FENCING, ScriptCall, ScriptHost, bound_to, register, source_after
-from ..exceptions import ConfigurationError, LockError, LockNotHeld
+from ..core.scripts import (
+    FENCING,
+    ScriptCall,
+    ScriptHost,
+    bound_to,
+    pack_holder,
+    register,
+    source_after,
+)
+from ..core.steps import Steps
+from ..exceptions import ConfigurationError, LockError, LockNotHeld, LockNotReplicated
 
 if TYPE_CHECKING:
     from redis.commands.core import Script
@@ -87,24 +102,45 @@ def interval_keys(prefix: str, name: str, family: bytes) -> IntervalKeys:
 
 
 class IntervalScripts:
-    """The interval scripts registered on one Redis client (no I/O)."""
+    """The interval scripts registered on one Redis client (no I/O); the acquire, release
+    and change wait for ``replication``'s replicas (the heartbeat's batches add the
+    renewals' WAIT)."""
 
-    def __init__(self, redis: Any) -> None:
-        def load(name: str) -> Script:
-            return register(
-                redis, source_after(FENCING, "interval_common", "interval_overlap", name)
-            )
+    def __init__(self, redis: Any, replication: Replication | None = None) -> None:
+        def load(name: str, waits: Replication | None) -> Script:
+            text = source_after(FENCING, "interval_common", "interval_overlap", name)
+            return register(redis, text, waits)
 
-        self.acquire = load("interval_acquire")
+        self.acquire = load("interval_acquire", replication)
         # The release decides nothing on overlaps: it goes without their helpers.
-        self.release = register(redis, source_after("interval_common", "interval_release"))
-        self.change = load("interval_change")
-        self.renew = load("interval_renew")
+        self.release = register(
+            redis, source_after("interval_common", "interval_release"), replication
+        )
+        self.change = load("interval_change", replication)
+        self.renew = load("interval_renew", None)
 
 
 def scripts(client: ScriptHost) -> IntervalScripts:
     """The interval scripts of ``client`` (sync or asyncio), registered on first use."""
     return bound_to(client, IntervalScripts)
+
+
+def holder_reply(code: int) -> HolderReply:
+    """What interval_release.lua's :class:`ClearReply` means to a holder releasing its own
+    hold: CLEARED released (DONE), GONE gone; TAKEN and RESUMED answer only a release that
+    checks a fencing token or a renewal time (a clear), and count as taken."""
+    if code == ClearReply.CLEARED:
+        return HolderReply.DONE
+    return HolderReply.GONE if code == ClearReply.GONE else HolderReply.TAKEN
+
+
+#: What each change of interval_change.lua did, as an error says it.
+CHANGED = {
+    "shrink": "shrunk",
+    "upgrade": "upgraded",
+    "downgrade": "downgraded",
+    "unreserve": "unreserved",
+}
 
 
 def check_bound(value: object, argument: str) -> float:
@@ -130,10 +166,9 @@ def wait_hint(hint_ms: int, queued: bool) -> int:
     return min(hint_ms, RESERVATION_MS // 3) if queued else hint_ms
 
 
-class IntervalHold(HandleState):
-    """A hold on [lo, hi] in one mode ('r', 'u' or 'w'), without I/O: the script arguments
-    of its acquire and changes, and what their replies mean. The sync
-    (:class:`IntervalHandle`) and asyncio handles run the calls."""
+class IntervalHold(HandleOps):
+    """A hold on [lo, hi] in one mode ('r', 'u' or 'w'): its operations, for the sync
+    (:class:`IntervalHandle`) and the asyncio handles."""
 
     _family = b"rw"
     mode: str
@@ -142,6 +177,8 @@ class IntervalHold(HandleState):
     _parent: IntervalHold | None
     #: The Redis keys of this hold (its holder hash, the name's indexes, channel).
     keys: IntervalKeys
+    #: The last ``_describe_holder()`` list and its packed bytes (``_packed_holder``).
+    _packed: tuple[list[Any], bytes] | None = None
 
     def _set_interval(
         self, prefix: str, mode: str, lo: float, hi: float, parent: IntervalHold | None
@@ -150,6 +187,57 @@ class IntervalHold(HandleState):
         self.lo, self.hi = lo, hi
         self._parent = parent
         self.keys = interval_keys(prefix, self.name, self._family)
+        self._channels = (self.keys.channel,)
+
+    def _try_acquire(self, owner: str, reserve: bool) -> Steps[tuple[bool, int]]:
+        keys, args, queued = self._acquire_call(owner, reserve)
+        reply = yield scripts(self._conn).acquire, keys, args
+        return self._acquired(reply, queued)
+
+    def _abandon(self, owner: str) -> Steps[None]:
+        # A waiting writer's reservation holds readers back: drop it.
+        if self.mode == "w":
+            yield from self._release(owner, 0)
+
+    def _release(self, owner: str, delay_ms: int) -> Steps[int]:
+        try:
+            return holder_reply(int((yield release_call(self._conn, self.keys, owner, delay_ms))))
+        except LockNotReplicated as exc:
+            raise with_reply(exc, holder_reply(int(exc.replies[0]))) from exc
+
+    def _change(
+        self, op: str, lo: float = 0.0, hi: float = 0.0, reserve: int = 0
+    ) -> Steps[tuple[int, int, LockNotReplicated | None]]:
+        """One interval_change.lua round trip: its code and value, and the error to raise
+        once the handle's state follows a change the replicas did not acknowledge (see
+        :meth:`_changed_on_master`)."""
+        keys, args = self._change_call(op, lo, hi, reserve)
+        try:
+            code, value = yield scripts(self._conn).change, keys, args
+        except LockNotReplicated as exc:
+            return self._changed_on_master(op, exc)
+        return int(code), int(value), None
+
+    def _changed_on_master(
+        self, op: str, error: LockNotReplicated
+    ) -> tuple[int, int, LockNotReplicated | None]:
+        """A change ``op`` the replicas did not acknowledge (``error``), as the master
+        answered it: its code and value, and the error to raise once the handle's state
+        follows a change done there (None when nothing changed: the reply decides alone,
+        as when replicated)."""
+        code, value = (int(item) for item in error.replies[0])
+        if code != IntervalReply.DONE:
+            return code, value, None
+        return code, value, changed_unreplicated(self.name, error, CHANGED[op])
+
+    @classmethod
+    def _renew_script_call(cls, conn: Any, entries: list[RenewEntry]) -> ScriptCall:
+        keys: list[bytes] = []
+        args: list[Any] = []
+        for handle, owner, ttl_ms, gen in entries:
+            keys += (*handle.keys.indexes, handle.keys.holder(owner))
+            args += (owner, ttl_ms, gen)
+        return scripts(conn).renew, keys, args
 
     def _acquire_call(self, owner: str, reserve: bool) -> tuple[list[bytes], list[Any], bool]:
         """KEYS and ARGV of interval_acquire.lua for ``owner``, and whether it queues a
@@ -165,9 +253,18 @@ class IntervalHold(HandleState):
         args = [
             owner, self.mode, score(self.lo), score(self.hi), self._ttl_ms, self._max_hold_ms,
             FENCE_TTL_MS, RESERVATION_MS if queued else 0, parent, self.keys.channel,
-            "1" if reserve else "", *self._describe_holder(),
+            "1" if reserve else "", self._packed_holder(),
         ]  # fmt: skip
         return self.keys.all(owner), args, queued
+
+    def _packed_holder(self) -> bytes:
+        """``_describe_holder()`` packed as interval_acquire.lua's one holder argument,
+        packed again only when those fields are another list (another thread or process)."""
+        fields = self._describe_holder()
+        packed = self._packed
+        if packed is None or packed[0] is not fields:
+            packed = self._packed = (fields, pack_holder(fields))
+        return packed[1]
 
     def _acquired(self, reply: Any, queued: bool) -> tuple[bool, int]:
         """interval_acquire.lua's reply: (True, token) or (False, ms a waiter may sleep)."""
@@ -197,19 +294,6 @@ class IntervalHold(HandleState):
         self._mark_lost(self._owner, error)
         return error
 
-    def _begin_upgrade(self, wait: float | None) -> float:
-        """Before an upgrade: the seconds it may wait (only an upgradable hold upgrades)."""
-        if self.mode != "u":
-            kind = MODE_NAMES[self.mode]
-            raise LockError(f"only an upgradable hold can upgrade ({kind})", name=self.name)
-        return self.wait if wait is None else validate.check_wait(wait)
-
-    def _upgrade_tried(self, code: int, value: int, reserve: bool) -> tuple[bool, int]:
-        """An upgrade attempt's reply: (upgraded, ms a waiter may sleep)."""
-        if code == IntervalReply.PARENT_GONE:
-            raise self._changed_lost("upgrade")
-        return code == IntervalReply.DONE, wait_hint(value, reserve)
-
     def _inside(self, lo: object, hi: object, held: str) -> tuple[float, float]:
         """[lo, hi] checked, and inside this hold (``held`` names it in the error)."""
         low, high = check_interval(lo, hi)
@@ -218,12 +302,6 @@ class IntervalHold(HandleState):
                 "lo", f"[{lo}, {hi}] is not inside the {held} [{self.lo}, {self.hi}]"
             )
         return low, high
-
-    def _nested_write(self, lo: object, hi: object) -> tuple[float, float]:
-        """[lo, hi] of a write nested in this hold, checked (only in an upgradable one)."""
-        if self.mode != "u":
-            raise LockError("only an upgradable range can nest a write", name=self.name)
-        return self._inside(lo, hi, "upgradable")
 
 
 class IntervalHandle(IntervalHold, LockHandle):
@@ -242,19 +320,6 @@ class IntervalHandle(IntervalHold, LockHandle):
     ) -> None:
         super().__init__(client, name, **options)
         self._set_interval(self._conn.prefix, mode, lo, hi, parent)
-        self._channel = self.keys.channel
-        self._scripts = scripts(self._conn)
-
-    def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
-        keys, args, queued = self._acquire_call(owner, reserve)
-        return self._acquired(self._conn.call(self._scripts.acquire, keys=keys, args=args), queued)
-
-    def _abandon(self, owner: str) -> None:
-        if self.mode == "w":
-            self._release(owner, 0)
-
-    def _release(self, owner: str, delay_ms: int) -> int:
-        return release_hold(self._conn, self.keys, owner, delay_ms)
 
     def holders(self) -> list[HolderRecord]:
         conn, keys = self._conn, self.keys
@@ -268,8 +333,11 @@ class IntervalHandle(IntervalHold, LockHandle):
         def read_holds(owners: list[str]) -> list[Any]:
             pipe = conn.redis.pipeline(transaction=False)
             for owner in owners:
-                pipe.hmget(keys.holder(owner), "task_id", "mode", "lo", "hi")
-            return list(pipe.execute())
+                pipe.hgetall(keys.holder(owner))
+            return [
+                [flat.get(field) for field in (b"task_id", b"mode", b"lo", b"hi")]
+                for flat in map(flatten, pipe.execute())
+            ]
 
         held, writers = conn.call(read_owners)
         owners = [text(owner) for owner in held]
@@ -309,22 +377,6 @@ class IntervalHandle(IntervalHold, LockHandle):
             host=host,
             delay=delay,
         )
-
-    def _change(
-        self, op: str, lo: float = 0.0, hi: float = 0.0, reserve: int = 0
-    ) -> tuple[int, int]:
-        keys, args = self._change_call(op, lo, hi, reserve)
-        code, value = self._conn.call(self._scripts.change, keys=keys, args=args)
-        return int(code), int(value)
-
-    @classmethod
-    def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:
-        keys: list[bytes] = []
-        args: list[Any] = []
-        for handle, owner, ttl_ms, gen in entries:
-            keys += (*handle.keys.indexes, handle.keys.holder(owner))
-            args += (owner, ttl_ms, gen)
-        return scripts(conn).renew, keys, args
 
 
 def list_holders(
@@ -457,11 +509,9 @@ def release_holder(
     script on each match with the fencing token it read: that very hold goes, or nothing (it
     expired or was cleared meanwhile). Only after a crash, so a few round trips are fine."""
     name = validate.check_name(name)
-    task_id = validate.check_text(task_id, "task_id")
-    pid = validate.check_pid(pid)
-    host = validate.check_host(host, HOSTNAME)
-    delay = validate.check_delay(delay)
-    delay_ms = validate.seconds_to_ms(delay) if delay > 0 else 0
+    task_id, pid, host, delay_ms = validate.check_holder_process(
+        task_id, pid, host, delay, HOSTNAME
+    )
     conn = connection_of(client)
     keys = interval_keys(conn.prefix, name, family)
     redis = conn.redis
@@ -470,11 +520,15 @@ def release_holder(
         return False
     pipe = redis.pipeline(transaction=False)
     for owner in owners:
-        pipe.hmget(keys.holder(owner), "task_id", "pid", "host", "token", "state")
-    replies = conn.call(pipe.execute)
+        pipe.hgetall(keys.holder(owner))
+    replies = [
+        [flat.get(field) for field in (b"task_id", b"pid", b"host", b"token", b"state")]
+        for flat in map(flatten, conn.call(pipe.execute))
+    ]
     # The host too: pids are reused across machines (and containers).
     wanted = (task_id.encode(), str(pid).encode(), host.encode())
     released = False
+    unreplicated: LockNotReplicated | None = None
     for owner, (held_by, held_in, held_on, token, state) in zip(owners, replies, strict=True):
         # A hold in a release delay was released already: its delay must not start again.
         if (
@@ -483,10 +537,14 @@ def release_holder(
             or state == RELEASE_DELAY_STATE.encode()
         ):
             continue
-        released = (
-            release_hold(conn, keys, owner, delay_ms, token.decode()) == ClearReply.CLEARED
-            or released
-        )
+        try:
+            code = release_hold(conn, keys, owner, delay_ms, token.decode())
+        except LockNotReplicated as exc:
+            # Released on the master: go on with the other holds, then say so.
+            code, unreplicated = int(exc.replies[0]), exc
+        released = code == ClearReply.CLEARED or released
+    if unreplicated is not None:
+        raise released_unreplicated(name, unreplicated, "released")
     return released
 
 

@@ -8,11 +8,12 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
-from ..core.handle import HolderRecord, LockHandle, log, released_unreplicated
+from ..core.handle import HolderRecord, LockHandle, log
+from ..core.handle_ops import HandleOps, on_master, released_unreplicated
 from ..core.handle_state import (
     Options,
     Outage,
@@ -23,15 +24,19 @@ from ..core.handle_state import (
 )
 from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.holder import HOSTNAME, holder_fields, info_fields
-from ..core.keys import encode_name, lock_keys
+from ..core.keys import LockKeys, encode_name, lock_keys
 from ..core.redis_urls import is_cluster
-from ..core.replies import HolderReply, UndoReply
+from ..core.replies import AcquireReply, HolderReply, UndoReply
 from ..core.scripts import (
     ScriptCall,
+    Scripts,
     array_header,
     fair_keys,
     pack_items,
+    run,
 )
+from ..core.steps import Blpop, Pause, Steps
+from ..core.validate import HolderProcess
 from ..exceptions import LockBackendError, LockError, LockNotReplicated
 from .lease_listing import read_lease_holders
 
@@ -48,15 +53,6 @@ FAIR_REFRESH = 0.25
 CLAIM_OWNER_PREFIX = "claim:"
 
 
-def on_master(conn: Connection, script_call: Callable[..., int], *args: Any) -> int:
-    """The reply of ``conn.call(script_call, *args)`` (a :class:`Scripts` method) as the
-    master gave it, acknowledged by the replicas or not (:class:`LockNotReplicated`)."""
-    try:
-        return conn.call(script_call, *args)
-    except LockNotReplicated as exc:
-        return int(exc.replies[0])
-
-
 def block_for(hint: float, remaining: float) -> float:
     """Seconds a fair waiter's next ``BLPOP`` blocks: until its next refresh, the holder's
     possible expiry or the end of its wait, in whole ms and at least one (BLPOP rounds
@@ -71,7 +67,225 @@ def handed_token(reply: Any) -> int:
     return 0 if reply is None else int(reply[1])
 
 
-class Lease(LockHandle):
+#: The slots of a lease's own state, in each runner's class (a slot may be laid out by
+#: one base class only, and the runners' bases have theirs).
+LEASE_SLOTS = (
+    "fair", "keys", "_channels", "_queued", "_queued_hint", "_fixed_owner", "_takeover",
+    "_attempt", "_free_first", "freed_first",
+)  # fmt: skip
+
+
+class LeaseOps(HandleOps):
+    """The exclusive lease's operations, for the sync :class:`Lease` and the asyncio
+    ``AsyncLease``: the same keys and scripts, so each excludes the other and SingletonTask
+    runs of the same name."""
+
+    if not TYPE_CHECKING:
+        # No instance layout of its own: each runner's class lays out LEASE_SLOTS beside
+        # its base's slots (mypy would read an empty tuple as "no attributes").
+        __slots__ = ()
+
+    kind = "lease"
+    fair: bool
+    keys: LockKeys
+    _queued: str
+    _queued_hint: int
+    _fixed_owner: str | None
+    _takeover: str
+    _attempt: str
+    _free_first: tuple[bytes, str, bool] | None
+    freed_first: int | None
+
+    def _init_lease(self, fair: bool, owner: str | None, take_over: str | None) -> None:
+        """Set a new lease's own options, checked already, and its empty state."""
+        #: A blocked acquire queues, and a release hands the lease straight to the oldest
+        #: live waiter: first come, first served, and no second round trip to take it.
+        self.fair = fair
+        self._queued = ""  # the owner token a fair acquire waits in the queue with
+        self._queued_hint = 0  # ms its last attempt said the holder's lease may still run
+        #: The Redis keys of this lease (lock hash, fencing counter, channel).
+        self.keys = lock_keys(self._conn.prefix, self.name)
+        self._channels = (self.keys.channel,)
+        # Claims (celery/claims.py): hold the name as this fixed owner token instead of a
+        # fresh one, and/or take over a claim held under that token.
+        self._fixed_owner = owner
+        self._takeover = take_over or ""
+        # The id of the current acquire call when its owner token is fixed ('' otherwise):
+        # what tells what this call took from what that owner held already.
+        self._attempt = ""
+        self._free_first = None
+        #: What the last acquire's :meth:`free_first` release did (a :class:`HolderReply`:
+        #: DONE, GONE or TAKEN); None if it had none.
+        self.freed_first = None
+
+    def _packed_holder(self) -> bytes:
+        return packed_lease_holder(self.name, self.heartbeat, self.owner_info)
+
+    def _new_owner(self) -> str:
+        owner = self._fixed_owner or super()._new_owner()
+        self._queued = owner
+        self._attempt = os.urandom(8).hex() if self._fixed_owner else ""
+        return owner
+
+    def _undo_attempts(self, owner: str) -> Steps[None]:
+        """Undo what this acquire call took, and only that (see the base class).
+
+        The rule, for each way the name can be held by ``owner`` after the failed call:
+
+        - taken fresh by this call: released (its waiters woken, as by a release);
+        - taken over from the claim ``take_over`` by this call: that claim is put back as it
+          was (owner token, holder record, expiry; acquire.lua kept it aside), so a failed
+          take-over never frees the queued message's claim;
+        - held under a fixed ``owner`` token since before this call (a claim that token
+          holds already, which a re-sent attempt finds and answers as taken): left alone.
+
+        The last two need to know which call took the name: a random owner token is the
+        call's own, and a fixed one is stored with the call's id (acquire.lua's ``attempt``).
+        A claim this call freed first (:meth:`free_first`) stays freed: that release stands
+        whatever the acquire does.
+
+        On a replicated client the undo ran on the master even when its replicas did not
+        acknowledge it (an acquire that was not replicated is undone while they lag): the
+        undo goes on from the script's reply."""
+        scripts = self._conn.scripts
+        try:
+            if self.fair:
+                yield from self._leave_queue(owner)
+            undone = yield from on_master(
+                scripts.acquire_undo_call(self.keys.lock, owner, self._attempt)
+            )
+            if undone == UndoReply.HELD:
+                yield from on_master(scripts.release_call(self.keys.lock, owner, 0))
+        except LockBackendError:
+            self._withdraw_failed()
+
+    def _try_acquire(self, owner: str, reserve: bool) -> Steps[tuple[bool, int]]:
+        scripts = self._conn.scripts
+        free, self._free_first = self._free_first, None
+        if free is not None and (reserve or self.fair):
+            # acquire.lua's mode argument says reserve or fair: release in a call of its own.
+            free_key, free_owner, stop = free
+            self.freed_first = int((yield scripts.release_call(free_key, free_owner, 0)))
+            if stop and self.freed_first == HolderReply.TAKEN:
+                return False, 0
+            free = None
+        keys = self.keys
+        if free is not None:
+            reply = yield scripts.acquire_call(
+                keys.lock, keys.fence, owner, self._ttl_ms, self._max_hold_ms,
+                self._packed_holder(), self._takeover, attempt=self._attempt, free=free,
+            )  # fmt: skip
+            self.freed_first = int(reply[2])
+            return reply[0] == AcquireReply.ACQUIRED, int(reply[1])
+        taken, value = yield scripts.acquire_call(
+            keys.lock, keys.fence, owner, self._ttl_ms, self._max_hold_ms,
+            self._packed_holder(), self._takeover, waiting=reserve,
+            fair_ms=FAIR_REGISTRATION_MS if reserve and self.fair else 0, attempt=self._attempt,
+        )  # fmt: skip
+        # A fair wait's first block ends no later than the holder's lease could.
+        self._queued_hint = value = int(value)
+        return taken == AcquireReply.ACQUIRED, value
+
+    def _wait_for(
+        self,
+        attempt: Callable[[], Steps[tuple[bool, int]]],
+        wait: float,
+        abandon: Callable[[], Steps[None]],
+    ) -> Steps[tuple[bool, int]]:
+        if not self.fair:
+            return super()._wait_for(attempt, wait, abandon)
+        return self._wait_in_queue(attempt, wait)
+
+    def _wait_in_queue(
+        self, attempt: Callable[[], Steps[tuple[bool, int]]], wait: float
+    ) -> Steps[tuple[bool, int]]:
+        """Block on this waiter's hand-off list, on a pooled connection of its own, until a
+        release hands it the lease; refresh the registration (and try the name, in case it
+        was freed without a hand-off) between blocks. A wait that runs out leaves the queue,
+        and keeps a lease handed over meanwhile."""
+        owner = self._queued
+        handed = fair_keys(self.keys.base, owner)[2]
+        deadline = time.monotonic() + wait
+        hint = hint_seconds(self._queued_hint)
+        outage = Outage(deadline)
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    token = handed_token((yield Blpop(handed, block_for(hint, remaining))))
+                    if token:
+                        return True, token
+                    taken, value = yield from attempt()
+                except LockBackendError as error:
+                    # See Outage; the next attempt queues again, as the same owner.
+                    yield Pause(outage.pause(error))
+                    continue
+                outage.answered()
+                if taken:
+                    return True, value
+                hint = hint_seconds(value)
+        except LockBackendError:
+            if (yield from self._leave_queue(owner)):
+                # A release handed the lease over, and the reply that said so was lost:
+                # nothing would renew it, and the caller gets an error, not the lease.
+                yield from self._give_back(owner)
+            raise
+        token = yield from self._leave_queue(owner)
+        return (True, token) if token else (False, 0)
+
+    def _leave_queue(self, owner: str) -> Steps[int]:
+        """Withdraw from the queue; the token if a release handed the lease over meanwhile
+        (this waiter then holds it, taken as its wait ran out)."""
+        try:
+            # Withdrawn on the master whether or not its replicas acknowledged it: a token
+            # in the reply is a lease this waiter now holds there.
+            return (
+                yield from on_master(self._conn.scripts.fair_abandon_call(self.keys.lock, owner))
+            )
+        except LockBackendError:
+            log.warning("could not withdraw the wait of %r", self.name, exc_info=True)
+            return 0
+
+    def _give_back(self, owner: str) -> Steps[None]:
+        try:
+            yield from self._release(owner, 0)
+        except LockBackendError:  # it runs out within its ttl
+            log.warning("could not give back the lease of %r", self.name, exc_info=True)
+
+    def _release(self, owner: str, delay_ms: int) -> Steps[int]:
+        return int((yield self._conn.scripts.release_call(self.keys.lock, owner, delay_ms)))
+
+    @classmethod
+    def _renew_script_call(cls, conn: Any, entries: list[RenewEntry]) -> ScriptCall:
+        scripts: Scripts = conn.scripts
+        return scripts.renew_call(
+            [(lease.keys.lock, owner, ttl_ms, gen) for lease, owner, ttl_ms, gen in entries]
+        )
+
+    def _renew_units(self, owner: str, ttl_ms: int, gen: int) -> list[RenewUnit]:
+        return [(renew_lease_keys, self.keys.lock, (self.keys.lock, owner, ttl_ms, gen))]
+
+    def _hand_over(self, new_owner: str, ttl: float, flat: list[Any]) -> Steps[None]:
+        """Pass the held name to ``new_owner`` (a claim) with the holder ``flat`` field, value
+        pairs, without freeing it in between; this handle no longer holds it afterwards.
+        Raises LockLost if it was lost already."""
+        owner = self._forget()
+        call = self._conn.scripts.handover_call(
+            self.keys.lock, owner, new_owner, validate.seconds_to_ms(ttl), flat
+        )
+        try:
+            code = int((yield call))
+        except LockNotReplicated as exc:
+            if int(exc.replies[0]) != HolderReply.DONE:
+                raise self._lost_error(int(exc.replies[0]), "hand over") from exc
+            raise released_unreplicated(self.name, exc, "handed over") from exc
+        if code != HolderReply.DONE:
+            raise self._lost_error(code, "hand over")
+
+
+class Lease(LeaseOps, LockHandle):
     """An exclusive, expiring lock on one name.
 
     Made by :meth:`LockClient.lease`. ``acquire`` takes it, ``release`` gives it back, and
@@ -80,12 +294,7 @@ class Lease(LockHandle):
     to ``wait`` seconds, else raising :class:`LockTimeout`) and releases on exit.
     """
 
-    __slots__ = (
-        "fair", "keys", "_channel", "_queued", "_queued_hint", "_fixed_owner", "_takeover",
-        "_attempt", "_free_first", "freed_first",
-    )  # fmt: skip
-
-    kind = "lease"
+    __slots__ = LEASE_SLOTS
 
     def __init__(
         self,
@@ -119,28 +328,6 @@ class Lease(LockHandle):
         lease._init_lease(False, None, None)
         return lease
 
-    def _init_lease(self, fair: bool, owner: str | None, take_over: str | None) -> None:
-        """Set a new lease's own options, checked already, and its empty state."""
-        #: A blocked acquire queues, and a release hands the lease straight to the oldest
-        #: live waiter: first come, first served, and no second round trip to take it.
-        self.fair = fair
-        self._queued = ""  # the owner token a fair acquire waits in the queue with
-        self._queued_hint = 0  # ms its last attempt said the holder's lease may still run
-        #: The Redis keys of this lease (lock hash, fencing counter, channel).
-        self.keys = lock_keys(self._conn.prefix, self.name)
-        self._channel = self.keys.channel
-        # Claims (celery/claims.py): hold the name as this fixed owner token instead of a
-        # fresh one, and/or take over a claim held under that token.
-        self._fixed_owner = owner
-        self._takeover = take_over or ""
-        # The id of the current acquire call when its owner token is fixed ('' otherwise):
-        # what tells what this call took from what that owner held already.
-        self._attempt = ""
-        self._free_first: tuple[bytes, str, bool] | None = None
-        #: What the last acquire's :meth:`free_first` release did (a :class:`HolderReply`:
-        #: DONE, GONE or TAKEN); None if it had none.
-        self.freed_first: int | None = None
-
     @property
     def take_over(self) -> str | None:
         """The owner token whose hold an acquire takes over, as if the name were free (a
@@ -168,7 +355,8 @@ class Lease(LockHandle):
         by the replicas."""
         owner = validate.check_text(owner, "owner")
         ttl = validate.check_positive(ttl, "ttl")
-        self._hand_over(owner, ttl, info_fields(validate.check_owner_info(owner_info)))
+        flat = info_fields(validate.check_owner_info(owner_info))
+        self._run(self._hand_over(owner, ttl, flat))
 
     def free_first(self, name: str, owner: str, *, stop_if_taken: bool = False) -> bool:
         """Make the next acquire attempt first release lease ``name`` if the owner token
@@ -190,185 +378,10 @@ class Lease(LockHandle):
     def holders(self) -> list[HolderRecord]:
         return read_lease_holders(self._conn, [self.keys.lock])
 
-    def _packed_holder(self) -> bytes:
-        return packed_lease_holder(self.name, self.heartbeat, self.owner_info)
-
-    def _new_owner(self) -> str:
-        owner = self._fixed_owner or super()._new_owner()
-        self._queued = owner
-        self._attempt = os.urandom(8).hex() if self._fixed_owner else ""
-        return owner
-
-    def _undo_attempts(self, owner: str) -> None:
-        """Undo what this acquire call took, and only that (see the base class).
-
-        The rule, for each way the name can be held by ``owner`` after the failed call:
-
-        - taken fresh by this call: released (its waiters woken, as by a release);
-        - taken over from the claim ``take_over`` by this call: that claim is put back as it
-          was (owner token, holder record, expiry; acquire.lua kept it aside), so a failed
-          take-over never frees the queued message's claim;
-        - held under a fixed ``owner`` token since before this call (a claim that token
-          holds already, which a re-sent attempt finds and answers as taken): left alone.
-
-        The last two need to know which call took the name: a random owner token is the
-        call's own, and a fixed one is stored with the call's id (acquire.lua's ``attempt``).
-        A claim this call freed first (:meth:`free_first`) stays freed: that release stands
-        whatever the acquire does.
-
-        On a replicated client the undo ran on the master even when its replicas did not
-        acknowledge it (an acquire that was not replicated is undone while they lag): the
-        undo goes on from the script's reply."""
-        conn = self._conn
-        try:
-            if self.fair:
-                self._leave_queue(owner)
-            undo = conn.scripts.acquire_undo
-            undone = on_master(conn, undo, self.keys.lock, owner, self._attempt)
-            if undone == UndoReply.HELD:
-                on_master(conn, conn.scripts.release, self.keys.lock, owner, 0)
-        except LockBackendError:
-            self._withdraw_failed()
-
-    def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
-        conn = self._conn
-        free, self._free_first = self._free_first, None
-        if free is not None and (reserve or self.fair):
-            # acquire.lua's mode argument says reserve or fair: release in a call of its own.
-            free_key, free_owner, stop = free
-            self.freed_first = conn.call(conn.scripts.release, free_key, free_owner, 0)
-            if stop and self.freed_first == HolderReply.TAKEN:
-                return False, 0
-            free = None
-        acquire_args = (
-            self.keys.lock,
-            self.keys.fence,
-            owner,
-            self._ttl_ms,
-            self._max_hold_ms,
-            self._packed_holder(),
-            self._takeover,
-        )
-        if free is not None:
-            taken, value, self.freed_first = conn.call(
-                conn.scripts.acquire_freeing, *acquire_args, free, self._attempt
-            )
-            return taken, value
-        taken, value = conn.call(
-            conn.scripts.acquire,
-            *acquire_args,
-            waiting=reserve,
-            fair_ms=FAIR_REGISTRATION_MS if reserve and self.fair else 0,
-            attempt=self._attempt,
-        )
-        # A fair wait's first block ends no later than the holder's lease could.
-        self._queued_hint = value
-        return taken, value
-
-    def _wait_for(
-        self, attempt: Callable[[], tuple[bool, int]], wait: float, abandon: Callable[[], None]
-    ) -> tuple[bool, int]:
-        if not self.fair:
-            return super()._wait_for(attempt, wait, abandon)
-        return self._wait_in_queue(attempt, wait)
-
-    def _wait_in_queue(
-        self, attempt: Callable[[], tuple[bool, int]], wait: float
-    ) -> tuple[bool, int]:
-        """Block on this waiter's hand-off list, on a pooled connection of its own, until a
-        release hands it the lease; refresh the registration between blocks."""
-        conn = self._conn
-        owner = self._queued
-        handed = fair_keys(self.keys.base, owner)[2]
-        deadline = time.monotonic() + wait
-        hint = hint_seconds(self._queued_hint)
-        outage = Outage(deadline)
-        try:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                try:
-                    reply = conn.call(
-                        conn.redis.blpop, [handed], timeout=block_for(hint, remaining)
-                    )
-                    token = handed_token(reply)
-                    if token:
-                        return True, token
-                    taken, value = attempt()
-                except LockBackendError as error:
-                    # See Outage; the next attempt queues again, as the same owner.
-                    time.sleep(outage.pause(error))
-                    continue
-                outage.answered()
-                if taken:
-                    return True, value
-                hint = hint_seconds(value)
-        except LockBackendError:
-            if self._leave_queue(owner):
-                # A release handed the lease over, and the reply that said so was lost:
-                # nothing would renew it, and the caller gets an error, not the lease.
-                self._give_back(owner)
-            raise
-        token = self._leave_queue(owner)
-        return (True, token) if token else (False, 0)
-
-    def _leave_queue(self, owner: str) -> int:
-        """Withdraw from the queue; the token if a release handed the lease over meanwhile
-        (this waiter then holds it, taken as its wait ran out)."""
-        conn = self._conn
-        try:
-            # Withdrawn on the master whether or not its replicas acknowledged it: a token
-            # in the reply is a lease this waiter now holds there.
-            return on_master(conn, conn.scripts.fair_abandon, self.keys.lock, owner)
-        except LockBackendError:
-            log.warning("could not withdraw the wait of %r", self.name, exc_info=True)
-            return 0
-
-    def _give_back(self, owner: str) -> None:
-        try:
-            self._release(owner, 0)
-        except LockBackendError:  # it runs out within its ttl
-            log.warning("could not give back the lease of %r", self.name, exc_info=True)
-
-    def _release(self, owner: str, delay_ms: int) -> int:
-        conn = self._conn
-        return conn.call(conn.scripts.release, self.keys.lock, owner, delay_ms)
-
-    @classmethod
-    def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:
-        return conn.scripts.renew_call(
-            [(lease.keys.lock, owner, ttl_ms, gen) for lease, owner, ttl_ms, gen in entries]
-        )
-
-    def _renew_units(self, owner: str, ttl_ms: int, gen: int) -> list[RenewUnit]:
-        return [(renew_lease_keys, self.keys.lock, (self.keys.lock, owner, ttl_ms, gen))]
-
     def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
         return release_holder(
             self._conn, self.name, task_id=task_id, pid=pid, host=host, delay=delay
         )
-
-    def _hand_over(self, new_owner: str, ttl: float, flat: list[Any]) -> None:
-        """Pass the held name to ``new_owner`` (a claim) with the holder ``flat`` field, value
-        pairs, without freeing it in between; this handle no longer holds it afterwards.
-        Raises LockLost if it was lost already."""
-        owner = self._forget()
-        try:
-            code = self._conn.call(
-                self._conn.scripts.handover,
-                self.keys.lock,
-                owner,
-                new_owner,
-                validate.seconds_to_ms(ttl),
-                flat,
-            )
-        except LockNotReplicated as exc:
-            if int(exc.replies[0]) != HolderReply.DONE:
-                raise self._lost_error(int(exc.replies[0]), "hand over") from exc
-            raise released_unreplicated(self.name, exc, "handed over") from exc
-        if code != HolderReply.DONE:
-            raise self._lost_error(code, "hand over")
 
 
 class LeaseTemplate:
@@ -439,7 +452,7 @@ class _HolderShape:
     """What ``holder_fields`` reads of a lease, less its name and ``owner_info`` (a lease
     adds those itself)."""
 
-    kind = Lease.kind
+    kind = LeaseOps.kind
     owner_info: dict[str, str] = {}  # noqa: RUF012 - read only
 
     def __init__(self, heartbeat: bool) -> None:
@@ -487,7 +500,7 @@ def release_owner(
     owner = validate.check_text(owner, "owner")
     delay = validate.check_delay(delay)
     delay_ms = validate.seconds_to_ms(delay) if delay > 0 else 0
-    code = conn.call(conn.scripts.release, keys.lock, owner, delay_ms)
+    code = conn.call(run, conn.scripts.release_call(keys.lock, owner, delay_ms))
     return ReleaseResult(int(code))
 
 
@@ -513,18 +526,11 @@ def release_holder(
     attempt is never released here. True if released."""
     conn = connection_of(client)
     keys = conn.keys(name)
-    args = release_holder_args(task_id, pid, host, delay, keys.channel)
-    return conn.call(conn.scripts.release_holder, keys.lock, *args)
+    process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
+    return release_process_hold(conn, keys, process)
 
 
-def release_holder_args(
-    task_id: str, pid: int, host: str | None, delay: float, channel: bytes
-) -> tuple[Any, ...]:
-    """ARGV of release_holder.lua (after the lock key), the arguments checked: task id, pid,
-    host (default: this machine), release delay ms, the channel its release is published on."""
-    task_id = validate.check_text(task_id, "task_id")
-    pid = validate.check_pid(pid)
-    host = validate.check_host(host, HOSTNAME)
-    delay = validate.check_delay(delay)
-    delay_ms = validate.seconds_to_ms(delay) if delay > 0 else 0
-    return (task_id, pid, host, delay_ms, channel)
+def release_process_hold(conn: Connection, keys: LockKeys, process: HolderProcess) -> bool:
+    """release_holder.lua on the lease of ``keys`` for ``process``: True if released."""
+    call = conn.scripts.release_holder_call(keys.lock, *process, keys.channel)
+    return int(conn.call(run, call)) == HolderReply.DONE

@@ -12,6 +12,7 @@ from ..core.handle import HolderRecord
 from ..core.holder import ListedHolder, decode, text
 from ..core.keys import RELEASE_DELAY_STATE, lock_keys, lock_pattern
 from ..core.patterns import literal_name
+from ..core.replication import Replication
 from ..core.scan import KeyQuery, Record, read_hashes, read_query
 from ..core.scripts import (
     WAKE_FAIR_WAITER,
@@ -84,10 +85,11 @@ def list_holders(
 
 
 class _ClearScripts:
-    """clear.lua, registered once per client (no I/O)."""
+    """clear.lua, registered once per client (no I/O); a clear waits for the client's
+    replicas, as a release does."""
 
-    def __init__(self, redis: Any) -> None:
-        self.clear = register(redis, source_after(WAKE_FAIR_WAITER, "clear"))
+    def __init__(self, redis: Any, replication: Replication | None) -> None:
+        self.clear = register(redis, source_after(WAKE_FAIR_WAITER, "clear"), replication)
 
 
 def clear_call(conn: ScriptHost, holder: ListedHolder) -> ScriptCall:

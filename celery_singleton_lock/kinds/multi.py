@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable, Sequence
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle import HolderRecord, LockHandle
+from ..core.handle_ops import HandleOps, released_unreplicated
 from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.holder import HOSTNAME, ListedHolder, decode
 from ..core.keys import FENCE_TTL_MS, LockKeys, encode_name, lock_keys
-from ..core.notifier import Wakeup
 from ..core.redis_urls import is_cluster
+from ..core.replication import Replication
 from ..core.replies import AcquireReply, HolderReply
 from ..core.scan import Record, read_query
 from ..core.scripts import (
@@ -34,15 +34,16 @@ from ..core.scripts import (
     WAKE_FAIR_WAITER,
     ScriptCall,
     ScriptHost,
+    Scripts,
     bound_to,
     pack_holder,
     register,
     source,
     source_after,
 )
+from ..core.steps import Steps
 from ..exceptions import ConfigurationError, LockNotReplicated
-from .lease import release_holder as release_lease_holder
-from .lease import renew_lease_keys
+from .lease import release_process_hold, renew_lease_keys
 from .lease_listing import lease_keys, read_lease_holders
 
 if TYPE_CHECKING:
@@ -50,11 +51,15 @@ if TYPE_CHECKING:
 
 
 class MultiScripts:
-    """The multi-key scripts registered on one Redis client (no I/O)."""
+    """The multi-key scripts registered on one Redis client (no I/O); the acquire and the
+    release wait for ``replication``'s replicas (the heartbeat's batches add the renewals'
+    WAIT)."""
 
-    def __init__(self, redis: Any) -> None:
-        self.acquire: Script = register(redis, source_after(FENCING, "multi_acquire"))
-        self.release: Script = register(redis, source_after(WAKE_FAIR_WAITER, "multi_release"))
+    def __init__(self, redis: Any, replication: Replication | None = None) -> None:
+        self.acquire: Script = register(redis, source_after(FENCING, "multi_acquire"), replication)
+        self.release: Script = register(
+            redis, source_after(WAKE_FAIR_WAITER, "multi_release"), replication
+        )
         self.renew: Script = register(redis, source("multi_renew"))
 
 
@@ -110,37 +115,38 @@ def release_args(owner: str, delay_ms: int, keys: Sequence[LockKeys], token: str
     return [owner, delay_ms, token, *(k.channel for k in keys)]
 
 
-class MultiLease(LockHandle):
-    """Exclusive leases on several names, held together: taken all or nothing, renewed in
-    the heartbeat's one round trip (one script call; per slot on Cluster), released together.
-    Lease-like; ``token`` is the largest of the per-name fencing tokens and ``tokens`` maps
-    each name to its own."""
+class MultiLeaseOps(HandleOps):
+    """The operations of a multi-key lock, for the sync :class:`MultiLease` and the asyncio
+    one: all names taken atomically by one script (so no deadlock), released together."""
 
     kind = "multi"
+    names: tuple[str, ...]
+    keys: tuple[LockKeys, ...]
+    _ordered: list[str]
+    _tokens: dict[str, int]
 
-    def __init__(self, client: Connection | HasConnection, names: object, **options: Any) -> None:
-        checked = check_names(names)
-        super().__init__(client, " + ".join(checked), **options)
+    def _set_names(self, checked: list[str]) -> None:
         #: The names held, sorted.
         self.names = tuple(checked)
         #: The Redis keys of each name, in key order (and the names in that order).
         self.keys, self._ordered = key_order(self._conn.prefix, checked)
-        self._channel = self.keys[0].channel
-        self._tokens: dict[str, int] = {}
-        self._scripts = scripts(self._conn)
+        # Woken by a release of any of the names.
+        self._channels = tuple(keys.channel for keys in self.keys)
+        self._tokens = {}
 
     @property
     def tokens(self) -> dict[str, int]:
         """The fencing token of each name (of the current or last acquisition)."""
         return dict(self._tokens)
 
-    def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
+    def _try_acquire(self, owner: str, reserve: bool) -> Steps[tuple[bool, int]]:
         if is_cluster(self._conn.redis):
-            return self._try_acquire_in_order(owner, reserve)
-        reply = self._conn.call(
-            self._scripts.acquire,
-            keys=[k.lock for k in self.keys] + [k.fence for k in self.keys],
-            args=acquire_args(
+            return (yield from self._try_acquire_in_order(owner, reserve))
+        # multi_acquire.lua: KEYS locks then fences.
+        reply = yield (
+            scripts(self._conn).acquire,
+            [k.lock for k in self.keys] + [k.fence for k in self.keys],
+            acquire_args(
                 owner, self._ttl_ms, self._max_hold_ms, reserve, self._ordered,
                 self._describe_holder(named=False),
             ),
@@ -150,63 +156,61 @@ class MultiLease(LockHandle):
             self._tokens = tokens
         return taken, value
 
-    def _try_acquire_in_order(self, owner: str, reserve: bool) -> tuple[bool, int]:
+    def _try_acquire_in_order(self, owner: str, reserve: bool) -> Steps[tuple[bool, int]]:
         """Redis Cluster: one lease per name in key order; on a busy name give back the rest."""
-        base = self._conn.scripts
+        base: Scripts = self._conn.scripts
         tokens: dict[str, int] = {}
         for keys, name in zip(self.keys, self._ordered, strict=True):
             holder = [b"name", encode_name(name), *self._describe_holder(named=False)]
-            taken, value = self._conn.call(
-                base.acquire, keys.lock, keys.fence, owner, self._ttl_ms,
+            taken, value = yield base.acquire_call(
+                keys.lock, keys.fence, owner, self._ttl_ms,
                 self._max_hold_ms, pack_holder(holder), waiting=reserve,
             )  # fmt: skip
-            if not taken:
+            if taken != AcquireReply.ACQUIRED:
                 for done in self.keys[: len(tokens)]:
-                    self._conn.call(base.release, done.lock, owner, 0)
-                return False, value
-            tokens[name] = value
+                    yield base.release_call(done.lock, owner, 0)
+                return False, int(value)
+            tokens[name] = int(value)
         self._tokens = tokens
         return True, max(tokens.values())
 
-    def holders(self) -> list[HolderRecord]:
-        return read_lease_holders(self._conn, [keys.lock for keys in self.keys])
-
-    def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
-        return release_holder(
-            self._conn, self.names, task_id=task_id, pid=pid, host=host, delay=delay
-        )
-
-    def _release(self, owner: str, delay_ms: int, token: str = "") -> int:
+    def _release(self, owner: str, delay_ms: int) -> Steps[int]:
         if is_cluster(self._conn.redis):
-            codes: list[int] = []
-            unreplicated: LockNotReplicated | None = None
-            release = self._conn.scripts.release
-            for k in self.keys:
-                try:
-                    codes.append(self._conn.call(release, k.lock, owner, delay_ms))
-                except LockNotReplicated as exc:
-                    # Released on the master: go on with the other names, then say so.
-                    codes.append(int(exc.replies[0]))
-                    unreplicated = exc
-            code = next(
-                (worst for worst in (HolderReply.TAKEN, HolderReply.GONE) if worst in codes),
-                HolderReply.DONE,
-            )
-            if unreplicated is not None:
-                raise LockNotReplicated(
-                    str(unreplicated), replies=[code], acknowledged=unreplicated.acknowledged
-                )
-            return code
+            return (yield from self._release_each(owner, delay_ms))
         return int(
-            self._conn.call(
-                self._scripts.release,
-                keys=[k.lock for k in self.keys],
-                args=release_args(owner, delay_ms, self.keys, token),
+            (
+                yield (
+                    scripts(self._conn).release,
+                    [k.lock for k in self.keys],
+                    release_args(owner, delay_ms, self.keys),
+                )
             )
         )
+
+    def _release_each(self, owner: str, delay_ms: int) -> Steps[int]:
+        """Redis Cluster: each name released as a lease; the worst of their codes."""
+        codes: list[int] = []
+        unreplicated: LockNotReplicated | None = None
+        scripts_: Scripts = self._conn.scripts
+        for k in self.keys:
+            try:
+                codes.append(int((yield scripts_.release_call(k.lock, owner, delay_ms))))
+            except LockNotReplicated as exc:
+                # Released on the master: go on with the other names, then say so.
+                codes.append(int(exc.replies[0]))
+                unreplicated = exc
+        code = next(
+            (worst for worst in (HolderReply.TAKEN, HolderReply.GONE) if worst in codes),
+            HolderReply.DONE,
+        )
+        if unreplicated is not None:
+            raise LockNotReplicated(
+                str(unreplicated), replies=[code], acknowledged=unreplicated.acknowledged
+            )
+        return code
 
     @classmethod
-    def _renew_script_call(cls, conn: Connection, entries: list[RenewEntry]) -> ScriptCall:
+    def _renew_script_call(cls, conn: Any, entries: list[RenewEntry]) -> ScriptCall:
         keys: list[bytes] = []
         args: list[Any] = []
         for handle, owner, ttl_ms, gen in entries:
@@ -218,9 +222,25 @@ class MultiLease(LockHandle):
         # A script may touch one slot only: each name is renewed as a lease is.
         return [(renew_lease_keys, k.lock, (k.lock, owner, ttl_ms, gen)) for k in self.keys]
 
-    def _listening(self) -> AbstractContextManager[Wakeup]:
-        """One Wakeup set by a release of any of the names."""
-        return self._conn.notifier.listening(*(k.channel for k in self.keys))
+
+class MultiLease(MultiLeaseOps, LockHandle):
+    """Exclusive leases on several names, held together: taken all or nothing, renewed in
+    the heartbeat's one round trip (one script call; per slot on Cluster), released together.
+    Lease-like; ``token`` is the largest of the per-name fencing tokens and ``tokens`` maps
+    each name to its own."""
+
+    def __init__(self, client: Connection | HasConnection, names: object, **options: Any) -> None:
+        checked = check_names(names)
+        super().__init__(client, " + ".join(checked), **options)
+        self._set_names(checked)
+
+    def holders(self) -> list[HolderRecord]:
+        return read_lease_holders(self._conn, [keys.lock for keys in self.keys])
+
+    def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
+        return release_holder(
+            self._conn, self.names, task_id=task_id, pid=pid, host=host, delay=delay
+        )
 
 
 def list_holders(
@@ -277,14 +297,18 @@ def release_holder(
     ``task_id`` in process ``pid`` on ``host`` (default: this machine) holds: for a
     supervisor whose child can no longer release. True if a name was released."""
     checked = check_names(names)
-    task_id = validate.check_text(task_id, "task_id")
-    pid = validate.check_pid(pid)
-    host = validate.check_host(host, HOSTNAME)
-    delay = validate.check_delay(delay)
+    process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
     # Every name, also after one found free: each is a hash of its own.
     conn = connection_of(client)
-    freed = [
-        release_lease_holder(conn, name, task_id=task_id, pid=pid, host=host, delay=delay)
-        for name in checked
-    ]
+    freed: list[bool] = []
+    unreplicated: LockNotReplicated | None = None
+    for name in checked:
+        try:
+            freed.append(release_process_hold(conn, conn.keys(name), process))
+        except LockNotReplicated as exc:
+            # Released on the master: go on with the other names, then say so.
+            freed.append(int(exc.replies[0]) == HolderReply.DONE)
+            unreplicated = exc
+    if unreplicated is not None:
+        raise released_unreplicated(" + ".join(checked), unreplicated, "released")
     return any(freed)

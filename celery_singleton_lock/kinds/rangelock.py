@@ -16,34 +16,58 @@ not by scanning. Keys live under ``P{T}:range:`` (see intervals.py).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.replies import IntervalReply
-from ..exceptions import ConfigurationError
+from ..core.steps import Steps
+from ..exceptions import ConfigurationError, LockError
 from . import intervals
-from .intervals import IntervalHandle, check_interval
+from .intervals import IntervalHandle, IntervalHold, check_interval
 
 FAMILY = b"range"
 
 
-class RangeLockHandle(IntervalHandle):
-    """A hold on [lo, hi] of a range lock; ``mode`` is 'r', 'u' or 'w'. Lease-like."""
+class RangeHold(IntervalHold):
+    """A hold on [lo, hi] of a range lock: the operations of the sync
+    :class:`RangeLockHandle` and the asyncio one, with the shrink and the nested write."""
 
     kind = "range"
     _family = FAMILY
 
-    def shrink(self, lo: float, hi: float) -> None:
-        """Narrow the held interval to [lo, hi] (inside the current one) without letting go;
-        waiters on the freed parts are woken."""
+    def _shrink(self, lo: float, hi: float) -> Steps[None]:
+        """``shrink``: narrow the held interval to [lo, hi], inside the current one."""
         low, high = self._inside(lo, hi, "held")
-        code, _ = self._change("shrink", low, high)
+        code, _, unreplicated = yield from self._change("shrink", low, high)
         if code == IntervalReply.NOT_INSIDE:  # pragma: no cover - the check above prevents it
             raise ConfigurationError("lo", f"[{lo}, {hi}] is not inside the held range")
         if code != IntervalReply.DONE:
             raise self._changed_lost("shrink")
         self.lo, self.hi = low, high
+        if unreplicated is not None:
+            raise unreplicated
+
+    def _nested_write(self, lo: object, hi: object) -> tuple[float, float]:
+        """[lo, hi] of a write nested in this hold, checked (only in an upgradable one)."""
+        if self.mode != "u":
+            raise LockError("only an upgradable range can nest a write", name=self.name)
+        return self._inside(lo, hi, "upgradable")
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "held" if self.held else "free"
+        mode = intervals.MODE_NAMES[self.mode]
+        return f"<{type(self).__name__} {self.name!r} {mode} [{self.lo}, {self.hi}] {state}>"
+
+
+class RangeLockHandle(RangeHold, IntervalHandle):
+    """A hold on [lo, hi] of a range lock; ``mode`` is 'r', 'u' or 'w'. Lease-like."""
+
+    def shrink(self, lo: float, hi: float) -> None:
+        """Narrow the held interval to [lo, hi] (inside the current one) without letting go;
+        waiters on the freed parts are woken."""
+        self._run(self._shrink(lo, hi))
 
     def write(self, lo: float, hi: float, **options: Any) -> RangeLockHandle:
         """A write hold (not yet acquired) on [lo, hi] inside this upgradable hold: it does
@@ -51,18 +75,41 @@ class RangeLockHandle(IntervalHandle):
         low, high = self._nested_write(lo, hi)
         return RangeLockHandle(self._conn, self.name, "w", low, high, parent=self, **options)
 
+
+H = TypeVar("H")
+
+
+class RangeLockMaker(Generic[H]):
+    """A range lock on one name, making handles (not yet acquired) on closed intervals of
+    one runner: :class:`RangeLock` and the asyncio ``AsyncRangeLock``."""
+
+    def __init__(self, name: object, conn: Any, make: Callable[..., H]) -> None:
+        self.name = validate.check_name(name)
+        self._conn = conn
+        self._make = make
+
+    def read(self, lo: float, hi: float, **options: Any) -> H:
+        """A shared hold on [lo, hi]."""
+        return self._handle("r", lo, hi, options)
+
+    def upgradable(self, lo: float, hi: float, **options: Any) -> H:
+        """A read hold on [lo, hi] that excludes overlapping upgradables and writers and can
+        nest write holds (:meth:`RangeLockHandle.write`)."""
+        return self._handle("u", lo, hi, options)
+
+    def write(self, lo: float, hi: float, **options: Any) -> H:
+        """An exclusive hold on [lo, hi]."""
+        return self._handle("w", lo, hi, options)
+
+    def _handle(self, mode: str, lo: float, hi: float, options: dict[str, Any]) -> H:
+        low, high = check_interval(lo, hi)
+        return self._make(self._conn, self.name, mode, low, high, **options)
+
     def __repr__(self) -> str:
-        return describe_hold(self)
+        return f"<{type(self).__name__} {self.name!r}>"
 
 
-def describe_hold(handle: Any) -> str:
-    """The repr of a range hold, sync or async: its mode and interval, then its state."""
-    state = "lost" if handle.lost else "held" if handle.held else "free"
-    mode = intervals.MODE_NAMES[handle.mode]
-    return f"<{type(handle).__name__} {handle.name!r} {mode} [{handle.lo}, {handle.hi}] {state}>"
-
-
-class RangeLock:
+class RangeLock(RangeLockMaker[RangeLockHandle]):
     """A range lock on one name; makes handles (not yet acquired) on closed intervals.
 
     Options of every handle are those of :meth:`LockClient.lease`: ``ttl``, ``heartbeat``,
@@ -70,28 +117,7 @@ class RangeLock:
     """
 
     def __init__(self, client: Connection | HasConnection, name: str) -> None:
-        self.name = validate.check_name(name)
-        self._conn = connection_of(client)
-
-    def read(self, lo: float, hi: float, **options: Any) -> RangeLockHandle:
-        """A shared hold on [lo, hi]."""
-        return self._handle("r", lo, hi, options)
-
-    def upgradable(self, lo: float, hi: float, **options: Any) -> RangeLockHandle:
-        """A read hold on [lo, hi] that excludes overlapping upgradables and writers and can
-        nest write holds (:meth:`RangeLockHandle.write`)."""
-        return self._handle("u", lo, hi, options)
-
-    def write(self, lo: float, hi: float, **options: Any) -> RangeLockHandle:
-        """An exclusive hold on [lo, hi]."""
-        return self._handle("w", lo, hi, options)
-
-    def _handle(self, mode: str, lo: float, hi: float, options: dict[str, Any]) -> RangeLockHandle:
-        low, high = check_interval(lo, hi)
-        return RangeLockHandle(self._conn, self.name, mode, low, high, **options)
-
-    def __repr__(self) -> str:
-        return f"<RangeLock {self.name!r}>"
+        super().__init__(name, connection_of(client), RangeLockHandle)
 
 
 #: Listing, clearing and releasing a dead task's holds of range locks (the admin side).
@@ -101,4 +127,12 @@ clear_holder = ADMIN.clear_holder
 release_holder = ADMIN.release_holder
 
 
-__all__ = ["RangeLock", "RangeLockHandle", "clear_holder", "list_holders", "release_holder"]
+__all__ = [
+    "RangeHold",
+    "RangeLock",
+    "RangeLockHandle",
+    "RangeLockMaker",
+    "clear_holder",
+    "list_holders",
+    "release_holder",
+]

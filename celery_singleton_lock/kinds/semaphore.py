@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.holder import ListedHolder
 from ..core.keys import FENCE_TTL_MS
+from ..core.replication import Replication
 from ..core.scan import Record, read_query
-from ..core.scripts import FENCING, bound_to, register, source_after
+from ..core.scripts import FENCING, ScriptHost, bound_to, register, source_after
+from ..core.steps import Steps
 from . import intervals
 from .intervals import IntervalHandle, IntervalHold
 
@@ -35,16 +38,16 @@ KIND = "semaphore"
 
 
 class SemaphoreScripts:
-    """The semaphore's own script registered on one Redis client (no I/O); the release and
-    renewal are the interval engine's."""
+    """The semaphore's own script registered on one Redis client (no I/O), waiting for
+    ``replication``'s replicas; the release and renewal are the interval engine's."""
 
-    def __init__(self, redis: Any) -> None:
+    def __init__(self, redis: Any, replication: Replication | None = None) -> None:
         text = source_after(FENCING, "interval_common", "interval_overlap", "semaphore_acquire")
-        self.acquire: Script = register(redis, text)
+        self.acquire: Script = register(redis, text, replication)
 
 
-def scripts(client: Connection) -> SemaphoreScripts:
-    """The semaphore scripts of ``client``, registered on first use."""
+def scripts(client: ScriptHost) -> SemaphoreScripts:
+    """The semaphore scripts of ``client`` (sync or asyncio), registered on first use."""
     return bound_to(client, SemaphoreScripts)
 
 
@@ -54,32 +57,25 @@ def check_limit(limit: object) -> int:
 
 
 class PermitHold(IntervalHold):
-    """A permit without I/O: the arguments of its acquire script and what its reply means.
-    The sync (:class:`Permit`) and asyncio permits run the call; the release, renewal and
-    admin side are the interval hold's."""
+    """A permit's operations, for the sync :class:`Permit` and the asyncio one: its own
+    acquire script; the release, renewal and admin side are the interval hold's."""
 
     kind = KIND
     _family = FAMILY
     #: How many permits of the name this permit's acquire allows at once.
     limit: int
 
-    def _permit_call(self, owner: str, reserve: bool) -> tuple[list[bytes], list[Any]]:
-        """KEYS and ARGV of semaphore_acquire.lua for ``owner`` (``reserve``: the caller
-        will wait if the semaphore is full)."""
+    def _try_acquire(self, owner: str, reserve: bool) -> Steps[tuple[bool, int]]:
         args = [
             owner, self.limit, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS,
             "1" if reserve else "", *self._describe_holder(),
         ]  # fmt: skip
-        return self.keys.all(owner), args
+        reply = yield scripts(self._conn).acquire, self.keys.all(owner), args
+        return int(reply[0]) == 1, int(reply[1])
 
     def _in_the_way(self, mode: bytes | None, lo: bytes | None, hi: bytes | None) -> bool:
         """At the limit every permit held is in the way, whatever its stored mode."""
         return True
-
-    @staticmethod
-    def _permit_acquired(reply: Any) -> tuple[bool, int]:
-        """semaphore_acquire.lua's reply: (True, token) or (False, ms a waiter may sleep)."""
-        return int(reply[0]) == 1, int(reply[1])
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "held" if self.held else "free"
@@ -95,16 +91,31 @@ class Permit(PermitHold, IntervalHandle):
     ) -> None:
         self.limit = check_limit(limit)
         super().__init__(client, name, "r", -math.inf, math.inf, **options)
-        self._semaphore_scripts = scripts(self._conn)
-
-    def _try_acquire(self, owner: str, reserve: bool) -> tuple[bool, int]:
-        keys, args = self._permit_call(owner, reserve)
-        return self._permit_acquired(
-            self._conn.call(self._semaphore_scripts.acquire, keys=keys, args=args)
-        )
 
 
-class Semaphore:
+H = TypeVar("H")
+
+
+class SemaphoreMaker(Generic[H]):
+    """A counting semaphore on one name, making permits (not yet acquired) of one runner:
+    :class:`Semaphore` and the asyncio ``AsyncSemaphore``."""
+
+    def __init__(self, name: object, limit: object, conn: Any, make: Callable[..., H]) -> None:
+        self.limit = check_limit(limit)
+        self.name = validate.check_name(name)
+        self._conn = conn
+        self._make = make
+
+    def permit(self, **options: Any) -> H:
+        """One permit (not yet acquired): its acquire succeeds while fewer than ``limit``
+        permits of the name are held, else waits (up to ``wait``) for a release."""
+        return self._make(self._conn, self.name, self.limit, **options)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} limit={self.limit}>"
+
+
+class Semaphore(SemaphoreMaker[Permit]):
     """A counting semaphore on one name: at most ``limit`` permits held at once; makes
     permits (not yet acquired).
 
@@ -113,17 +124,7 @@ class Semaphore:
     """
 
     def __init__(self, client: Connection | HasConnection, name: str, limit: int) -> None:
-        self.limit = check_limit(limit)
-        self.name = validate.check_name(name)
-        self._conn = connection_of(client)
-
-    def permit(self, **options: Any) -> Permit:
-        """One permit (not yet acquired): its acquire succeeds while fewer than ``limit``
-        permits of the name are held, else waits (up to ``wait``) for a release."""
-        return Permit(self._conn, self.name, self.limit, **options)
-
-    def __repr__(self) -> str:
-        return f"<Semaphore {self.name!r} limit={self.limit}>"
+        super().__init__(name, limit, connection_of(client), Permit)
 
 
 def holders_of(records: list[Record], pattern: str | None) -> list[ListedHolder]:
@@ -156,6 +157,7 @@ __all__ = [
     "Permit",
     "PermitHold",
     "Semaphore",
+    "SemaphoreMaker",
     "check_limit",
     "clear_holder",
     "holders_of",

@@ -16,8 +16,9 @@
 --          'free' and 'free-or-stop': the owner token of the lease KEYS[3] to release
 -- ARGV[7]: the field, value pairs describing the holder (host, pid, thread, ...), as one
 --          MessagePack array of strings: the caller packs them once per process and thread
---          rather than sending a dozen arguments on every attempt; stored as fields of
---          their own, which the admin listing reads
+--          rather than sending a dozen arguments on every attempt; stored as they come, in
+--          the one field `holder`, which the listing decodes (core/holder.py) and
+--          release_holder.lua unpacks
 -- ARGV[8]: the acquire call's own id, stored as `attempt` with what it takes ('' none): for
 --          an owner token that is not unique per acquire call (a claim's), it tells what
 --          this call took from what that owner held already (acquire_undo.lua)
@@ -39,7 +40,11 @@
 -- and holder fields) that expires unless refreshed by its next attempt: a waiter that died
 -- is skipped by the release instead of being handed the lease.
 --
--- The fencing token is max(last token + 1, server time in microseconds): see fencing.lua.
+-- The fencing token is the name's counter plus one: see fencing.lua.
+--
+-- The hash a holder gets (layout 2): owner, token, acquired_ms, ttl_ms, holder; deadline_ms
+-- only with a max-hold; renewed_ms once renewed (until then it is acquired_ms); `waiting`,
+-- `attempt`, `gen`, `state` as below and in release.lua and renew.lua.
 --
 -- A claim taken over is not deleted but renamed to P{T}:undo:<new token>, keeping its own
 -- expiry (it is left to run out): if the reply of this attempt is lost, acquire_undo.lua
@@ -67,10 +72,13 @@ if ARGV[5] == 'free' or ARGV[5] == 'free-or-stop' then
     end
   end
 end
-local remaining = redis.call('PTTL', KEYS[1])
+-- A free name (the usual case) costs one read: the owner, not the key's PTTL (a read
+-- is cheaper than taking the owner field with HSETNX and writing the rest after it).
+local owner = redis.call('HGET', KEYS[1], 'owner')
+local remaining = -2
 local waiting = nil
-if remaining ~= -2 then
-  local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner then
+  remaining = redis.call('PTTL', KEYS[1])
   if owner == ARGV[1] then
     -- Ours already: this very attempt sent again after its reply was lost (redis-py's
     -- retry), a fair waiter handed the lease while it was not listening, or a claim this
@@ -84,8 +92,7 @@ if remaining ~= -2 then
     if ARGV[5] == 'fair' then
       if redis.call('EXISTS', KEYS[4]) == 0 then
         redis.call('RPUSH', KEYS[3], ARGV[1])
-        redis.call('HSET', KEYS[4], 'ttl_ms', ARGV[2], 'max_hold_ms', ARGV[3],
-          unpack(cmsgpack.unpack(ARGV[7])))
+        redis.call('HSET', KEYS[4], 'ttl_ms', ARGV[2], 'max_hold_ms', ARGV[3], 'holder', ARGV[7])
       end
       redis.call('PEXPIRE', KEYS[4], ARGV[6])
       redis.call('PEXPIRE', KEYS[3], ARGV[6])
@@ -98,24 +105,27 @@ if remaining ~= -2 then
   waiting = redis.call('HGET', KEYS[1], 'waiting')
 end
 local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now_ms = math.floor(now_us / 1000)
-local token = next_fencing_token(KEYS[2], now_us, FENCE_TTL_MS)
-if remaining ~= -2 then
+-- Server ms as text, cut from TIME's two parts (cheaper than arithmetic and a format).
+local us = t[2]
+if #us < 6 then
+  us = string.sub('00000' .. us, -6)
+end
+local now_ms = t[1] .. string.sub(us, 1, 3)
+local token = next_fencing_token(KEYS[2], t, FENCE_TTL_MS)
+if owner then
+  -- A claim taken over: kept aside (see above); this hold starts a hash of its own.
   redis.call('RENAME', KEYS[1], string.sub(KEYS[1], 1, -5) .. 'undo:' .. token)
 end
-local lease = tonumber(ARGV[2])
+local lease = ARGV[2]
 local max_hold = tonumber(ARGV[3])
-local deadline = 0
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token, 'acquired_ms', now_ms,
+  'ttl_ms', ARGV[2], 'holder', ARGV[7])
 if max_hold > 0 then
-  deadline = now_ms + max_hold
-  if max_hold < lease then
+  redis.call('HSET', KEYS[1], 'deadline_ms', now_ms + max_hold)
+  if max_hold < tonumber(lease) then
     lease = max_hold
   end
 end
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token, 'acquired_ms', now_ms,
-  'renewed_ms', now_ms, 'ttl_ms', ARGV[2], 'deadline_ms', deadline,
-  unpack(cmsgpack.unpack(ARGV[7])))
 if waiting then
   redis.call('HSET', KEYS[1], 'waiting', waiting)
 end

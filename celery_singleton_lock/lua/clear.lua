@@ -12,14 +12,15 @@
 -- Waiters mark the hash (acquire.lua): only a marked one is published, and its oldest live
 -- fair waiter is woken to take the freed name itself (wake_fair_waiter.lua, prepended).
 -- The holder whose lease was cleared finds out at its next heartbeat (renew.lua returns 0).
-local holder = redis.call('HMGET', KEYS[1], 'token', 'renewed_ms', 'waiting')
+-- A hold not renewed yet has no renewed_ms: its acquired_ms stands for it (acquire.lua).
+local holder = redis.call('HMGET', KEYS[1], 'token', 'renewed_ms', 'waiting', 'acquired_ms')
 if not holder[1] then
   return 0
 end
 if holder[1] ~= ARGV[1] then
   return -1
 end
-if ARGV[3] ~= '' and tonumber(holder[2]) ~= tonumber(ARGV[3]) then
+if ARGV[3] ~= '' and tonumber(holder[2] or holder[4]) ~= tonumber(ARGV[3]) then
   return -2
 end
 redis.call('DEL', KEYS[1])

@@ -12,6 +12,7 @@
 --         {-3, 0}   not held (expired or cleared), or not in the mode the change needs
 --         {-4, 0}   shrink: the new interval is not inside the held one
 local op, owner = ARGV[1], ARGV[2]
+overlap_helpers()
 prune(0, true)
 if op == 'unreserve' then
   if unreserve(owner) > 0 then

@@ -34,7 +34,12 @@ if m then
   if token ~= '' and holder[2] ~= token then
     return -1
   end
-  if renewed ~= '' and tonumber(holder[3]) ~= tonumber(renewed) then
+  -- A hold not renewed yet has no renewed_ms: its acquired_ms stands for it.
+  local last = holder[3]
+  if renewed ~= '' and not last then
+    last = redis.call('HGET', KEYS[8], 'acquired_ms')
+  end
+  if renewed ~= '' and tonumber(last) ~= tonumber(renewed) then
     return -2
   end
   if delay > 0 then

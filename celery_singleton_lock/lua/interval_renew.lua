@@ -9,6 +9,7 @@
 -- -2 max-hold reached
 -- The remaining time is *set*, never added to.
 local result = {}
+overlap_helpers()
 now()
 for i = 1, #KEYS / 8 do
   local o = 8 * (i - 1)

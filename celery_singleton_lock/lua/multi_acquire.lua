@@ -49,7 +49,7 @@ if max_hold > 0 then
 end
 local result = {1}
 for i = 1, n do
-  local token = next_fencing_token(KEYS[n + i], now_us, ARGV[4])
+  local token = next_fencing_token(KEYS[n + i], t, ARGV[4])
   redis.call('HSET', KEYS[i], 'owner', ARGV[1], 'token', token, 'acquired_ms', now_ms,
     'renewed_ms', now_ms, 'ttl_ms', ARGV[2], 'deadline_ms', deadline, 'name', ARGV[5 + i],
     'names', n, unpack(ARGV, 6 + n))

@@ -57,9 +57,8 @@ while true do
       wanted[fields[i]] = fields[i + 1]
     end
     local t = redis.call('TIME')
-    local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    local now_ms = math.floor(now_us / 1000)
-    local token = next_fencing_token(fence, now_us, FENCE_TTL_MS)
+    local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
+    local token = next_fencing_token(fence, t, FENCE_TTL_MS)
     local lease = tonumber(wanted['ttl_ms'])
     local max_hold = tonumber(wanted['max_hold_ms'])
     local deadline = 0

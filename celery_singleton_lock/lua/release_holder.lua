@@ -12,10 +12,22 @@
 -- fair waiter is woken to take the freed name itself (wake_fair_waiter.lua, prepended).
 -- Reply codes: HolderReply in core/replies.py (keep the two in step).
 -- returns 1 released; 0 the lock is not held by that task in that process on that host
-local holder = redis.call('HMGET', KEYS[1], 'owner', 'task_id', 'pid', 'host', 'waiting')
+-- A hold of layout 2 keeps task id, pid and host in its packed `holder` field (acquire.lua);
+-- one of layout 1 as fields of their own.
+local holder = redis.call('HMGET', KEYS[1], 'owner', 'task_id', 'pid', 'host', 'waiting', 'holder')
 local owner = holder[1]
 if not owner or owner == '' or string.sub(owner, 1, 6) == 'claim:' then
   return 0
+end
+if holder[6] then
+  local packed, found = cmsgpack.unpack(holder[6]), {}
+  for i = 1, #packed - 1, 2 do
+    found[packed[i]] = packed[i + 1]
+  end
+  -- A field of its own wins, as in the listing.
+  holder[2] = holder[2] or found['task_id']
+  holder[3] = holder[3] or found['pid']
+  holder[4] = holder[4] or found['host']
 end
 if holder[2] ~= ARGV[1] or holder[3] ~= ARGV[2] or holder[4] ~= ARGV[3] then
   return 0

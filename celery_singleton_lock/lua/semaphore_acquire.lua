@@ -18,6 +18,7 @@
 local owner, limit = ARGV[1], tonumber(ARGV[2])
 local latest = 0  -- ms: the latest expiry of the permits already held
 if redis.call('EXISTS', KEYS[1]) == 1 then
+  overlap_helpers()
   -- Ours already (owner tokens are unique per acquire call): this very attempt sent again.
   local mine = redis.call('HMGET', KEYS[8], 'token', 'state')
   if mine[1] and mine[2] ~= 'cooldown' and redis.call('ZSCORE', KEYS[1], owner) then

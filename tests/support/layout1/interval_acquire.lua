@@ -1,0 +1,93 @@
+-- Take a read ('r'), upgradable ('u') or write ('w') hold on the closed interval [lo, hi].
+-- KEYS: see interval_common.lua (1..13; KEYS[8] is the new holder's hash)
+-- ARGV[1]: owner token    ARGV[2]: mode r|u|w    ARGV[3], ARGV[4]: lo, hi (strtod syntax)
+-- ARGV[5]: lease, ms      ARGV[6]: max-hold, ms (0: no cap)    ARGV[7]: fence ttl, ms
+-- ARGV[8]: reservation, ms: a blocked writer that will wait queues one (0: do not; only
+--          write requests queue)
+-- ARGV[9]: owner of the upgradable hold a write nests in ('' none)
+-- ARGV[10]: publish channel    ARGV[11]: '1' the caller will wait if blocked ('' it will not)
+-- ARGV[12..]: field, value pairs describing the holder
+-- Reply codes: IntervalReply in core/replies.py (keep the two in step).
+-- returns {1, fencing token}    taken, or held by this owner already: a re-sent attempt whose
+--                               first run's reply was lost gets the token it has, unchanged
+--         {0, ms}                blocked; ms until a conflicting holder could run out
+--         {-3, 0}                the parent upgradable hold is gone or does not cover [lo, hi]
+--
+-- A lock with no key at all (no holder, no reservation, not even an expired one: the common
+-- uncontended case) takes one EXISTS to know it: nothing to prune, nothing to overlap, and
+-- the new hold's expiry is the lock's latest.
+local owner, mode, lo, hi = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local parent = ARGV[9]
+local latest = 0  -- ms: the latest expiry of the holders already there
+if parent ~= '' or redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
+    KEYS[7], KEYS[11]) > 0 then
+  -- Ours already (owner tokens are unique per acquire call): this very attempt sent again.
+  local mine = redis.call('HMGET', KEYS[8], 'token', 'state')
+  if mine[1] and mine[2] ~= 'cooldown' and redis.call('ZSCORE', KEYS[1], owner) then
+    return {1, mine[1]}
+  end
+  local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  if last[2] then
+    latest = tonumber(last[2])
+    prune(0, true)
+  else
+    -- B exp ran out, so any entry left in a holder index is of a hold that expired (see
+    -- interval_common.lua), and nothing else could prune it.
+    redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+    prune_queue()
+  end
+  if parent ~= '' then
+    local plo = redis.call('ZSCORE', KEYS[4], parent)
+    local phi = redis.call('ZSCORE', KEYS[5], parent) or 'inf'
+    if not plo or tonumber(plo) > tonumber(lo) or tonumber(phi) < tonumber(hi) then
+      return {-3, 0}
+    end
+  end
+  if blocked(mode, lo, hi, parent) then
+    local reserve = tonumber(ARGV[8])
+    if reserve > 0 and mode == 'w' then
+      redis.call('ZADD', KEYS[9], lo, owner)
+      redis.call('ZADD', KEYS[10], hi, owner)
+      redis.call('ZADD', KEYS[11], now() + reserve, owner)
+      refresh_queue()
+    end
+    local ms = hint(mode)
+    if ARGV[11] == '1' then
+      mark_waiting(ms)
+    end
+    return {0, ms}
+  end
+  -- Only a write request queues a reservation (a read's or upgradable's owner never has one).
+  if mode == 'w' and unreserve(owner) > 0 then
+    refresh_queue()
+  end
+end
+local token = next_token(KEYS[13], ARGV[7])
+local lease = tonumber(ARGV[5])
+local max_hold = tonumber(ARGV[6])
+local deadline = 0
+if max_hold > 0 then
+  deadline = now_ms + max_hold
+  lease = math.min(lease, max_hold)
+end
+local m = MODES[mode]
+local expiry = now_ms + lease
+redis.call('ZADD', KEYS[1], expiry, owner)
+redis.call('ZADD', KEYS[m], lo, owner)
+local with_hi = tonumber(hi) ~= math.huge  -- see interval_common.lua
+if with_hi then
+  redis.call('ZADD', KEYS[m + 1], hi, owner)
+end
+redis.call('HSET', KEYS[8], 'owner', owner, 'token', token, 'acquired_ms', now_ms,
+  'renewed_ms', now_ms, 'ttl_ms', ARGV[5], 'deadline_ms', deadline, 'mode', mode,
+  'lo', lo, 'hi', hi, 'parent', parent, unpack(ARGV, 12))
+redis.call('PEXPIRE', KEYS[8], lease)
+-- The keys written to live until the lock's latest expiry (as refresh(0, {1, m, m + 1}),
+-- without reading it again: the prune removed only entries already run out).
+local ms = math.max(latest, expiry) - now_ms
+redis.call('PEXPIRE', KEYS[1], ms)
+redis.call('PEXPIRE', KEYS[m], ms)
+if with_hi then
+  redis.call('PEXPIRE', KEYS[m + 1], ms)
+end
+return {1, token}

@@ -1,0 +1,83 @@
+-- Release a lease, now or after a delay during which the name stays locked with no owner.
+-- KEYS[1]: lock hash (P{T}:lock)
+-- ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)
+-- FENCE_TTL_MS (defined before this text by scripts.py): the fencing counter's ttl, ms
+-- Reply codes: HolderReply in core/replies.py (keep the two in step).
+-- returns 1   released (or handed to the oldest live fair waiter); also for a delayed
+--             release sent again after its reply was lost (redis-py's retry): the release delay
+--             it left names its owner as `released_by`
+--         0   not held: the lease expired and nobody holds the name
+--        -1   another owner holds the name (or it is in another holder's release delay)
+--
+-- Only a hash a waiter marked (see acquire.lua) is handed over or published: an uncontended
+-- release pays for neither, nor for the keys only a hand-off needs. Those are named here from
+-- the lock hash's own name (same hash tag, so the same slot): the fencing counter P{T}:fence,
+-- the queue of fair waiters P{T}:queue, a waiter W's registration P{T}:w:W and the list it
+-- blocks on, P{T}:m:W; so is the wake-up channel, P{T}:chan. A release with a delay does
+-- neither: waiters look again when it ends. A hand-off makes the waiter the holder at once,
+-- with its own ttl, max-hold and holder fields, and a fresh fencing token; the waiter's
+-- blocked BLPOP returns that token.
+local holder = redis.call('HMGET', KEYS[1], 'owner', 'waiting')
+local owner = holder[1]
+if not owner then
+  return 0
+end
+if owner ~= ARGV[1] then
+  if owner == '' and redis.call('HGET', KEYS[1], 'released_by') == ARGV[1] then
+    return 1
+  end
+  return -1
+end
+local delay = tonumber(ARGV[2])
+if delay > 0 then
+  local t = redis.call('TIME')
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('HSET', KEYS[1], 'owner', '', 'state', 'cooldown', 'released_ms', now_ms,
+    'released_by', ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], delay)
+  return 1
+end
+redis.call('DEL', KEYS[1])
+if not holder[2] then
+  return 1
+end
+local base = string.sub(KEYS[1], 1, -5)
+local fence = base .. 'fence'
+while true do
+  local next_owner = redis.call('LPOP', base .. 'queue')
+  if not next_owner then
+    break
+  end
+  local registration = base .. 'w:' .. next_owner
+  local fields = redis.call('HGETALL', registration)
+  if #fields > 0 then
+    redis.call('DEL', registration)
+    local wanted = {}
+    for i = 1, #fields, 2 do
+      wanted[fields[i]] = fields[i + 1]
+    end
+    local t = redis.call('TIME')
+    local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local now_ms = math.floor(now_us / 1000)
+    local token = next_fencing_token(fence, now_us, FENCE_TTL_MS)
+    local lease = tonumber(wanted['ttl_ms'])
+    local max_hold = tonumber(wanted['max_hold_ms'])
+    local deadline = 0
+    if max_hold > 0 then
+      deadline = now_ms + max_hold
+      lease = math.min(lease, max_hold)
+    end
+    redis.call('HSET', KEYS[1], unpack(fields))
+    redis.call('HDEL', KEYS[1], 'max_hold_ms')
+    -- Still marked: the rest of the queue (and any other waiter) waits for this holder.
+    redis.call('HSET', KEYS[1], 'owner', next_owner, 'token', token, 'acquired_ms', now_ms,
+      'renewed_ms', now_ms, 'deadline_ms', deadline, 'waiting', 1)
+    redis.call('PEXPIRE', KEYS[1], lease)
+    local handed = base .. 'm:' .. next_owner
+    redis.call('RPUSH', handed, token)
+    redis.call('PEXPIRE', handed, lease)
+    return 1
+  end
+end
+redis.call('PUBLISH', base .. 'chan', 'released')
+return 1

@@ -1,0 +1,33 @@
+-- Release a lock on behalf of a holder process that can no longer do it itself (a worker
+-- child killed by a hard time limit, revoked with terminate, or lost): the worker's main
+-- process knows the task id, the child's pid and its host, not the owner token.
+-- The host is matched too: pids are reused across machines (and containers). A claim (owner
+-- 'claim:...', see celery/claims.py) is never released here: it was handed over for the task's
+-- next attempt and still carries the task id and pid of the run that handed it over.
+-- 'claim:' below is CLAIM_OWNER_PREFIX of kinds/lease.py, which a script cannot import.
+-- KEYS[1]: lock hash
+-- ARGV[1]: task id   ARGV[2]: pid   ARGV[3]: host
+-- ARGV[4]: delay, ms (0: free now)   ARGV[5]: wake-up channel
+-- Waiters mark the hash (acquire.lua): only a marked one is published, and its oldest live
+-- fair waiter is woken to take the freed name itself (wake_fair_waiter.lua, prepended).
+-- Reply codes: HolderReply in core/replies.py (keep the two in step).
+-- returns 1 released; 0 the lock is not held by that task in that process on that host
+local holder = redis.call('HMGET', KEYS[1], 'owner', 'task_id', 'pid', 'host', 'waiting')
+local owner = holder[1]
+if not owner or owner == '' or string.sub(owner, 1, 6) == 'claim:' then
+  return 0
+end
+if holder[2] ~= ARGV[1] or holder[3] ~= ARGV[2] or holder[4] ~= ARGV[3] then
+  return 0
+end
+if tonumber(ARGV[4]) > 0 then
+  redis.call('HSET', KEYS[1], 'owner', '', 'state', 'cooldown')
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+else
+  redis.call('DEL', KEYS[1])
+  if holder[5] then
+    redis.call('PUBLISH', ARGV[5], 'released')
+    wake_fair_waiter(string.sub(KEYS[1], 1, -5))
+  end
+end
+return 1
