@@ -23,6 +23,8 @@ import redis_lock
 
 from celery_singleton_lock import LockClient
 from celery_singleton_lock.aio import AsyncLockClient
+from celery_singleton_lock.core.replies import AcquireReply, HolderReply
+from celery_singleton_lock.core.scripts import run
 
 #: The floor's release: compare-and-delete, the least a safe release can do.
 FLOOR_RELEASE = """
@@ -221,18 +223,18 @@ class OurScripts:
     def try_acquire(self) -> bool:
         lease = self._lease
         self._owner = os.urandom(16).hex()
-        taken, _ = self._scripts.acquire(
+        taken, _ = run(self._scripts.acquire_call(
             lease.keys.lock, lease.keys.fence, self._owner, lease._ttl_ms, 0,
             lease._packed_holder(),
-        )  # fmt: skip
-        return taken
+        ))  # fmt: skip
+        return bool(taken == AcquireReply.ACQUIRED)
 
     def acquire_blocking(self, timeout: float) -> bool:
         raise NotImplementedError("throughput only")
 
     def release(self) -> None:
         lease = self._lease
-        if self._scripts.release(lease.keys.lock, self._owner, 0) != 1:
+        if run(self._scripts.release_call(lease.keys.lock, self._owner, 0)) != HolderReply.DONE:
             raise RuntimeError("not held")
 
     def close(self) -> None:
