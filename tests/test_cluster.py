@@ -279,13 +279,13 @@ def test_admin_lists_and_clears_on_every_master(cluster: Cluster, client: LockCl
     held = [client.lease(name, ttl=30, heartbeat=False) for name in names]
     for lease in held:
         assert lease.acquire()
-    rw = client.rwlock(names[0]).read(ttl=30)
+    rw = client.rwlock(names[0]).read(ttl=30, heartbeat=False)
     assert rw.acquire()
     listed = client.locks()
     assert sorted(i.name for i in listed if i.kind == "lease") == sorted(names)
     assert [i.name for i in listed if i.kind == "read"] == [names[0]]
     assert client.clear(names[1], force=True)
-    assert client.lease(names[1]).acquire()
+    assert client.lease(names[1], heartbeat=False).acquire()
     result = CliRunner().invoke(
         commands.main, ["--url", cluster.url, "--prefix", client.prefix, "list", "--json"]
     )
@@ -299,7 +299,8 @@ def test_admin_lists_and_clears_on_every_master(cluster: Cluster, client: LockCl
     assert cleared.exit_code == 0, cleared.output
     assert client.locks() == []
     for name in names:
-        assert client.lease(name).acquire()
+        with client.lease(name) as lease:
+            assert lease.held
 
 
 def test_scripts_reload_after_flush_on_every_node(cluster: Cluster, client: LockClient) -> None:
