@@ -267,7 +267,8 @@ def test_the_admin_lists_one_row_per_permit_and_clears_by_token(lock_client: Loc
         a.release()  # it finds its permit gone
     assert lock_client.clear("admin-sem", force=True)
     assert lock_client.locks("admin-sem") == []
-    assert sem.permit().acquire()
+    with sem.permit() as permit:
+        assert permit.held
 
 
 def test_a_stale_permit_is_cleared_without_force(lock_client: LockClient) -> None:

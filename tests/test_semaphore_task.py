@@ -227,3 +227,4 @@ def test_celery_locks_lists_shows_and_clears_permits(
     assert alive.held
     with pytest.raises(LockExpired):
         dead.release()
+    alive.release()
