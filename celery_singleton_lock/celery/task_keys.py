@@ -269,10 +269,6 @@ class TaskKey:
                 f"{self.task_name} argument {argument!r}",
                 f"a {exc} cannot make a lock key; choose one with lock_key",
             ) from None
-        if (
-            scalar
-            and not isinstance(normalized, (str, int, float, bool))
-            and normalized is not None
-        ):
+        if scalar and isinstance(normalized, list | dict):  # not None, bool, int, float or str
             return _canonical(normalized)
         return normalized
