@@ -27,9 +27,6 @@ CLEARED, GONE = ClearReply.CLEARED, ClearReply.GONE
 TAKEN, RESUMED = ClearReply.TAKEN, ClearReply.RESUMED
 
 
-# -- clearing --------------------------------------------------------------------------------
-
-
 def clear_info(client: Connection | HasConnection, info: LockInfo) -> bool:
     """Clear the listed holder ``info`` if it still holds (token/owner-checked, atomic), and,
     if it was listed stale, only if it was not renewed since: True if cleared, False if it

@@ -476,10 +476,7 @@ def check_setting_names(conf: Any) -> None:
     for key in keys:
         if not isinstance(key, str):
             continue
-        name = key.upper()
-        if namespace and name.startswith(namespace):
-            name = name[len(namespace) :]
-        name = name.lower()
+        name = key.upper().removeprefix(namespace).lower()
         if name.startswith("singleton_lock_") and name not in APP_SETTINGS:
             unknown[key] = name
     if unknown:
