@@ -39,12 +39,10 @@ def normalize(value: Any) -> Any:
         return {_key(k): normalize(v) for k, v in value.items()}
     if isinstance(value, (set, frozenset)):
         return sorted((normalize(item) for item in value), key=_canonical)
-    if isinstance(value, uuid.UUID):
+    if isinstance(value, (uuid.UUID, decimal.Decimal)):
         return str(value)
     if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
         return value.isoformat()
-    if isinstance(value, decimal.Decimal):
-        return str(value)
     if isinstance(value, (bytes, bytearray, memoryview)):
         return "bytes:" + bytes(value).hex()
     raise UnkeyableArgument(type(value).__name__)
