@@ -64,15 +64,10 @@ class Session:
     def connect(self) -> LockClient:
         from ..client import LockClient
 
-        if not self.url and self.app is None:
+        if not self.url:  # an app's session always has one (AppSettings refuses none)
             raise click.UsageError(
                 "no Redis URL: pass --url redis://HOST:PORT/DB (or set REDIS_URL); "
                 "python -m celery_singleton_lock has no Celery app to read it from"
-            )
-        if not self.url:
-            raise click.UsageError(
-                "no Redis URL: set singleton_lock_url (or a redis:// broker_url) in the app's "
-                "configuration"
             )
         # Short socket timeouts: an admin command should fail fast, naming the server (unless
         # the app's own client settings say otherwise).
