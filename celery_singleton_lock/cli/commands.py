@@ -365,9 +365,6 @@ def clear_locks(
     ctx.exit(EXIT_OK if cleared else EXIT_NOTHING)
 
 
-COMMANDS = (list_locks, show_lock, clear_locks)
-
-
 def _named(
     client: LockClient, names: tuple[str, ...] | list[str], checks: list[Check]
 ) -> list[LockInfo]:
@@ -449,7 +446,7 @@ def main(ctx: click.Context, url: str | None, prefix: str) -> None:
     ctx.meta[_SESSION] = lambda: Session(url=url, prefix=prefix)
 
 
-for _command in COMMANDS:
+for _command in (list_locks, show_lock, clear_locks):
     locks.add_command(_command)
     main.add_command(_command)
 
