@@ -71,7 +71,10 @@ __all__ = [
     "lock_released",
 ]
 
-_CELERY_LAYER = {
+#: Imported lazily: the lock core never imports celery, and Celery imports this package (the
+#: CLI plugin) in every worker, which has no use for the asyncio client.
+_LAZY = {
+    "AsyncLockClient": "aio",
     "SingletonTask": "celery.task",
     "is_skipped": "celery.results",
     "install": "celery.worker",
@@ -82,13 +85,8 @@ _CELERY_LAYER = {
 }
 
 
-#: Imported lazily too: Celery imports this package (the CLI plugin) in every
-#: worker, which has no use for the asyncio client.
-_ASYNCIO = {"AsyncLockClient": "aio"}
-
-
 def __getattr__(name: str) -> object:
-    module = _CELERY_LAYER.get(name) or _ASYNCIO.get(name)
+    module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'celery_singleton_lock' has no attribute {name!r}")
     from importlib import import_module

@@ -27,9 +27,6 @@ CLEARED, GONE = ClearReply.CLEARED, ClearReply.GONE
 TAKEN, RESUMED = ClearReply.TAKEN, ClearReply.RESUMED
 
 
-# -- clearing --------------------------------------------------------------------------------
-
-
 def clear_info(client: Connection | HasConnection, info: LockInfo) -> bool:
     """Clear the listed holder ``info`` if it still holds (token/owner-checked, atomic), and,
     if it was listed stale, only if it was not renewed since: True if cleared, False if it
@@ -77,9 +74,9 @@ def clear(
     Refuses, clearing nothing, with :class:`LockError` if one of them is live (its
     heartbeat is fresh, or it has no heartbeat) or a claim listed queued, and ``force`` is
     false. Returns True if something was cleared; a lock re-acquired since it was read is
-    left alone. Without
-    ``force``, a holder read as stale whose heartbeat resumed before the clear is left alone
-    too, and :class:`LockError` says so (after the other holders were cleared).
+    left alone. Without ``force``, a holder read as stale whose heartbeat resumed before the
+    clear is left alone too, and :class:`LockError` says so (after the other holders were
+    cleared).
     """
     name = validate.check_name(name)
     token = validate.check_optional_token(token)

@@ -133,9 +133,6 @@ def listers() -> tuple[Lister, ...]:
     return FAMILIES
 
 
-# -- listing ---------------------------------------------------------------------------------
-
-
 def list_locks(
     client: Connection | HasConnection,
     pattern: str | None = None,
@@ -198,9 +195,7 @@ def lock_info(holder: ListedHolder, now_ms: int) -> LockInfo:
     # A claim is held for a queued message, not by a process: neither its heartbeat nor its
     # task's absence from the workers says anything.
     claimed = owner is not None and owner.startswith(CLAIM_OWNER_PREFIX)
-    heartbeat_age = None
-    if renewed is not None and uses_heartbeat is not False and not (delayed or claimed):
-        heartbeat_age = max(0, now_ms - renewed) / 1000
+    beating = uses_heartbeat is not False and not (delayed or claimed)
     if delayed:
         state, evidence = RELEASE_DELAY, RELEASED_WITH_DELAY
     elif claimed:
@@ -227,7 +222,7 @@ def lock_info(holder: ListedHolder, now_ms: int) -> LockInfo:
         age_s=_claim_age(ttl, pttl) if claimed else _age(now_ms, holder.acquired_ms),
         lease_remaining_s=None if pttl is None or pttl < 0 else pttl / 1000,
         max_hold_remaining_s=None if not deadline else max(0, deadline - now_ms) / 1000,
-        heartbeat_age_s=heartbeat_age,
+        heartbeat_age_s=_age(now_ms, renewed) if beating else None,
         lo=_bound(holder.lo) if ranged else None,
         hi=_bound(holder.hi) if ranged else None,
         mode=holder.mode if ranged else None,
@@ -249,9 +244,6 @@ def _claim_age(ttl_ms: int | None, pttl_ms: int | None) -> float | None:
     if ttl_ms is None or pttl_ms is None or pttl_ms < 0:
         return None
     return max(0, ttl_ms - pttl_ms) / 1000
-
-
-# -- decoding --------------------------------------------------------------------------------
 
 
 def _owner_info(value: str | None) -> dict[str, Any] | None:

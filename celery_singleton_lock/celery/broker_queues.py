@@ -80,7 +80,7 @@ def _read(client: Any, wanted: set[str], prefix: bytes, unacked: str) -> dict[st
     for key in client.scan_iter(match=prefix + b"*" if prefix else None, count=PAGE, _type="list"):
         if not wanted - where.keys():
             break
-        queue = _queue_name(key, prefix)
+        queue = key[len(prefix) :].partition(PRIORITY_SEP)[0].decode("utf-8", "replace")
         start = 0
         while wanted - where.keys():
             page = client.lrange(key, start, start + PAGE - 1)
@@ -101,11 +101,6 @@ def _read(client: Any, wanted: set[str], prefix: bytes, unacked: str) -> dict[st
             if task_id in wanted:
                 where.setdefault(task_id, DELIVERED)
     return where
-
-
-def _queue_name(key: bytes, prefix: bytes) -> str:
-    name = key[len(prefix) :].partition(PRIORITY_SEP)[0]
-    return name.decode("utf-8", "replace")
 
 
 def _task_id(message: Any) -> str | None:

@@ -52,10 +52,7 @@ def worker_check(app: Any, *, timeout: float) -> Check:
         except Exception as exc:  # broker unreachable: no evidence either way
             log.warning("could not ask the workers which tasks are active: %s", exc)
             return infos
-        running: dict[str, str] = {}
-        for node, tasks in replies.items():
-            for task in tasks or ():
-                running[str(task.get("id"))] = node
+        running = {str(task.get("id")): node for node, ts in replies.items() for task in ts or ()}
         out = []
         for info in infos:
             if info.undecided and info.task_id:

@@ -69,24 +69,20 @@ def _are_names(value: Any) -> bool:
     )
 
 
-def _range(value: Any, argument: str) -> tuple[str, str] | None:
-    if value is None:
-        return None
+def _range(value: Any, argument: str) -> tuple[str, str]:
     if not _are_names(value) or len(value) != 2:
         raise ConfigurationError(argument, f"must be two argument names, got {value!r}")
     return (value[0], value[1])
 
 
-def _limit(value: Any, argument: str) -> int | None:
-    if value is None:
-        return None
+def _limit(value: Any, argument: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigurationError(argument, f"must be an int >= 1, got {value!r}")
     return value
 
 
 def _keys(value: Any, argument: str) -> Any:
-    if value is None or callable(value):
+    if callable(value):
         return value
     if _are_names(value):
         return tuple(value)
@@ -98,9 +94,9 @@ def _keys(value: Any, argument: str) -> Any:
 @dataclass(frozen=True)
 class Option:
     """One task option, declared once: its built-in default, the checker its values go
-    through, what it does (the documentation of SingletonTask's attribute), whether it has
-    an app-wide setting too, and the lock family (kinds/registry.py) a task takes when it is
-    set, if it selects one."""
+    through (never None, which means unset), what it does (the documentation of
+    SingletonTask's attribute), whether it has an app-wide setting too, and the lock family
+    (kinds/registry.py) a task takes when it is set, if it selects one."""
 
     name: str
     default: Any
@@ -443,14 +439,7 @@ class AppSettings:
         if not isinstance(prefix, str):
             raise ConfigurationError("singleton_lock_prefix", f"must be a str, got {prefix!r}")
         replicas, replica_timeout = _replication(conf)
-        return cls(
-            url=url,
-            prefix=prefix,
-            url_setting=url_setting,
-            client_kwargs=client_kwargs,
-            replicas=replicas,
-            replica_timeout=replica_timeout,
-        )
+        return cls(url, prefix, url_setting, client_kwargs, replicas, replica_timeout)
 
 
 def _replication(conf: Any) -> tuple[int, float]:
@@ -487,10 +476,7 @@ def check_setting_names(conf: Any) -> None:
     for key in keys:
         if not isinstance(key, str):
             continue
-        name = key.upper()
-        if namespace and name.startswith(namespace):
-            name = name[len(namespace) :]
-        name = name.lower()
+        name = key.upper().removeprefix(namespace).lower()
         if name.startswith("singleton_lock_") and name not in APP_SETTINGS:
             unknown[key] = name
     if unknown:
@@ -545,13 +531,9 @@ def broker_redis(conf: Any) -> tuple[str, dict[str, Any]] | None:
 
 
 def _is_broker_redis(broker: Any) -> bool:
-    if not isinstance(broker, str):
-        return False
-    scheme = redis_urls.url_scheme(broker)
-    if scheme in redis_urls.SINGLE_SCHEMES:
-        return True
     # A Sentinel broker names its master in transport options (Kombu) or in the URL.
-    return scheme in redis_urls.SENTINEL_SCHEMES
+    schemes = (*redis_urls.SINGLE_SCHEMES, *redis_urls.SENTINEL_SCHEMES)
+    return isinstance(broker, str) and redis_urls.url_scheme(broker) in schemes
 
 
 def _broker_connection(url: str, conf: Any) -> tuple[str, dict[str, Any]]:

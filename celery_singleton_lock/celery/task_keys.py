@@ -39,12 +39,10 @@ def normalize(value: Any) -> Any:
         return {_key(k): normalize(v) for k, v in value.items()}
     if isinstance(value, (set, frozenset)):
         return sorted((normalize(item) for item in value), key=_canonical)
-    if isinstance(value, uuid.UUID):
+    if isinstance(value, (uuid.UUID, decimal.Decimal)):
         return str(value)
     if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
         return value.isoformat()
-    if isinstance(value, decimal.Decimal):
-        return str(value)
     if isinstance(value, (bytes, bytearray, memoryview)):
         return "bytes:" + bytes(value).hex()
     raise UnkeyableArgument(type(value).__name__)
@@ -269,10 +267,6 @@ class TaskKey:
                 f"{self.task_name} argument {argument!r}",
                 f"a {exc} cannot make a lock key; choose one with lock_key",
             ) from None
-        if (
-            scalar
-            and not isinstance(normalized, (str, int, float, bool))
-            and normalized is not None
-        ):
+        if scalar and isinstance(normalized, list | dict):  # not None, bool, int, float or str
             return _canonical(normalized)
         return normalized

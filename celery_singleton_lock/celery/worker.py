@@ -193,9 +193,7 @@ class SingletonLockStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
 def install(app: Any) -> None:
     """Add the worker step to ``app`` (idempotent)."""
-    steps = app.steps["worker"]
-    if SingletonLockStep not in steps:
-        steps.add(SingletonLockStep)
+    app.steps["worker"].add(SingletonLockStep)
 
 
 # -- shutdown and revoke receivers ---------------------------------------------------------------

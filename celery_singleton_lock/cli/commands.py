@@ -64,15 +64,10 @@ class Session:
     def connect(self) -> LockClient:
         from ..client import LockClient
 
-        if not self.url and self.app is None:
+        if not self.url:  # an app's session always has one (AppSettings refuses none)
             raise click.UsageError(
                 "no Redis URL: pass --url redis://HOST:PORT/DB (or set REDIS_URL); "
                 "python -m celery_singleton_lock has no Celery app to read it from"
-            )
-        if not self.url:
-            raise click.UsageError(
-                "no Redis URL: set singleton_lock_url (or a redis:// broker_url) in the app's "
-                "configuration"
             )
         # Short socket timeouts: an admin command should fail fast, naming the server (unless
         # the app's own client settings say otherwise).
@@ -115,22 +110,16 @@ def app_session(app: Any, *, timeout: float, no_color: bool) -> Session:
     )
 
 
-def _session(ctx: click.Context) -> Session:
-    session: Session = ctx.meta[_SESSION]()
-    # `celery locks list --timeout 0`: the group's option, typed after the sub-command.
-    timeout = ctx.params.get("timeout")
-    if timeout is not None:
-        session = replace(session, timeout=timeout)
-    return session
-
-
 @contextmanager
 def _connected(ctx: click.Context) -> Iterator[tuple[Session, LockClient]]:
     """The session and a client; lock errors end the command with exit 2 and a message
     naming the server (without its password)."""
     from ..exceptions import LockError
 
-    session = _session(ctx)
+    session: Session = ctx.meta[_SESSION]()
+    # `celery locks list --timeout 0`: the group's option, typed after the sub-command.
+    if ctx.params.get("timeout") is not None:
+        session = replace(session, timeout=ctx.params["timeout"])
     try:
         client = session.connect()
     except LockError as exc:
@@ -159,51 +148,50 @@ class LocksGroup(click.Group):
 # -- the commands (shared by both front ends) ------------------------------------------------
 
 
+def _option(group: str, *decls: str, **attrs: Any) -> Callable[[F], F]:
+    """An option shown under ``group`` in Celery's help."""
+    return click.option(*decls, cls=CeleryOption, help_group=group, **attrs)
+
+
 def _timeout_option(group: str) -> Callable[[F], F]:
     """The group's ``--timeout``, also taken after the sub-command (where users type it)."""
-    return click.option(
+    return _option(
+        group,
         "--timeout",
         type=click.FloatRange(min=0),
         default=None,
-        cls=CeleryOption,
-        help_group=group,
         help="Seconds to wait for workers to say which tasks they run (0: do not ask; "
         "celery locks only).",
     )
 
 
 def _json_option(group: str) -> Callable[[F], F]:
-    return click.option(
+    return _option(
+        group,
         "--json",
         "as_json",
         is_flag=True,
-        cls=CeleryOption,
-        help_group=group,
         help="Print a JSON list of lock objects instead of a table.",
     )
 
 
 @click.command("list", cls=CeleryCommand)
-@click.option(
+@_option(
+    "List Options",
     "--pattern",
     metavar="GLOB",
-    cls=CeleryOption,
-    help_group="List Options",
     help="Only locks whose NAME matches this glob (case-sensitive).",
 )
-@click.option(
-    "--stale", is_flag=True, cls=CeleryOption, help_group="List Options", help="Only stale locks."
-)
+@_option("List Options", "--stale", is_flag=True, help="Only stale locks.")
 @_json_option("List Options")
-@click.option(
+@_option(
+    "List Options",
     "--watch",
     metavar="[SECONDS]",
     type=click.FloatRange(min=0.1),
     is_flag=False,
     flag_value=WATCH_INTERVAL,
     default=None,
-    cls=CeleryOption,
-    help_group="List Options",
     help=f"List again every SECONDS (default {WATCH_INTERVAL:g}) until Ctrl-C: redrawn in "
     "place on a terminal, one table (or one JSON line) after another when piped.",
 )
@@ -279,50 +267,35 @@ def show_lock(ctx: click.Context, name: str, as_json: bool, timeout: float | Non
 
 @click.command("clear", cls=CeleryCommand)
 @click.argument("names", metavar="NAME...", nargs=-1)
-@click.option(
-    "--stale", is_flag=True, cls=CeleryOption, help_group="Clear Options", help="Every stale lock."
-)
-@click.option(
+@_option("Clear Options", "--stale", is_flag=True, help="Every stale lock.")
+@_option(
+    "Clear Options",
     "--unqueued",
     is_flag=True,
-    cls=CeleryOption,
-    help_group="Clear Options",
     help="Every claim whose message is no longer queued (after `celery purge`, a lost "
     "message): its task is over, or (Redis broker) it is in no queue and on no worker.",
 )
-@click.option(
+@_option(
+    "Clear Options",
     "--purged",
     is_flag=True,
-    cls=CeleryOption,
-    help_group="Clear Options",
     help="With --unqueued, on a broker whose queues cannot be read (RabbitMQ, SQS): you "
     "purged the queues, so a claim that no worker answering within --timeout holds goes too.",
 )
-@click.option(
-    "--all", "all_", is_flag=True, cls=CeleryOption, help_group="Clear Options", help="Every lock."
-)
-@click.option(
+@_option("Clear Options", "--all", "all_", is_flag=True, help="Every lock.")
+@_option(
+    "Clear Options",
     "--pattern",
     metavar="GLOB",
-    cls=CeleryOption,
-    help_group="Clear Options",
     help="With --stale, --unqueued or --all: only locks whose NAME matches this glob.",
 )
-@click.option(
+@_option(
+    "Clear Options",
     "--force",
     is_flag=True,
-    cls=CeleryOption,
-    help_group="Clear Options",
     help="Also clear live locks (their holders lose them at their next heartbeat).",
 )
-@click.option(
-    "--yes",
-    "-y",
-    is_flag=True,
-    cls=CeleryOption,
-    help_group="Clear Options",
-    help="Do not ask for confirmation.",
-)
+@_option("Clear Options", "--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @_timeout_option("Clear Options")
 @click.pass_context
 def clear_locks(
@@ -367,7 +340,8 @@ def clear_locks(
             if stale or unqueued:
                 infos = [info for info in infos if info.state == admin.STALE]
             if unqueued:
-                infos = [info for info in infos if _is_claim(info)]
+                claim = admin.CLAIM_OWNER_PREFIX
+                infos = [info for info in infos if (info.owner or "").startswith(claim)]
         if not infos:
             click.echo("no lock matched; nothing cleared", err=True)
             ctx.exit(EXIT_NOTHING)
@@ -389,15 +363,6 @@ def clear_locks(
             click.echo(output.clear_line(info, outcome))
     click.echo(f"cleared {cleared} of {len(infos)} lock(s)")
     ctx.exit(EXIT_OK if cleared else EXIT_NOTHING)
-
-
-COMMANDS = (list_locks, show_lock, clear_locks)
-
-
-def _is_claim(info: LockInfo) -> bool:
-    from ..admin import CLAIM_OWNER_PREFIX
-
-    return info.owner is not None and info.owner.startswith(CLAIM_OWNER_PREFIX)
 
 
 def _named(
@@ -445,13 +410,12 @@ def _color(session: Session) -> bool:
 
 
 @click.group("locks", cls=LocksGroup)
-@click.option(
+@_option(
+    "Lock Options",
     "--timeout",
     type=float,
     default=DEFAULT_TIMEOUT,
     show_default=True,
-    cls=CeleryOption,
-    help_group="Lock Options",
     help="Seconds to wait for workers to say which tasks they run (0: do not ask).",
 )
 @click.pass_context
@@ -468,19 +432,12 @@ def locks(ctx: click.Context, /, timeout: float, **kwargs: Any) -> None:
 
 
 @click.group("celery_singleton_lock", cls=LocksGroup)
-@click.option(
-    "--url",
-    envvar="REDIS_URL",
-    cls=CeleryOption,
-    help_group="Connection Options",
-    help="Redis URL (default: $REDIS_URL).",
-)
-@click.option(
+@_option("Connection Options", "--url", envvar="REDIS_URL", help="Redis URL (default: $REDIS_URL).")
+@_option(
+    "Connection Options",
     "--prefix",
     default=DEFAULT_PREFIX,
     show_default=True,
-    cls=CeleryOption,
-    help_group="Connection Options",
     help="Key prefix the locks were made with.",
 )
 @click.pass_context
@@ -489,7 +446,7 @@ def main(ctx: click.Context, url: str | None, prefix: str) -> None:
     ctx.meta[_SESSION] = lambda: Session(url=url, prefix=prefix)
 
 
-for _command in COMMANDS:
+for _command in (list_locks, show_lock, clear_locks):
     locks.add_command(_command)
     main.add_command(_command)
 
