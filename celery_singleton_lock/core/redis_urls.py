@@ -43,13 +43,35 @@ def url_scheme(url: str) -> str:
 def connect(url: str, **redis_kwargs: Any) -> Any:
     """The redis-py client for ``url``: ``redis.Redis``, ``redis.cluster.RedisCluster``, or
     a Sentinel-managed master client. ``redis_kwargs`` go to the connections."""
+    from redis import cluster, sentinel
+
+    return _connect(url, redis_kwargs, redis.Redis, cluster, sentinel.Sentinel)
+
+
+def connect_async(url: str, **redis_kwargs: Any) -> Any:
+    """The ``redis.asyncio`` client for ``url``: ``redis.asyncio.Redis``,
+    ``redis.asyncio.cluster.RedisCluster`` or a Sentinel-managed master client; no I/O (a
+    Cluster client learns its nodes at its first command)."""
+    import redis.asyncio
+    from redis.asyncio import cluster, sentinel
+
+    return _connect(url, redis_kwargs, redis.asyncio.Redis, cluster, sentinel.Sentinel)
+
+
+def _connect(
+    url: str, redis_kwargs: dict[str, Any], single: Any, cluster: Any, sentinel_class: Any
+) -> Any:
+    """:func:`connect` with redis-py's client classes or their asyncio twins."""
     check_url(url)
     scheme = url_scheme(url)
     if scheme in CLUSTER_SCHEMES:
-        return _cluster(url, CLUSTER_SCHEMES[scheme], redis_kwargs)
+        nodes, options = _cluster_parts(url, CLUSTER_SCHEMES[scheme])
+        options.update(redis_kwargs)
+        startup = [cluster.ClusterNode(host, port or 6379) for host, port in nodes]
+        return cluster.RedisCluster(startup_nodes=startup, **options)
     if scheme in SENTINEL_SCHEMES:
-        return _sentinel(url, SENTINEL_SCHEMES[scheme], redis_kwargs)
-    client = redis.Redis.from_url(url, **redis_kwargs)
+        return _sentinel(url, SENTINEL_SCHEMES[scheme], redis_kwargs, sentinel_class)
+    client = single.from_url(url, **redis_kwargs)
     pool: Any = client.connection_pool
     try:
         # Making a connection object does no I/O, but refuses keywords it does not know:
@@ -169,16 +191,6 @@ def _cluster_parts(url: str, tls: bool) -> tuple[list[tuple[str, int]], dict[str
     return nodes, options
 
 
-def _cluster(url: str, tls: bool, redis_kwargs: dict[str, Any]) -> Any:
-    from redis import cluster
-
-    node_class: Any = cluster.ClusterNode  # untyped in redis-py
-    nodes, options = _cluster_parts(url, tls)
-    options.update(redis_kwargs)
-    startup = [node_class(host, port or 6379) for host, port in nodes]
-    return cluster.RedisCluster(startup_nodes=startup, **options)
-
-
 def _sentinel_parts(url: str, tls: bool) -> tuple[list[tuple[str, int]], str, dict[str, Any]]:
     """(sentinels, master name, master connection options) of a Sentinel URL."""
     login, nodes, path, query = _split(url)
@@ -197,13 +209,9 @@ def _sentinel_parts(url: str, tls: bool) -> tuple[list[tuple[str, int]], str, di
     return nodes, master, _options(tls, login, "/" + parts[0] if parts else "", query)
 
 
-def _sentinel(url: str, tls: bool, redis_kwargs: dict[str, Any], sentinel_class: Any = None) -> Any:
+def _sentinel(url: str, tls: bool, redis_kwargs: dict[str, Any], sentinel_class: Any) -> Any:
     """The master client of a Sentinel URL: ``sentinel_class`` is redis-py's ``Sentinel``
-    (default) or its asyncio twin."""
-    if sentinel_class is None:
-        from redis import sentinel
-
-        sentinel_class = sentinel.Sentinel  # untyped in redis-py
+    or its asyncio twin."""
     nodes, master, options = _sentinel_parts(url, tls)
     options.update(redis_kwargs)
     sentinel_kwargs = options.pop("sentinel_kwargs", None)
@@ -217,35 +225,6 @@ def _sentinel(url: str, tls: bool, redis_kwargs: dict[str, Any], sentinel_class:
     sentinels = [(host, port or DEFAULT_SENTINEL_PORT) for host, port in nodes]
     manager = sentinel_class(sentinels, sentinel_kwargs=sentinel_kwargs, **options)
     return manager.master_for(master)
-
-
-def connect_async(url: str, **redis_kwargs: Any) -> Any:
-    """The ``redis.asyncio`` client for ``url``: ``redis.asyncio.Redis``,
-    ``redis.asyncio.cluster.RedisCluster`` or a Sentinel-managed master client; no I/O (a
-    Cluster client learns its nodes at its first command)."""
-    check_url(url)
-    scheme = url_scheme(url)
-    if scheme in CLUSTER_SCHEMES:
-        from redis.asyncio import cluster
-
-        node_class: Any = cluster.ClusterNode  # untyped in redis-py
-        nodes, options = _cluster_parts(url, CLUSTER_SCHEMES[scheme])
-        options.update(redis_kwargs)
-        startup = [node_class(host, port or 6379) for host, port in nodes]
-        return cluster.RedisCluster(startup_nodes=startup, **options)
-    if scheme in SENTINEL_SCHEMES:
-        from redis.asyncio import sentinel
-
-        return _sentinel(url, SENTINEL_SCHEMES[scheme], redis_kwargs, sentinel.Sentinel)
-    import redis.asyncio
-
-    client = redis.asyncio.Redis.from_url(url, **redis_kwargs)
-    pool: Any = client.connection_pool
-    try:
-        pool.connection_class(**pool.connection_kwargs)  # as connect(): refuse bad keywords
-    except TypeError as exc:
-        raise ValueError(f"bad client keyword argument: {exc}") from None
-    return client
 
 
 # -- what kind of client ---------------------------------------------------------------------
