@@ -53,11 +53,6 @@ class AsyncConnection(ConnectionBase):
             asyncio.AbstractEventLoop, AsyncNotifier | AsyncClusterNotifier
         ] = weakref.WeakKeyDictionary()
 
-    @property
-    def _scripts(self) -> Scripts:
-        # The heartbeats' renew_calls (core/renewal.py) reads this name.
-        return self.scripts
-
     @staticmethod
     def check_client(redis_client: Any) -> None:
         execute = getattr(type(redis_client), "execute_command", None)
