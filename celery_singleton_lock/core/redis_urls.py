@@ -284,21 +284,15 @@ def _tls(pool: Any) -> bool:
 
 def safe_url(redis_client: Any) -> str:
     """A URL naming the server(s) of ``redis_client``, with no password in it."""
-    if is_async_cluster(redis_client):
+    if is_cluster(redis_client) or is_async_cluster(redis_client):
         nodes = list(redis_client.nodes_manager.startup_nodes.values())
-        kwargs = nodes[0].connection_kwargs if nodes else {}
+        first = nodes[0] if nodes else None
+        if is_cluster(redis_client):  # a sync node has its settings in its client's pool
+            first = getattr(getattr(first, "redis_connection", None), "connection_pool", None)
+        kwargs = getattr(first, "connection_kwargs", {}) or {}
         login = f"{kwargs['username']}@" if kwargs.get("username") else ""
         hosts = ",".join(sorted(f"{node.host}:{node.port}" for node in nodes))
-        tls = "ssl" in str(nodes[0].connection_class).lower() if nodes else False
-        return f"{'rediss' if tls else 'redis'}+cluster://{login}{hosts}"
-    if is_cluster(redis_client):
-        nodes = list(redis_client.nodes_manager.startup_nodes.values())
-        node = getattr(nodes[0], "redis_connection", None)
-        node_pool = getattr(node, "connection_pool", None)
-        node_kwargs = getattr(node_pool, "connection_kwargs", {}) or {}
-        login = f"{node_kwargs['username']}@" if node_kwargs.get("username") else ""
-        hosts = ",".join(sorted(f"{node.host}:{node.port}" for node in nodes))
-        return f"{'rediss' if _tls(node_pool) else 'redis'}+cluster://{login}{hosts}"
+        return f"{'rediss' if _tls(first) else 'redis'}+cluster://{login}{hosts}"
     pool: Any = getattr(redis_client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", {}) or {}
     db = kwargs.get("db", 0)

@@ -245,7 +245,7 @@ class LeaseOps(HandleOps):
                 yield from on_master(self._conn.scripts.fair_abandon_call(self.keys.lock, owner))
             )
         except LockBackendError:
-            log.warning("could not withdraw the wait of %r", self.name, exc_info=True)
+            self._withdraw_failed()
             return 0
 
     def _give_back(self, owner: str) -> Steps[None]:
