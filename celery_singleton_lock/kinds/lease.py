@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from ..core import validate
@@ -429,7 +430,9 @@ class _ThreadFields:
     heartbeat), kept per process and thread, and made again if the thread was renamed."""
 
     def __init__(self, heartbeat: bool) -> None:
-        self._shape = _HolderShape(heartbeat)
+        # What holder_fields reads of a lease, less its name and owner_info (a lease adds
+        # those itself).
+        self._shape = SimpleNamespace(kind=LeaseOps.kind, heartbeat=heartbeat, owner_info={})
         self._cache: dict[tuple[int, int], tuple[str, int, bytes]] = {}
 
     def get(self) -> tuple[int, bytes]:
@@ -446,17 +449,6 @@ class _ThreadFields:
         packed = pack_items(fields)
         self._cache[key] = (thread.name, len(fields), packed)
         return len(fields), packed
-
-
-class _HolderShape:
-    """What ``holder_fields`` reads of a lease, less its name and ``owner_info`` (a lease
-    adds those itself)."""
-
-    kind = LeaseOps.kind
-    owner_info: dict[str, str] = {}  # noqa: RUF012 - read only
-
-    def __init__(self, heartbeat: bool) -> None:
-        self.heartbeat = heartbeat
 
 
 #: The per-thread holder fields of every lease, by its heartbeat option.
