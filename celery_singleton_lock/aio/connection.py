@@ -107,9 +107,7 @@ class AsyncConnection(ConnectionBase):
         for notifier in list(self._notifiers.values()):
             await notifier.close()
         self._notifiers.clear()
-        # aclose() since redis-py 5.0.1; close() before it (deprecated after).
-        close = getattr(self.redis, "aclose", None) or self.redis.close
-        await close()
+        await self.redis.aclose()
 
 
 class HasAsyncConnection(Protocol):

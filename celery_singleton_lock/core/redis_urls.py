@@ -29,8 +29,6 @@ from redis import connection
 CLUSTER_SCHEMES = {"redis+cluster": False, "rediss+cluster": True}
 SENTINEL_SCHEMES = {"sentinel": False, "redis+sentinel": False, "rediss+sentinel": True}
 DEFAULT_SENTINEL_PORT = 26379
-
-
 SINGLE_SCHEMES = ("redis", "rediss", "unix")
 
 
