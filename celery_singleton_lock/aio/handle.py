@@ -1,11 +1,7 @@
-"""The asyncio lock handle: the asyncio runner of :class:`..core.handle_ops.HandleOps`
-(the operations every kind shares, written once as generators of :mod:`..core.steps`, on
-the state and decisions of :class:`..core.handle_state.HandleState`).
-
-A kind is its ops class and a thin class per runner (``class AsyncLease(LeaseOps,
-AsyncLockHandle)``). A handle works through an :class:`AsyncConnection` (given one, or an
-``AsyncLockClient``), and belongs to the event loop that acquired it: its loop's heartbeat
-task renews it.
+"""The asyncio lock handle: the asyncio runner of :class:`..core.handle_ops.HandleOps` (see
+there for how a lock kind is built). A handle works through an :class:`AsyncConnection`
+(given one, or an ``AsyncLockClient``), and belongs to the event loop that acquired it: its
+loop's heartbeat task renews it.
 """
 
 from __future__ import annotations
