@@ -192,18 +192,10 @@ def permit_handles(
     ``lock_limit``, which the family's ``handles`` has no way to receive."""
     checked = semaphore.check_limit(limit)
 
-    def make(target: Target, mode: str, owner_info: Any, on_lost: Any) -> LockHandle:
-        return semaphore.Permit(
-            conn,
-            target.name,
-            checked,
-            ttl=ttl,
-            max_hold=max_hold,
-            owner_info=owner_info,
-            on_lost=on_lost,
-        )
+    def make(conn: Connection, target: Target, mode: str, options: dict[str, Any]) -> LockHandle:
+        return semaphore.Permit(conn, target.name, checked, **options)
 
-    return make
+    return _handles(make)(conn, ttl, max_hold)
 
 
 def _limitless_permit_handles(
