@@ -171,21 +171,19 @@ class LeaseOps(HandleOps):
                 return False, 0
             free = None
         keys = self.keys
-        if free is not None:
-            reply = yield scripts.acquire_call(
-                keys.lock, keys.fence, owner, self._ttl_ms, self._max_hold_ms,
-                self._packed_holder(), self._takeover, attempt=self._attempt, free=free,
-            )  # fmt: skip
-            self.freed_first = int(reply[2])
-            return reply[0] == AcquireReply.ACQUIRED, int(reply[1])
-        taken, value = yield scripts.acquire_call(
+        # With ``free`` (a single try, neither waiting nor fair) its mode is the script's.
+        reply = yield scripts.acquire_call(
             keys.lock, keys.fence, owner, self._ttl_ms, self._max_hold_ms,
             self._packed_holder(), self._takeover, waiting=reserve,
             fair_ms=FAIR_REGISTRATION_MS if reserve and self.fair else 0, attempt=self._attempt,
+            free=free,
         )  # fmt: skip
-        # A fair wait's first block ends no later than the holder's lease could.
-        self._queued_hint = value = int(value)
-        return taken == AcquireReply.ACQUIRED, value
+        taken, value = reply[0] == AcquireReply.ACQUIRED, int(reply[1])
+        if free is not None:
+            self.freed_first = int(reply[2])
+        else:
+            self._queued_hint = value  # a fair wait's first block ends no later than this
+        return taken, value
 
     def _wait_for(
         self,
