@@ -88,6 +88,10 @@ class AsyncLockHandle(HandleOps):
         conn = self._conn
         cancelling = getattr(asyncio.current_task(), "cancelling", None) if cancellable else None
         asked = cancelling() if cancelling is not None else 0
+
+        def cancel_asked() -> bool:  # since the operation began
+            return cancelling is not None and cancelling() > asked
+
         watch = cancelling is not None
         listening: AbstractAsyncContextManager[Wakeup] | None = None
         woken: Wakeup | None = None
@@ -113,15 +117,10 @@ class AsyncLockHandle(HandleOps):
                         entering = conn.notifier().listening(step.channels)
                         woken = await entering.__aenter__()
                         listening, result = entering, None
-                    if watch and cancelling is not None and cancelling() > asked:
+                    if watch and cancel_asked():
                         raise asyncio.CancelledError
                 except BaseException as exc:
-                    if (
-                        watch
-                        and cancelling is not None
-                        and cancelling() > asked
-                        and not isinstance(exc, asyncio.CancelledError)
-                    ):
+                    if watch and cancel_asked() and not isinstance(exc, asyncio.CancelledError):
                         # The step's error came after a cancellation redis-py lost: the
                         # operation is thrown the cancellation now, and not again in the
                         # middle of the undo this starts.
@@ -137,11 +136,7 @@ class AsyncLockHandle(HandleOps):
             value: T = done.value
             return value
         except BaseException as exc:
-            if (
-                cancelling is not None
-                and not isinstance(exc, asyncio.CancelledError)
-                and cancelling() > asked
-            ):
+            if cancel_asked() and not isinstance(exc, asyncio.CancelledError):
                 raise asyncio.CancelledError from exc
             raise
         finally:
