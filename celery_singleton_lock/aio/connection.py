@@ -53,11 +53,6 @@ class AsyncConnection(ConnectionBase):
             asyncio.AbstractEventLoop, AsyncNotifier | AsyncClusterNotifier
         ] = weakref.WeakKeyDictionary()
 
-    @property
-    def _scripts(self) -> Scripts:
-        # The heartbeats' renew_calls (core/renewal.py) reads this name.
-        return self.scripts
-
     @staticmethod
     def check_client(redis_client: Any) -> None:
         execute = getattr(type(redis_client), "execute_command", None)
@@ -112,9 +107,7 @@ class AsyncConnection(ConnectionBase):
         for notifier in list(self._notifiers.values()):
             await notifier.close()
         self._notifiers.clear()
-        # aclose() since redis-py 5.0.1; close() before it (deprecated after).
-        close = getattr(self.redis, "aclose", None) or self.redis.close
-        await close()
+        await self.redis.aclose()
 
 
 class HasAsyncConnection(Protocol):

@@ -1,11 +1,7 @@
-"""The asyncio lock handle: the asyncio runner of :class:`..core.handle_ops.HandleOps`
-(the operations every kind shares, written once as generators of :mod:`..core.steps`, on
-the state and decisions of :class:`..core.handle_state.HandleState`).
-
-A kind is its ops class and a thin class per runner (``class AsyncLease(LeaseOps,
-AsyncLockHandle)``). A handle works through an :class:`AsyncConnection` (given one, or an
-``AsyncLockClient``), and belongs to the event loop that acquired it: its loop's heartbeat
-task renews it.
+"""The asyncio lock handle: the asyncio runner of :class:`..core.handle_ops.HandleOps` (see
+there for how a lock kind is built). A handle works through an :class:`AsyncConnection`
+(given one, or an ``AsyncLockClient``), and belongs to the event loop that acquired it: its
+loop's heartbeat task renews it.
 """
 
 from __future__ import annotations
@@ -92,6 +88,10 @@ class AsyncLockHandle(HandleOps):
         conn = self._conn
         cancelling = getattr(asyncio.current_task(), "cancelling", None) if cancellable else None
         asked = cancelling() if cancelling is not None else 0
+
+        def cancel_asked() -> bool:  # since the operation began
+            return cancelling is not None and cancelling() > asked
+
         watch = cancelling is not None
         listening: AbstractAsyncContextManager[Wakeup] | None = None
         woken: Wakeup | None = None
@@ -117,15 +117,10 @@ class AsyncLockHandle(HandleOps):
                         entering = conn.notifier().listening(step.channels)
                         woken = await entering.__aenter__()
                         listening, result = entering, None
-                    if watch and cancelling is not None and cancelling() > asked:
+                    if watch and cancel_asked():
                         raise asyncio.CancelledError
                 except BaseException as exc:
-                    if (
-                        watch
-                        and cancelling is not None
-                        and cancelling() > asked
-                        and not isinstance(exc, asyncio.CancelledError)
-                    ):
+                    if watch and cancel_asked() and not isinstance(exc, asyncio.CancelledError):
                         # The step's error came after a cancellation redis-py lost: the
                         # operation is thrown the cancellation now, and not again in the
                         # middle of the undo this starts.
@@ -141,11 +136,7 @@ class AsyncLockHandle(HandleOps):
             value: T = done.value
             return value
         except BaseException as exc:
-            if (
-                cancelling is not None
-                and not isinstance(exc, asyncio.CancelledError)
-                and cancelling() > asked
-            ):
+            if cancel_asked() and not isinstance(exc, asyncio.CancelledError):
                 raise asyncio.CancelledError from exc
             raise
         finally:

@@ -18,7 +18,6 @@ import functools
 import logging
 import time
 import weakref
-from typing import Any
 
 import redis
 
@@ -154,9 +153,9 @@ _heartbeats: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncHeartbeat
 )
 
 
-def heartbeat(loop: Any = None) -> AsyncHeartbeat:
-    """The heartbeat of ``loop`` (default: the running event loop)."""
-    loop = asyncio.get_running_loop() if loop is None else loop
+def heartbeat() -> AsyncHeartbeat:
+    """The heartbeat of the running event loop."""
+    loop = asyncio.get_running_loop()
     found = _heartbeats.get(loop)
     if found is None:
         found = _heartbeats[loop] = AsyncHeartbeat()

@@ -104,11 +104,6 @@ class AsyncNotifier:
         self._idle: set[bytes] = set()
         self._unsubscriber: asyncio.Task[None] | None = None
 
-    @property
-    def connection(self) -> Any:
-        """The pub/sub connection the listener reads (None while it is not connected)."""
-        return self._conn
-
     @asynccontextmanager
     async def listening(self, channels: Sequence[bytes]) -> AsyncIterator[Wakeup]:
         """Subscribed to ``channels`` for the duration of the block; yields a

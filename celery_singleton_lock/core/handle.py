@@ -1,13 +1,8 @@
-"""The thread-based lock handle: the sync runner of :class:`.handle_ops.HandleOps`.
-
-A lock kind is one subclass of :class:`.handle_ops.HandleOps` (its round trips written once,
-as generators of :mod:`.steps`) and a thin class per runner: ``class Lease(LeaseOps,
-LockHandle)``. When a handle is held or lost, how long a blocked acquire sleeps, what a
-renewal code does, is decided once in :mod:`.handle_state`; how an acquire waits and undoes
-its attempts, once in :mod:`.handle_ops`. This module runs the steps with threads (script
-calls through :meth:`.connection.Connection.call`, with the replicas' WAIT where the client
-has one), the waits and the heartbeat; a sync kind adds ``holders`` and
-``_release_holder(task_id, pid, host, delay)``.
+"""The thread-based lock handle: the sync runner of :class:`.handle_ops.HandleOps` (see there
+for how a lock kind is built). It runs the steps with threads (script calls through
+:meth:`.connection.Connection.call`, with the replicas' WAIT where the client has one), the
+waits and the heartbeat; a sync kind adds ``holders`` and ``_release_holder(task_id, pid,
+host, delay)``.
 """
 
 from __future__ import annotations

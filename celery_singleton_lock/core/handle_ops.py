@@ -25,12 +25,17 @@ from .scripts import ScriptCall
 from .steps import Batch, Listen, Pause, Steps
 
 
-def released_unreplicated(name: str, error: LockNotReplicated, done: str) -> LockNotReplicated:
+def released_unreplicated(
+    name: str,
+    error: LockNotReplicated,
+    done: str,
+    risk: str = "could bring the old hold back until its ttl runs out",
+) -> LockNotReplicated:
     """The error for a release or hand-over of lock ``name`` that ran on the master but that
     the replicas did not acknowledge (``error``): what the caller should know."""
     return LockNotReplicated(
         f"lock {name!r} was {done} on the master, but {error}: a failover to a replica "
-        "that missed it could bring the old hold back until its ttl runs out",
+        f"that missed it {risk}",
         name=name,
         replies=error.replies,
         acknowledged=error.acknowledged,
@@ -41,13 +46,7 @@ def changed_unreplicated(name: str, error: LockNotReplicated, done: str) -> Lock
     """The error for a change of a hold of lock ``name`` (an upgrade, a downgrade, a shrink:
     ``done`` says which) that ran on the master but that the replicas did not acknowledge
     (``error``): the handle's state follows the master, and the caller should know."""
-    return LockNotReplicated(
-        f"lock {name!r} was {done} on the master, but {error}: a failover to a replica "
-        "that missed it would find the hold as it was before",
-        name=name,
-        replies=error.replies,
-        acknowledged=error.acknowledged,
-    )
+    return released_unreplicated(name, error, done, "would find the hold as it was before")
 
 
 def with_reply(error: LockNotReplicated, reply: Any) -> LockNotReplicated:

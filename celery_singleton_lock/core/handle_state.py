@@ -19,7 +19,7 @@ import logging
 import math
 import os
 import time
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -115,26 +115,8 @@ class _Process:
 os.register_at_fork(after_in_child=_Process.forked)
 
 
-class _NoLock:
-    """A context manager that does nothing: the state lock of a handle used by one thread."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 #: The ``_state`` of a handle whose state changes all run on one thread (an event loop's).
-NO_LOCK: AbstractContextManager[Any] = _NoLock()
-
-
-def lost_error(name: str, code: int, during: str) -> LockLost:
-    """The :class:`LockLost` for a release/renew reply ``code`` (GONE or TAKEN)."""
-    if code == HolderReply.TAKEN:
-        return LockTaken(f"{during}: lock {name!r} is held by another owner", name=name)
-    assert code == HolderReply.GONE, code
-    return LockExpired(f"{during}: lease on {name!r} expired and nobody holds it", name=name)
+NO_LOCK: AbstractContextManager[Any] = nullcontext()
 
 
 def hint_seconds(hint_ms: int) -> float:
@@ -530,4 +512,8 @@ class HandleState:
             )
             error.reason = "max_hold"
             return error
-        return lost_error(self.name, code, during)
+        name = self.name
+        if code == HolderReply.TAKEN:
+            return LockTaken(f"{during}: lock {name!r} is held by another owner", name=name)
+        assert code == HolderReply.GONE, code
+        return LockExpired(f"{during}: lease on {name!r} expired and nobody holds it", name=name)

@@ -69,19 +69,17 @@ def flatten(fields: dict[bytes, Any]) -> dict[bytes, Any]:
     later), and ``renewed_ms`` as ``acquired_ms`` when it was not renewed yet: the fields
     of a layout-1 hash. A hash without a ``holder`` field comes back as it is; one whose
     ``holder`` does not unpack keeps it, so a listing still shows the hold."""
+    flat = fields
     packed = fields.get(PACKED_FIELD)
-    if packed is None:
-        if b"renewed_ms" not in fields and b"acquired_ms" in fields:
-            return {**fields, b"renewed_ms": fields[b"acquired_ms"]}
-        return fields
-    try:
-        items = unpack_strings(packed)
-    except ValueError:
-        return fields
-    flat: dict[bytes, Any] = dict(zip(items[::2], items[1::2], strict=False))
-    flat.update((key, value) for key, value in fields.items() if key != PACKED_FIELD)
+    if packed is not None:
+        try:
+            items = unpack_strings(packed)
+        except ValueError:
+            return fields
+        flat = dict(zip(items[::2], items[1::2], strict=False))
+        flat.update((key, value) for key, value in fields.items() if key != PACKED_FIELD)
     if b"renewed_ms" not in flat and b"acquired_ms" in flat:
-        flat[b"renewed_ms"] = flat[b"acquired_ms"]
+        flat = {**flat, b"renewed_ms": flat[b"acquired_ms"]}
     return flat
 
 

@@ -29,8 +29,6 @@ from redis import connection
 CLUSTER_SCHEMES = {"redis+cluster": False, "rediss+cluster": True}
 SENTINEL_SCHEMES = {"sentinel": False, "redis+sentinel": False, "rediss+sentinel": True}
 DEFAULT_SENTINEL_PORT = 26379
-
-
 SINGLE_SCHEMES = ("redis", "rediss", "unix")
 
 
@@ -43,13 +41,35 @@ def url_scheme(url: str) -> str:
 def connect(url: str, **redis_kwargs: Any) -> Any:
     """The redis-py client for ``url``: ``redis.Redis``, ``redis.cluster.RedisCluster``, or
     a Sentinel-managed master client. ``redis_kwargs`` go to the connections."""
+    from redis import cluster, sentinel
+
+    return _connect(url, redis_kwargs, redis.Redis, cluster, sentinel.Sentinel)
+
+
+def connect_async(url: str, **redis_kwargs: Any) -> Any:
+    """The ``redis.asyncio`` client for ``url``: ``redis.asyncio.Redis``,
+    ``redis.asyncio.cluster.RedisCluster`` or a Sentinel-managed master client; no I/O (a
+    Cluster client learns its nodes at its first command)."""
+    import redis.asyncio
+    from redis.asyncio import cluster, sentinel
+
+    return _connect(url, redis_kwargs, redis.asyncio.Redis, cluster, sentinel.Sentinel)
+
+
+def _connect(
+    url: str, redis_kwargs: dict[str, Any], single: Any, cluster: Any, sentinel_class: Any
+) -> Any:
+    """:func:`connect` with redis-py's client classes or their asyncio twins."""
     check_url(url)
     scheme = url_scheme(url)
     if scheme in CLUSTER_SCHEMES:
-        return _cluster(url, CLUSTER_SCHEMES[scheme], redis_kwargs)
+        nodes, options = _cluster_parts(url, CLUSTER_SCHEMES[scheme])
+        options.update(redis_kwargs)
+        startup = [cluster.ClusterNode(host, port or 6379) for host, port in nodes]
+        return cluster.RedisCluster(startup_nodes=startup, **options)
     if scheme in SENTINEL_SCHEMES:
-        return _sentinel(url, SENTINEL_SCHEMES[scheme], redis_kwargs)
-    client = redis.Redis.from_url(url, **redis_kwargs)
+        return _sentinel(url, SENTINEL_SCHEMES[scheme], redis_kwargs, sentinel_class)
+    client = single.from_url(url, **redis_kwargs)
     pool: Any = client.connection_pool
     try:
         # Making a connection object does no I/O, but refuses keywords it does not know:
@@ -169,16 +189,6 @@ def _cluster_parts(url: str, tls: bool) -> tuple[list[tuple[str, int]], dict[str
     return nodes, options
 
 
-def _cluster(url: str, tls: bool, redis_kwargs: dict[str, Any]) -> Any:
-    from redis import cluster
-
-    node_class: Any = cluster.ClusterNode  # untyped in redis-py
-    nodes, options = _cluster_parts(url, tls)
-    options.update(redis_kwargs)
-    startup = [node_class(host, port or 6379) for host, port in nodes]
-    return cluster.RedisCluster(startup_nodes=startup, **options)
-
-
 def _sentinel_parts(url: str, tls: bool) -> tuple[list[tuple[str, int]], str, dict[str, Any]]:
     """(sentinels, master name, master connection options) of a Sentinel URL."""
     login, nodes, path, query = _split(url)
@@ -197,13 +207,9 @@ def _sentinel_parts(url: str, tls: bool) -> tuple[list[tuple[str, int]], str, di
     return nodes, master, _options(tls, login, "/" + parts[0] if parts else "", query)
 
 
-def _sentinel(url: str, tls: bool, redis_kwargs: dict[str, Any], sentinel_class: Any = None) -> Any:
+def _sentinel(url: str, tls: bool, redis_kwargs: dict[str, Any], sentinel_class: Any) -> Any:
     """The master client of a Sentinel URL: ``sentinel_class`` is redis-py's ``Sentinel``
-    (default) or its asyncio twin."""
-    if sentinel_class is None:
-        from redis import sentinel
-
-        sentinel_class = sentinel.Sentinel  # untyped in redis-py
+    or its asyncio twin."""
     nodes, master, options = _sentinel_parts(url, tls)
     options.update(redis_kwargs)
     sentinel_kwargs = options.pop("sentinel_kwargs", None)
@@ -217,35 +223,6 @@ def _sentinel(url: str, tls: bool, redis_kwargs: dict[str, Any], sentinel_class:
     sentinels = [(host, port or DEFAULT_SENTINEL_PORT) for host, port in nodes]
     manager = sentinel_class(sentinels, sentinel_kwargs=sentinel_kwargs, **options)
     return manager.master_for(master)
-
-
-def connect_async(url: str, **redis_kwargs: Any) -> Any:
-    """The ``redis.asyncio`` client for ``url``: ``redis.asyncio.Redis``,
-    ``redis.asyncio.cluster.RedisCluster`` or a Sentinel-managed master client; no I/O (a
-    Cluster client learns its nodes at its first command)."""
-    check_url(url)
-    scheme = url_scheme(url)
-    if scheme in CLUSTER_SCHEMES:
-        from redis.asyncio import cluster
-
-        node_class: Any = cluster.ClusterNode  # untyped in redis-py
-        nodes, options = _cluster_parts(url, CLUSTER_SCHEMES[scheme])
-        options.update(redis_kwargs)
-        startup = [node_class(host, port or 6379) for host, port in nodes]
-        return cluster.RedisCluster(startup_nodes=startup, **options)
-    if scheme in SENTINEL_SCHEMES:
-        from redis.asyncio import sentinel
-
-        return _sentinel(url, SENTINEL_SCHEMES[scheme], redis_kwargs, sentinel.Sentinel)
-    import redis.asyncio
-
-    client = redis.asyncio.Redis.from_url(url, **redis_kwargs)
-    pool: Any = client.connection_pool
-    try:
-        pool.connection_class(**pool.connection_kwargs)  # as connect(): refuse bad keywords
-    except TypeError as exc:
-        raise ValueError(f"bad client keyword argument: {exc}") from None
-    return client
 
 
 # -- what kind of client ---------------------------------------------------------------------
@@ -305,21 +282,15 @@ def _tls(pool: Any) -> bool:
 
 def safe_url(redis_client: Any) -> str:
     """A URL naming the server(s) of ``redis_client``, with no password in it."""
-    if is_async_cluster(redis_client):
+    if is_cluster(redis_client) or is_async_cluster(redis_client):
         nodes = list(redis_client.nodes_manager.startup_nodes.values())
-        kwargs = nodes[0].connection_kwargs if nodes else {}
+        first = nodes[0] if nodes else None
+        if is_cluster(redis_client):  # a sync node has its settings in its client's pool
+            first = getattr(getattr(first, "redis_connection", None), "connection_pool", None)
+        kwargs = getattr(first, "connection_kwargs", {}) or {}
         login = f"{kwargs['username']}@" if kwargs.get("username") else ""
         hosts = ",".join(sorted(f"{node.host}:{node.port}" for node in nodes))
-        tls = "ssl" in str(nodes[0].connection_class).lower() if nodes else False
-        return f"{'rediss' if tls else 'redis'}+cluster://{login}{hosts}"
-    if is_cluster(redis_client):
-        nodes = list(redis_client.nodes_manager.startup_nodes.values())
-        node = getattr(nodes[0], "redis_connection", None)
-        node_pool = getattr(node, "connection_pool", None)
-        node_kwargs = getattr(node_pool, "connection_kwargs", {}) or {}
-        login = f"{node_kwargs['username']}@" if node_kwargs.get("username") else ""
-        hosts = ",".join(sorted(f"{node.host}:{node.port}" for node in nodes))
-        return f"{'rediss' if _tls(node_pool) else 'redis'}+cluster://{login}{hosts}"
+        return f"{'rediss' if _tls(first) else 'redis'}+cluster://{login}{hosts}"
     pool: Any = getattr(redis_client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", {}) or {}
     db = kwargs.get("db", 0)

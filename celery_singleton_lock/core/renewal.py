@@ -125,8 +125,7 @@ def renew_calls(
     its units' (a multi-key lock's names are renewed one by one like leases); the Cluster
     pipeline that runs the calls groups them by node, one round trip per node.
     """
-    # A LockClient gives its Connection; the async client, which has none, passes itself: it
-    # has the ``redis`` and ``_scripts`` its handles' renew calls read.
+    # A LockClient gives its Connection; a connection (sync or asyncio) is passed as itself.
     conn = cast("Connection", getattr(client, "connection", client))
     # (renewer, slot) -> [(entry index, what the renewer takes)]
     groups: dict[tuple[Renewer, int], list[tuple[int, Any]]] = {}

@@ -38,9 +38,7 @@ def read_query(conn: Connection, query: KeyQuery) -> list[Record]:
 
 def read_hashes(conn: Connection, keys: list[bytes]) -> list[Record]:
     """HGETALL and PTTL of each of ``keys``, ``BATCH`` keys per pipeline round trip, in
-    order; keys gone since they were listed (empty hashes) are left out. Each hash comes
-    with its packed holder fields unpacked (:func:`.holder.flatten`), so readers see the
-    fields of every layout alike."""
+    order, as :func:`records_of` reads them."""
     records: list[Record] = []
     for start in range(0, len(keys), BATCH):
         records += records_of(conn.call(reading(conn.redis, keys[start : start + BATCH]).execute))

@@ -336,7 +336,7 @@ class Scripts:
     def fair_abandon_call(self, lock_key: bytes, owner: str) -> ScriptCall:
         """The fair_abandon.lua call of a fair waiter giving up: its reply is its fencing
         token if it was handed the lease meanwhile (it then holds it), else 0."""
-        return self._fair_abandon, fair_abandon_keys(lock_key, owner), (owner,)
+        return self._fair_abandon, (lock_key, *fair_keys(key_base(lock_key), owner)), (owner,)
 
     def handover_call(
         self, lock_key: bytes, owner: str, new_owner: str, ttl_ms: int, fields: Sequence[Any]
@@ -372,11 +372,6 @@ def fair_keys(base: bytes, owner: str) -> tuple[bytes, bytes, bytes]:
     """The fair-waiting keys of ``owner``: the queue, its registration, its hand-off list."""
     raw = owner.encode()
     return base + b"queue", base + b"w:" + raw, base + b"m:" + raw
-
-
-def fair_abandon_keys(lock_key: bytes, owner: str) -> tuple[bytes, ...]:
-    """KEYS of fair_abandon.lua: the lock hash and ``owner``'s fair-waiting keys."""
-    return (lock_key, *fair_keys(key_base(lock_key), owner))
 
 
 class ScriptHost(Protocol):

@@ -141,24 +141,15 @@ def check_callable(value: Any, argument: str) -> Any:
 
 
 def check_token(value: object, argument: str = "token") -> int:
-    """A fencing token: an int >= 1 (tokens start at 1), never a bool, a float or NaN, which
-    ``int()`` would truncate or refuse with a TypeError/ValueError."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigurationError(argument, f"must be an int >= 1, got {value!r}")
-    if value < 1:
+    """A fencing token (tokens start at 1), a pid, a limit: an int >= 1, never a bool, a
+    float or NaN, which ``int()`` would truncate or refuse with a TypeError/ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigurationError(argument, f"must be an int >= 1, got {value!r}")
     return value
 
 
 def check_optional_token(value: object, argument: str = "token") -> int | None:
     return None if value is None else check_token(value, argument)
-
-
-def check_pid(value: object, argument: str = "pid") -> int:
-    """A process id: an int >= 1, never a bool or a float."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError(argument, f"must be an int >= 1, got {value!r}")
-    return value
 
 
 def check_text(value: object, argument: str) -> str:
@@ -196,7 +187,7 @@ def check_holder_process(
     >= 1, ``host`` a non-empty str or None (``default_host``: this machine), ``delay`` seconds
     as :func:`check_delay`."""
     checked_task = check_text(task_id, "task_id")
-    checked_pid = check_pid(pid)
+    checked_pid = check_token(pid, "pid")
     checked_host = default_host if host is None else check_text(host, "host")
     seconds = check_delay(delay)
     return HolderProcess(

@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from ..core import validate
@@ -170,21 +171,19 @@ class LeaseOps(HandleOps):
                 return False, 0
             free = None
         keys = self.keys
-        if free is not None:
-            reply = yield scripts.acquire_call(
-                keys.lock, keys.fence, owner, self._ttl_ms, self._max_hold_ms,
-                self._packed_holder(), self._takeover, attempt=self._attempt, free=free,
-            )  # fmt: skip
-            self.freed_first = int(reply[2])
-            return reply[0] == AcquireReply.ACQUIRED, int(reply[1])
-        taken, value = yield scripts.acquire_call(
+        # With ``free`` (a single try, neither waiting nor fair) its mode is the script's.
+        reply = yield scripts.acquire_call(
             keys.lock, keys.fence, owner, self._ttl_ms, self._max_hold_ms,
             self._packed_holder(), self._takeover, waiting=reserve,
             fair_ms=FAIR_REGISTRATION_MS if reserve and self.fair else 0, attempt=self._attempt,
+            free=free,
         )  # fmt: skip
-        # A fair wait's first block ends no later than the holder's lease could.
-        self._queued_hint = value = int(value)
-        return taken == AcquireReply.ACQUIRED, value
+        taken, value = reply[0] == AcquireReply.ACQUIRED, int(reply[1])
+        if free is not None:
+            self.freed_first = int(reply[2])
+        else:
+            self._queued_hint = value  # a fair wait's first block ends no later than this
+        return taken, value
 
     def _wait_for(
         self,
@@ -245,7 +244,7 @@ class LeaseOps(HandleOps):
                 yield from on_master(self._conn.scripts.fair_abandon_call(self.keys.lock, owner))
             )
         except LockBackendError:
-            log.warning("could not withdraw the wait of %r", self.name, exc_info=True)
+            self._withdraw_failed()
             return 0
 
     def _give_back(self, owner: str) -> Steps[None]:
@@ -429,7 +428,9 @@ class _ThreadFields:
     heartbeat), kept per process and thread, and made again if the thread was renamed."""
 
     def __init__(self, heartbeat: bool) -> None:
-        self._shape = _HolderShape(heartbeat)
+        # What holder_fields reads of a lease, less its name and owner_info (a lease adds
+        # those itself).
+        self._shape = SimpleNamespace(kind=LeaseOps.kind, heartbeat=heartbeat, owner_info={})
         self._cache: dict[tuple[int, int], tuple[str, int, bytes]] = {}
 
     def get(self) -> tuple[int, bytes]:
@@ -446,17 +447,6 @@ class _ThreadFields:
         packed = pack_items(fields)
         self._cache[key] = (thread.name, len(fields), packed)
         return len(fields), packed
-
-
-class _HolderShape:
-    """What ``holder_fields`` reads of a lease, less its name and ``owner_info`` (a lease
-    adds those itself)."""
-
-    kind = LeaseOps.kind
-    owner_info: dict[str, str] = {}  # noqa: RUF012 - read only
-
-    def __init__(self, heartbeat: bool) -> None:
-        self.heartbeat = heartbeat
 
 
 #: The per-thread holder fields of every lease, by its heartbeat option.

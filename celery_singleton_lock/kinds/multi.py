@@ -177,14 +177,9 @@ class MultiLeaseOps(HandleOps):
     def _release(self, owner: str, delay_ms: int) -> Steps[int]:
         if is_cluster(self._conn.redis):
             return (yield from self._release_each(owner, delay_ms))
+        keys = [k.lock for k in self.keys]
         return int(
-            (
-                yield (
-                    scripts(self._conn).release,
-                    [k.lock for k in self.keys],
-                    release_args(owner, delay_ms, self.keys),
-                )
-            )
+            (yield scripts(self._conn).release, keys, release_args(owner, delay_ms, self.keys))
         )
 
     def _release_each(self, owner: str, delay_ms: int) -> Steps[int]:

@@ -152,15 +152,14 @@ def _interval_family(
     kinds: tuple[str, ...],
     modes: tuple[str, ...],
     handles: Callable[[Connection, float, float | None], HandleFactory],
+    holders: Callable[[list[Record], str | None], list[ListedHolder]] = intervals.holders_of,
 ) -> KindFamily:
-    """A family of interval locks (``rw`` or ``range``): its holder hashes are its keyspace."""
+    """A family of interval holds (``rw``, ``range``, ``semaphore``): its holder hashes are
+    its keyspace."""
     family = admin.family
 
     def keys(prefix: str, pattern: str | None) -> KeyQuery:
         return intervals.holder_match(prefix, family)
-
-    def holders(records: list[Record], pattern: str | None) -> list[ListedHolder]:
-        return intervals.holders_of(records, pattern)
 
     def clear_call(conn: ScriptHost, holder: ListedHolder) -> ScriptCall:
         return intervals.clear_call(conn, family, holder)
@@ -193,18 +192,10 @@ def permit_handles(
     ``lock_limit``, which the family's ``handles`` has no way to receive."""
     checked = semaphore.check_limit(limit)
 
-    def make(target: Target, mode: str, owner_info: Any, on_lost: Any) -> LockHandle:
-        return semaphore.Permit(
-            conn,
-            target.name,
-            checked,
-            ttl=ttl,
-            max_hold=max_hold,
-            owner_info=owner_info,
-            on_lost=on_lost,
-        )
+    def make(conn: Connection, target: Target, mode: str, options: dict[str, Any]) -> LockHandle:
+        return semaphore.Permit(conn, target.name, checked, **options)
 
-    return make
+    return _handles(make)(conn, ttl, max_hold)
 
 
 def _limitless_permit_handles(
@@ -214,26 +205,15 @@ def _limitless_permit_handles(
     raise ConfigurationError("limit", "a semaphore's permits need a limit: use permit_handles")
 
 
-def _semaphore_keys(prefix: str, pattern: str | None) -> KeyQuery:
-    return intervals.holder_match(prefix, semaphore.FAMILY)
-
-
-def _semaphore_clear_call(conn: ScriptHost, holder: ListedHolder) -> ScriptCall:
-    return intervals.clear_call(conn, semaphore.FAMILY, holder)
-
-
 #: A semaphore's permits are interval holds under their own family key (``P{T}:sem:``):
 #: listed from their holder hashes, cleared by owner and fencing token as interval holds are.
-SEMAPHORES = KindFamily(
-    family="semaphore",
-    kinds=(semaphore.KIND,),
-    keyspace="semaphore",
-    keys=_semaphore_keys,
-    holders=semaphore.holders_of,
-    clear_call=_semaphore_clear_call,
-    release_holder=semaphore.release_holder,
-    modes=("exclusive",),
-    handles=_limitless_permit_handles,
+SEMAPHORES = _interval_family(
+    "semaphore",
+    semaphore.ADMIN,
+    (semaphore.KIND,),
+    ("exclusive",),
+    _limitless_permit_handles,
+    semaphore.holders_of,
 )
 
 FAMILIES: tuple[KindFamily, ...] = (
