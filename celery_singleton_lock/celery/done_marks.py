@@ -57,13 +57,12 @@ NONE_ENDED = -1
 
 
 class DoneScripts:
-    """The done mark's scripts registered on one Redis client (no I/O)."""
+    """The done mark's script registered on one Redis client (no I/O)."""
 
     def __init__(self, redis: Any, replication: Replication | None = None) -> None:
         # Advisory, as the wait mark: sent inside the lock's own round trips, whose WAIT
         # covers it where the client waits for replicas.
-        self.set: Script = register(redis, source("done_mark_set"))
-        self.get: Script = register(redis, source("done_mark_get"))
+        self.mark: Script = register(redis, source("done_mark"))
 
 
 def scripts(connection: Connection) -> DoneScripts:
@@ -115,10 +114,10 @@ class DoneMark:
         return cls(key, attempt, validate.seconds_to_ms(ttl))
 
     def set_call(self, connection: Connection) -> ScriptCall:
-        return (scripts(connection).set, [self.key], [self.attempt, self.ttl_ms])
+        return (scripts(connection).mark, [self.key], [self.attempt, self.ttl_ms])
 
     def get_call(self, connection: Connection) -> ScriptCall:
-        return (scripts(connection).get, [self.key], [])
+        return (scripts(connection).mark, [self.key], ["", 0])
 
 
 def acquire(handle: LockHandle, wait: float, mark: DoneMark) -> tuple[bool, int]:
