@@ -91,6 +91,31 @@ def test_a_release_writes_the_mark_and_frees_the_lock_and_an_acquire_reads_it(
     assert done_marks.read_ended(connection, mark) == 1
 
 
+def test_a_release_with_its_mark_runs_once_after_a_script_flush() -> None:
+    """The lock scripts loaded again by other calls, the mark's not: the run's acquire reads
+    the mark with the very script its release writes it with, so the release's pipeline is
+    not refused NOSCRIPT and sent again, release included (which would answer 'not held').
+    A server of its own: the flush must not touch other tests' scripts."""
+    from celery_singleton_lock.celery import done_marks
+
+    with RedisServer() as server:
+        client = LockClient.from_url(server.url, prefix="csltest:flush:")
+        try:
+            connection = client.connection
+            connection.redis.script_flush()
+            other = client.lease("done:other")
+            assert other.acquire(0.0)
+            other.release()
+            lease = client.lease("done:3", ttl=10)
+            mark = done_marks.DoneMark.of(connection, lease, "t-3", 0, 30.0)
+            assert done_marks.acquire(lease, 0.0, mark) == (True, -1)
+            done_marks.release(lease, 0.0, mark)
+            assert done_marks.read_ended(connection, mark) == 0
+            assert not client.holders("done:3")
+        finally:
+            client.close()
+
+
 def test_the_marks_life_follows_the_visibility_timeout_or_the_setting() -> None:
     from celery_singleton_lock.celery.done_marks import mark_ttl
     from celery_singleton_lock.celery.options import AppSettings
