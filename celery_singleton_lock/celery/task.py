@@ -688,7 +688,14 @@ class SingletonTask(Task):  # type: ignore[misc]
             until_run,
         )
         if next_owner is None:  # the retry itself must still be sent
-            return super().retry(**call)
+            try:
+                return super().retry(**call)
+            except Exception:
+                # Sent (Retry), or refused (the call failed): this attempt ended. Marked
+                # only now, though its lock was let go before: a worker killed before the
+                # retry was sent leaves the message to run again.
+                self._record_end(lease)
+                raise
         try:
             return super().retry(**call)
         except Retry:
@@ -696,9 +703,12 @@ class SingletonTask(Task):  # type: ignore[misc]
             # The retry is sent: this attempt ended (its claim kept copies out until now).
             self._record_end(lease)
             raise
-        except BaseException:
+        except BaseException as exc:
             # No retry was sent (max_retries reached, broker error): this run was the last,
-            # so its claim goes as the run's own lock would, release delay included.
+            # so its claim goes as the run's own lock would, release delay included, after
+            # the attempt's done mark (none if the run was cut short).
+            if isinstance(exc, Exception):
+                self._record_end(lease)
             claims.release_handed_over(
                 self, lease.name, next_owner, self.lock_options.release_delay
             )
@@ -753,8 +763,9 @@ class SingletonTask(Task):  # type: ignore[misc]
         takes the lock for itself."""
         request = self.request
         if not isinstance(lease, Lease) or lease.name != self.lock_name(args, kwargs):
-            # Another key, or a kind with no claims (read/write, range, multi): let go now.
-            self._release(lease)
+            # Another key, or a kind with no claims (read/write, range, multi): let go now,
+            # unmarked (the caller marks the attempt once its retry is sent).
+            self._release(lease, ended=False)
             return None
         try:
             return claims.hand_over(
