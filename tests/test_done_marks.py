@@ -289,3 +289,32 @@ def test_a_copy_of_an_attempt_that_retried_is_dropped_and_the_retry_runs_once(
         if blocker.held:
             blocker.release()
     assert client.lrange(runs_key, 0, -1) == [b"1"]
+
+
+def test_a_copy_of_an_attempt_that_retried_from_its_body_is_dropped_after_the_retry_ran(
+    celery_lock_app: Celery,
+    in_process_worker: WorkerFactory,
+    outcomes: Outcomes,
+    runs: tuple[redis.Redis, str],
+) -> None:
+    """Attempt 0 handed its lock to attempt 1 (``self.retry``), which ran and let it go: a
+    late copy of attempt 0 finds attempt 1's mark (a later attempt ended) and is dropped."""
+    client, runs_key = runs
+
+    @celery_lock_app.task(
+        base=SingletonTask, shared=False, bind=True, lock_key="rb:{key}", max_retries=1
+    )  # fmt: skip
+    def job(self: Any, key: str) -> int:
+        client.rpush(runs_key, self.request.retries or 0)
+        if not self.request.retries:
+            raise self.retry(countdown=0)
+        return 1
+
+    with in_process_worker(celery_lock_app, concurrency=2):
+        result = job.delay("b")
+        assert result.get(timeout=TIMEOUT) == 1
+        assert outcomes.wait(2) == ["RETRY", "SUCCESS"]
+        assert done_mark(job, ("b",), result.id)[0] == b"1"
+        celery_lock_app.send_task(job.name, ("b",), task_id=result.id)
+        assert outcomes.wait(3) == ["RETRY", "SUCCESS", "IGNORED"]
+    assert client.lrange(runs_key, 0, -1) == [b"0", b"1"]
