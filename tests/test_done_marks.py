@@ -313,8 +313,9 @@ def test_a_copy_of_an_attempt_that_retried_from_its_body_is_dropped_after_the_re
     with in_process_worker(celery_lock_app, concurrency=2):
         result = job.delay("b")
         assert result.get(timeout=TIMEOUT) == 1
-        assert outcomes.wait(2) == ["RETRY", "SUCCESS"]
+        # Attempt 1 may end before attempt 0's own end is reported.
+        assert sorted(outcomes.wait(2)) == ["RETRY", "SUCCESS"]
         assert done_mark(job, ("b",), result.id)[0] == b"1"
         celery_lock_app.send_task(job.name, ("b",), task_id=result.id)
-        assert outcomes.wait(3) == ["RETRY", "SUCCESS", "IGNORED"]
+        assert outcomes.wait(3)[2] == "IGNORED"
     assert client.lrange(runs_key, 0, -1) == [b"0", b"1"]
