@@ -9,6 +9,7 @@ backend and for a retrying call.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -20,12 +21,15 @@ import redis
 from apps.fault_app import gate_key
 from celery import Celery
 from celery.signals import task_postrun
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from support.chaos import Workers
+from support.proxies import HoldingProxy
 from support.waiting import wait_for
 
 from celery_singleton_lock import LockClient, SingletonTask
 from celery_singleton_lock.embedded import RedisServer
-from celery_singleton_lock.exceptions import ConfigurationError
+from celery_singleton_lock.exceptions import ConfigurationError, LockLost
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
 
@@ -114,6 +118,40 @@ def test_a_release_with_its_mark_runs_once_after_a_script_flush() -> None:
             assert not client.holders("done:3")
         finally:
             client.close()
+
+
+def test_a_release_whose_reply_was_lost_and_sent_again_leaves_one_mark(client: LockClient) -> None:
+    """The mark and the release ran, their reply was lost, redis-py's retry sent the
+    pipeline again: the mark is written again as it was (never a second attempt), and the
+    lock stays free; the release sent again finds it gone, as any re-sent release does."""
+    from celery_singleton_lock.celery import done_marks
+
+    port = int(client.connection.redis.connection_pool.connection_kwargs["port"])
+    proxy = HoldingProxy(port)
+    via = redis.Redis(port=proxy.port, socket_timeout=0.5, retry=Retry(NoBackoff(), 1))
+    lossy = LockClient(via, prefix=client.connection.prefix)
+    try:
+        connection = lossy.connection
+        # Every script loaded first: the reply held is the release pipeline's.
+        warm = lossy.lease("done:warm", ttl=10)
+        warm_mark = done_marks.DoneMark.of(connection, warm, "t-warm", 0, 30.0)
+        assert done_marks.acquire(warm, 0.0, warm_mark)[0]
+        done_marks.release(warm, 0.0, warm_mark)
+        lease = lossy.lease("done:lost", ttl=10)
+        mark = done_marks.DoneMark.of(connection, lease, "t-lost", 0, 30.0)
+        assert done_marks.acquire(lease, 0.0, mark) == (True, -1)
+        proxy.hold_next_reply()
+        # The release sent again answers "not held" (LockExpired), as a lone re-sent
+        # release does: the run logs it; what matters here is what Redis has.
+        with contextlib.suppress(LockLost):
+            done_marks.release(lease, 0.0, mark)
+        assert proxy.holding.is_set()
+        assert not lease.held and not client.holders("done:lost")
+        assert client.connection.redis.get(mark.key) == b"0"
+        assert 0 < client.connection.redis.pttl(mark.key) <= 30_000
+    finally:
+        lossy.close()
+        proxy.close()
 
 
 def test_the_marks_life_follows_the_visibility_timeout_or_the_setting() -> None:
