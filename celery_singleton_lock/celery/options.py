@@ -242,6 +242,8 @@ APP_SETTINGS = (
     "singleton_lock_replica_timeout",
     # Tasks locked by name (celery/named_tasks.py): {name or glob: {lock_* option: value}}.
     "singleton_lock_tasks",
+    # How long a call's done mark lasts (celery/done_marks.py).
+    "singleton_lock_done_mark_ttl",
     *(setting_name(option.name) for option in OPTIONS if not option.per_task_only),
 )
 
@@ -515,6 +517,11 @@ def check_setting_values(conf: Any) -> None:
             except ConfigurationError as exc:
                 problem = str(exc).partition(": ")[2]
                 raise ConfigurationError(name, f"bad configuration: {problem}") from None
+    done_mark_ttl = conf.get("singleton_lock_done_mark_ttl", None)
+    if done_mark_ttl is not None:
+        from .done_marks import check_ttl
+
+        check_ttl(done_mark_ttl)
     if "lock_lease" in values:
         ttl = values.get("lock_ttl", TASK_OPTIONS["lock_ttl"][0])
         ttl_from = "singleton_lock_ttl" if "lock_ttl" in values else _BUILT_IN

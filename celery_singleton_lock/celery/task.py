@@ -18,7 +18,7 @@ from functools import cached_property
 from typing import Any, NoReturn
 
 from celery import Task
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore, Reject, Retry
 from celery.worker import state as worker_state
 
 from ..client import LockClient
@@ -27,7 +27,7 @@ from ..exceptions import ConfigurationError, LockBackendError, LockError, LockLo
 from ..kinds import registry
 from ..kinds.lease import Lease, ReleaseResult
 from ..kinds.registry import HandleFactory, Target
-from . import claims, enqueue, holders, own_holds, waiting_marks
+from . import claims, done_marks, enqueue, holders, own_holds, waiting_marks
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
 # before a worker starts, which always imports its tasks first).
@@ -301,7 +301,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         replaced = False
         found: list[holders.Holder] | None = None
         try:
-            acquired = lease.acquire(0.0)  # a float: check_wait's quick case
+            acquired = self._acquire(lease, 0.0)  # a float: check_wait's quick case
             if not acquired and self._replaced_at_acquire(lease):
                 replaced = True  # the lock was not tried
             elif not acquired:
@@ -408,7 +408,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             hold, verdict = own_holds.assess(self, lease, node)
             if hold is not None and verdict is not None and verdict.action == own_holds.TAKE_OVER:
                 lease.take_over = hold.owner
-                if lease.acquire(0.0):
+                if self._acquire(lease, 0.0):
                     log.warning("%s[%s] %s on %r", self.name, request.id, verdict.why, lease.name)
                     return True
                 verdict = None
@@ -463,7 +463,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             verdict = copy.verdict()
         else:
             try:
-                return lease.acquire(wait)
+                return self._acquire(lease, wait)
             finally:
                 waiting_marks.remove(connection, mark)
         self._requeue_or_ignore(verdict)
@@ -477,6 +477,42 @@ class SingletonTask(Task):  # type: ignore[misc]
         if state is not None:
             log.info("%s[%s] dropped: the original run ended (%s)", self.name, request.id, state)
             raise Ignore()
+
+    def _done_mark(self, lease: LockHandle) -> done_marks.DoneMark:
+        """The done mark (done_marks.py) of the running attempt, in ``lease``'s slot."""
+        request = self.request
+        ttl = self.__dict__.get("_done_mark_ttl")
+        if ttl is None:
+            ttl = self.__dict__["_done_mark_ttl"] = done_marks.mark_ttl(self.app)
+        connection = self.lock_client.connection
+        return done_marks.DoneMark.of(connection, lease, request.id, request.retries or 0, ttl)
+
+    def _acquire(self, lease: LockHandle, wait: float) -> bool:
+        """``lease.acquire(wait)``, reading the done mark in each attempt's round trip: a
+        copy of an attempt that ended already (done_marks.py) gives back what it took and is
+        dropped (raise Ignore), storing nothing, whether or not it got the lock."""
+        mark = self._done_mark(lease)
+        acquired, ended = done_marks.acquire(lease, wait, mark)
+        if ended < mark.attempt:
+            return acquired
+        if acquired:
+            try:
+                lease.release()
+            except LockError as exc:  # it runs out within its lease
+                log.warning("%s[%s] could not give back %r: %s", self.name, self.request.id,
+                            lease.name, exc)  # fmt: skip
+        log.info(
+            "%s[%s] dropped: attempt %d of this task id ended already",
+            self.name,
+            self.request.id,
+            ended,
+        )
+        raise Ignore()
+
+    def _record_end(self, lease: LockHandle) -> None:
+        """Write the running attempt's done mark alone: its call ended without a release to
+        send it with (skipped, refused, retried)."""
+        done_marks.record(self.lock_client.connection, self._done_mark(lease))
 
     def _autoretry(self, exc: LockBackendError) -> None:
         """Retry as ``autoretry_for`` would: Celery's wrapper is around ``run``, which a run
@@ -504,17 +540,29 @@ class SingletonTask(Task):  # type: ignore[misc]
             # Not setdefault(name, _RunLocks()) alone: that would make a new local per run.
             runs = self.__dict__.setdefault("_lock_stack", _RunLocks())
         runs.leases.append(lease)
+        # Whether the body ended by itself (returned, raised an error): only then is the
+        # attempt marked done. Cut short (SystemExit, a signal) or handing the message on
+        # (Ignore, Reject: Task.replace keeps the task id), a redelivery runs it again.
+        ended = False
         try:
             if self._called_by_tracer():
-                return self.run(*args, **kwargs)
-            return super().__call__(*args, **kwargs)
+                outcome = self.run(*args, **kwargs)
+            else:
+                outcome = super().__call__(*args, **kwargs)
+            ended = True
+            return outcome
+        except (Ignore, Reject):
+            raise
+        except Exception:
+            ended = True
+            raise
         finally:
             runs.leases.pop()
             sends = _take_deferred(lease)
             if sends:
-                self._send_deferred_retries(lease, sends)
+                self._send_deferred_retries(lease, sends, ended=ended)
             elif lease is not None and (lease.held or lease.lost):
-                self._release(lease)
+                self._release(lease, ended=ended)
 
     def _called_by_tracer(self) -> bool:
         """Whether this call is the run Celery's tracer (a worker, ``apply``) started, whose
@@ -530,9 +578,14 @@ class SingletonTask(Task):  # type: ignore[misc]
         request._protected = 1
         return True
 
-    def _release(self, lease: LockHandle) -> None:
+    def _release(self, lease: LockHandle, *, ended: bool = True) -> None:
+        """Release the run's lock; if its call ``ended``, with the attempt's done mark
+        written first in the same round trip (done_marks.py)."""
         try:
-            lease.release(delay=self.lock_options.release_delay)
+            if ended:
+                done_marks.release(lease, self.lock_options.release_delay, self._done_mark(lease))
+            else:
+                lease.release(delay=self.lock_options.release_delay)
         except LockLost as exc:
             # Not released by this run: lock_lost was sent (on_lost) when it was found lost.
             if exc.reason == "max_hold":
@@ -565,9 +618,16 @@ class SingletonTask(Task):  # type: ignore[misc]
         if options.conflict != "skip":
             exc = LockTimeout(f"{self.name}: lock {name!r} is taken ({why})", name=name)
             if options.conflict == "raise":
+                self._record_end(lease)
                 raise exc
-            raise self.retry(countdown=options.retry_countdown, exc=exc)
+            try:
+                raise self.retry(countdown=options.retry_countdown, exc=exc)
+            finally:
+                # Once the retry is sent (or refused: the call failed): a copy of this
+                # attempt must not run beside the retry.
+                self._record_end(lease)
         holder = holders.holder_task_id(found)
+        self._record_end(lease)
         return self._skip(name, holder, why, waited, logged=f"lock {name!r} {why}")
 
     def _skip(self, name: str, holder: str | None, why: str, waited: float, logged: str) -> Any:
@@ -628,23 +688,38 @@ class SingletonTask(Task):  # type: ignore[misc]
             until_run,
         )
         if next_owner is None:  # the retry itself must still be sent
-            return super().retry(**call)
+            try:
+                return super().retry(**call)
+            except Exception:
+                # Sent (Retry), or refused (the call failed): this attempt ended. Marked
+                # only now, though its lock was let go before: a worker killed before the
+                # retry was sent leaves the message to run again.
+                self._record_end(lease)
+                raise
         try:
             return super().retry(**call)
         except Retry:
             lock_released.send(sender=self, name=lease.name, task_id=request.id, lease=lease)
+            # The retry is sent: this attempt ended (its claim kept copies out until now).
+            self._record_end(lease)
             raise
-        except BaseException:
+        except BaseException as exc:
             # No retry was sent (max_retries reached, broker error): this run was the last,
-            # so its claim goes as the run's own lock would, release delay included.
+            # so its claim goes as the run's own lock would, release delay included, after
+            # the attempt's done mark (none if the run was cut short).
+            if isinstance(exc, Exception):
+                self._record_end(lease)
             claims.release_handed_over(
                 self, lease.name, next_owner, self.lock_options.release_delay
             )
             raise
 
-    def _send_deferred_retries(self, lease: LockHandle | None, sends: list[_RetrySend]) -> None:
+    def _send_deferred_retries(
+        self, lease: LockHandle | None, sends: list[_RetrySend], *, ended: bool = True
+    ) -> None:
         """The body ended: pass the run's lock to the retry kept back by
-        ``retry(throw=False)`` (or release it: another key, another kind), then send it."""
+        ``retry(throw=False)`` (or release it: another key, another kind), then send it;
+        then mark the attempt done if the body ``ended`` by itself."""
         request = self.request
         for args, kwargs, task_id, options, called_at in sends:
             options = dict(options)
@@ -663,7 +738,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                     enqueue.seconds_until(options.get("eta"), options.get("countdown")),
                 )
             elif lease is not None and lease.lost:
-                self._release(lease)  # reports it lost
+                self._release(lease, ended=ended)  # reports it lost
             try:
                 self.apply_async(args, kwargs, task_id=task_id, **options)
             except Exception as exc:
@@ -676,6 +751,8 @@ class SingletonTask(Task):  # type: ignore[misc]
                 continue
             if next_owner is not None and lease is not None:
                 lock_released.send(sender=self, name=lease.name, task_id=request.id, lease=lease)
+        if ended and lease is not None:
+            self._record_end(lease)
 
     def _hand_over(
         self, lease: LockHandle, args: Any, kwargs: Any, attempt: int, until_run: float
@@ -686,8 +763,9 @@ class SingletonTask(Task):  # type: ignore[misc]
         takes the lock for itself."""
         request = self.request
         if not isinstance(lease, Lease) or lease.name != self.lock_name(args, kwargs):
-            # Another key, or a kind with no claims (read/write, range, multi): let go now.
-            self._release(lease)
+            # Another key, or a kind with no claims (read/write, range, multi): let go now,
+            # unmarked (the caller marks the attempt once its retry is sent).
+            self._release(lease, ended=False)
             return None
         try:
             return claims.hand_over(

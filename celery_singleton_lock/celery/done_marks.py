@@ -1,0 +1,215 @@
+"""The mark a call leaves when an attempt of it ends, so that a copy of its message that comes
+later (a visibility timeout, a worker that lost its broker connection) never runs the body
+again.
+
+When a run's body has ended (returned, raised, or called ``retry``), the run writes
+``P{T}:done:<task id>`` (in its lock's Cluster slot; for a multi-key lock, its first name's)
+holding the highest attempt (``request.retries``) of that task id that ended, with an expiry
+(:func:`mark_ttl`). It is written BEFORE the lock is freed, in the SAME round trip as the
+release (one pipeline: the mark first, then the release), so no copy can take the freed lock
+without finding the mark. Every acquire of a run reads the mark in the same round trip as its
+attempt, after it; a delivery whose attempt is at or below the one that ended is a copy of a
+call that ended: it gives back what it took and is dropped without running the body (as a
+copy of a finished original is, with ``Ignore``).
+
+A body that did not end (the process SIGKILLed, a hard time limit, ``SystemExit``, a body
+that raised ``Ignore`` or ``Reject`` itself: ``Task.replace`` hands the very task id on) writes
+no mark: its message, redelivered, runs again. A retry's attempt N is marked once the retry
+message is sent (a lock handed over to attempt N+1 keeps attempt N's copies out until then),
+and a run that never got its lock (skipped, ``lock_conflict="raise"`` or ``"retry"``) is marked
+as it ends, so a copy of an attempt that retried does not run beside the retry.
+
+The mark is advisory, like the wait mark: a lost mark (a failover, an expiry) lets a copy run
+as it did before. Only task runs pay for it (a script call in the acquire's and the release's
+round trips); the lock primitives never touch it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ..core import validate
+from ..core.connection import Connection
+from ..core.handle import LockHandle
+from ..core.replication import Replication
+from ..core.scripts import Script, ScriptCall, bound_to, register, source
+from ..core.steps import Batch, Steps
+from ..exceptions import ConfigurationError, LockBackendError, LockNotReplicated
+
+log = logging.getLogger("celery_singleton_lock.task")
+
+T = TypeVar("T")
+
+#: The app setting that sets how long a done mark lasts, in seconds.
+TTL_SETTING = "singleton_lock_done_mark_ttl"
+#: Kombu's Redis and SQS transports deliver an unacknowledged message again after this
+#: many seconds unless ``broker_transport_options["visibility_timeout"]`` says otherwise.
+DEFAULT_VISIBILITY_TIMEOUT_S = 3600.0
+#: A done mark lasts this many visibility timeouts: a copy restored once the timeout passed
+#: may still wait in the queue, or be re-queued behind its original (own_holds.py) for up to
+#: half a timeout, before it runs.
+VISIBILITY_TIMEOUTS = 2.0
+#: What :func:`read_ended` answers when no attempt ended.
+NONE_ENDED = -1
+
+
+class DoneScripts:
+    """The done mark's script registered on one Redis client (no I/O)."""
+
+    def __init__(self, redis: Any, replication: Replication | None = None) -> None:
+        # Advisory, as the wait mark: sent inside the lock's own round trips, whose WAIT
+        # covers it where the client waits for replicas.
+        self.mark: Script = register(redis, source("done_mark"))
+
+
+def scripts(connection: Connection) -> DoneScripts:
+    """The done mark's scripts of ``connection``, registered on first use."""
+    return bound_to(connection, DoneScripts)
+
+
+def mark_ttl(app: Any) -> float:
+    """Seconds a done mark lasts: the ``singleton_lock_done_mark_ttl`` setting, else
+    :data:`VISIBILITY_TIMEOUTS` times the broker's visibility timeout (default one hour,
+    so two hours). Raises ConfigurationError for a setting that is not a positive number."""
+    conf = app.conf
+    value = conf.get(TTL_SETTING, None)
+    if value is not None:
+        return check_ttl(value)
+    options = conf.get("broker_transport_options") or {}
+    timeout = options.get("visibility_timeout") if isinstance(options, dict) else None
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+        timeout = DEFAULT_VISIBILITY_TIMEOUT_S
+    return VISIBILITY_TIMEOUTS * float(timeout)
+
+
+def check_ttl(value: Any) -> float:
+    """``singleton_lock_done_mark_ttl`` checked: a finite number of seconds > 0."""
+    try:
+        return validate.check_positive(value, TTL_SETTING)
+    except ConfigurationError as exc:
+        problem = str(exc).partition(": ")[2]
+        raise ConfigurationError(TTL_SETTING, f"bad configuration: {problem}") from None
+
+
+@dataclass(frozen=True)
+class DoneMark:
+    """The done mark of attempt ``attempt`` of one task id: its key and its expiry (ms)."""
+
+    key: bytes
+    attempt: int
+    ttl_ms: int
+
+    @classmethod
+    def of(
+        cls, connection: Connection, handle: LockHandle, task_id: str, attempt: int, ttl: float
+    ) -> DoneMark:
+        """The mark of attempt ``attempt`` of ``task_id``, in the slot of ``handle``'s name
+        (a multi-key lock: its first name), lasting ``ttl`` seconds."""
+        names = getattr(handle, "names", None)
+        name = names[0] if names else handle.name
+        key = connection.keys(name).base + f"done:{task_id}".encode()
+        return cls(key, attempt, validate.seconds_to_ms(ttl))
+
+    def set_call(self, connection: Connection) -> ScriptCall:
+        return (scripts(connection).mark, [self.key], [self.attempt, self.ttl_ms])
+
+    def get_call(self, connection: Connection) -> ScriptCall:
+        return (scripts(connection).mark, [self.key], ["", 0])
+
+
+def acquire(handle: LockHandle, wait: float, mark: DoneMark) -> tuple[bool, int]:
+    """``handle.acquire(wait)``, each of its attempts followed, in its round trip, by a read
+    of ``mark``: whether it took the lock, and the highest attempt of the task id that had
+    ended as its last attempt ran (:data:`NONE_ENDED` if none)."""
+    connection: Connection = handle._conn
+    read: list[Any] = []
+    taken = handle._run(_with_call(handle._acquire_steps(wait), mark.get_call(connection), read))
+    return bool(taken), int(read[-1]) if read else NONE_ENDED
+
+
+def release(handle: LockHandle, delay: float, mark: DoneMark) -> None:
+    """``handle.release(delay)``, with ``mark`` written first in the same round trip; raises
+    as ``release`` does. A release that needs no round trip (the handle holds nothing) still
+    writes the mark, alone."""
+    connection: Connection = handle._conn
+    sent: list[Any] = []
+    try:
+        handle._run(
+            _with_call(handle._release_steps(delay), mark.set_call(connection), sent, first=True)
+        )
+    finally:
+        if not sent:
+            record(connection, mark)
+
+
+def record(connection: Connection, mark: DoneMark) -> None:
+    """Write ``mark`` in a round trip of its own (no lock to free with it). A failure is only
+    logged: without the mark a later copy may run again, as it did before marks."""
+    script, keys, args = mark.set_call(connection)
+    try:
+        connection.call(script, keys=keys, args=args)
+    except LockBackendError as exc:
+        log.warning("could not write the done mark %r: %s", mark.key, exc)
+
+
+def read_ended(connection: Connection, mark: DoneMark) -> int:
+    """The highest attempt of ``mark``'s task id that ended (:data:`NONE_ENDED` if none)."""
+    script, keys, args = mark.get_call(connection)
+    return int(connection.call(script, keys=keys, args=args))
+
+
+def _with_call(
+    steps: Steps[T], extra: ScriptCall, replies: list[Any], *, first: bool = False
+) -> Steps[T]:
+    """Run a handle operation's ``steps``, with ``extra`` sent in the round trip of each of
+    its script calls (with ``first``: before the first one only, else after every one); the
+    replies ``extra`` got are appended to ``replies``. The operation sees its own replies and
+    errors as if ``extra`` were not there."""
+    added = False
+    send: Callable[[Any], Any] = steps.send
+    value: Any = None
+    while True:
+        try:
+            step = send(value)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        send = steps.send
+        single = type(step) is tuple
+        if (single or isinstance(step, Batch)) and not (first and added):
+            calls: list[ScriptCall] = [step] if single else list(step.calls)
+            count = len(calls)
+            added = True
+            batch = Batch([extra, *calls] if first else [*calls, extra])
+            own = slice(1, None) if first else slice(0, count)
+            mine = 0 if first else count
+            try:
+                answer = yield batch
+            except LockNotReplicated as exc:
+                # The scripts ran on the master: the operation reads its own replies.
+                if len(exc.replies) > mine:
+                    replies.append(exc.replies[mine])
+                error = LockNotReplicated(
+                    str(exc), name=exc.name, replies=list(exc.replies[own]),
+                    acknowledged=exc.acknowledged,
+                )  # fmt: skip
+                send, value = _thrower(steps, error), None
+                continue
+            except BaseException as exc:
+                send, value = _thrower(steps, exc), None
+                continue
+            replies.append(answer[mine])
+            value = answer[own][0] if single else answer[own]
+            continue
+        try:
+            value = yield step
+        except BaseException as exc:
+            send, value = _thrower(steps, exc), None
+
+
+def _thrower(steps: Steps[Any], error: BaseException) -> Callable[[Any], Any]:
+    """A ``send`` that throws ``error`` into ``steps`` instead."""
+    return lambda _: steps.throw(error)

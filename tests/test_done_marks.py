@@ -1,0 +1,359 @@
+"""celery/done_marks.py: a call whose attempt ended leaves a done mark, so a copy of its message
+delivered later (a visibility timeout, a lost broker connection) is dropped instead of running
+the body again; a run cut short (SIGKILL) leaves none, so its redelivered copy still runs.
+
+Real workers: ``celery worker`` processes of tests/apps/fault_app.py (``acks_late``, a result
+backend, an 8 s visibility timeout), and in-process workers for an app without a result
+backend and for a retrying call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from apps.fault_app import gate_key
+from celery import Celery
+from celery.signals import task_postrun
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from support.chaos import Workers
+from support.proxies import HoldingProxy
+from support.waiting import wait_for
+
+from celery_singleton_lock import LockClient, SingletonTask
+from celery_singleton_lock.embedded import RedisServer
+from celery_singleton_lock.exceptions import ConfigurationError, LockLost
+
+WorkerFactory = Callable[..., AbstractContextManager[Any]]
+
+TIMEOUT = 60.0
+DROPPED = "dropped: attempt 0 of this task id ended already"
+
+
+def done_mark(task: Any, args: tuple[Any, ...], task_id: str) -> tuple[bytes | None, int]:
+    """The done mark of ``task_id`` in the slot of ``task``'s lock for ``args``: its value
+    and its remaining ms, as the lock Redis has it."""
+    from celery_singleton_lock.celery.done_marks import DoneMark
+
+    connection = task.lock_client.connection
+    key = DoneMark.of(connection, task.make_lock(args), task_id, 0, 1.0).key
+    return connection.redis.get(key), connection.redis.pttl(key)
+
+
+# -- the mark on a real Redis ------------------------------------------------------------------
+
+
+@pytest.fixture
+def client(lock_redis_url: str, lock_prefix: str) -> Iterator[LockClient]:
+    client = LockClient.from_url(lock_redis_url, prefix=lock_prefix)
+    yield client
+    client.close()
+
+
+def test_the_mark_keeps_the_highest_attempt_that_ended(client: LockClient) -> None:
+    from celery_singleton_lock.celery.done_marks import DoneMark, read_ended, record
+
+    connection = client.connection
+    lease = client.lease("done:1")
+    assert DoneMark.of(connection, lease, "t-1", 0, 1.0).key == (
+        connection.keys("done:1").base + b"done:t-1"
+    )
+    later = DoneMark.of(connection, lease, "t-1", 2, 60.0)
+    assert read_ended(connection, later) == -1
+    record(connection, later)
+    # A late or re-sent mark of an earlier attempt never lowers it; it only keeps it longer.
+    record(connection, DoneMark.of(connection, lease, "t-1", 1, 120.0))
+    assert read_ended(connection, later) == 2
+    assert 60_000 < connection.redis.pttl(later.key) <= 120_000
+
+
+def test_a_release_writes_the_mark_and_frees_the_lock_and_an_acquire_reads_it(
+    client: LockClient,
+) -> None:
+    from celery_singleton_lock.celery import done_marks
+
+    connection = client.connection
+    lease = client.lease("done:2", ttl=10)
+    mark = done_marks.DoneMark.of(connection, lease, "t-2", 0, 30.0)
+    assert done_marks.acquire(lease, 0.0, mark) == (True, -1)
+    done_marks.release(lease, 0.0, mark)
+    assert not lease.held and not client.holders("done:2")
+    assert done_marks.read_ended(connection, mark) == 0
+    assert done_marks.acquire(lease, 0.0, mark) == (True, 0)
+    # A release with nothing to free (not held) still marks the attempt.
+    lease.release()
+    retry = done_marks.DoneMark.of(connection, lease, "t-2", 1, 30.0)
+    with pytest.raises(Exception, match="not held"):
+        done_marks.release(lease, 0.0, retry)
+    assert done_marks.read_ended(connection, mark) == 1
+
+
+def test_a_release_with_its_mark_runs_once_after_a_script_flush() -> None:
+    """The lock scripts loaded again by other calls, the mark's not: the run's acquire reads
+    the mark with the very script its release writes it with, so the release's pipeline is
+    not refused NOSCRIPT and sent again, release included (which would answer 'not held').
+    A server of its own: the flush must not touch other tests' scripts."""
+    from celery_singleton_lock.celery import done_marks
+
+    with RedisServer() as server:
+        client = LockClient.from_url(server.url, prefix="csltest:flush:")
+        try:
+            connection = client.connection
+            connection.redis.script_flush()
+            other = client.lease("done:other")
+            assert other.acquire(0.0)
+            other.release()
+            lease = client.lease("done:3", ttl=10)
+            mark = done_marks.DoneMark.of(connection, lease, "t-3", 0, 30.0)
+            assert done_marks.acquire(lease, 0.0, mark) == (True, -1)
+            done_marks.release(lease, 0.0, mark)
+            assert done_marks.read_ended(connection, mark) == 0
+            assert not client.holders("done:3")
+        finally:
+            client.close()
+
+
+def test_a_release_whose_reply_was_lost_and_sent_again_leaves_one_mark(client: LockClient) -> None:
+    """The mark and the release ran, their reply was lost, redis-py's retry sent the
+    pipeline again: the mark is written again as it was (never a second attempt), and the
+    lock stays free; the release sent again finds it gone, as any re-sent release does."""
+    from celery_singleton_lock.celery import done_marks
+
+    port = int(client.connection.redis.connection_pool.connection_kwargs["port"])
+    proxy = HoldingProxy(port)
+    via = redis.Redis(port=proxy.port, socket_timeout=0.5, retry=Retry(NoBackoff(), 1))
+    lossy = LockClient(via, prefix=client.connection.prefix)
+    try:
+        connection = lossy.connection
+        # Every script loaded first: the reply held is the release pipeline's.
+        warm = lossy.lease("done:warm", ttl=10)
+        warm_mark = done_marks.DoneMark.of(connection, warm, "t-warm", 0, 30.0)
+        assert done_marks.acquire(warm, 0.0, warm_mark)[0]
+        done_marks.release(warm, 0.0, warm_mark)
+        lease = lossy.lease("done:lost", ttl=10)
+        mark = done_marks.DoneMark.of(connection, lease, "t-lost", 0, 30.0)
+        assert done_marks.acquire(lease, 0.0, mark) == (True, -1)
+        proxy.hold_next_reply()
+        # The release sent again answers "not held" (LockExpired), as a lone re-sent
+        # release does: the run logs it; what matters here is what Redis has.
+        with contextlib.suppress(LockLost):
+            done_marks.release(lease, 0.0, mark)
+        assert proxy.holding.is_set()
+        assert not lease.held and not client.holders("done:lost")
+        assert client.connection.redis.get(mark.key) == b"0"
+        assert 0 < client.connection.redis.pttl(mark.key) <= 30_000
+    finally:
+        lossy.close()
+        proxy.close()
+
+
+def test_the_marks_life_follows_the_visibility_timeout_or_the_setting() -> None:
+    from celery_singleton_lock.celery.done_marks import mark_ttl
+    from celery_singleton_lock.celery.options import AppSettings
+
+    app = Celery(set_as_current=False)
+    assert mark_ttl(app) == 7200.0  # two of the Redis transport's default hour
+    app.conf.broker_transport_options = {"visibility_timeout": 8}
+    assert mark_ttl(app) == 16.0
+    app.conf.singleton_lock_done_mark_ttl = 30
+    assert mark_ttl(app) == 30.0
+    app.conf.update(singleton_lock_url="redis://127.0.0.1:1/0", singleton_lock_done_mark_ttl=0)
+    with pytest.raises(ConfigurationError, match="singleton_lock_done_mark_ttl"):
+        AppSettings.from_conf(app.conf)
+
+
+# -- real `celery worker` processes ------------------------------------------------------------
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[Workers]:
+    with RedisServer() as broker, RedisServer() as lock:
+        workers = Workers(lock.url, broker.url, f"csltest:done:{broker.port}:", tmp_path)
+        try:
+            yield workers
+        finally:
+            workers.close()
+
+
+def events(pool: Workers, **match: Any) -> list[dict[str, Any]]:
+    return [e for e in pool.events() if all(e.get(k) == v for k, v in match.items())]
+
+
+@pytest.mark.timeout(180)
+def test_a_copy_delivered_after_its_original_ended_is_dropped_not_run_again(
+    pool: Workers,
+) -> None:
+    worker = pool.start(concurrency=1)
+    pool.wait_ready(worker)
+    task = pool.app.tasks["fault.chaos"]
+    args = ("kd", 0.1)
+    result = task.apply_async(args)
+    assert result.get(timeout=TIMEOUT) > 0
+    value, pttl = done_mark(task, args, result.id)
+    assert value == b"0" and 0 < pttl <= 16_000  # two visibility timeouts of 8 s
+    # The same message again, after the run released its lock: the lock is free, and no
+    # re-queue brought this copy back (the result backend is not asked about it).
+    pool.app.send_task(task.name, args, task_id=result.id)
+    wait_for(lambda: DROPPED in worker.log_tail(200), TIMEOUT, "the copy to be dropped")
+    assert len(events(pool, event="start", task_id=result.id)) == 1
+    assert result.state == "SUCCESS"
+
+
+@pytest.mark.timeout(180)
+def test_a_sigkilled_run_leaves_no_mark_and_its_redelivered_copy_runs(pool: Workers) -> None:
+    first_worker = pool.start(concurrency=1)
+    pool.wait_ready(first_worker)
+    task = pool.app.tasks["fault.gated"]
+    args = ("kk", TIMEOUT)
+    result = task.apply_async(args)
+    wait_for(lambda: events(pool, event="start", task_id=result.id), TIMEOUT, "a run")
+    first_worker.kill()
+    assert done_mark(task, args, result.id)[0] is None  # its body never ended
+    second_worker = pool.start(concurrency=1)
+    pool.wait_ready(second_worker)
+    # The message comes back (visibility timeout) and runs, once the dead run's lease is
+    # taken over or runs out.
+    wait_for(lambda: events(pool, event="start", task_id=result.id)[1:], TIMEOUT * 2, "the copy")
+    pool.broker.set(gate_key(pool.prefix, "kk"), 1, ex=600)
+    assert result.get(timeout=TIMEOUT)["locked"]
+    assert len(events(pool, event="end", task_id=result.id)) == 1
+    assert done_mark(task, args, result.id)[0] == b"0"
+
+
+# -- in-process workers ------------------------------------------------------------------------
+
+
+class Outcomes:
+    """The state each run of ``app``'s tasks ended in (``task_postrun``), in order."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self.states: list[tuple[str, str]] = []
+        self.changed = threading.Condition()
+        task_postrun.connect(self.record, weak=False)
+
+    def record(self, sender: Any = None, task_id: str = "", state: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is self.app:
+            with self.changed:
+                self.states.append((task_id, str(state)))
+                self.changed.notify_all()
+
+    def wait(self, count: int, timeout: float = TIMEOUT) -> list[str]:
+        with self.changed:
+            assert self.changed.wait_for(lambda: len(self.states) >= count, timeout), self.states
+            return [state for _, state in self.states]
+
+    def close(self) -> None:
+        task_postrun.disconnect(self.record)
+
+
+@pytest.fixture
+def outcomes(celery_lock_app: Celery) -> Iterator[Outcomes]:
+    found = Outcomes(celery_lock_app)
+    yield found
+    found.close()
+
+
+@pytest.fixture
+def runs(lock_redis_url: str, lock_prefix: str) -> Iterator[tuple[redis.Redis, str]]:
+    client = redis.Redis.from_url(lock_redis_url)
+    key = f"{lock_prefix}runs"
+    yield client, key
+    client.delete(key)
+    client.close()
+
+
+def test_without_a_result_backend_a_late_copy_is_dropped(
+    celery_lock_app: Celery,
+    in_process_worker: WorkerFactory,
+    outcomes: Outcomes,
+    runs: tuple[redis.Redis, str],
+) -> None:
+    celery_lock_app.conf.result_backend = None
+    client, runs_key = runs
+
+    @celery_lock_app.task(
+        base=SingletonTask, shared=False, bind=True, ignore_result=True, lock_key="nb:{key}"
+    )  # fmt: skip
+    def job(self: Any, key: str) -> None:
+        client.rpush(runs_key, self.request.retries or 0)
+
+    with in_process_worker(celery_lock_app, concurrency=2):
+        first = job.delay("a")
+        assert outcomes.wait(1) == ["SUCCESS"]
+        celery_lock_app.send_task(job.name, ("a",), task_id=first.id)
+        assert outcomes.wait(2) == ["SUCCESS", "IGNORED"]
+    assert client.lrange(runs_key, 0, -1) == [b"0"]
+
+
+def test_a_copy_of_an_attempt_that_retried_is_dropped_and_the_retry_runs_once(
+    celery_lock_app: Celery,
+    in_process_worker: WorkerFactory,
+    outcomes: Outcomes,
+    runs: tuple[redis.Redis, str],
+) -> None:
+    """``lock_conflict="retry"``: attempt 0 met another holder and retried as attempt 1; a
+    copy of attempt 0 (re-queued earlier, or redelivered) that comes once the lock is free
+    must not run beside attempt 1."""
+    client, runs_key = runs
+
+    @celery_lock_app.task(
+        base=SingletonTask, shared=False, bind=True, lock_key="rt:{key}",
+        lock_conflict="retry", lock_retry_countdown=4, max_retries=3,
+    )  # fmt: skip
+    def job(self: Any, key: str) -> int:
+        client.rpush(runs_key, self.request.retries or 0)
+        return int(self.request.retries or 0)
+
+    blocker = job.make_lock(("r",), owner_info={"task_id": "blocker"})
+    assert blocker.acquire(0.0)
+    try:
+        with in_process_worker(celery_lock_app, concurrency=2):
+            result = job.delay("r")
+            assert outcomes.wait(1) == ["RETRY"]
+            blocker.release()
+            celery_lock_app.send_task(job.name, ("r",), task_id=result.id)
+            assert outcomes.wait(2) == ["RETRY", "IGNORED"]  # before attempt 1's countdown
+            assert result.get(timeout=TIMEOUT) == 1
+            assert outcomes.wait(3) == ["RETRY", "IGNORED", "SUCCESS"]
+    finally:
+        if blocker.held:
+            blocker.release()
+    assert client.lrange(runs_key, 0, -1) == [b"1"]
+
+
+def test_a_copy_of_an_attempt_that_retried_from_its_body_is_dropped_after_the_retry_ran(
+    celery_lock_app: Celery,
+    in_process_worker: WorkerFactory,
+    outcomes: Outcomes,
+    runs: tuple[redis.Redis, str],
+) -> None:
+    """Attempt 0 handed its lock to attempt 1 (``self.retry``), which ran and let it go: a
+    late copy of attempt 0 finds attempt 1's mark (a later attempt ended) and is dropped."""
+    client, runs_key = runs
+
+    @celery_lock_app.task(
+        base=SingletonTask, shared=False, bind=True, lock_key="rb:{key}", max_retries=1
+    )  # fmt: skip
+    def job(self: Any, key: str) -> int:
+        client.rpush(runs_key, self.request.retries or 0)
+        if not self.request.retries:
+            raise self.retry(countdown=0)
+        return 1
+
+    with in_process_worker(celery_lock_app, concurrency=2):
+        result = job.delay("b")
+        assert result.get(timeout=TIMEOUT) == 1
+        # Attempt 1 may end before attempt 0's own end is reported.
+        assert sorted(outcomes.wait(2)) == ["RETRY", "SUCCESS"]
+        assert done_mark(job, ("b",), result.id)[0] == b"1"
+        celery_lock_app.send_task(job.name, ("b",), task_id=result.id)
+        assert outcomes.wait(3)[2] == "IGNORED"
+    assert client.lrange(runs_key, 0, -1) == [b"0", b"1"]
