@@ -76,7 +76,7 @@ def test_drain_waits_for_a_delivery_of_a_call_that_settled_already(tmp_path: Pat
 def _run(
     task_id: str, pid: int, token: int, start: float, end: float | None
 ) -> list[dict[str, Any]]:
-    execution = f"{task_id}/0/{pid}/{token}"
+    execution = f"{task_id}/0/{pid}/{token}"  # task id, attempt, pid, token
     run = {"task_id": task_id, "key": "k0", "pid": pid, "token": str(token)}
     run |= {"execution": execution, "worker": "w1@localhost", "attempt": 0}
     events = [
@@ -151,3 +151,19 @@ def test_history_check_takes_failed_calls_and_skips_for_another_call_as_reported
     events = _run("t-a", 11, 1, 100.0, 102.0) + [{**skip, "holder": "t-b"}]
     [violation] = _check(events, {"t-a": "SUCCESS", "t-b": "SUCCESS"}, Faults()).violations
     assert violation.startswith("k0: call t-b (fault.chaos) was skipped as a duplicate of itself")
+
+
+def test_history_check_flags_an_attempt_run_again_after_it_ended() -> None:
+    # A redelivered copy of t-a took the key after the original's run ended and ran it again.
+    events = _run("t-a", 11, 1, 100.0, 101.0) + _run("t-a", 12, 2, 101.5, 102.0)
+    report = _check(events, {"t-a": "SUCCESS"}, Faults())
+    [violation] = report.violations
+    assert violation.startswith("k0: run t-a/0/11/1 (task t-a, token 1, attempt 0")
+    assert "ran the same attempt again from 101.500" in violation
+    assert report.repeated_runs == 1
+    # Excused: the first process killed after its body ended (the end of the call was not
+    # recorded, so its message is due again), or the lock Redis restarted in between.
+    killed = Faults(kills=[(101.1, 101.2, {11})])
+    assert _check(events, {"t-a": "SUCCESS"}, killed).violations == []
+    restarted = Faults(restarts=[(101.2, 101.3)])
+    assert _check(events, {"t-a": "SUCCESS"}, restarted).violations == []

@@ -14,6 +14,9 @@ injected. The check fails on:
   rejected by the fence, unless the earlier run was SIGSTOPped or the lock Redis restarted
   while it ran: an undisturbed holder is never overlapped nor fenced off;
 - a run that started and never ended in a process nobody killed;
+- one attempt of a call run to its end twice (a redelivered copy ran it again), unless the
+  earlier run's process was killed after its body ended, it was paused, or the lock Redis
+  restarted in between;
 - a call that neither completed (a run ended and the backend says SUCCESS) nor was reported:
   FAILURE or REVOKED in the backend, or skipped (``lock_skipped``) for another call holding
   its key. A call a killed process had received is no exception: ``acks_late`` and
@@ -78,6 +81,7 @@ class Report:
     accepted_writes: int = 0
     rejected_writes: int = 0
     raw_overlaps: int = 0
+    repeated_runs: int = 0  # an attempt's body run again after it ended
     child_kills: int = 0
     worker_kills: int = 0
     killed_mid_run: int = 0
@@ -96,6 +100,7 @@ class Report:
             f" failed={self.failed} skipped={self.skipped} executions={self.executions}"
             f" accepted_runs={self.accepted_runs} accepted_writes={self.accepted_writes}"
             f" rejected_writes={self.rejected_writes} raw_overlaps={self.raw_overlaps}"
+            f" repeated_runs={self.repeated_runs}"
             f" child_kills={self.child_kills} worker_kills={self.worker_kills}"
             f" killed_mid_run={self.killed_mid_run} pauses={self.pauses}"
             f" restarts={self.restarts} reply_delays={self.reply_delays}"
@@ -185,7 +190,39 @@ def check(history: History, report: Report) -> None:
             )
     for key in sorted({call.key for call in history.calls.values()}):
         _check_key(key, history, [r for r in runs.values() if r.key == key], excused, report)
+    _check_repeats(runs, killed_at, excused, report)
     _check_calls(history, runs, killed_at, report)
+
+
+def _check_repeats(
+    runs: dict[str, Run],
+    killed_at: dict[int, tuple[float, float]],
+    excused: Any,
+    report: Report,
+) -> None:
+    """One attempt of a call whose body ran to its end is not run again by a copy of its
+    message: unless the earlier run's process was killed after the body ended (before the
+    end of the call was recorded, the message is due again), it was paused, or the lock
+    Redis restarted (losing what was recorded) before the later run started."""
+    by_attempt: dict[tuple[str, int], list[Run]] = defaultdict(list)
+    for run in runs.values():
+        if run.end is not None and not run.killed:
+            by_attempt[(run.task_id, run.attempt)].append(run)
+    for attempt_runs in by_attempt.values():
+        attempt_runs.sort(key=lambda r: r.start)
+        for earlier, later in zip(attempt_runs, attempt_runs[1:], strict=False):
+            assert earlier.end is not None
+            report.repeated_runs += 1
+            kill = killed_at.get(earlier.pid)
+            if kill is not None and earlier.end <= kill[1] and kill[0] <= later.start:
+                continue
+            if excused(earlier, later.start):
+                continue
+            report.violations.append(
+                f"{earlier.key}: {earlier.describe()} ran to its end at {earlier.end:.3f},"
+                f" undisturbed, and {later.describe()} ran the same attempt again from"
+                f" {later.start:.3f}"
+            )
 
 
 def _check_key(key: str, history: History, runs: list[Run], excused: Any, report: Report) -> None:
