@@ -82,16 +82,16 @@ def test_a_release_writes_the_mark_and_frees_the_lock_and_an_acquire_reads_it(
     connection = client.connection
     lease = client.lease("done:2", ttl=10)
     mark = done_marks.DoneMark.of(connection, lease, "t-2", 0, 30.0)
-    assert done_marks.acquire(lease, 0.0, mark) == (True, -1)
-    done_marks.release(lease, 0.0, mark)
+    assert done_marks.acquire(connection, lease, 0.0, mark) == (True, -1)
+    done_marks.release(connection, lease, 0.0, mark)
     assert not lease.held and not client.holders("done:2")
     assert done_marks.read_ended(connection, mark) == 0
-    assert done_marks.acquire(lease, 0.0, mark) == (True, 0)
+    assert done_marks.acquire(connection, lease, 0.0, mark) == (True, 0)
     # A release with nothing to free (not held) still marks the attempt.
     lease.release()
     retry = done_marks.DoneMark.of(connection, lease, "t-2", 1, 30.0)
     with pytest.raises(Exception, match="not held"):
-        done_marks.release(lease, 0.0, retry)
+        done_marks.release(connection, lease, 0.0, retry)
     assert done_marks.read_ended(connection, mark) == 1
 
 
@@ -112,8 +112,8 @@ def test_a_release_with_its_mark_runs_once_after_a_script_flush() -> None:
             other.release()
             lease = client.lease("done:3", ttl=10)
             mark = done_marks.DoneMark.of(connection, lease, "t-3", 0, 30.0)
-            assert done_marks.acquire(lease, 0.0, mark) == (True, -1)
-            done_marks.release(lease, 0.0, mark)
+            assert done_marks.acquire(connection, lease, 0.0, mark) == (True, -1)
+            done_marks.release(connection, lease, 0.0, mark)
             assert done_marks.read_ended(connection, mark) == 0
             assert not client.holders("done:3")
         finally:
@@ -135,16 +135,16 @@ def test_a_release_whose_reply_was_lost_and_sent_again_leaves_one_mark(client: L
         # Every script loaded first: the reply held is the release pipeline's.
         warm = lossy.lease("done:warm", ttl=10)
         warm_mark = done_marks.DoneMark.of(connection, warm, "t-warm", 0, 30.0)
-        assert done_marks.acquire(warm, 0.0, warm_mark)[0]
-        done_marks.release(warm, 0.0, warm_mark)
+        assert done_marks.acquire(connection, warm, 0.0, warm_mark)[0]
+        done_marks.release(connection, warm, 0.0, warm_mark)
         lease = lossy.lease("done:lost", ttl=10)
         mark = done_marks.DoneMark.of(connection, lease, "t-lost", 0, 30.0)
-        assert done_marks.acquire(lease, 0.0, mark) == (True, -1)
+        assert done_marks.acquire(connection, lease, 0.0, mark) == (True, -1)
         proxy.hold_next_reply()
         # The release sent again answers "not held" (LockExpired), as a lone re-sent
         # release does: the run logs it; what matters here is what Redis has.
         with contextlib.suppress(LockLost):
-            done_marks.release(lease, 0.0, mark)
+            done_marks.release(connection, lease, 0.0, mark)
         assert proxy.holding.is_set()
         assert not lease.held and not client.holders("done:lost")
         assert client.connection.redis.get(mark.key) == b"0"

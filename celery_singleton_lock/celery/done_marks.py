@@ -27,21 +27,17 @@ round trips); the lock primitives never touch it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from ..core import validate
 from ..core.connection import Connection
 from ..core.handle import LockHandle
 from ..core.replication import Replication
 from ..core.scripts import Script, ScriptCall, bound_to, register, source
-from ..core.steps import Batch, Steps
-from ..exceptions import ConfigurationError, LockBackendError, LockNotReplicated
+from ..exceptions import ConfigurationError, LockBackendError
 
 log = logging.getLogger("celery_singleton_lock.task")
-
-T = TypeVar("T")
 
 #: The app setting that sets how long a done mark lasts, in seconds.
 TTL_SETTING = "singleton_lock_done_mark_ttl"
@@ -120,26 +116,24 @@ class DoneMark:
         return (scripts(connection).mark, [self.key], ["", 0])
 
 
-def acquire(handle: LockHandle, wait: float, mark: DoneMark) -> tuple[bool, int]:
+def acquire(
+    connection: Connection, handle: LockHandle, wait: float, mark: DoneMark
+) -> tuple[bool, int]:
     """``handle.acquire(wait)``, each of its attempts followed, in its round trip, by a read
     of ``mark``: whether it took the lock, and the highest attempt of the task id that had
     ended as its last attempt ran (:data:`NONE_ENDED` if none)."""
-    connection: Connection = handle._conn
     read: list[Any] = []
-    taken = handle._run(_with_call(handle._acquire_steps(wait), mark.get_call(connection), read))
-    return bool(taken), int(read[-1]) if read else NONE_ENDED
+    taken = handle.acquire_along(mark.get_call(connection), read, wait)
+    return taken, int(read[-1]) if read else NONE_ENDED
 
 
-def release(handle: LockHandle, delay: float, mark: DoneMark) -> None:
+def release(connection: Connection, handle: LockHandle, delay: float, mark: DoneMark) -> None:
     """``handle.release(delay)``, with ``mark`` written first in the same round trip; raises
     as ``release`` does. A release that needs no round trip (the handle holds nothing) still
     writes the mark, alone."""
-    connection: Connection = handle._conn
     sent: list[Any] = []
     try:
-        handle._run(
-            _with_call(handle._release_steps(delay), mark.set_call(connection), sent, first=True)
-        )
+        handle.release_along(mark.set_call(connection), sent, delay)
     finally:
         if not sent:
             record(connection, mark)
@@ -159,57 +153,3 @@ def read_ended(connection: Connection, mark: DoneMark) -> int:
     """The highest attempt of ``mark``'s task id that ended (:data:`NONE_ENDED` if none)."""
     script, keys, args = mark.get_call(connection)
     return int(connection.call(script, keys=keys, args=args))
-
-
-def _with_call(
-    steps: Steps[T], extra: ScriptCall, replies: list[Any], *, first: bool = False
-) -> Steps[T]:
-    """Run a handle operation's ``steps``, with ``extra`` sent in the round trip of each of
-    its script calls (with ``first``: before the first one only, else after every one); the
-    replies ``extra`` got are appended to ``replies``. The operation sees its own replies and
-    errors as if ``extra`` were not there."""
-    added = False
-    send: Callable[[Any], Any] = steps.send
-    value: Any = None
-    while True:
-        try:
-            step = send(value)
-        except StopIteration as done:
-            result: T = done.value
-            return result
-        send = steps.send
-        single = type(step) is tuple
-        if (single or isinstance(step, Batch)) and not (first and added):
-            calls: list[ScriptCall] = [step] if single else list(step.calls)
-            count = len(calls)
-            added = True
-            batch = Batch([extra, *calls] if first else [*calls, extra])
-            own = slice(1, None) if first else slice(0, count)
-            mine = 0 if first else count
-            try:
-                answer = yield batch
-            except LockNotReplicated as exc:
-                # The scripts ran on the master: the operation reads its own replies.
-                if len(exc.replies) > mine:
-                    replies.append(exc.replies[mine])
-                error = LockNotReplicated(
-                    str(exc), name=exc.name, replies=list(exc.replies[own]),
-                    acknowledged=exc.acknowledged,
-                )  # fmt: skip
-                send, value = _thrower(steps, error), None
-                continue
-            except BaseException as exc:
-                send, value = _thrower(steps, exc), None
-                continue
-            replies.append(answer[mine])
-            value = answer[own][0] if single else answer[own]
-            continue
-        try:
-            value = yield step
-        except BaseException as exc:
-            send, value = _thrower(steps, exc), None
-
-
-def _thrower(steps: Steps[Any], error: BaseException) -> Callable[[Any], Any]:
-    """A ``send`` that throws ``error`` into ``steps`` instead."""
-    return lambda _: steps.throw(error)

@@ -492,7 +492,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         copy of an attempt that ended already (done_marks.py) gives back what it took and is
         dropped (raise Ignore), storing nothing, whether or not it got the lock."""
         mark = self._done_mark(lease)
-        acquired, ended = done_marks.acquire(lease, wait, mark)
+        acquired, ended = done_marks.acquire(self.lock_client.connection, lease, wait, mark)
         if ended < mark.attempt:
             return acquired
         if acquired:
@@ -583,7 +583,9 @@ class SingletonTask(Task):  # type: ignore[misc]
         written first in the same round trip (done_marks.py)."""
         try:
             if ended:
-                done_marks.release(lease, self.lock_options.release_delay, self._done_mark(lease))
+                mark = self._done_mark(lease)
+                connection = self.lock_client.connection
+                done_marks.release(connection, lease, self.lock_options.release_delay, mark)
             else:
                 lease.release(delay=self.lock_options.release_delay)
         except LockLost as exc:

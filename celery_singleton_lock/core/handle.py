@@ -24,8 +24,8 @@ from .handle_state import Options, _Process, check_options
 from .heartbeat import heartbeat, renewing
 from .holder import holder_fields
 from .notifier import Wakeup
-from .scripts import run_batch
-from .steps import Batch, Blpop, Listen, Pause, Steps
+from .scripts import ScriptCall, run_batch
+from .steps import Batch, Blpop, Listen, Pause, Steps, along
 
 log = logging.getLogger("celery_singleton_lock.lease")
 
@@ -184,6 +184,20 @@ class LockHandle(HandleOps):
         holds the lock.
         """
         self._run(self._release_steps(delay))
+
+    def acquire_along(
+        self, call: ScriptCall, replies: list[Any], wait: float | None = None
+    ) -> bool:
+        """``acquire(wait)``, with ``call`` (another script on a key in this lock's slot)
+        sent after each attempt in the attempt's round trip; ``call``'s replies, one per
+        attempt that reached Redis, are appended to ``replies``."""
+        return self._run(along(self._acquire_steps(wait), call, replies))
+
+    def release_along(self, call: ScriptCall, replies: list[Any], delay: float = 0.0) -> None:
+        """``release(delay)``, with ``call`` (as for :meth:`acquire_along`) sent before it in
+        its round trip; ``call``'s reply is appended to ``replies`` (nothing if no round trip
+        was needed, or none answered). Raises as ``release`` does."""
+        self._run(along(self._release_steps(delay), call, replies, first=True))
 
     def extend(self, ttl: float | None = None) -> float:
         """Set the lock's remaining time to ``ttl`` seconds (default: its ttl) and renew it

@@ -16,9 +16,10 @@ attempts, withdrawing a wait, riding out an outage) is written once. The sync ru
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, TypeVar
 
+from ..exceptions import LockNotReplicated
 from .scripts import ScriptCall
 
 T = TypeVar("T")
@@ -65,3 +66,57 @@ Step = ScriptCall | Batch | Listen | Pause | Blpop
 
 #: An operation: yields steps, is sent each one's result, returns a ``T``.
 Steps = Generator[Step, Any, T]
+
+
+def along(
+    steps: Steps[T], extra: ScriptCall, replies: list[Any], *, first: bool = False
+) -> Steps[T]:
+    """A handle operation's ``steps``, with ``extra`` (another script call, in the same slot)
+    sent in the round trip of each of its script calls (with ``first``: before the first one
+    only, else after every one); the replies ``extra`` got are appended to ``replies``. The
+    operation sees its own replies and errors as if ``extra`` were not there."""
+    added = False
+    send: Callable[[Any], Any] = steps.send
+    value: Any = None
+    while True:
+        try:
+            step = send(value)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        send = steps.send
+        single = type(step) is tuple
+        if (single or isinstance(step, Batch)) and not (first and added):
+            calls: list[ScriptCall] = [step] if single else list(step.calls)
+            count = len(calls)
+            added = True
+            batch = Batch([extra, *calls] if first else [*calls, extra])
+            own = slice(1, None) if first else slice(0, count)
+            mine = 0 if first else count
+            try:
+                answer = yield batch
+            except LockNotReplicated as exc:
+                # The scripts ran on the master: the operation reads its own replies.
+                if len(exc.replies) > mine:
+                    replies.append(exc.replies[mine])
+                error = LockNotReplicated(
+                    str(exc), name=exc.name, replies=list(exc.replies[own]),
+                    acknowledged=exc.acknowledged,
+                )  # fmt: skip
+                send, value = thrower(steps, error), None
+                continue
+            except BaseException as exc:
+                send, value = thrower(steps, exc), None
+                continue
+            replies.append(answer[mine])
+            value = answer[own][0] if single else answer[own]
+            continue
+        try:
+            value = yield step
+        except BaseException as exc:
+            send, value = thrower(steps, exc), None
+
+
+def thrower(steps: Steps[Any], error: BaseException) -> Callable[[Any], Any]:
+    """A ``send`` that throws ``error`` into ``steps`` instead."""
+    return lambda _: steps.throw(error)
