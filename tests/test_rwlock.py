@@ -162,7 +162,7 @@ def test_waiting_writer_blocks_new_readers_until_it_gives_up(lock_client: LockCl
     waiting = threading.Thread(target=lambda: writer.acquire(wait=1.0))
     waiting.start()
     deadline = time.monotonic() + 5
-    while not lock_client.redis.exists(rw.read().keys.queue[2]):
+    while not lock_client.redis.exists(rw.read().keys.queue):
         assert time.monotonic() < deadline
         time.sleep(0.005)
     assert not rw.read().acquire()  # writer preference
@@ -199,7 +199,7 @@ def test_upgrade_waits_for_readers_and_holds_new_ones_back(lock_client: LockClie
     thread = threading.Thread(target=lambda: up.upgrade(wait=10) and done.set())
     thread.start()
     deadline = time.monotonic() + 5
-    while not lock_client.redis.exists(up.keys.queue[2]):
+    while not lock_client.redis.exists(up.keys.queue):
         assert time.monotonic() < deadline
         time.sleep(0.005)
     assert not rw.read().acquire()  # a waiting upgrade holds new readers back
@@ -238,7 +238,7 @@ def test_given_up_upgrade_lets_readers_in(lock_client: LockClient) -> None:
     reader, up = rw.read(), rw.upgradable()
     assert reader.acquire() and up.acquire()
     assert not up.upgrade(wait=0.2)
-    assert not lock_client.redis.exists(up.keys.queue[2])
+    assert not lock_client.redis.exists(up.keys.queue)
     assert rw.read().acquire()
     assert up.held and not up.upgraded
 

@@ -587,3 +587,7 @@ class IntervalFamilyAdmin:
         return release_holder(
             client, self.family, name, task_id=task_id, pid=pid, host=host, delay=delay
         )
+
+    def clear_call(self, conn: ScriptHost, holder: ListedHolder) -> ScriptCall:
+        """The clear of one listed hold of this family (the admin's ``clear``)."""
+        return clear_call(conn, self.family, holder)
