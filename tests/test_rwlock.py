@@ -343,3 +343,24 @@ def test_bad_arguments_raise_before_redis(options: dict[str, Any], argument: str
     with pytest.raises(ConfigurationError) as info:
         client.rwlock("")
     assert info.value.argument == "name"
+
+
+@pytest.mark.parametrize("dead", [3, 300])  # a small hash, and one HSCAN pages through
+def test_writer_drops_dead_readers_and_waits_for_a_live_one(
+    lock_client: LockClient, dead: int
+) -> None:
+    rw = lock_client.rwlock("dead-readers")
+    readers = [rw.read(heartbeat=False) for _ in range(dead + 1)]
+    assert all(reader.acquire(0) for reader in readers)
+    live, *crashed = readers
+    # As if their holders died and their leases ran out: their hashes are gone, their
+    # fields in the lock hash stay until someone meets them.
+    lock_client.redis.delete(*(reader.keys.holder(reader.owner or "") for reader in crashed))
+    writer = rw.write(heartbeat=False)
+    taken, hint = try_acquire(writer, "writer", False)
+    assert not taken and 0 < hint <= 30_000  # the live reader is in its way
+    live.release()
+    assert writer.acquire(0)
+    assert lock_client.redis.hkeys(writer.keys.lock) == [b"w"]  # the dead readers dropped
+    writer.release()
+    assert not lock_client.redis.exists(writer.keys.lock)

@@ -176,9 +176,14 @@ class RWLockHold(HandleOps):
 
     def _release(self, owner: str, delay_ms: int) -> Steps[int]:
         try:
-            return holder_reply(int((yield release_call(self._conn, self.keys, owner, delay_ms))))
+            call = release_call(self._conn, self.keys, owner, delay_ms, mode=self._held_mode())
+            return holder_reply(int((yield call)))
         except LockNotReplicated as exc:
             raise with_reply(exc, holder_reply(int(exc.replies[0]))) from exc
+
+    def _held_mode(self) -> str:
+        """The mode this handle holds in: an upgraded hold is the writer."""
+        return "w" if self._upgraded else self.mode
 
     def _change(
         self, op: str, reserve: int = 0
@@ -411,11 +416,14 @@ def release_call(
     delay_ms: int,
     token: str = "",
     renewed_ms: str = "",
+    *,
+    mode: str = "",
 ) -> ScriptCall:
     """rw_release.lua on ``owner``'s hold (after a release delay of ``delay_ms``), only if its
     fencing token is ``token`` and its last renewal ``renewed_ms`` when they are given ('' where
-    nothing is checked): for the sync and the asyncio holds and the admin."""
-    args = [owner, delay_ms, token, renewed_ms]
+    nothing is checked): for the sync and the asyncio holds and the admin. ``mode``: the
+    hold's, as its holder knows it ('' unknown: read from its hash)."""
+    args = [owner, delay_ms, token, renewed_ms, mode]
     return scripts(conn).release, [keys.lock, keys.holder(owner)], args
 
 

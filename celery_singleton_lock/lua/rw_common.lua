@@ -13,7 +13,8 @@
 --                the hold's lease: a hold is held exactly while its hash exists, so a crashed
 --                reader frees its share within its lease.
 --   B wq         zset  owner -> expiry (server ms) of each waiting writer's reservation
---   B waiting    string: a waiter sleeps on this lock; releases publish only while it is there
+--   B waiting    string: a waiter sleeps on this lock; releases publish only while it is
+--                there. B exp's field `waiting` says a waiter marked it (a release takes both)
 --   B chan       the pub/sub channel woken by releases, withdrawals and downgrades
 --   P{T}:fence   the fencing counter shared with the lease of the same name
 -- KEYS[1] is B exp and KEYS[2] the caller's B h:<owner>; the other keys share their hash tag
@@ -116,6 +117,8 @@ local function helpers()
     if redis.call('PTTL', mark) < ms then
       redis.call('SET', mark, 1, 'PX', ms)
     end
+    -- Also in B exp, where a release deleting its own field learns of it for free.
+    redis.call('HSET', KEYS[1], 'waiting', 1)
   end
 end
 

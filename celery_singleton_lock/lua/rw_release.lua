@@ -5,6 +5,8 @@
 -- ARGV[3]: fencing token the hold must have ('' : any)
 -- ARGV[4]: renewed_ms the hold must still have ('' : any): the admin's clear of a hold it
 --          listed stale leaves it alone once its heartbeat resumed
+-- ARGV[5]: the hold's mode as its holder knows it (r|u|w), for a plain release (no delay,
+--          nothing checked): it then goes without reading the hold's hash
 -- Reply codes: ClearReply in core/replies.py (keep the two in step).
 -- returns 1   released (or, for a waiter, its reservation withdrawn)
 --         0   not held: the hold expired (or was cleared)
@@ -13,23 +15,45 @@
 -- Waiters are woken only if one marked the lock (see mark_waiting).
 local owner = ARGV[1]
 local delay = tonumber(ARGV[2])
-local token, renewed = ARGV[3] or '', ARGV[4] or ''
-local holder = redis.call('HMGET', KEYS[2], 'mode', 'token', 'renewed_ms', 'acquired_ms')
-local mode = holder[1]
-local woke = false
--- Only a waiting writer or upgrade queues a reservation (a write hold drops its own when
--- it is taken, an upgraded one when it is upgraded).
-if not mode or mode == 'u' then
-  -- A hash read first: WRONGTYPE on a lock of the previous layout (see rw_common.lua).
-  if redis.call('HEXISTS', KEYS[1], 'q') == 1 then
-    woke = unreserve(owner)
+local token, renewed, mode = ARGV[3] or '', ARGV[4] or '', ARGV[5] or ''
+
+-- A hold gone: a writer that stopped waiting withdraws its reservation (a hash read first:
+-- WRONGTYPE on a lock of the previous layout, see rw_common.lua).
+local function withdraw()
+  if redis.call('HEXISTS', KEYS[1], 'q') == 1 and unreserve(owner) then
+    wake('released')
+    return 1
   end
+  return 0
+end
+
+-- Free the hold of `mode` (its hash is gone already) and wake waiters if one marked the lock.
+local function free(field)
+  if field == 'r' then
+    field = 'r:' .. owner
+  end
+  if redis.call('HDEL', KEYS[1], field, 'waiting') == 2 then
+    wake('released')
+  end
+  return 1
+end
+
+if delay == 0 and token == '' and renewed == '' and mode ~= '' and mode ~= 'u' then
+  -- The holder's own release: the hash is named by its owner, so deleting it is the owner
+  -- check. Its field goes next: while the hash was there no other hold could have it.
+  if redis.call('DEL', KEYS[2]) == 0 then
+    return withdraw()
+  end
+  return free(mode)
+end
+local holder = redis.call('HMGET', KEYS[2], 'mode', 'token', 'renewed_ms', 'acquired_ms')
+mode = holder[1]
+local woke = 0
+-- An upgradable hold may have an upgrade's reservation left.
+if not mode or mode == 'u' then
+  woke = withdraw()
   if not mode then
-    if woke then
-      wake('released')
-      return 1
-    end
-    return 0
+    return woke
   end
 end
 if token ~= '' and holder[2] ~= token then
@@ -39,23 +63,16 @@ end
 if renewed ~= '' and tonumber(holder[3] or holder[4]) ~= tonumber(renewed) then
   return -2
 end
-local field = mode
-if mode == 'r' then
-  field = 'r:' .. owner
-end
 if delay > 0 then
   -- Release delay: the hold stays in B exp until its hash runs out; nothing renews it now.
   now()
-  redis.call('HEXISTS', KEYS[1], field)  -- a hash, as above
+  redis.call('HEXISTS', KEYS[1], mode)  -- a hash, as above
   redis.call('HSET', KEYS[2], 'state', 'cooldown', 'released_ms', now_ms)
   redis.call('PEXPIRE', KEYS[2], delay)
   keep(delay)
-  if woke then
-    wake('released')
-  end
   return 1
 end
-redis.call('HDEL', KEYS[1], field)
+-- Its field first: WRONGTYPE before anything is written on a lock of the previous layout.
+free(mode)
 redis.call('DEL', KEYS[2])
-wake('released')
 return 1
