@@ -90,5 +90,8 @@ if max_hold > 0 then
   lease = math.min(lease, max_hold)
 end
 redis.call('PEXPIRE', KEYS[2], lease)
-keep(lease, pttl)
+-- B exp lives at least as long as this hold.
+if (pttl or redis.call('PTTL', KEYS[1])) < lease then
+  redis.call('PEXPIRE', KEYS[1], lease)
+end
 return {1, token}

@@ -8,6 +8,7 @@
 --         {0, ms}   upgrade blocked by readers; ms until one could run out
 --         {-3, 0}   not held (expired or cleared), or not in the mode the change needs
 local op, owner = ARGV[1], ARGV[2]
+helpers()
 -- A hash read first: WRONGTYPE on a lock of the previous layout (see rw_common.lua).
 local state = redis.call('HMGET', KEYS[1], 'w', 'q')
 if op == 'unreserve' then
@@ -25,7 +26,6 @@ if mode ~= from then
   return {-3, 0}
 end
 if op == 'upgrade' then
-  helpers()
   local ms = nil
   if state[1] and state[1] ~= owner then
     ms = live(state[1], 'w')

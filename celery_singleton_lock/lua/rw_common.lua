@@ -27,24 +27,29 @@
 --
 -- A field of B exp whose hold's hash is gone (expired, crashed holder) is stale: whoever
 -- meets it while deciding drops it. An uncontended acquire (no B exp) decides nothing.
-local base = string.sub(KEYS[1], 1, -4)
-local t, now_ms
--- Server time, ms; read once per call.
-local function now()
-  if not now_ms then
-    t = redis.call('TIME')
-    now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  end
-  return now_ms
-end
-
+-- Every helper is made by helpers(), only by a call that needs one: each function defined
+-- costs every call a closure, and the uncontended acquire and release need none.
+local base, t, now_ms
+local now, live, live_reader, requeue, reserve, mark_waiting, keep, wake, unreserve
 -- Slack a waiter's mark keeps beyond its wait hint: time for the failed attempt's reply to
 -- reach the waiter and its retry to come back.
 local MARK_SLACK_MS = 1000
-local live, live_reader, requeue, reserve, mark_waiting, keep
 
--- Helpers of a call that decides on other holds: made only then (each costs a closure).
 local function helpers()
+  if now then
+    return
+  end
+  base = string.sub(KEYS[1], 1, -4)
+
+  -- Server time, ms; read once per call (TIME may have been read already, into t).
+  now = function()
+    if not now_ms then
+      t = t or redis.call('TIME')
+      now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+    return now_ms
+  end
+
   -- The remaining ms of `owner`'s hold (> 0), or nil once its hash is gone (then `field`
   -- of B exp is dropped).
   live = function(owner, field)
@@ -120,31 +125,28 @@ local function helpers()
     -- Also in B exp, where a release deleting its own field learns of it for free.
     redis.call('HSET', KEYS[1], 'waiting', 1)
   end
-end
 
--- B exp lives at least `ms` more.
-keep = function(ms, pttl)
-  if (pttl or redis.call('PTTL', KEYS[1])) < ms then
-    redis.call('PEXPIRE', KEYS[1], ms)
+  -- B exp lives at least `ms` more.
+  keep = function(ms)
+    if redis.call('PTTL', KEYS[1]) < ms then
+      redis.call('PEXPIRE', KEYS[1], ms)
+    end
   end
-end
 
--- Wake the lock's waiters if any marked it: take the mark (they all hear this message and
--- try again, and whoever is still blocked marks it anew) and publish.
-local function wake(message)
-  if redis.call('DEL', base .. 'waiting') == 1 then
-    redis.call('PUBLISH', base .. 'chan', message)
+  -- Wake the lock's waiters if any marked it: take the mark (they all hear this message
+  -- and try again, and whoever is still blocked marks it anew) and publish.
+  wake = function(message)
+    if redis.call('DEL', base .. 'waiting') == 1 then
+      redis.call('PUBLISH', base .. 'chan', message)
+    end
   end
-end
 
--- Withdraw owner's reservation; true if it had one.
-local function unreserve(owner)
-  if redis.call('ZREM', base .. 'wq', owner) == 0 then
-    return false
+  -- Withdraw owner's reservation; true if it had one.
+  unreserve = function(owner)
+    if redis.call('ZREM', base .. 'wq', owner) == 0 then
+      return false
+    end
+    requeue()
+    return true
   end
-  if not live then
-    helpers()
-  end
-  requeue()
-  return true
 end

@@ -16,43 +16,40 @@
 local owner = ARGV[1]
 local delay = tonumber(ARGV[2])
 local token, renewed, mode = ARGV[3] or '', ARGV[4] or '', ARGV[5] or ''
-
--- A hold gone: a writer that stopped waiting withdraws its reservation (a hash read first:
--- WRONGTYPE on a lock of the previous layout, see rw_common.lua).
-local function withdraw()
-  if redis.call('HEXISTS', KEYS[1], 'q') == 1 and unreserve(owner) then
-    wake('released')
+local holder = nil
+if delay == 0 and token == '' and renewed == '' and (mode == 'r' or mode == 'w') then
+  -- The holder's own release: the hash is named by its owner, so deleting it is the owner
+  -- check. Its field goes next: while the hash was there no other hold could have it; the
+  -- `waiting` field goes with it and says whether a waiter marked the lock.
+  if redis.call('DEL', KEYS[2]) == 1 then
+    local field = mode
+    if mode == 'r' then
+      field = 'r:' .. owner
+    end
+    if redis.call('HDEL', KEYS[1], field, 'waiting') == 2 then
+      helpers()
+      wake('released')
+    end
     return 1
   end
-  return 0
+  mode = nil
+else
+  holder = redis.call('HMGET', KEYS[2], 'mode', 'token', 'renewed_ms', 'acquired_ms')
+  mode = holder[1]
 end
-
--- Free the hold of `mode` (its hash is gone already) and wake waiters if one marked the lock.
-local function free(field)
-  if field == 'r' then
-    field = 'r:' .. owner
-  end
-  if redis.call('HDEL', KEYS[1], field, 'waiting') == 2 then
-    wake('released')
-  end
-  return 1
-end
-
-if delay == 0 and token == '' and renewed == '' and mode ~= '' and mode ~= 'u' then
-  -- The holder's own release: the hash is named by its owner, so deleting it is the owner
-  -- check. Its field goes next: while the hash was there no other hold could have it.
-  if redis.call('DEL', KEYS[2]) == 0 then
-    return withdraw()
-  end
-  return free(mode)
-end
-local holder = redis.call('HMGET', KEYS[2], 'mode', 'token', 'renewed_ms', 'acquired_ms')
-mode = holder[1]
+helpers()
 local woke = 0
--- An upgradable hold may have an upgrade's reservation left.
+-- A hold gone, or an upgradable one: a writer or an upgrade that stopped waiting withdraws
+-- its reservation (a hash read first: WRONGTYPE on a lock of the previous layout, see
+-- rw_common.lua).
 if not mode or mode == 'u' then
-  woke = withdraw()
+  if redis.call('HEXISTS', KEYS[1], 'q') == 1 and unreserve(owner) then
+    woke = 1
+  end
   if not mode then
+    if woke == 1 then
+      wake('released')
+    end
     return woke
   end
 end
@@ -63,16 +60,25 @@ end
 if renewed ~= '' and tonumber(holder[3] or holder[4]) ~= tonumber(renewed) then
   return -2
 end
+local field = mode
+if mode == 'r' then
+  field = 'r:' .. owner
+end
 if delay > 0 then
   -- Release delay: the hold stays in B exp until its hash runs out; nothing renews it now.
-  now()
-  redis.call('HEXISTS', KEYS[1], mode)  -- a hash, as above
-  redis.call('HSET', KEYS[2], 'state', 'cooldown', 'released_ms', now_ms)
+  redis.call('HEXISTS', KEYS[1], field)  -- a hash, as above
+  redis.call('HSET', KEYS[2], 'state', 'cooldown', 'released_ms', now())
   redis.call('PEXPIRE', KEYS[2], delay)
   keep(delay)
+  if woke == 1 then
+    wake('released')
+  end
   return 1
 end
 -- Its field first: WRONGTYPE before anything is written on a lock of the previous layout.
-free(mode)
+local marked = redis.call('HDEL', KEYS[1], field, 'waiting') == 2
 redis.call('DEL', KEYS[2])
+if marked or woke == 1 then
+  wake('released')
+end
 return 1

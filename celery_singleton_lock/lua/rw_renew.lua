@@ -9,6 +9,7 @@
 -- -2 max-hold reached
 -- The remaining time is *set*, never added to. B exp is kept alive at least as long.
 local result = {}
+helpers()
 now()
 for i = 1, #KEYS / 2 do
   local lock, hold = KEYS[2 * i - 1], KEYS[2 * i]
