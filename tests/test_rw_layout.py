@@ -164,3 +164,20 @@ def test_this_releases_admin_lists_an_old_hold_and_refuses_to_clear_it(
         rwlock.clear_holder(lock_client, "listed", owner, token)
     assert old.renew("listed", owner) > 0  # left whole
     assert old.release("listed", owner) == 1
+
+
+def test_the_previous_releases_clear_of_this_releases_hold_meets_wrongtype(
+    lock_client: LockClient,
+) -> None:
+    old = RWLayout1(lock_client)
+    keys = old.keys("cleared")
+    for mode in ("read", "upgradable", "write"):
+        handle = getattr(lock_client.rwlock("cleared"), mode)(heartbeat=False)
+        with handle:
+            owner, token = handle.owner or "", str(handle.token)
+            with pytest.raises(redis.ResponseError) as raised:  # by owner and fencing token
+                old.release_script(
+                    keys=keys.all(owner)[:12], args=[owner, 0, keys.channel, token, ""]
+                )
+            assert wrongtype(raised.value)
+            assert lock_client.redis.exists(handle.keys.holder(owner))  # left whole
