@@ -22,6 +22,7 @@ from celery_singleton_lock.celery.task import lock_client_for
 from celery_singleton_lock.cli import commands
 from celery_singleton_lock.core.heartbeat import heartbeat
 from celery_singleton_lock.kinds.intervals import interval_keys
+from celery_singleton_lock.kinds.rwlock import rw_keys
 
 
 def node_port(client: LockClient, key: bytes) -> int:
@@ -69,11 +70,9 @@ def test_client_forms_and_url(cluster: Cluster, client: LockClient) -> None:
 def test_one_lock_one_slot(client: LockClient) -> None:
     for name in ("plain", "x" * 300, "{braced}", "#hash", "ünï"):
         keys = client.connection.keys(name)
-        rw, rng = (
-            interval_keys(client.prefix, name, b"rw"),
-            interval_keys(client.prefix, name, b"range"),
-        )
-        every = [keys.lock, keys.fence, keys.channel, *rw.all("o"), rw.channel]
+        rw, rng = rw_keys(client.prefix, name), interval_keys(client.prefix, name, b"range")
+        every = [keys.lock, keys.fence, keys.channel, rw.lock, rw.holder("o"), rw.queue]
+        every += [rw.waiting, rw.fence, rw.channel]
         every += [*rng.all("o"), rng.channel]
         assert len({client.redis.keyslot(key) for key in every}) == 1, name
         with (

@@ -29,6 +29,7 @@ from celery_singleton_lock import AsyncLockClient, LockBackendError, LockClient
 from celery_singleton_lock.core.heartbeat import heartbeat
 from celery_singleton_lock.core.scripts import SLOT_MIGRATION_RETRY
 from celery_singleton_lock.kinds.intervals import interval_keys
+from celery_singleton_lock.kinds.rwlock import rw_keys
 
 #: redis-py sends a command that gets TRYAGAIN this many times before giving up
 #: (``RedisCluster.RedisClusterRequestTTL``): more TRYAGAIN replies than this for one call
@@ -157,7 +158,7 @@ def test_holds_and_a_fair_waiter_survive_their_slot_migrating(
         every_key = [
             lock_key,
             *(client.connection.keys(name).lock for name in multi_names),
-            *interval_keys(client.prefix, rw_name, b"rw").all("o")[:1],
+            rw_keys(client.prefix, rw_name).lock,
             *interval_keys(client.prefix, range_name, b"range").all("o")[:1],
             queue,
         ]

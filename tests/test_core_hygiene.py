@@ -36,6 +36,7 @@ from celery_singleton_lock.kinds import multi, rangelock, rwlock, semaphore
 from celery_singleton_lock.kinds.intervals import IntervalHandle
 from celery_singleton_lock.kinds.lease import Lease
 from celery_singleton_lock.kinds.multi import MultiLease
+from celery_singleton_lock.kinds.rwlock import RWLockHandle
 
 
 def script_calls(client: LockClient) -> int:
@@ -200,7 +201,7 @@ def holder_hashes(handle: LockHandle) -> list[bytes]:
     """The Redis hashes holding ``handle``'s holder record (host, pid, task_id...)."""
     if isinstance(handle, MultiLease):
         return [keys.lock for keys in handle.keys]
-    if isinstance(handle, IntervalHandle):
+    if isinstance(handle, (IntervalHandle, RWLockHandle)):
         assert handle.owner is not None
         return [handle.keys.holder(handle.owner)]
     assert isinstance(handle, Lease)

@@ -21,7 +21,7 @@ from support.waiting import BackgroundAcquire
 
 from celery_singleton_lock import LockClient
 from celery_singleton_lock.kinds import rwlock
-from celery_singleton_lock.kinds.intervals import IntervalHandle, release_hold
+from celery_singleton_lock.kinds.rwlock import RWLockHandle, release_hold
 
 #: A wake-up by a publish arrives well within this; the hint of a 30 s hold is 30 s.
 PROMPT = 1.0
@@ -34,13 +34,13 @@ def channel(lock_client: LockClient) -> Iterator[Channel]:
     subscriber.close()
 
 
-def hold(client: LockClient, mode: str, ttl: float = 30) -> IntervalHandle:
+def hold(client: LockClient, mode: str, ttl: float = 30) -> RWLockHandle:
     handle = getattr(client.rwlock("wake"), mode)(ttl=ttl, heartbeat=False)
     assert handle.acquire()
     return handle
 
 
-def waiting_reader(client: LockClient) -> tuple[IntervalHandle, BackgroundAcquire]:
+def waiting_reader(client: LockClient) -> tuple[RWLockHandle, BackgroundAcquire]:
     """A reader blocked in acquire, returned once it made its failed attempt after its
     subscription was live (its second: the first comes before it subscribes), so it now
     sleeps until a publish or its hint."""

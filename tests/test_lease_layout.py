@@ -4,8 +4,8 @@ and of this one (layout 2: the holder fields packed in one ``holder`` field; the
 expiry set when it is made) share one Redis. They interoperate on what makes the lock a
 lock: the owner, the fencing token and counter, the ``waiting`` mark, the release delay and
 the expiry, so each excludes the other's holders and tokens keep increasing across both;
-this release lists, clears and releases (``release_holder``) layout-1 holds as its own. The
-same goes for reader-writer holds (``B h:<owner>``).
+this release lists, clears and releases (``release_holder``) layout-1 holds as its own.
+Reader-writer locks changed their key layout since: see test_rw_layout.py.
 
 The previous release's scripts are run from tests/support/layout1/ (the files as released).
 """
@@ -21,8 +21,6 @@ from celery_singleton_lock import LockClient
 from celery_singleton_lock.core.holder import HOSTNAME, PACKED_FIELD, flatten, unpack_strings
 from celery_singleton_lock.core.keys import FENCE_TTL_MS
 from celery_singleton_lock.core.scripts import pack_holder
-from celery_singleton_lock.kinds import rwlock
-from celery_singleton_lock.kinds.intervals import interval_keys
 
 LAYOUT1 = Path(__file__).resolve().parent / "support" / "layout1"
 
@@ -135,55 +133,6 @@ def test_layout1_release_holder_leaves_a_layout2_hold_alone(lock_client: LockCli
     with lease:
         assert old.release_holder("supervised", "t-3") == 0
         assert lease.held
-
-
-class IntervalLayout1:
-    """A process of the previous release taking reader-writer holds (interval_acquire.lua as
-    released, with the helpers it was registered with)."""
-
-    def __init__(self, client: LockClient) -> None:
-        self.client = client
-        parts = [
-            (LAYOUT1 / f"{part}.lua").read_text()
-            for part in ("fencing", "interval_common", "interval_overlap", "interval_acquire")
-        ]
-        self.acquire_script = client.redis.register_script("\n".join(parts))
-
-    def acquire(self, name: str, mode: str, *, task_id: str = "t-old") -> int | None:
-        """The fencing token of a hold it took, None if blocked."""
-        keys = interval_keys(self.client.prefix, name, b"rw")
-        owner = uuid.uuid4().hex
-        holder = [
-            b"name", name, b"kind", {"r": b"read", "w": b"write"}[mode], b"host", HOSTNAME,
-            b"pid", os.getpid(), b"thread", b"old-thread", b"heartbeat", 0, b"task_id", task_id,
-        ]  # fmt: skip
-        args = [
-            owner, mode, "-inf", "inf", 30_000, 0, FENCE_TTL_MS, 0, "", keys.channel, "",
-            *holder,
-        ]  # fmt: skip
-        code, value = self.acquire_script(keys=keys.all(owner), args=args)
-        return int(value) if int(code) == 1 else None
-
-
-def test_layout1_interval_hold_is_excluded_listed_and_released_by_this_release(
-    lock_client: LockClient,
-) -> None:
-    old = IntervalLayout1(lock_client)
-    token = old.acquire("rw-shared", "r", task_id="t-9")
-    assert token is not None
-    rw = lock_client.rwlock("rw-shared")
-    assert not rw.write(heartbeat=False).acquire(0)  # excluded
-    with rw.read(heartbeat=False):  # shared with a reader of this release
-        pass
-    (held,) = rwlock.list_holders(lock_client, "rw-shared")
-    assert (held["kind"], held["token"], held["task_id"], held["pid"]) == (
-        "read", token, "t-9", os.getpid(),
-    )  # fmt: skip
-    assert rwlock.release_holder(lock_client, "rw-shared", task_id="t-9", pid=os.getpid())
-    writer = rw.write(heartbeat=False)
-    with writer:
-        assert writer.token is not None and writer.token > token
-        assert old.acquire("rw-shared", "r") is None  # this release's hold excludes it
 
 
 def test_a_holder_field_that_does_not_unpack_leaves_the_hold_listed(

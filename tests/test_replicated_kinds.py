@@ -30,6 +30,7 @@ from celery_singleton_lock import (
     LockNotReplicated,
 )
 from celery_singleton_lock.core.heartbeat import heartbeat
+from celery_singleton_lock.kinds import rwlock
 
 #: A lock kind: (the hold a test takes, a rival hold of another client it keeps out), each
 #: made on the client given.
@@ -157,8 +158,8 @@ def test_a_blocked_acquire_keeps_trying_while_the_replica_does_not_acknowledge(
 
 def holds_on(master: redis.Redis, writer: Any) -> bool:
     """Whether ``master`` has one hold of ``writer``'s lock, with its holder hash."""
-    owners = master.zrange(writer.keys.indexes[0], 0, -1)
-    return len(owners) == 1 and master.exists(writer.keys.holder(str(owners[0]))) == 1
+    owners = rwlock.lock_owners(master.hgetall(writer.keys.lock))
+    return len(owners) == 1 and master.exists(writer.keys.holder(owners[0])) == 1
 
 
 def test_releases_and_changes_the_replica_did_not_acknowledge(

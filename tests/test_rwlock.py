@@ -162,7 +162,7 @@ def test_waiting_writer_blocks_new_readers_until_it_gives_up(lock_client: LockCl
     waiting = threading.Thread(target=lambda: writer.acquire(wait=1.0))
     waiting.start()
     deadline = time.monotonic() + 5
-    while not lock_client.redis.exists(rw.read().keys.queue[2]):
+    while not lock_client.redis.exists(rw.read().keys.queue):
         assert time.monotonic() < deadline
         time.sleep(0.005)
     assert not rw.read().acquire()  # writer preference
@@ -199,7 +199,7 @@ def test_upgrade_waits_for_readers_and_holds_new_ones_back(lock_client: LockClie
     thread = threading.Thread(target=lambda: up.upgrade(wait=10) and done.set())
     thread.start()
     deadline = time.monotonic() + 5
-    while not lock_client.redis.exists(up.keys.queue[2]):
+    while not lock_client.redis.exists(up.keys.queue):
         assert time.monotonic() < deadline
         time.sleep(0.005)
     assert not rw.read().acquire()  # a waiting upgrade holds new readers back
@@ -238,7 +238,7 @@ def test_given_up_upgrade_lets_readers_in(lock_client: LockClient) -> None:
     reader, up = rw.read(), rw.upgradable()
     assert reader.acquire() and up.acquire()
     assert not up.upgrade(wait=0.2)
-    assert not lock_client.redis.exists(up.keys.queue[2])
+    assert not lock_client.redis.exists(up.keys.queue)
     assert rw.read().acquire()
     assert up.held and not up.upgraded
 
@@ -343,3 +343,24 @@ def test_bad_arguments_raise_before_redis(options: dict[str, Any], argument: str
     with pytest.raises(ConfigurationError) as info:
         client.rwlock("")
     assert info.value.argument == "name"
+
+
+@pytest.mark.parametrize("dead", [3, 300])  # a small hash, and one HSCAN pages through
+def test_writer_drops_dead_readers_and_waits_for_a_live_one(
+    lock_client: LockClient, dead: int
+) -> None:
+    rw = lock_client.rwlock("dead-readers")
+    readers = [rw.read(heartbeat=False) for _ in range(dead + 1)]
+    assert all(reader.acquire(0) for reader in readers)
+    live, *crashed = readers
+    # As if their holders died and their leases ran out: their hashes are gone, their
+    # fields in the lock hash stay until someone meets them.
+    lock_client.redis.delete(*(reader.keys.holder(reader.owner or "") for reader in crashed))
+    writer = rw.write(heartbeat=False)
+    taken, hint = try_acquire(writer, "writer", False)
+    assert not taken and 0 < hint <= 30_000  # the live reader is in its way
+    live.release()
+    assert writer.acquire(0)
+    assert lock_client.redis.hkeys(writer.keys.lock) == [b"w"]  # the dead readers dropped
+    writer.release()
+    assert not lock_client.redis.exists(writer.keys.lock)

@@ -61,9 +61,12 @@ def hold_keys(handle: Any, owner: str) -> list[bytes]:
     """The keys whose expiry is the hold's release delay."""
     from celery_singleton_lock.kinds.intervals import IntervalHandle
     from celery_singleton_lock.kinds.multi import MultiLease
+    from celery_singleton_lock.kinds.rwlock import RWLockHandle
 
     if isinstance(handle, MultiLease):
         return [k.lock for k in handle.keys]
+    if isinstance(handle, RWLockHandle):  # its hold's hash, and the lock hash naming it
+        return [handle.keys.holder(owner), handle.keys.lock]
     if isinstance(handle, IntervalHandle):
         return [handle.keys.holder(owner)]
     return [handle.keys.lock]
@@ -72,7 +75,8 @@ def hold_keys(handle: Any, owner: str) -> list[bytes]:
 def assert_delay_intact(client: LockClient, handle: Any, owner: str) -> None:
     for key in hold_keys(handle, owner):
         assert client.redis.pttl(key) > INTACT_MS, key
-    if hasattr(handle, "mode"):  # an interval hold: its index entry keeps the interval locked
+    if hasattr(handle, "mode") and hasattr(handle.keys, "indexes"):
+        # A range hold: its index entry keeps the interval locked.
         now_ms = int(client.server_time() * 1000)
         expiry = client.redis.zscore(handle.keys.indexes[0], owner)
         assert expiry is not None and expiry - now_ms > INTACT_MS
@@ -177,10 +181,11 @@ def pause_heartbeat(client: LockClient, handle: Any) -> None:
     listing; ``handle.extend()`` is the holder waking up (it renews and rejoins the heartbeat)."""
     from celery_singleton_lock.kinds.intervals import IntervalHandle
     from celery_singleton_lock.kinds.multi import MultiLease
+    from celery_singleton_lock.kinds.rwlock import RWLockHandle
 
     heartbeat().remove(handle)
     assert handle.owner is not None
-    if isinstance(handle, IntervalHandle):
+    if isinstance(handle, (IntervalHandle, RWLockHandle)):
         keys = [handle.keys.holder(handle.owner)]
     elif isinstance(handle, MultiLease):
         keys = [k.lock for k in handle.keys]

@@ -29,7 +29,7 @@ from celery_singleton_lock.celery.testing import TaskLocks
 from celery_singleton_lock.core.handle import LockHandle
 from celery_singleton_lock.core.holder import flatten
 from celery_singleton_lock.core.keys import lock_keys
-from celery_singleton_lock.kinds import intervals, rangelock, rwlock, semaphore
+from celery_singleton_lock.kinds import rangelock, rwlock, semaphore
 from celery_singleton_lock.kinds.intervals import interval_keys
 
 TESTS = Path(__file__).resolve().parent
@@ -413,14 +413,14 @@ def test_interval_release_holder_frees_only_the_hold_of_that_task_and_process(
             return lock_client.rwlock("doc").read(**options)
         return lock_client.range_lock("doc").read(0, 10, **options)
 
+    admin = rwlock.ADMIN if family == rwlock.FAMILY else rangelock.ADMIN
+
     def holders() -> dict[str, dict[str, Any]]:
-        found = intervals.list_holders(lock_client, family, "doc")
+        found = admin.list_holders(lock_client, "doc")
         return {holder["task_id"]: holder for holder in found}
 
     def release(task_id: str, pid: int, delay: float = 0.0) -> bool:
-        return intervals.release_holder(
-            lock_client, family, "doc", task_id=task_id, pid=pid, delay=delay
-        )
+        return admin.release_holder(lock_client, "doc", task_id=task_id, pid=pid, delay=delay)
 
     mine, other = reader("mine"), reader("other")
     assert mine.acquire(0) and other.acquire(0)

@@ -5,7 +5,6 @@ upgrade/downgrade, shrink, writes nested in an upgradable range."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ..kinds.intervals import IntervalHold
@@ -33,15 +32,15 @@ class AsyncIntervalHandle(IntervalHold, AsyncLockHandle):
         self._set_interval(self._conn.prefix, mode, lo, hi, parent)
 
 
-class AsyncRWLockHandle(RWLockHold, AsyncIntervalHandle):
+class AsyncRWLockHandle(RWLockHold, AsyncLockHandle):
     """One hold of a reader-writer lock: ``kind`` is ``read``, ``upgradable`` or ``write``.
     An upgradable hold can :meth:`upgrade` to the writer and :meth:`downgrade` back."""
 
     def __init__(
         self, client: AsyncConnection | HasAsyncConnection, name: str, mode: str, **options: Any
     ) -> None:
-        super().__init__(client, name, mode, -math.inf, math.inf, **options)
-        self._set_mode(mode)
+        super().__init__(client, name, **options)
+        self._set_mode(self._conn.prefix, mode)
 
     async def upgrade(self, wait: float | None = None) -> bool:
         """Become the writer without letting go; True once upgraded, False if ``wait``

@@ -1,7 +1,8 @@
-"""The interval engine under reader-writer and range locks.
+"""The interval engine under range locks and semaphores.
 
 One named lock holds read, upgradable and write holds on closed intervals [lo, hi] of the
-real line; a reader-writer lock is the special case where every hold covers the whole line.
+real line. Reader-writer locks, whose every hold covers the whole line, ran on it until their
+key layout 2 (:mod:`.rwlock`).
 Each hold is its own entry with its own expiry, so a crashed holder frees its share within its
 lease. The Lua side (``lua/interval_*.lua``, with the shared helpers of
 ``lua/interval_common.lua`` and, but for the release, ``lua/interval_overlap.lua``
@@ -16,7 +17,7 @@ prepended) documents the layout::
     P{T}:fence       the fencing counter shared with the lease of the same name
     B chan           pub/sub channel woken by releases, shrinks and downgrades
 
-with ``B = P{T}:rw:`` for reader-writer locks and ``P{T}:range:`` for range locks. Acquire,
+with ``B = P{T}:range:`` for range locks (``P{T}:rw:`` was reader-writer layout 1). Acquire,
 release, shrink, upgrade and downgrade are one script call each, O(log n) in the holders.
 """
 
@@ -87,7 +88,8 @@ class IntervalKeys:
 
 
 def interval_keys(prefix: str, name: str, family: bytes) -> IntervalKeys:
-    """Keys of the interval lock ``name`` of ``family`` (``rw`` or ``range``)."""
+    """Keys of the interval lock ``name`` of ``family`` (``range``, ``sem``; ``rw`` in
+    reader-writer layout 1)."""
     slot = prefix.encode() + b"{" + name_tag(name) + b"}:"
     base = slot + family + b":"
     parts = (b"exp", b"r:lo", b"r:hi", b"u:lo", b"u:hi", b"w:lo", b"w:hi")
@@ -587,3 +589,7 @@ class IntervalFamilyAdmin:
         return release_holder(
             client, self.family, name, task_id=task_id, pid=pid, host=host, delay=delay
         )
+
+    def clear_call(self, conn: ScriptHost, holder: ListedHolder) -> ScriptCall:
+        """The clear of one listed hold of this family (the admin's ``clear``)."""
+        return clear_call(conn, self.family, holder)

@@ -162,7 +162,7 @@ def _interval_family(
         return intervals.holder_match(prefix, family)
 
     def clear_call(conn: ScriptHost, holder: ListedHolder) -> ScriptCall:
-        return intervals.clear_call(conn, family, holder)
+        return admin.clear_call(conn, holder)
 
     release = admin.release_holder
     return KindFamily(name, kinds, name, keys, holders, clear_call, release, modes, handles)

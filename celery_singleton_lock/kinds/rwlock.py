@@ -7,43 +7,226 @@ cannot starve it, and the readers it held back all get in together when it leave
 waiter of the channel is woken). Each reader is its own entry with its own expiry: a crashed
 reader frees its share within its lease, and there is no reader limit.
 
-Built on the interval engine (:mod:`.intervals`): every hold covers [-inf, +inf]. Keys live
-under ``P{T}:rw:`` (see intervals.py and lua/interval_common.lua).
+Keys (layout 2 of reader-writer locks; ``lua/rw_common.lua`` documents them)::
+
+    B exp         hash  the lock: w (the writer's owner), u (the upgradable's), r:<owner>
+                  per reader, q (until when a waiting writer holds new readers back)
+    B h:<owner>   hash  one hold (the holder record the admin lists), expiring with it
+    B wq          zset  owner -> expiry of each waiting writer's reservation
+    B waiting     string: a waiter sleeps on the lock; releases publish only while it is there
+    B chan        pub/sub channel woken by releases, withdrawals and downgrades
+    P{T}:fence    the fencing counter shared with the lease of the same name
+
+with ``B = P{T}:rw:``. Layout 1 (earlier releases) ran reader-writer locks on the interval
+engine (:mod:`.intervals`), whose ``B exp`` is a sorted set: the scripts of either layout
+meet a lock held under the other with ``WRONGTYPE`` and refuse it (docs/deployment.md).
+Acquire, release, upgrade and downgrade are one script call each.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
-from ..core.replies import IntervalReply
+from ..core.handle import HolderRecord, LockHandle
+from ..core.handle_ops import HandleOps, changed_unreplicated, released_unreplicated, with_reply
+from ..core.heartbeat import RenewEntry
+from ..core.holder import HOSTNAME, ListedHolder, flatten, text
+from ..core.keys import FENCE_TTL_MS, RELEASE_DELAY_STATE, name_tag
+from ..core.replication import Replication
+from ..core.replies import ClearReply, IntervalReply
+from ..core.scripts import (
+    FENCING,
+    ScriptCall,
+    ScriptHost,
+    bound_to,
+    pack_holder,
+    register,
+    source_after,
+)
 from ..core.steps import Steps
-from ..exceptions import LockError, LockNotHeld, LockNotReplicated
+from ..exceptions import LockBackendError, LockError, LockNotHeld, LockNotReplicated
 from . import intervals
-from .intervals import RESERVATION_MS, IntervalHandle, IntervalHold
+from .intervals import RESERVATION_MS, holder_reply, wait_hint
+
+if TYPE_CHECKING:
+    from redis.commands.core import Script
 
 FAMILY = b"rw"
+MODE_NAMES = intervals.MODE_NAMES
+#: Pairs of modes whose holds share: readers beside readers and beside one upgradable.
+_SHARED = frozenset((("r", "r"), ("r", "u"), ("u", "r")))
 
 
-class RWLockHold(IntervalHold):
-    """One hold of a reader-writer lock (every hold covers [-inf, +inf]): the operations of
-    the sync :class:`RWLockHandle` and the asyncio one, with the upgrade and downgrade of an
-    upgradable hold."""
+@dataclass(frozen=True)
+class RWKeys:
+    """The Redis names of one reader-writer lock (see the module docstring)."""
+
+    base: bytes
+    lock: bytes
+    queue: bytes
+    waiting: bytes
+    fence: bytes
+    channel: bytes
+
+    def holder(self, owner: str) -> bytes:
+        return self.base + b"h:" + owner.encode()
+
+
+def rw_keys(prefix: str, name: str) -> RWKeys:
+    """Keys of the reader-writer lock ``name``."""
+    slot = prefix.encode() + b"{" + name_tag(name) + b"}:"
+    base = slot + FAMILY + b":"
+    return RWKeys(
+        base=base,
+        lock=base + b"exp",
+        queue=base + b"wq",
+        waiting=base + b"waiting",
+        fence=slot + b"fence",
+        channel=base + b"chan",
+    )
+
+
+class RWScripts:
+    """The reader-writer scripts registered on one Redis client (no I/O); the acquire,
+    release and change wait for ``replication``'s replicas (the heartbeat's batches add the
+    renewals' WAIT)."""
+
+    def __init__(self, redis: Any, replication: Replication | None = None) -> None:
+        def load(waits: Replication | None, *names: str) -> Script:
+            return register(redis, source_after("rw_common", *names), waits)
+
+        fenced = f"local FENCE_TTL_MS = {FENCE_TTL_MS}\n" + source_after(FENCING, "rw_common")
+        self.acquire = register(redis, fenced + "\n" + source_after("rw_acquire"), replication)
+        self.release = load(replication, "rw_release")
+        self.change = load(replication, "rw_change")
+        self.renew = load(None, "rw_renew")
+
+
+def scripts(client: ScriptHost) -> RWScripts:
+    """The reader-writer scripts of ``client`` (sync or asyncio), registered on first use."""
+    return bound_to(client, RWScripts)
+
+
+def _layout_conflict(name: str, error: LockBackendError) -> LockError | LockBackendError:
+    """A script's WRONGTYPE on the lock hash: the lock is held under the other layout."""
+    if "WRONGTYPE" not in str(error):
+        return error
+    return LockError(
+        f"reader-writer lock {name!r} is held by a process of an earlier release (key layout"
+        " 1): finish the rolling upgrade before taking it here (docs/deployment.md)",
+        name=name,
+    )
+
+
+class RWLockHold(HandleOps):
+    """One hold of a reader-writer lock: the operations of the sync :class:`RWLockHandle`
+    and the asyncio one, with the upgrade and downgrade of an upgradable hold."""
 
     _family = FAMILY
+    #: Every hold covers the whole line (as interval holds would say it).
+    lo = -math.inf
+    hi = math.inf
+    mode: str
+    #: The Redis keys of this lock.
+    keys: RWKeys
     _upgraded: bool
+    #: The last ``_describe_holder()`` list and its packed bytes (``_packed_holder``).
+    _packed: tuple[list[Any], bytes] | None = None
 
-    def _set_mode(self, mode: str) -> None:
-        self.kind = intervals.MODE_NAMES[mode]
+    def _set_mode(self, prefix: str, mode: str) -> None:
+        self.mode = mode
+        self.kind = MODE_NAMES[mode]
         self._upgraded = False
+        self.keys = rw_keys(prefix, self.name)
+        self._channels = (self.keys.channel,)
 
     @property
     def upgraded(self) -> bool:
         """True while an upgradable hold is upgraded to the writer."""
         return self._upgraded
+
+    # -- the round trips ---------------------------------------------------------------------
+
+    def _try_acquire(self, owner: str, reserve: bool) -> Steps[tuple[bool, int]]:
+        queued = reserve and self.mode == "w"
+        keys = [self.keys.lock, self.keys.holder(owner), self.keys.fence]
+        args = [
+            owner, self.mode, self._ttl_ms, self._max_hold_ms,
+            RESERVATION_MS if queued else 0, "1" if reserve else "", self._packed_holder(),
+        ]  # fmt: skip
+        try:
+            reply = yield scripts(self._conn).acquire, keys, args
+        except LockNotReplicated:
+            raise
+        except LockBackendError as exc:
+            raise _layout_conflict(self.name, exc) from exc
+        if int(reply[0]) == IntervalReply.DONE:
+            return True, int(reply[1])
+        return False, wait_hint(int(reply[1]), queued)
+
+    def _abandon(self, owner: str) -> Steps[None]:
+        # A waiting writer's reservation holds readers back: drop it.
+        if self.mode == "w":
+            yield from self._release(owner, 0)
+
+    def _release(self, owner: str, delay_ms: int) -> Steps[int]:
+        try:
+            call = release_call(self._conn, self.keys, owner, delay_ms, mode=self._held_mode())
+            return holder_reply(int((yield call)))
+        except LockNotReplicated as exc:
+            raise with_reply(exc, holder_reply(int(exc.replies[0]))) from exc
+
+    def _held_mode(self) -> str:
+        """The mode this handle holds in: an upgraded hold is the writer."""
+        return "w" if self._upgraded else self.mode
+
+    def _change(
+        self, op: str, reserve: int = 0
+    ) -> Steps[tuple[int, int, LockNotReplicated | None]]:
+        """One rw_change.lua round trip: its code and value, and the error to raise once the
+        handle's state follows a change the replicas did not acknowledge."""
+        owner = self._owner
+        if owner is None or not self._mine():
+            raise LockNotHeld(f"lock {self.name!r} is not held", name=self.name)
+        keys = [self.keys.lock, self.keys.holder(owner)]
+        try:
+            code, value = yield scripts(self._conn).change, keys, [op, owner, reserve]
+        except LockNotReplicated as error:
+            code, value = (int(item) for item in error.replies[0])
+            if code != IntervalReply.DONE:
+                return code, value, None
+            return code, value, changed_unreplicated(self.name, error, intervals.CHANGED[op])
+        return int(code), int(value), None
+
+    @classmethod
+    def _renew_script_call(cls, conn: Any, entries: list[RenewEntry]) -> ScriptCall:
+        keys: list[bytes] = []
+        args: list[Any] = []
+        for handle, owner, ttl_ms, gen in entries:
+            keys += (handle.keys.lock, handle.keys.holder(owner))
+            args += (owner, ttl_ms, gen)
+        return scripts(conn).renew, keys, args
+
+    def _packed_holder(self) -> bytes:
+        """``_describe_holder()`` packed as rw_acquire.lua's one holder argument, packed
+        again only when those fields are another list (another thread or process)."""
+        fields = self._describe_holder()
+        packed = self._packed
+        if packed is None or packed[0] is not fields:
+            packed = self._packed = (fields, pack_holder(fields))
+        return packed[1]
+
+    def _changed_lost(self, op: str) -> LockError:
+        error = self._lost_error(0, op)
+        self._mark_lost(self._owner, error)
+        return error
+
+    # -- upgrade and downgrade ---------------------------------------------------------------
 
     def _upgrade(self, wait: float | None) -> Steps[bool]:
         """``upgrade``: True once upgraded, False if ``wait`` seconds passed first."""
@@ -103,7 +286,7 @@ class RWLockHold(IntervalHold):
             self._upgraded = self._upgraded and self._mine()
 
 
-class RWLockHandle(RWLockHold, IntervalHandle):
+class RWLockHandle(RWLockHold, LockHandle):
     """One hold of a reader-writer lock: ``kind`` is ``read``, ``upgradable`` or ``write``.
 
     Lease-like (``acquire``, ``release``, ``extend``, ``check``, ``token``, context manager).
@@ -113,8 +296,8 @@ class RWLockHandle(RWLockHold, IntervalHandle):
     def __init__(
         self, client: Connection | HasConnection, name: str, mode: str, **options: Any
     ) -> None:
-        super().__init__(client, name, mode, -math.inf, math.inf, **options)
-        self._set_mode(mode)
+        super().__init__(client, name, **options)
+        self._set_mode(self._conn.prefix, mode)
 
     def upgrade(self, wait: float | None = None) -> bool:
         """Become the writer without letting go; True once upgraded, False if ``wait``
@@ -125,6 +308,48 @@ class RWLockHandle(RWLockHold, IntervalHandle):
     def downgrade(self) -> None:
         """Go back from writer to upgradable: readers may come in again at once."""
         self._run(self._downgrade())
+
+    def holders(self) -> list[HolderRecord]:
+        conn, keys = self._conn, self.keys
+
+        def read_lock() -> list[Any]:
+            pipe = conn.redis.pipeline(transaction=False)
+            pipe.hgetall(keys.lock)
+            pipe.zrange(keys.queue, 0, -1)  # waiting writers' reservations
+            return list(pipe.execute())
+
+        def read_holds(owners: list[str]) -> list[Any]:
+            pipe = conn.redis.pipeline(transaction=False)
+            for owner in owners:
+                pipe.hgetall(keys.holder(owner))
+            return [flatten(fields) for fields in pipe.execute()]
+
+        fields, writers = conn.call(read_lock)
+        owners = lock_owners(fields)
+        holds = conn.call(read_holds, owners) if owners else []
+        # Asked by a handle that does not hold (a conflict's reason): only the holds in its
+        # way; holds whose mode shares with its own are no reason it could not take it.
+        blocked = self._owner is None
+        holders = [
+            HolderRecord(owner=owner, task_id=_opt_text(hold.get(b"task_id")))
+            for owner, hold in zip(owners, holds, strict=True)
+            if hold and (not blocked or self._in_the_way(hold.get(b"mode")))
+        ]
+        # A writer waiting for its turn holds new readers back without holding anything yet.
+        holders += [
+            HolderRecord(owner=text(owner), task_id=None, waiting=True) for owner in writers
+        ]
+        return holders
+
+    def _in_the_way(self, mode: bytes | None) -> bool:
+        """Whether a hold of ``mode`` (as stored; None: unknown, counted in the way)
+        conflicts with this one: not both shared (read beside read or upgradable)."""
+        return mode is None or (text(mode), self.mode) not in _SHARED
+
+    def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
+        return release_holder(
+            self._conn, self.name, task_id=task_id, pid=pid, host=host, delay=delay
+        )
 
 
 H = TypeVar("H")
@@ -166,11 +391,186 @@ class RWLock(RWLockMaker[RWLockHandle]):
         super().__init__(name, connection_of(client), RWLockHandle)
 
 
+def _opt_text(value: Any) -> str | None:
+    return None if value is None else text(value)
+
+
+def lock_owners(fields: dict[Any, Any]) -> list[str]:
+    """The owners the lock hash ``fields`` (bytes or str) names: its writer, its
+    upgradable, its readers (a stale one among them while nobody dropped it: its holder
+    hash is gone)."""
+    owners = []
+    for raw, value in fields.items():
+        field = text(raw)
+        if field in ("w", "u"):
+            owners.append(text(value))
+        elif field.startswith("r:"):
+            owners.append(field[2:])
+    return owners
+
+
+def release_call(
+    conn: ScriptHost,
+    keys: RWKeys,
+    owner: str,
+    delay_ms: int,
+    token: str = "",
+    renewed_ms: str = "",
+    *,
+    mode: str = "",
+) -> ScriptCall:
+    """rw_release.lua on ``owner``'s hold (after a release delay of ``delay_ms``), only if its
+    fencing token is ``token`` and its last renewal ``renewed_ms`` when they are given ('' where
+    nothing is checked): for the sync and the asyncio holds and the admin. ``mode``: the
+    hold's, as its holder knows it ('' unknown: read from its hash)."""
+    args = [owner, delay_ms, token, renewed_ms, mode]
+    return scripts(conn).release, [keys.lock, keys.holder(owner)], args
+
+
+def release_hold(
+    conn: Connection,
+    keys: RWKeys,
+    owner: str,
+    delay_ms: int,
+    token: str = "",
+    renewed_ms: str = "",
+) -> int:
+    """One run of :func:`release_call`: a :class:`ClearReply` (CLEARED: released)."""
+    script, script_keys, args = release_call(conn, keys, owner, delay_ms, token, renewed_ms)
+    return ClearReply(int(conn.call(script, keys=script_keys, args=args)))
+
+
+def clear_call(conn: ScriptHost, holder: ListedHolder) -> ScriptCall:
+    """The release of one listed reader-writer hold, by its owner and fencing token (so a
+    holder that left and came back under the same owner is left alone) and, when the listed
+    holder has a ``renewed_ms``, only if not renewed since; codes as :func:`clear_hold`."""
+    token, renewed = holder.token, holder.renewed_ms
+    return release_call(
+        conn,
+        rw_keys(conn.prefix, holder.name),
+        holder.owner or "",
+        0,
+        "" if token is None else str(token),
+        "" if renewed is None else str(renewed),
+    )
+
+
+def clear_hold(
+    client: Connection | HasConnection,
+    name: str,
+    owner: str,
+    *,
+    token: int | None = None,
+    renewed_ms: int | None = None,
+) -> int:
+    """:func:`clear_holder` with the script's :class:`ClearReply` (RESUMED: renewed since
+    ``renewed_ms``, when given)."""
+    name = validate.check_name(name)
+    owner = validate.check_text(owner, "owner")
+    token = validate.check_optional_token(token)
+    conn = connection_of(client)
+    return release_hold(
+        conn,
+        rw_keys(conn.prefix, name),
+        owner,
+        0,
+        "" if token is None else str(token),
+        "" if renewed_ms is None else str(int(renewed_ms)),
+    )
+
+
+def release_holder(
+    client: Connection | HasConnection,
+    name: str,
+    *,
+    task_id: str,
+    pid: int,
+    host: str | None = None,
+    delay: float = 0.0,
+) -> bool:
+    """Release (after a release delay of ``delay`` seconds) the holds of lock ``name`` that
+    task ``task_id`` running in process ``pid`` on ``host`` (default: this machine) has; for
+    a supervisor whose child can no longer release, and which knows no owner token. True if
+    a hold was released.
+
+    It reads the lock hash, then the holds' hashes (a round trip each), then runs the release
+    script on each match with the fencing token it read: that very hold goes, or nothing (it
+    expired or was cleared meanwhile). Only after a crash, so a few round trips are fine."""
+    name = validate.check_name(name)
+    task_id, pid, host, delay_ms = validate.check_holder_process(
+        task_id, pid, host, delay, HOSTNAME
+    )
+    conn = connection_of(client)
+    keys = rw_keys(conn.prefix, name)
+    redis = conn.redis
+    owners = lock_owners(conn.call(redis.hgetall, keys.lock))
+    if not owners:
+        return False
+    pipe = redis.pipeline(transaction=False)
+    for owner in owners:
+        pipe.hgetall(keys.holder(owner))
+    replies = [
+        [flat.get(field) for field in (b"task_id", b"pid", b"host", b"token", b"state")]
+        for flat in map(flatten, conn.call(pipe.execute))
+    ]
+    # The host too: pids are reused across machines (and containers).
+    wanted = (task_id.encode(), str(pid).encode(), host.encode())
+    released = False
+    unreplicated: LockNotReplicated | None = None
+    for owner, (held_by, held_in, held_on, token, state) in zip(owners, replies, strict=True):
+        # A hold in a release delay was released already: its delay must not start again.
+        if (
+            (held_by, held_in, held_on) != wanted
+            or token is None
+            or state == RELEASE_DELAY_STATE.encode()
+        ):
+            continue
+        try:
+            code = release_hold(conn, keys, owner, delay_ms, token.decode())
+        except LockNotReplicated as exc:
+            # Released on the master: go on with the other holds, then say so.
+            code, unreplicated = int(exc.replies[0]), exc
+        released = code == ClearReply.CLEARED or released
+    if unreplicated is not None:
+        raise released_unreplicated(name, unreplicated, "released")
+    return released
+
+
+class RWFamilyAdmin(intervals.IntervalFamilyAdmin):
+    """The admin functions of reader-writer locks: listed from their holder hashes as
+    interval holds are (``B h:<owner>``, the same fields), cleared and released through
+    their own scripts."""
+
+    def clear_holder(
+        self, client: Connection | HasConnection, name: str, owner: str, token: int | None = None
+    ) -> bool:
+        """Remove the holder ``owner`` of lock ``name`` atomically (only if its fencing
+        token is still ``token``, when given) and wake waiters. True if removed."""
+        return clear_hold(client, name, owner, token=token) == ClearReply.CLEARED
+
+    def release_holder(
+        self,
+        client: Connection | HasConnection,
+        name: str,
+        *,
+        task_id: str,
+        pid: int,
+        host: str | None = None,
+        delay: float = 0.0,
+    ) -> bool:
+        """Release (after a release delay of ``delay`` seconds) the holds of lock ``name`` that
+        task ``task_id`` in process ``pid`` on ``host`` (default: this machine) has: for a
+        supervisor whose child can no longer release. True if a hold was released."""
+        return release_holder(client, name, task_id=task_id, pid=pid, host=host, delay=delay)
+
+    def clear_call(self, conn: ScriptHost, holder: ListedHolder) -> ScriptCall:
+        return clear_call(conn, holder)
+
+
 #: Listing, clearing and releasing a dead task's holds of reader-writer locks (the admin side).
-ADMIN = intervals.IntervalFamilyAdmin(FAMILY)
+ADMIN = RWFamilyAdmin(FAMILY)
 list_holders = ADMIN.list_holders
 clear_holder = ADMIN.clear_holder
-release_holder = ADMIN.release_holder
 
 
 __all__ = [

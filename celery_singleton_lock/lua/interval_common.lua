@@ -1,8 +1,8 @@
--- Shared helpers of the interval scripts (reader-writer and range locks); the Python side
+-- Shared helpers of the interval scripts (range locks, semaphores); the Python side
 -- prepends this file to interval_acquire/release/change/renew.lua before registering them
 -- (and interval_overlap.lua after it, to all but the release).
 --
--- Key layout of one interval lock (rw: B = P{T}:rw:, range: B = P{T}:range:), as KEYS from
+-- Key layout of one interval lock (range: B = P{T}:range:), as KEYS from
 -- offset o (o = 0 in acquire/release/change; 8 * (i - 1) for handle i in renew):
 --   o+1  B exp    zset  owner -> expiry, ms of server time (every holder, every mode)
 --   o+2  B r:lo   zset  owner -> lo of each READ holder       o+3  B r:hi  owner -> hi
@@ -13,7 +13,8 @@
 --   12   B waiting  string: a waiter sleeps on this lock (see mark_waiting); acquire,
 --        release and change only
 --   13   P{T}:fence  the fencing counter shared with the lease of the same name (acquire)
--- A reader-writer lock is an interval lock whose every holder covers [-inf, +inf].
+-- Reader-writer locks ran on this engine (every holder on [-inf, +inf]) until their own
+-- layout 2 (rw_common.lua), whose B exp is a hash: these scripts meet it with WRONGTYPE.
 --
 -- Overlap query in O(log n): a holder [l, h] misses the closed interval [a, b] exactly when
 -- l > b or h < a, and both cannot hold at once, so

@@ -46,7 +46,6 @@ local function now()
   return now_ms
 end
 local MODES = {r = 2, u = 4, w = 6}
-local INDEXES = {1, 2, 3, 4, 5, 6, 7}
 
 -- PEXPIRE index keys o+k, for k in `which` (default: all of 1..7), to the latest expiry
 -- the lock holds.
@@ -55,8 +54,14 @@ local function refresh(o, which)
   local last = redis.call('ZRANGE', KEYS[o + 1], -1, -1, 'WITHSCORES')
   if last[2] then
     local ms = math.max(1, tonumber(last[2]) - now_ms)
-    for _, k in ipairs(which or INDEXES) do
-      redis.call('PEXPIRE', KEYS[o + k], ms)
+    if which then
+      for _, k in ipairs(which) do
+        redis.call('PEXPIRE', KEYS[o + k], ms)
+      end
+    else
+      for k = 1, 7 do
+        redis.call('PEXPIRE', KEYS[o + k], ms)
+      end
     end
   end
 end

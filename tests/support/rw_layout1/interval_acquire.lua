@@ -6,7 +6,12 @@
 --          write requests queue)
 -- ARGV[9]: owner of the upgradable hold a write nests in ('' none)
 -- ARGV[10]: publish channel    ARGV[11]: '1' the caller will wait if blocked ('' it will not)
--- ARGV[12..]: field, value pairs describing the holder
+-- ARGV[12]: the field, value pairs describing the holder, packed as a lease's are
+--           (acquire.lua's ARGV[7]), stored as they come in the one field `holder`
+--
+-- The holder's hash (layout 2, as a lease's): owner, token, acquired_ms, ttl_ms, mode, lo,
+-- hi, holder; deadline_ms only with a max-hold, parent only for a write nested in an
+-- upgradable hold, renewed_ms once renewed.
 -- Reply codes: IntervalReply in core/replies.py (keep the two in step).
 -- returns {1, fencing token}    taken, or held by this owner already: a re-sent attempt whose
 --                               first run's reply was lost gets the token it has, unchanged
@@ -21,6 +26,7 @@ local parent = ARGV[9]
 local latest = 0  -- ms: the latest expiry of the holders already there
 if parent ~= '' or redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
     KEYS[7], KEYS[11]) > 0 then
+  overlap_helpers()
   -- Ours already (owner tokens are unique per acquire call): this very attempt sent again.
   local mine = redis.call('HMGET', KEYS[8], 'token', 'state')
   if mine[1] and mine[2] ~= 'cooldown' and redis.call('ZSCORE', KEYS[1], owner) then
@@ -65,9 +71,7 @@ end
 local token = next_token(KEYS[13], ARGV[7])
 local lease = tonumber(ARGV[5])
 local max_hold = tonumber(ARGV[6])
-local deadline = 0
 if max_hold > 0 then
-  deadline = now_ms + max_hold
   lease = math.min(lease, max_hold)
 end
 local m = MODES[mode]
@@ -79,8 +83,13 @@ if with_hi then
   redis.call('ZADD', KEYS[m + 1], hi, owner)
 end
 redis.call('HSET', KEYS[8], 'owner', owner, 'token', token, 'acquired_ms', now_ms,
-  'renewed_ms', now_ms, 'ttl_ms', ARGV[5], 'deadline_ms', deadline, 'mode', mode,
-  'lo', lo, 'hi', hi, 'parent', parent, unpack(ARGV, 12))
+  'ttl_ms', ARGV[5], 'mode', mode, 'lo', lo, 'hi', hi, 'holder', ARGV[12])
+if max_hold > 0 then
+  redis.call('HSET', KEYS[8], 'deadline_ms', now_ms + max_hold)
+end
+if parent ~= '' then
+  redis.call('HSET', KEYS[8], 'parent', parent)
+end
 redis.call('PEXPIRE', KEYS[8], lease)
 -- The keys written to live until the lock's latest expiry (as refresh(0, {1, m, m + 1}),
 -- without reading it again: the prune removed only entries already run out).

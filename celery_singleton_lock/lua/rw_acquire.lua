@@ -1,0 +1,97 @@
+-- Take a read ('r'), upgradable ('u') or write ('w') hold of a reader-writer lock.
+-- KEYS[1]: B exp, the lock hash   KEYS[2]: B h:<owner>, the new hold's hash
+-- KEYS[3]: P{T}:fence (see rw_common.lua)
+-- ARGV[1]: owner token    ARGV[2]: mode r|u|w    ARGV[3]: lease, ms
+-- ARGV[4]: max-hold, ms (0: no cap)
+-- ARGV[5]: reservation, ms: a blocked writer that will wait queues one (0: do not)
+-- ARGV[6]: '1' the caller will wait if blocked ('' it will not)
+-- ARGV[7]: the field, value pairs describing the holder, packed as a lease's are
+--          (acquire.lua's ARGV[7]), stored as they come in the one field `holder`
+-- FENCE_TTL_MS (defined before this text by scripts.py): the fencing counter's ttl, ms
+-- Reply codes: IntervalReply in core/replies.py (keep the two in step).
+-- returns {1, fencing token}   taken, or held by this owner already: a re-sent attempt whose
+--                              first run's reply was lost gets the token it has, unchanged
+--         {0, ms}              blocked; ms until a conflicting hold could run out
+--
+-- Read is compatible with read and upgradable; upgradable with read (one at a time); write
+-- with nothing. Writers ignore reservations (two waiting writers must not block each
+-- other); readers and upgradables respect them, which keeps a reader stream from starving
+-- a writer. A free lock (no B exp: the uncontended case) costs one PTTL to know it.
+local owner, mode = ARGV[1], ARGV[2]
+local field = mode
+if mode == 'r' then
+  field = 'r:' .. owner
+end
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl ~= -2 then
+  -- Read as a hash first: WRONGTYPE on a lock of the previous layout (see rw_common.lua).
+  local state = redis.call('HMGET', KEYS[1], 'w', 'u', 'q', field)
+  if state[4] and (mode == 'r' or state[4] == owner) then
+    -- Ours already (owner tokens are unique per acquire call): this very attempt sent again.
+    local mine = redis.call('HMGET', KEYS[2], 'token', 'state')
+    if mine[1] and mine[2] ~= 'cooldown' then
+      return {1, mine[1]}
+    end
+  end
+  helpers()
+  now()
+  local hint = nil
+  local function block(ms)
+    if ms and (not hint or ms < hint) then
+      hint = ms
+    end
+  end
+  if state[1] then
+    block(live(state[1], 'w'))
+  end
+  if state[2] and mode ~= 'r' then
+    block(live(state[2], 'u'))
+  end
+  if state[3] and mode ~= 'w' then
+    block(requeue())
+  end
+  if not hint and mode == 'w' then
+    block(live_reader(nil))
+  end
+  if hint then
+    if mode == 'w' and tonumber(ARGV[5]) > 0 then
+      reserve(owner, tonumber(ARGV[5]))
+    end
+    if ARGV[6] == '1' then
+      mark_waiting(hint)
+    end
+    return {0, hint}
+  end
+  if mode == 'w' and state[3] then
+    unreserve(owner)
+  end
+  pttl = nil  -- B exp may have gone with the stale fields dropped: read it again
+else
+  t = redis.call('TIME')
+end
+local token = next_fencing_token(KEYS[3], t, FENCE_TTL_MS)
+-- Server ms as text, cut from TIME's two parts (cheaper than arithmetic and a format).
+local us = t[2]
+if #us < 6 then
+  us = string.sub('00000' .. us, -6)
+end
+local acquired = t[1] .. string.sub(us, 1, 3)
+local lease = tonumber(ARGV[3])
+local max_hold = tonumber(ARGV[4])
+if mode == 'r' then
+  redis.call('HSET', KEYS[1], field, 1)
+else
+  redis.call('HSET', KEYS[1], field, owner)
+end
+redis.call('HSET', KEYS[2], 'owner', owner, 'token', token, 'acquired_ms', acquired,
+  'ttl_ms', ARGV[3], 'mode', mode, 'holder', ARGV[7])
+if max_hold > 0 then
+  redis.call('HSET', KEYS[2], 'deadline_ms', tonumber(acquired) + max_hold)
+  lease = math.min(lease, max_hold)
+end
+redis.call('PEXPIRE', KEYS[2], lease)
+-- B exp lives at least as long as this hold.
+if (pttl or redis.call('PTTL', KEYS[1])) < lease then
+  redis.call('PEXPIRE', KEYS[1], lease)
+end
+return {1, token}

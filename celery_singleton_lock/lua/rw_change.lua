@@ -1,0 +1,52 @@
+-- Upgrade an upgradable hold to write, downgrade a write hold (that was upgraded) back to
+-- upgradable, or withdraw the reservation of an upgrade that stopped waiting (unreserve).
+-- KEYS[1]: B exp   KEYS[2]: B h:<owner> (see rw_common.lua)
+-- ARGV[1]: upgrade | downgrade | unreserve    ARGV[2]: owner token
+-- ARGV[3]: reservation, ms (upgrade; 0: none, and the caller will not wait)
+-- Reply codes: IntervalReply in core/replies.py (keep the two in step).
+-- returns {1, 0}    done
+--         {0, ms}   upgrade blocked by readers; ms until one could run out
+--         {-3, 0}   not held (expired or cleared), or not in the mode the change needs
+local op, owner = ARGV[1], ARGV[2]
+helpers()
+-- A hash read first: WRONGTYPE on a lock of the previous layout (see rw_common.lua).
+local state = redis.call('HMGET', KEYS[1], 'w', 'q')
+if op == 'unreserve' then
+  if state[2] and unreserve(owner) then
+    redis.call('PUBLISH', base .. 'chan', 'withdrawn')
+  end
+  return {1, 0}
+end
+local mode = redis.call('HGET', KEYS[2], 'mode')
+local from, to = 'u', 'w'
+if op == 'downgrade' then
+  from, to = 'w', 'u'
+end
+if mode ~= from then
+  return {-3, 0}
+end
+if op == 'upgrade' then
+  local ms = nil
+  if state[1] and state[1] ~= owner then
+    ms = live(state[1], 'w')
+  end
+  ms = ms or live_reader(owner)
+  if ms then
+    local reservation = tonumber(ARGV[3])
+    if reservation > 0 then
+      reserve(owner, reservation)
+      mark_waiting(ms)
+    end
+    return {0, ms}
+  end
+  if state[2] then
+    unreserve(owner)
+  end
+end
+redis.call('HDEL', KEYS[1], from)
+redis.call('HSET', KEYS[1], to, owner)
+redis.call('HSET', KEYS[2], 'mode', to)
+if op == 'downgrade' then
+  redis.call('PUBLISH', base .. 'chan', 'downgraded')
+end
+return {1, 0}

@@ -1,0 +1,84 @@
+-- Release a hold (now, or after a delay during which it stays held with no renewal),
+-- withdraw a waiting writer's reservation, or clear a hold for the admin tools.
+-- KEYS[1]: B exp   KEYS[2]: B h:<owner> (see rw_common.lua)
+-- ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)
+-- ARGV[3]: fencing token the hold must have ('' : any)
+-- ARGV[4]: renewed_ms the hold must still have ('' : any): the admin's clear of a hold it
+--          listed stale leaves it alone once its heartbeat resumed
+-- ARGV[5]: the hold's mode as its holder knows it (r|u|w), for a plain release (no delay,
+--          nothing checked): it then goes without reading the hold's hash
+-- Reply codes: ClearReply in core/replies.py (keep the two in step).
+-- returns 1   released (or, for a waiter, its reservation withdrawn)
+--         0   not held: the hold expired (or was cleared)
+--        -1   the hold's fencing token is not ARGV[3]
+--        -2   the hold was renewed since it was listed (renewed_ms is not ARGV[4])
+-- Waiters are woken only if one marked the lock (see mark_waiting).
+local owner = ARGV[1]
+local delay = tonumber(ARGV[2])
+local token, renewed, mode = ARGV[3] or '', ARGV[4] or '', ARGV[5] or ''
+local holder = nil
+if delay == 0 and token == '' and renewed == '' and (mode == 'r' or mode == 'w') then
+  -- The holder's own release: the hash is named by its owner, so deleting it is the owner
+  -- check. Its field goes next: while the hash was there no other hold could have it; the
+  -- `waiting` field goes with it and says whether a waiter marked the lock.
+  if redis.call('DEL', KEYS[2]) == 1 then
+    local field = mode
+    if mode == 'r' then
+      field = 'r:' .. owner
+    end
+    if redis.call('HDEL', KEYS[1], field, 'waiting') == 2 then
+      helpers()
+      wake('released')
+    end
+    return 1
+  end
+  mode = nil
+else
+  holder = redis.call('HMGET', KEYS[2], 'mode', 'token', 'renewed_ms', 'acquired_ms')
+  mode = holder[1]
+end
+helpers()
+local woke = 0
+-- A hold gone, or an upgradable one: a writer or an upgrade that stopped waiting withdraws
+-- its reservation (a hash read first: WRONGTYPE on a lock of the previous layout, see
+-- rw_common.lua).
+if not mode or mode == 'u' then
+  if redis.call('HEXISTS', KEYS[1], 'q') == 1 and unreserve(owner) then
+    woke = 1
+  end
+  if not mode then
+    if woke == 1 then
+      wake('released')
+    end
+    return woke
+  end
+end
+if token ~= '' and holder[2] ~= token then
+  return -1
+end
+-- A hold not renewed yet has no renewed_ms: its acquired_ms stands for it.
+if renewed ~= '' and tonumber(holder[3] or holder[4]) ~= tonumber(renewed) then
+  return -2
+end
+local field = mode
+if mode == 'r' then
+  field = 'r:' .. owner
+end
+if delay > 0 then
+  -- Release delay: the hold stays in B exp until its hash runs out; nothing renews it now.
+  redis.call('HEXISTS', KEYS[1], field)  -- a hash, as above
+  redis.call('HSET', KEYS[2], 'state', 'cooldown', 'released_ms', now())
+  redis.call('PEXPIRE', KEYS[2], delay)
+  keep(delay)
+  if woke == 1 then
+    wake('released')
+  end
+  return 1
+end
+-- Its field first: WRONGTYPE before anything is written on a lock of the previous layout.
+local marked = redis.call('HDEL', KEYS[1], field, 'waiting') == 2
+redis.call('DEL', KEYS[2])
+if marked or woke == 1 then
+  wake('released')
+end
+return 1

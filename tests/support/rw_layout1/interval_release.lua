@@ -1,0 +1,68 @@
+-- Release a hold (now, or after a delay during which its interval stays locked with no
+-- renewal), withdraw a waiter's reservation, or clear a holder for the admin tools.
+-- KEYS: see interval_common.lua (1..12; KEYS[8] is the holder's hash)
+-- ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)   ARGV[3]: wake-up channel
+-- ARGV[4]: fencing token the holder must have ('' : any)
+-- ARGV[5]: renewed_ms the holder must still have ('' : any): the admin's clear of a hold it
+--          listed stale leaves it alone once its heartbeat resumed
+-- Reply codes: ClearReply in core/replies.py (keep the two in step).
+-- returns 1   released (or, for a waiter, its reservation withdrawn)
+--         0   not held: the hold expired (or was cleared)
+--        -1   the holder's fencing token is not ARGV[4]
+--        -2   the holder was renewed since it was listed (renewed_ms is not ARGV[5])
+--
+-- It decides nothing on overlaps, so it does not prune: a holder still holds while its hash
+-- and its B exp entry are there (see interval_common.lua), and removing its own entries
+-- only ever frees. Waiters are woken only if one marked the lock (see mark_waiting).
+local owner = ARGV[1]
+local delay = tonumber(ARGV[2])
+local token, renewed = ARGV[4], ARGV[5] or ''
+local holder = redis.call('HMGET', KEYS[8], 'mode', 'token', 'renewed_ms', 'hi')
+local m = MODES[holder[1] or '']
+local woke = false
+-- Only a waiting writer or upgrade queues a reservation, never the owner of a read hold.
+if holder[1] ~= 'r' and unreserve(owner) > 0 then
+  woke = true
+end
+-- A plain release learns whether it held from its ZREM below; the others ask first.
+local checked = delay > 0 or token ~= '' or renewed ~= ''
+if m and checked and not redis.call('ZSCORE', KEYS[1], owner) then
+  m = nil  -- pruned as expired a moment before its hash ran out
+end
+local result = 0
+if m then
+  if token ~= '' and holder[2] ~= token then
+    return -1
+  end
+  -- A hold not renewed yet has no renewed_ms: its acquired_ms stands for it.
+  local last = holder[3]
+  if renewed ~= '' and not last then
+    last = redis.call('HGET', KEYS[8], 'acquired_ms')
+  end
+  if renewed ~= '' and tonumber(last) ~= tonumber(renewed) then
+    return -2
+  end
+  if delay > 0 then
+    -- Release delay: keep the indexed interval until the delay ends; nothing renews it now.
+    redis.call('ZADD', KEYS[1], now() + delay, owner)
+    redis.call('HSET', KEYS[8], 'state', 'cooldown', 'released_ms', now_ms)
+    redis.call('PEXPIRE', KEYS[8], delay)
+    refresh(0)
+    result = 1
+  elseif redis.call('ZREM', KEYS[1], owner) == 1 then
+    redis.call('ZREM', KEYS[m], owner)
+    -- A hold up to +inf (every reader-writer hold) has no entry in its mode's hi index; its
+    -- hash's hi is the hold's, kept in step by a shrink (see interval_common.lua).
+    if tonumber(holder[4]) ~= math.huge then
+      redis.call('ZREM', KEYS[m + 1], owner)
+    end
+    redis.call('DEL', KEYS[8])
+    result = 1
+    woke = true
+  end
+end
+if woke then
+  wake(ARGV[3], 'released')
+  return 1
+end
+return result
