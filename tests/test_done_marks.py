@@ -164,9 +164,14 @@ def test_the_marks_life_follows_the_visibility_timeout_or_the_setting() -> None:
     assert mark_ttl(app) == 16.0
     app.conf.singleton_lock_done_mark_ttl = 30
     assert mark_ttl(app) == 30.0
-    app.conf.update(singleton_lock_url="redis://127.0.0.1:1/0", singleton_lock_done_mark_ttl=0)
-    with pytest.raises(ConfigurationError, match="singleton_lock_done_mark_ttl"):
-        AppSettings.from_conf(app.conf)
+    app.conf.singleton_lock_done_mark_ttl = 0  # no marks
+    assert mark_ttl(app) == 0.0
+    app.conf.update(singleton_lock_url="redis://127.0.0.1:1/0")
+    AppSettings.from_conf(app.conf)
+    for bad in (-1, "soon", float("inf"), True):
+        app.conf.singleton_lock_done_mark_ttl = bad
+        with pytest.raises(ConfigurationError, match="singleton_lock_done_mark_ttl"):
+            AppSettings.from_conf(app.conf)
 
 
 # -- real `celery worker` processes ------------------------------------------------------------
@@ -291,6 +296,31 @@ def test_without_a_result_backend_a_late_copy_is_dropped(
         celery_lock_app.send_task(job.name, ("a",), task_id=first.id)
         assert outcomes.wait(2) == ["SUCCESS", "IGNORED"]
     assert client.lrange(runs_key, 0, -1) == [b"0"]
+
+
+def test_with_done_marks_off_a_run_leaves_none_and_a_late_copy_runs_again(
+    celery_lock_app: Celery,
+    in_process_worker: WorkerFactory,
+    outcomes: Outcomes,
+    runs: tuple[redis.Redis, str],
+) -> None:
+    celery_lock_app.conf.update(result_backend=None, singleton_lock_done_mark_ttl=0)
+    client, runs_key = runs
+
+    @celery_lock_app.task(
+        base=SingletonTask, shared=False, bind=True, ignore_result=True, lock_key="off:{key}"
+    )  # fmt: skip
+    def job(self: Any, key: str) -> None:
+        client.rpush(runs_key, self.request.retries or 0)
+
+    with in_process_worker(celery_lock_app, concurrency=2):
+        first = job.delay("a")
+        assert outcomes.wait(1) == ["SUCCESS"]
+        done = job.lock_client.connection.keys("off:a").base + b"done:*"
+        assert list(job.lock_client.redis.scan_iter(match=done)) == []
+        celery_lock_app.send_task(job.name, ("a",), task_id=first.id)
+        assert outcomes.wait(2) == ["SUCCESS", "SUCCESS"]
+    assert client.lrange(runs_key, 0, -1) == [b"0", b"0"]
 
 
 def test_a_copy_of_an_attempt_that_retried_is_dropped_and_the_retry_runs_once(

@@ -69,7 +69,8 @@ def scripts(connection: Connection) -> DoneScripts:
 def mark_ttl(app: Any) -> float:
     """Seconds a done mark lasts: the ``singleton_lock_done_mark_ttl`` setting, else
     :data:`VISIBILITY_TIMEOUTS` times the broker's visibility timeout (default one hour,
-    so two hours). Raises ConfigurationError for a setting that is not a positive number."""
+    so two hours); 0 when the setting turns marks off. Raises ConfigurationError for a
+    setting that is not a number of seconds >= 0."""
     conf = app.conf
     value = conf.get(TTL_SETTING, None)
     if value is not None:
@@ -82,9 +83,10 @@ def mark_ttl(app: Any) -> float:
 
 
 def check_ttl(value: Any) -> float:
-    """``singleton_lock_done_mark_ttl`` checked: a finite number of seconds > 0."""
+    """``singleton_lock_done_mark_ttl`` checked: a finite number of seconds >= 0 (0: no
+    done marks, for a deployment whose messages never come back after a run started)."""
     try:
-        return validate.check_positive(value, TTL_SETTING)
+        return validate.check_delay(value, TTL_SETTING)
     except ConfigurationError as exc:
         problem = str(exc).partition(": ")[2]
         raise ConfigurationError(TTL_SETTING, f"bad configuration: {problem}") from None

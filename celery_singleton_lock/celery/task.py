@@ -478,12 +478,15 @@ class SingletonTask(Task):  # type: ignore[misc]
             log.info("%s[%s] dropped: the original run ended (%s)", self.name, request.id, state)
             raise Ignore()
 
-    def _done_mark(self, lease: LockHandle) -> done_marks.DoneMark:
-        """The done mark (done_marks.py) of the running attempt, in ``lease``'s slot."""
+    def _done_mark(self, lease: LockHandle) -> done_marks.DoneMark | None:
+        """The done mark (done_marks.py) of the running attempt, in ``lease``'s slot; None
+        when ``singleton_lock_done_mark_ttl`` is 0 (no marks)."""
         request = self.request
         ttl = self.__dict__.get("_done_mark_ttl")
         if ttl is None:
             ttl = self.__dict__["_done_mark_ttl"] = done_marks.mark_ttl(self.app)
+        if not ttl:
+            return None
         connection = self.lock_client.connection
         return done_marks.DoneMark.of(connection, lease, request.id, request.retries or 0, ttl)
 
@@ -492,6 +495,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         copy of an attempt that ended already (done_marks.py) gives back what it took and is
         dropped (raise Ignore), storing nothing, whether or not it got the lock."""
         mark = self._done_mark(lease)
+        if mark is None:
+            return lease.acquire(wait)
         acquired, ended = done_marks.acquire(self.lock_client.connection, lease, wait, mark)
         if ended < mark.attempt:
             return acquired
@@ -512,7 +517,9 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _record_end(self, lease: LockHandle) -> None:
         """Write the running attempt's done mark alone: its call ended without a release to
         send it with (skipped, refused, retried)."""
-        done_marks.record(self.lock_client.connection, self._done_mark(lease))
+        mark = self._done_mark(lease)
+        if mark is not None:
+            done_marks.record(self.lock_client.connection, mark)
 
     def _autoretry(self, exc: LockBackendError) -> None:
         """Retry as ``autoretry_for`` would: Celery's wrapper is around ``run``, which a run
@@ -582,8 +589,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         """Release the run's lock; if its call ``ended``, with the attempt's done mark
         written first in the same round trip (done_marks.py)."""
         try:
-            if ended:
-                mark = self._done_mark(lease)
+            mark = self._done_mark(lease) if ended else None
+            if mark is not None:
                 connection = self.lock_client.connection
                 done_marks.release(connection, lease, self.lock_options.release_delay, mark)
             else:
