@@ -14,6 +14,8 @@ layer's own. Variants, each on its own app and queue:
 - **release delay**: ``lock_release_delay=60`` (the key stays locked after the run);
 - **lock_on_enqueue**: ``lock_on_enqueue=True`` (claimed in ``apply_async``; the run takes the
   claim over);
+- (**no done marks**): the default task with ``singleton_lock_done_mark_ttl=0``, a diagnostic
+  row: what the done mark's read and write cost the run;
 - (**until_start**): ``lock_on_enqueue="until_start"``, a diagnostic row with no target (its
   queue claim is freed in the acquire's round trip, so it makes two round trips as well).
 
@@ -68,13 +70,17 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "release delay": {"lock_release_delay": 60},
     "lock_on_enqueue": {"lock_on_enqueue": True},
     "until_start": {"lock_on_enqueue": "until_start"},
+    "no done marks": {},
 }
+#: variant -> app settings of its own.
+SETTINGS: dict[str, dict[str, Any]] = {"no done marks": {"singleton_lock_done_mark_ttl": 0}}
 LABELS = {
     "plain": "plain `@app.task`",
     "default": "`SingletonTask`, default options",
     "release delay": "`lock_release_delay=60`",
     "lock_on_enqueue": "`lock_on_enqueue=True`",
     "until_start": '(`lock_on_enqueue="until_start"`)',
+    "no done marks": "(default, `singleton_lock_done_mark_ttl=0`)",
 }
 #: Variants held to the targets (the rest are diagnostics).
 TARGETED = ("default", "release delay", "lock_on_enqueue")
@@ -265,6 +271,7 @@ def make_variant(ctx: Context, key: str, lock_url: str, recorder: Recorder) -> V
         singleton_lock_url=lock_url,
         singleton_lock_prefix=f"{prefix}csl:",
         singleton_lock_client_kwargs={"connection_class": LockConnection},
+        **SETTINGS.get(key, {}),
     )
     options: dict[str, Any] = {"name": f"bench_{ctx.run_id}.worker.{key}", "ignore_result": True}
     extra = VARIANTS[key]
