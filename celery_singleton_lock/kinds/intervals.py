@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -518,16 +519,39 @@ def release_holder(
     keys = interval_keys(conn.prefix, name, family)
     redis = conn.redis
     owners = [raw.decode() for raw in conn.call(redis.zrange, keys.indexes[0], 0, -1)]
+    return release_holds_of(
+        conn,
+        name,
+        owners,
+        keys.holder,
+        lambda owner, token: release_hold(conn, keys, owner, delay_ms, token),
+        (task_id, pid, host),
+    )
+
+
+def release_holds_of(
+    conn: Connection,
+    name: str,
+    owners: list[str],
+    holder_key: Callable[[str], bytes],
+    release: Callable[[str, str], int],
+    process: tuple[str, int, str],
+) -> bool:
+    """Of the holds of ``owners`` (on lock ``name``), release those whose holder hash
+    (``holder_key(owner)``) names the task, pid and host of ``process``, each by
+    ``release(owner, fencing token read)``: that very hold goes, or nothing (it expired or
+    was cleared meanwhile). True if a hold was released."""
     if not owners:
         return False
-    pipe = redis.pipeline(transaction=False)
+    pipe = conn.redis.pipeline(transaction=False)
     for owner in owners:
-        pipe.hgetall(keys.holder(owner))
+        pipe.hgetall(holder_key(owner))
     replies = [
         [flat.get(field) for field in (b"task_id", b"pid", b"host", b"token", b"state")]
         for flat in map(flatten, conn.call(pipe.execute))
     ]
     # The host too: pids are reused across machines (and containers).
+    task_id, pid, host = process
     wanted = (task_id.encode(), str(pid).encode(), host.encode())
     released = False
     unreplicated: LockNotReplicated | None = None
@@ -540,7 +564,7 @@ def release_holder(
         ):
             continue
         try:
-            code = release_hold(conn, keys, owner, delay_ms, token.decode())
+            code = release(owner, token.decode())
         except LockNotReplicated as exc:
             # Released on the master: go on with the other holds, then say so.
             code, unreplicated = int(exc.replies[0]), exc

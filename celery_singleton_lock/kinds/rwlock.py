@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle import HolderRecord, LockHandle
-from ..core.handle_ops import HandleOps, changed_unreplicated, released_unreplicated, with_reply
+from ..core.handle_ops import HandleOps, changed_unreplicated, with_reply
 from ..core.heartbeat import RenewEntry
 from ..core.holder import HOSTNAME, ListedHolder, flatten, text
-from ..core.keys import FENCE_TTL_MS, RELEASE_DELAY_STATE, name_tag
+from ..core.keys import FENCE_TTL_MS, name_tag
 from ..core.replication import Replication
 from ..core.replies import ClearReply, IntervalReply
 from ..core.scripts import (
@@ -502,38 +502,15 @@ def release_holder(
     )
     conn = connection_of(client)
     keys = rw_keys(conn.prefix, name)
-    redis = conn.redis
-    owners = lock_owners(conn.call(redis.hgetall, keys.lock))
-    if not owners:
-        return False
-    pipe = redis.pipeline(transaction=False)
-    for owner in owners:
-        pipe.hgetall(keys.holder(owner))
-    replies = [
-        [flat.get(field) for field in (b"task_id", b"pid", b"host", b"token", b"state")]
-        for flat in map(flatten, conn.call(pipe.execute))
-    ]
-    # The host too: pids are reused across machines (and containers).
-    wanted = (task_id.encode(), str(pid).encode(), host.encode())
-    released = False
-    unreplicated: LockNotReplicated | None = None
-    for owner, (held_by, held_in, held_on, token, state) in zip(owners, replies, strict=True):
-        # A hold in a release delay was released already: its delay must not start again.
-        if (
-            (held_by, held_in, held_on) != wanted
-            or token is None
-            or state == RELEASE_DELAY_STATE.encode()
-        ):
-            continue
-        try:
-            code = release_hold(conn, keys, owner, delay_ms, token.decode())
-        except LockNotReplicated as exc:
-            # Released on the master: go on with the other holds, then say so.
-            code, unreplicated = int(exc.replies[0]), exc
-        released = code == ClearReply.CLEARED or released
-    if unreplicated is not None:
-        raise released_unreplicated(name, unreplicated, "released")
-    return released
+    owners = lock_owners(conn.call(conn.redis.hgetall, keys.lock))
+    return intervals.release_holds_of(
+        conn,
+        name,
+        owners,
+        keys.holder,
+        lambda owner, token: release_hold(conn, keys, owner, delay_ms, token),
+        (task_id, pid, host),
+    )
 
 
 class RWFamilyAdmin(intervals.IntervalFamilyAdmin):
