@@ -63,12 +63,20 @@ class HoldingProxy(ForwardingProxy):
     def __init__(self, target: int) -> None:
         self.holding = threading.Event()
         self._armed = False
+        self._script_armed = False
         self._lock = threading.Lock()
         super().__init__(target)
 
     def hold_next_reply(self) -> None:
         with self._lock:
             self._armed = True
+            self.holding.clear()
+
+    def hold_next_script_reply(self) -> None:
+        """:meth:`hold_next_reply` once the next script call (``EVALSHA``) is on its way:
+        the replies of the reads before it are delivered."""
+        with self._lock:
+            self._script_armed = True
             self.holding.clear()
 
     def _connected(self, client: socket.socket, server: socket.socket) -> None:
@@ -78,6 +86,10 @@ class HoldingProxy(ForwardingProxy):
     def _up(self, client: socket.socket, server: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while data := client.recv(65536):
+                if b"EVALSHA" in data:
+                    with self._lock:  # before sending: the reply may come back at once
+                        self._armed = self._armed or self._script_armed
+                        self._script_armed = False
                 server.sendall(data)
         self._close(client, server)
 
