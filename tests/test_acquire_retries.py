@@ -259,9 +259,11 @@ def test_a_release_sent_again_after_its_reply_was_lost_says_the_first_may_have_f
     lock_client: LockClient, proxy: HoldingProxy, kind: str
 ) -> None:
     """The release ran, its reply was lost (LockBackendError: the handle keeps its owner
-    token for a retry, as documented); the caller sends it again, which finds nothing of its
-    own. Nothing in Redis tells that apart from a lease lost before the first release
-    arrived, so it still raises, fail closed, but says that the first one may have freed it."""
+    token for a retry, as documented); a stranger took and released the name; then the
+    caller sends it again, which finds nothing of its own, nor its trace (the stranger's
+    release replaced it). Nothing in Redis tells that apart from a lease lost before the
+    first release arrived, so it still raises, fail closed, but says that the first one may
+    have freed it. (With nothing in between, see test_lost_replies.py.)"""
     client = proxied_client(lock_client, proxy, retries=0)
     try:
         warm_up(client, kind)
