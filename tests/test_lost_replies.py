@@ -347,6 +347,41 @@ def test_a_release_holder_sent_again_frees_it_once(
         client.close()
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["lease", "multi"])
+def test_a_clear_sent_again_says_it_cleared(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=1)
+    try:
+        names = ["n", "n2"] if kind == "multi" else ["n"]
+        warm_up = KINDS[kind](lock_client)
+        assert warm_up.acquire()
+        assert all([client.clear(name, force=True) for name in names])
+        held = KINDS[kind](lock_client)
+        assert held.acquire()
+        proxy.hold_next_script_reply()  # the listing's replies come through
+        assert client.clear("n", force=True)
+        assert proxy.holding.is_set()
+        assert all([client.clear(name, force=True) for name in names[1:]])
+        assert free(lock_client, kind)
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["lease", "multi"])
+def test_a_holder_whose_lease_was_cleared_finds_it_lost_on_release(
+    lock_client: LockClient, kind: str
+) -> None:
+    """What a clear leaves for its own retry is no release of the holder's."""
+    handle = KINDS[kind](lock_client)
+    assert handle.acquire()
+    assert lock_client.clear("n", force=True)
+    with pytest.raises(LockLost):
+        handle.release()
+
+
 # -- asyncio -----------------------------------------------------------------------------------
 
 
