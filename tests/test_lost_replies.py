@@ -437,18 +437,18 @@ def test_an_async_multi_release_sent_again_is_one_release(
 
 
 @pytest.fixture
-def enqueued(celery_lock_app: Celery, lock_prefix: str) -> Callable[[LockClient], Any]:
+def enqueued(celery_lock_app: Celery, lock_prefix: str) -> Callable[..., Any]:
     """A ``lock_on_enqueue`` task of ``celery_lock_app`` whose locks go through the client
     given (its scripts loaded), sending to a queue nobody consumes."""
 
-    def task_through(client: LockClient) -> Any:
+    def task_through(client: LockClient, on_enqueue: bool | str = True) -> Any:
         warm_up = client.lease("warm-up", heartbeat=False, owner="claim:warm-up:0")
         assert warm_up.acquire()
         warm_up.release()
         celery_lock_app._singleton_lock_client = client  # the app's client (app_client.py)
         celery_lock_app.conf.task_default_queue = f"{lock_prefix}unconsumed"
 
-        @celery_lock_app.task(base=SingletonTask, shared=False, lock_on_enqueue=True)
+        @celery_lock_app.task(base=SingletonTask, shared=False, lock_on_enqueue=on_enqueue)
         def job(customer: int) -> int:
             return customer
 
@@ -470,7 +470,7 @@ def claims(lock_client: LockClient) -> list[str | None]:
 def test_an_enqueue_claim_sent_again_is_one_claim_and_one_message(
     lock_client: LockClient,
     proxy: HoldingProxy,
-    enqueued: Callable[[LockClient], Any],
+    enqueued: Callable[..., Any],
     lock_prefix: str,
 ) -> None:
     job = enqueued(proxied_client(lock_client, proxy, retries=1))
@@ -487,7 +487,7 @@ def test_an_enqueue_claim_sent_again_is_one_claim_and_one_message(
 def test_an_enqueue_claim_that_raised_leaves_no_claim_and_no_message(
     lock_client: LockClient,
     proxy: HoldingProxy,
-    enqueued: Callable[[LockClient], Any],
+    enqueued: Callable[..., Any],
     lock_prefix: str,
 ) -> None:
     job = enqueued(proxied_client(lock_client, proxy, retries=0))
@@ -500,3 +500,30 @@ def test_an_enqueue_claim_that_raised_leaves_no_claim_and_no_message(
     sent = job.apply_async((5,))  # the producer's own retry goes through
     assert queued(lock_client, lock_prefix) == 1
     assert claims(lock_client) == [sent.id]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("retries", [1, 0])
+def test_a_debounce_take_over_whose_reply_was_lost_leaves_one_claim_with_a_message(
+    lock_client: LockClient,
+    proxy: HoldingProxy,
+    enqueued: Callable[..., Any],
+    lock_prefix: str,
+    retries: int,
+) -> None:
+    """A new ``debounce`` call takes the queued call's claim over, and that reply is lost:
+    sent again, the new call holds the claim and is sent; raised, the queued call's claim
+    is put back, and its message is still there to run under it."""
+    job = enqueued(proxied_client(lock_client, proxy, retries=retries), "debounce")
+    first = job.apply_async((5,))
+    proxy.hold_next_script_reply(after=1)  # the take-over, after the claim found held
+    if retries:
+        second = job.apply_async((5,))
+        assert claims(lock_client) == [second.id]
+        assert queued(lock_client, lock_prefix) == 2  # the first is skipped when it runs
+    else:
+        with pytest.raises(LockBackendError):
+            job.apply_async((5,))
+        assert claims(lock_client) == [first.id]
+        assert queued(lock_client, lock_prefix) == 1
+    assert proxy.holding.is_set()
