@@ -325,20 +325,23 @@ def test_a_shrink_that_raised_can_be_sent_again_by_the_caller(
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("delay", [0, 60])
-def test_a_release_holder_sent_again_frees_it_once(
+def test_a_release_holder_sent_again_frees_it_once_and_says_so(
     lock_client: LockClient, proxy: HoldingProxy, delay: float
 ) -> None:
     """A supervisor freeing its dead child's lease: the first run freed it (or left its
-    release delay), and the second leaves that alone. Its answer is then False: nothing
-    stored tells the second run that the first was its own."""
+    release delay), and the second finds that done by it and answers True."""
     client = proxied_client(lock_client, proxy, retries=1)
     try:
         assert not client.release_holder("warm-up", task_id="t0", pid=os.getpid())
         held = lock_client.lease("n", heartbeat=False, owner_info={"task_id": "t1"})
         assert held.acquire()
         proxy.hold_next_reply()
-        client.release_holder("n", task_id="t1", pid=os.getpid(), delay=delay)
+        assert client.release_holder("n", task_id="t1", pid=os.getpid(), delay=delay)
         assert proxy.holding.is_set()
+        # What it left tells no other process it released, nor the holder that it did.
+        assert not client.release_holder("n", task_id="t1", pid=os.getpid() + 1)
+        with pytest.raises(LockLost):
+            held.release()
         assert free(lock_client, "lease") == (delay == 0)
         if delay:
             (info,) = lock_client.locks("n")

@@ -17,7 +17,7 @@ Layout for a lock named N under prefix P (default ``csl:``)::
     P{T}:released string the fencing token of the last hold a release freed, while that
                          hold had time left: what tells a release sent again after its
                          reply was lost that it was done (release.lua, multi_release.lua,
-                         clear.lua)
+                         clear.lua, release_holder.lua)
     P{T}:undo:<t> hash   a claim the acquisition with fencing token t took over, kept with
                          the claim's own expiry so that an acquire whose reply was lost can
                          put it back (acquire_undo.lua)
