@@ -11,15 +11,12 @@ claim (a fixed owner token) the attempt took over, or held already, stays as it 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import redis
-import redis.asyncio
-from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from support import lost_replies
+from support.lost_replies import fence, proxied_client
 from support.proxies import HoldingProxy
 
 from celery_singleton_lock import (
@@ -40,26 +37,11 @@ KINDS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-@pytest.fixture
-def proxy(lock_client: LockClient) -> Iterator[HoldingProxy]:
-    proxied = HoldingProxy(int(lock_client.redis.connection_pool.connection_kwargs["port"]))
-    yield proxied
-    proxied.close()
-
-
-def proxied_client(lock_client: LockClient, proxy: HoldingProxy, retries: int) -> LockClient:
-    via = redis.Redis(port=proxy.port, socket_timeout=0.5, retry=Retry(NoBackoff(), retries))
-    return LockClient(via, prefix=lock_client.prefix)
-
-
 async def async_proxied_client(
     lock_client: LockClient, proxy: HoldingProxy, kind: str, *, retries: int
 ) -> AsyncLockClient:
     """An asyncio client through ``proxy``, warmed up for ``kind`` as :func:`warm_up` does."""
-    via = redis.asyncio.Redis(
-        port=proxy.port, socket_timeout=0.5, retry=AsyncRetry(NoBackoff(), retries)
-    )
-    client = AsyncLockClient(via, prefix=lock_client.prefix)
+    client = lost_replies.async_proxied_client(lock_client, proxy, retries)
     warm = KINDS[kind](client)
     assert await warm.acquire()
     await warm.release()
@@ -71,10 +53,6 @@ def warm_up(client: LockClient, kind: str) -> None:
     handle = client.lease("warm-up") if kind == "claimed" else KINDS[kind](client)
     assert handle.acquire()
     handle.release()
-
-
-def fence(lock_client: LockClient, name: str) -> int:
-    return int(lock_client.redis.get(lock_keys(lock_client.prefix, name).fence))
 
 
 def free(lock_client: LockClient, kind: str) -> bool:
@@ -281,9 +259,11 @@ def test_a_release_sent_again_after_its_reply_was_lost_says_the_first_may_have_f
     lock_client: LockClient, proxy: HoldingProxy, kind: str
 ) -> None:
     """The release ran, its reply was lost (LockBackendError: the handle keeps its owner
-    token for a retry, as documented); the caller sends it again, which finds nothing of its
-    own. Nothing in Redis tells that apart from a lease lost before the first release
-    arrived, so it still raises, fail closed, but says that the first one may have freed it."""
+    token for a retry, as documented); a stranger took and released the name; then the
+    caller sends it again, which finds nothing of its own, nor its trace (the stranger's
+    release replaced it). Nothing in Redis tells that apart from a lease lost before the
+    first release arrived, so it still raises, fail closed, but says that the first one may
+    have freed it. (With nothing in between, see test_lost_replies.py.)"""
     client = proxied_client(lock_client, proxy, retries=0)
     try:
         warm_up(client, kind)

@@ -373,9 +373,10 @@ class HandleState:
             return
         error = self._lost_error(code, "release")
         if unanswered:
-            # Found gone (or another's) by a release sent again: no stored trace tells
-            # whether the earlier one, whose reply was lost, freed it, or the lease was lost
-            # before it arrived. The caller hears both, and the error stays (fail closed).
+            # Found gone (or another's) by a release sent again, with no trace of the
+            # earlier one freeing it (the release scripts of leases leave one, until the next
+            # release of the name): it may have, or the lease was lost before it arrived.
+            # The caller hears both, and the error stays (fail closed).
             reason = error.reason
             error = type(error)(
                 f"{error}; an earlier release of it whose reply was lost may have been the "

@@ -321,11 +321,14 @@ class Scripts:
         args = (owner, ttl_ms, max_hold_ms, takeover, mode, mode_arg, holder, attempt)
         return self._acquire, keys, args
 
-    def release_call(self, lock_key: bytes, owner: str, delay_ms: int) -> ScriptCall:
+    def release_call(
+        self, lock_key: bytes, owner: str, delay_ms: int, token: int | None = None
+    ) -> ScriptCall:
         """The release.lua call: its reply is DONE released (or handed to the oldest fair
         waiter), GONE or TAKEN (HolderReply); a release a waiter waits for is published on
-        the lock's channel (``P{T}:chan``)."""
-        return self._release, (lock_key,), (owner, delay_ms)
+        the lock's channel (``P{T}:chan``). With the hold's fencing ``token``, the same call
+        sent again after its reply was lost answers DONE too."""
+        return self._release, (lock_key,), (owner, delay_ms, "" if token is None else token)
 
     def acquire_undo_call(self, lock_key: bytes, owner: str, attempt: str) -> ScriptCall:
         """The acquire_undo.lua call: undo what the acquire call ``attempt`` of ``owner`` took;

@@ -249,12 +249,13 @@ class LeaseOps(HandleOps):
 
     def _give_back(self, owner: str) -> Steps[None]:
         try:
-            yield from self._release(owner, 0)
+            yield self._conn.scripts.release_call(self.keys.lock, owner, 0)
         except LockBackendError:  # it runs out within its ttl
             log.warning("could not give back the lease of %r", self.name, exc_info=True)
 
     def _release(self, owner: str, delay_ms: int) -> Steps[int]:
-        return int((yield self._conn.scripts.release_call(self.keys.lock, owner, delay_ms)))
+        call = self._conn.scripts.release_call(self.keys.lock, owner, delay_ms, self._token)
+        return int((yield call))
 
     @classmethod
     def _renew_script_call(cls, conn: Any, entries: list[RenewEntry]) -> ScriptCall:

@@ -109,10 +109,17 @@ def acquired(ordered: Sequence[str], reply: Sequence[Any]) -> tuple[bool, int, d
     return True, max(tokens.values()), tokens
 
 
-def release_args(owner: str, delay_ms: int, keys: Sequence[LockKeys], token: str = "") -> list[Any]:
+def release_args(
+    owner: str,
+    delay_ms: int,
+    keys: Sequence[LockKeys],
+    token: str = "",
+    tokens: Sequence[int] = (),
+) -> list[Any]:
     """ARGV of multi_release.lua: owner, release delay ms, the fencing token to check (''
-    none), each name's channel."""
-    return [owner, delay_ms, token, *(k.channel for k in keys)]
+    none), each name's channel, then the token of each name's hold (``tokens``, in key order;
+    empty: not known)."""
+    return [owner, delay_ms, token, *(k.channel for k in keys), *tokens]
 
 
 class MultiLeaseOps(HandleOps):
@@ -178,18 +185,19 @@ class MultiLeaseOps(HandleOps):
         if is_cluster(self._conn.redis):
             return (yield from self._release_each(owner, delay_ms))
         keys = [k.lock for k in self.keys]
-        return int(
-            (yield scripts(self._conn).release, keys, release_args(owner, delay_ms, self.keys))
-        )
+        tokens = [self._tokens[name] for name in self._ordered] if self._tokens else []
+        args = release_args(owner, delay_ms, self.keys, tokens=tokens)
+        return int((yield scripts(self._conn).release, keys, args))
 
     def _release_each(self, owner: str, delay_ms: int) -> Steps[int]:
         """Redis Cluster: each name released as a lease; the worst of their codes."""
         codes: list[int] = []
         unreplicated: LockNotReplicated | None = None
         scripts_: Scripts = self._conn.scripts
-        for k in self.keys:
+        for k, name in zip(self.keys, self._ordered, strict=True):
             try:
-                codes.append(int((yield scripts_.release_call(k.lock, owner, delay_ms))))
+                call = scripts_.release_call(k.lock, owner, delay_ms, self._tokens.get(name))
+                codes.append(int((yield call)))
             except LockNotReplicated as exc:
                 # Released on the master: go on with the other names, then say so.
                 codes.append(int(exc.replies[0]))

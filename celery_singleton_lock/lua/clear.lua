@@ -13,7 +13,15 @@
 -- fair waiter is woken to take the freed name itself (wake_fair_waiter.lua, prepended).
 -- The holder whose lease was cleared finds out at its next heartbeat (renew.lua returns 0).
 -- A hold not renewed yet has no renewed_ms: its acquired_ms stands for it (acquire.lua).
+-- A hold it frees leaves 'cleared <token>' in P{T}:released (as release.lua leaves the token
+-- of a hold it frees) for as long as the hold had left: the same clear sent again after its
+-- reply was lost (redis-py's retry) finds it there and answers cleared, not gone. Not the
+-- bare token: the holder's own release must still find its lease lost, not released.
+local mark = string.sub(KEYS[1], 1, -5) .. 'released'
 local holder = redis.call('HMGET', KEYS[1], 'token', 'renewed_ms', 'waiting', 'acquired_ms')
+if holder[1] ~= ARGV[1] and redis.call('GET', mark) == 'cleared ' .. ARGV[1] then
+  return 1
+end
 if not holder[1] then
   return 0
 end
@@ -22,6 +30,10 @@ if holder[1] ~= ARGV[1] then
 end
 if ARGV[3] ~= '' and tonumber(holder[2] or holder[4]) ~= tonumber(ARGV[3]) then
   return -2
+end
+local left = redis.call('PTTL', KEYS[1])
+if left > 0 then
+  redis.call('SET', mark, 'cleared ' .. holder[1], 'PX', left)
 end
 redis.call('DEL', KEYS[1])
 if holder[3] then

@@ -3,12 +3,15 @@
 -- KEYS[1..n]: lock hashes   ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)
 -- ARGV[3]: fencing token each key must have ('' any; the admin's clear_holder passes one)
 -- ARGV[4..3+n]: the wake-up channel of each name
+-- ARGV[4+n..3+2n]: the fencing token of each name's hold (absent: not known), as in
+-- release.lua: a name freed now keeps it in P{T}:released for as long as the hold had left
 -- Waiters mark the hash (acquire.lua): only a marked one is published, and its oldest live
 -- fair waiter is woken to take the freed name itself (wake_fair_waiter.lua, prepended).
 -- Reply codes: HolderReply in core/replies.py (keep the two in step).
 -- returns 1 all released; else -1 if some name is held by another owner, 0 if some expired
--- A release delay left names its owner (`released_by`): a delayed release sent again after
--- its reply was lost (redis-py's retry) finds it released, not held by another.
+-- A release sent again after its reply was lost (redis-py's retry, or the caller's) finds
+-- its names released, not lost or held by another: a release delay left names its owner
+-- (`released_by`), a name freed now its hold's token in P{T}:released.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local delay = tonumber(ARGV[2])
@@ -16,12 +19,20 @@ local result = 1
 for i, key in ipairs(KEYS) do
   local holder = redis.call('HMGET', key, 'owner', 'token', 'waiting', 'released_by')
   local owner = holder[1]
+  local token = ARGV[3 + #KEYS + i]
+  local mark = string.sub(key, 1, -5) .. 'released'
   if owner == ARGV[1] and (ARGV[3] == '' or holder[2] == ARGV[3]) then
     if delay > 0 then
       redis.call('HSET', key, 'owner', '', 'state', 'cooldown', 'released_ms', now_ms,
         'released_by', ARGV[1])
       redis.call('PEXPIRE', key, delay)
     else
+      if token then
+        local left = redis.call('PTTL', key)
+        if left > 0 and holder[2] then
+          redis.call('SET', mark, holder[2], 'PX', left)
+        end
+      end
       redis.call('DEL', key)
       if holder[3] then
         redis.call('PUBLISH', ARGV[3 + i], 'released')
@@ -30,6 +41,8 @@ for i, key in ipairs(KEYS) do
     end
   elseif owner == '' and holder[4] == ARGV[1] and ARGV[3] == '' then
     -- released already, by this very call sent again
+  elseif token and redis.call('GET', mark) == token then
+    -- freed already, by this very call sent again
   elseif owner then
     result = -1
   elseif result == 1 then

@@ -14,10 +14,23 @@
 -- returns 1 released; 0 the lock is not held by that task in that process on that host
 -- A hold of layout 2 keeps task id, pid and host in its packed `holder` field (acquire.lua);
 -- one of layout 1 as fields of their own.
-local holder = redis.call('HMGET', KEYS[1], 'owner', 'task_id', 'pid', 'host', 'waiting', 'holder')
+-- A release it makes leaves 'holder <task id> <pid> <host>' behind: as `released_by` of the
+-- release delay, or in P{T}:released for as long as the hold had left (as release.lua leaves
+-- a token there). The same call sent again after its reply was lost (redis-py's retry) finds
+-- it and answers released; it never frees anything else for it.
+local base = string.sub(KEYS[1], 1, -5)
+local who = 'holder ' .. ARGV[1] .. ' ' .. ARGV[2] .. ' ' .. ARGV[3]
+local holder = redis.call('HMGET', KEYS[1], 'owner', 'task_id', 'pid', 'host', 'waiting',
+  'holder', 'released_by')
+local function done_before()
+  if holder[1] == '' and holder[7] == who then
+    return 1
+  end
+  return redis.call('GET', base .. 'released') == who and 1 or 0
+end
 local owner = holder[1]
 if not owner or owner == '' or string.sub(owner, 1, 6) == 'claim:' then
-  return 0
+  return done_before()
 end
 if holder[6] then
   local packed, found = cmsgpack.unpack(holder[6]), {}
@@ -30,12 +43,16 @@ if holder[6] then
   holder[4] = holder[4] or found['host']
 end
 if holder[2] ~= ARGV[1] or holder[3] ~= ARGV[2] or holder[4] ~= ARGV[3] then
-  return 0
+  return done_before()
 end
 if tonumber(ARGV[4]) > 0 then
-  redis.call('HSET', KEYS[1], 'owner', '', 'state', 'cooldown')
+  redis.call('HSET', KEYS[1], 'owner', '', 'state', 'cooldown', 'released_by', who)
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
 else
+  local left = redis.call('PTTL', KEYS[1])
+  if left > 0 then
+    redis.call('SET', base .. 'released', who, 'PX', left)
+  end
   redis.call('DEL', KEYS[1])
   if holder[5] then
     redis.call('PUBLISH', ARGV[5], 'released')

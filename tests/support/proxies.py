@@ -63,12 +63,22 @@ class HoldingProxy(ForwardingProxy):
     def __init__(self, target: int) -> None:
         self.holding = threading.Event()
         self._armed = False
+        self._script_armed = False
+        self._scripts_to_pass = 0
         self._lock = threading.Lock()
         super().__init__(target)
 
     def hold_next_reply(self) -> None:
         with self._lock:
             self._armed = True
+            self.holding.clear()
+
+    def hold_next_script_reply(self, after: int = 0) -> None:
+        """:meth:`hold_next_reply` once the next script call (``EVALSHA``) but ``after`` is
+        on its way: the replies of the calls before it are delivered."""
+        with self._lock:
+            self._script_armed = True
+            self._scripts_to_pass = after
             self.holding.clear()
 
     def _connected(self, client: socket.socket, server: socket.socket) -> None:
@@ -78,6 +88,12 @@ class HoldingProxy(ForwardingProxy):
     def _up(self, client: socket.socket, server: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while data := client.recv(65536):
+                if b"EVALSHA" in data:
+                    with self._lock:  # before sending: the reply may come back at once
+                        if self._script_armed and self._scripts_to_pass:
+                            self._scripts_to_pass -= 1
+                        elif self._script_armed:
+                            self._armed, self._script_armed = True, False
                 server.sendall(data)
         self._close(client, server)
 

@@ -1,0 +1,532 @@
+"""Operations other than the first acquire whose reply is lost: sent again, or raised.
+
+A proxy in front of the tests' Redis keeps the reply of one call from the client
+(support/proxies.py): the call ran on the server, and the client's read runs into its socket
+timeout. With a retry policy (``retries=1``) redis-py sends the same call again: that must
+have the effect of one call (no second permit, no second claim or message, the same token).
+With none (``retries=0``) the call raises LockBackendError: the state left must be clear,
+either undone or still known to the handle, so that the caller's own retry works.
+
+Handles are made without a heartbeat, so that the reply held back is the operation's own;
+each operation runs once on a warm-up handle first (connection open, scripts loaded). The
+reader-writer lock's operations are in test_lost_replies_rw.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from celery import Celery
+from support.lost_replies import async_proxied_client, fence, proxied_client
+from support.proxies import HoldingProxy
+
+from celery_singleton_lock import LockBackendError, LockClient, LockLost, SingletonTask
+from celery_singleton_lock.core.keys import lock_keys
+
+#: Makers of a handle of each kind on "n" (the multi-key lock also holds "n2"); the
+#: semaphore has a limit of 1 here, so that a stranger's permit tells whether one is held.
+KINDS: dict[str, Callable[[Any], Any]] = {
+    "lease": lambda c: c.lease("n", ttl=30, heartbeat=False),
+    "semaphore": lambda c: c.semaphore("n", 1).permit(ttl=30, heartbeat=False),
+    "range-write": lambda c: c.range_lock("n").write(0, 10, ttl=30, heartbeat=False),
+    "range-read": lambda c: c.range_lock("n").read(0, 10, ttl=30, heartbeat=False),
+    "multi": lambda c: c.multi(["n", "n2"], ttl=30, heartbeat=False),
+}
+
+#: What a stranger is refused while a handle of each kind holds "n".
+STRANGERS: dict[str, Callable[[Any], Any]] = {
+    **KINDS,
+    "range-read": lambda c: c.range_lock("n").write(5, 15, ttl=30, heartbeat=False),
+}
+
+
+def free(lock_client: LockClient, kind: str) -> bool:
+    """Whether a stranger in the way of ``kind`` takes "n" at once (and gives it back)."""
+    handle = STRANGERS[kind](lock_client)
+    taken = bool(handle.acquire(0))
+    if taken:
+        handle.release()
+    return taken
+
+
+def warm(client: LockClient, kind: str, *, extend: bool = False, shrink: bool = False) -> None:
+    """Run the operations the test then loses a reply of once, on a handle of ``kind``."""
+    handle = KINDS[kind](client)
+    assert handle.acquire()
+    if extend:
+        handle.extend(20)
+    if shrink:
+        handle.shrink(2, 8)
+    handle.release()
+
+
+def pttl_s(lock_client: LockClient, kind: str, name: str = "n") -> float:
+    """Seconds left of what holds ``name`` (the lease key, or the interval holds' set)."""
+    keys = lock_keys(lock_client.prefix, name)
+    if kind in ("lease", "multi"):
+        return float(lock_client.redis.pttl(keys.lock)) / 1000
+    (info,) = [info for info in lock_client.locks(name) if info.owner]
+    assert info.lease_remaining_s is not None
+    return info.lease_remaining_s
+
+
+# -- acquire -----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_permit_acquire_sent_again_takes_one_permit(
+    lock_client: LockClient, proxy: HoldingProxy
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=1)
+    try:
+        warm(client, "semaphore")
+        permit = client.semaphore("n", 2).permit(ttl=30, heartbeat=False)
+        proxy.hold_next_reply()
+        assert permit.acquire()  # the first run's reply held back; the retry's answered
+        assert proxy.holding.is_set()
+        assert permit.held and permit.token == fence(lock_client, "n")
+        listed = [info for info in lock_client.locks("n") if info.kind == "semaphore"]
+        assert [info.token for info in listed] == [permit.token]
+        # One of the two permits is left, not none.
+        second = lock_client.semaphore("n", 2).permit(heartbeat=False)
+        assert second.acquire(0)
+        assert not lock_client.semaphore("n", 2).permit(heartbeat=False).acquire(0)
+        second.release()
+        permit.release()
+        assert lock_client.locks("n") == []
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["semaphore", "range-read"])
+def test_an_acquire_sent_again_holds_with_its_token(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=1)
+    try:
+        warm(client, kind)
+        handle = KINDS[kind](client)
+        proxy.hold_next_reply()
+        assert handle.acquire()
+        assert proxy.holding.is_set()
+        assert handle.held and handle.token == fence(lock_client, "n")
+        assert len([info for info in lock_client.locks("n") if info.owner]) == 1
+        assert not free(lock_client, kind)
+        handle.release()
+        assert free(lock_client, kind)
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["semaphore", "range-read"])
+def test_an_acquire_that_raised_leaves_the_name_free(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=0)
+    try:
+        warm(client, kind)
+        handle = KINDS[kind](client)
+        proxy.hold_next_reply()
+        with pytest.raises(LockBackendError):
+            handle.acquire()
+        assert proxy.holding.is_set()
+        assert not handle.held
+        assert free(lock_client, kind)  # undone, not left to run out in 30 s
+        assert lock_client.locks("n") == []
+    finally:
+        client.close()
+
+
+# -- release -----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["lease", "multi"])
+def test_a_release_sent_again_is_one_release(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str
+) -> None:
+    """The first run freed the name and left its token behind (``P{T}:released``), which
+    the second run finds: released, not LockExpired (nor LockTaken had another taken the
+    name in between). The holds of the interval engine (semaphore, range and reader-writer
+    locks) do not have this yet."""
+    client = proxied_client(lock_client, proxy, retries=1)
+    try:
+        warm(client, kind)
+        handle = KINDS[kind](client)
+        assert handle.acquire()
+        proxy.hold_next_reply()
+        handle.release()  # the retry finds it released by the first run: not an error
+        assert proxy.holding.is_set()
+        assert not handle.held and not handle.lost
+        assert free(lock_client, kind)
+        assert handle.acquire()  # the handle is reusable
+        handle.release()
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["lease", "multi"])
+def test_a_release_that_raised_then_sent_by_the_caller_is_a_release(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str
+) -> None:
+    """The caller's retry of a release whose reply was lost, with nothing in between: the
+    first run's trace says it was this release that freed the name."""
+    client = proxied_client(lock_client, proxy, retries=0)
+    try:
+        warm(client, kind)
+        handle = KINDS[kind](client)
+        assert handle.acquire()
+        proxy.hold_next_reply()
+        with pytest.raises(LockBackendError):
+            handle.release()
+        assert proxy.holding.is_set()
+        assert handle.held  # it keeps the owner token for the retry
+        handle.release()
+        assert not handle.held and not handle.lost
+        assert free(lock_client, kind)
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["semaphore", "range-read"])
+def test_a_release_that_raised_then_sent_by_the_caller_says_the_first_may_have_freed_it(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str
+) -> None:
+    """As tests/test_acquire_retries.py checks for the other kinds."""
+    client = proxied_client(lock_client, proxy, retries=0)
+    try:
+        warm(client, kind)
+        handle = KINDS[kind](client)
+        assert handle.acquire()
+        proxy.hold_next_reply()
+        with pytest.raises(LockBackendError):
+            handle.release()
+        assert free(lock_client, kind)
+        with pytest.raises(LockLost, match="earlier release of it whose reply was lost"):
+            handle.release()
+        assert not handle.held
+    finally:
+        client.close()
+
+
+# -- extend ------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_an_extend_sent_again_extends_once(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=1)
+    try:
+        warm(client, kind, extend=True)
+        handle = KINDS[kind](client)
+        assert handle.acquire()
+        proxy.hold_next_reply()
+        assert handle.extend(100) == pytest.approx(100, abs=2)
+        assert proxy.holding.is_set()
+        assert handle.held and not handle.lost
+        assert 95 < pttl_s(lock_client, kind) <= 100  # set to 100 s, not 200
+        if kind == "multi":
+            assert 95 < pttl_s(lock_client, kind, "n2") <= 100
+        handle.release()
+        assert free(lock_client, kind)
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_an_extend_that_raised_leaves_the_handle_holding(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=0)
+    try:
+        warm(client, kind, extend=True)
+        handle = KINDS[kind](client)
+        assert handle.acquire()
+        proxy.hold_next_reply()
+        with pytest.raises(LockBackendError):
+            handle.extend(100)
+        assert proxy.holding.is_set()
+        assert handle.held and not handle.lost
+        assert not free(lock_client, kind)
+        assert handle.extend(50) == pytest.approx(50, abs=2)  # the caller's retry works
+        assert 45 < pttl_s(lock_client, kind) <= 50
+        handle.release()
+        assert free(lock_client, kind)
+    finally:
+        client.close()
+
+
+# -- shrink ------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["range-write", "range-read"])
+def test_a_shrink_sent_again_is_one_shrink(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=1)
+    try:
+        warm(client, kind, shrink=True)
+        handle = KINDS[kind](client)
+        assert handle.acquire()
+        proxy.hold_next_reply()
+        handle.shrink(2, 8)
+        assert proxy.holding.is_set()
+        assert handle.held and (handle.lo, handle.hi) == (2, 8)
+        (info,) = lock_client.locks("n")
+        assert (info.lo, info.hi) == (2, 8)
+        outside = lock_client.range_lock("n").write(9, 10, heartbeat=False)
+        assert outside.acquire(0)  # what the shrink let go of is free
+        outside.release()
+        handle.release()
+        assert free(lock_client, kind)
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["range-write", "range-read"])
+def test_a_shrink_that_raised_can_be_sent_again_by_the_caller(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=0)
+    try:
+        warm(client, kind, shrink=True)
+        handle = KINDS[kind](client)
+        assert handle.acquire()
+        proxy.hold_next_reply()
+        with pytest.raises(LockBackendError):
+            handle.shrink(2, 8)
+        assert proxy.holding.is_set()
+        assert handle.held and not handle.lost
+        handle.shrink(2, 8)  # the caller's retry
+        assert (handle.lo, handle.hi) == (2, 8)
+        (info,) = lock_client.locks("n")
+        assert (info.lo, info.hi) == (2, 8)
+        handle.release()
+        assert free(lock_client, kind)
+    finally:
+        client.close()
+
+
+# -- the admin side ----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("delay", [0, 60])
+def test_a_release_holder_sent_again_frees_it_once_and_says_so(
+    lock_client: LockClient, proxy: HoldingProxy, delay: float
+) -> None:
+    """A supervisor freeing its dead child's lease: the first run freed it (or left its
+    release delay), and the second finds that done by it and answers True."""
+    client = proxied_client(lock_client, proxy, retries=1)
+    try:
+        assert not client.release_holder("warm-up", task_id="t0", pid=os.getpid())
+        held = lock_client.lease("n", heartbeat=False, owner_info={"task_id": "t1"})
+        assert held.acquire()
+        proxy.hold_next_reply()
+        assert client.release_holder("n", task_id="t1", pid=os.getpid(), delay=delay)
+        assert proxy.holding.is_set()
+        # What it left tells no other process it released, nor the holder that it did.
+        assert not client.release_holder("n", task_id="t1", pid=os.getpid() + 1)
+        with pytest.raises(LockLost):
+            held.release()
+        assert free(lock_client, "lease") == (delay == 0)
+        if delay:
+            (info,) = lock_client.locks("n")
+            assert info.owner is None and 55 < (info.lease_remaining_s or 0) <= 60
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["lease", "multi"])
+def test_a_clear_sent_again_says_it_cleared(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=1)
+    try:
+        names = ["n", "n2"] if kind == "multi" else ["n"]
+        warm_up = KINDS[kind](lock_client)
+        assert warm_up.acquire()
+        assert all([client.clear(name, force=True) for name in names])
+        held = KINDS[kind](lock_client)
+        assert held.acquire()
+        proxy.hold_next_script_reply()  # the listing's replies come through
+        assert client.clear("n", force=True)
+        assert proxy.holding.is_set()
+        assert all([client.clear(name, force=True) for name in names[1:]])
+        assert free(lock_client, kind)
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["lease", "multi"])
+def test_a_holder_whose_lease_was_cleared_finds_it_lost_on_release(
+    lock_client: LockClient, kind: str
+) -> None:
+    """What a clear leaves for its own retry is no release of the holder's."""
+    handle = KINDS[kind](lock_client)
+    assert handle.acquire()
+    assert lock_client.clear("n", force=True)
+    with pytest.raises(LockLost):
+        handle.release()
+
+
+# -- asyncio -----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_an_async_permit_acquire_sent_again_takes_one_permit(
+    lock_client: LockClient, proxy: HoldingProxy
+) -> None:
+    async def body() -> None:
+        client = async_proxied_client(lock_client, proxy, retries=1)
+        try:
+            warm_up = client.semaphore("n", 2).permit(heartbeat=False)
+            assert await warm_up.acquire()
+            await warm_up.release()
+            permit = client.semaphore("n", 2).permit(ttl=30, heartbeat=False)
+            proxy.hold_next_reply()
+            assert await permit.acquire()
+            assert proxy.holding.is_set()
+            assert permit.token == fence(lock_client, "n")
+            second = lock_client.semaphore("n", 2).permit(heartbeat=False)
+            assert second.acquire(0)
+            assert not lock_client.semaphore("n", 2).permit(heartbeat=False).acquire(0)
+            second.release()
+            await permit.release()
+            assert lock_client.locks("n") == []
+        finally:
+            await client.close()
+
+    asyncio.run(body())
+
+
+@pytest.mark.timeout(60)
+def test_an_async_multi_release_sent_again_is_one_release(
+    lock_client: LockClient, proxy: HoldingProxy
+) -> None:
+    async def body() -> None:
+        client = async_proxied_client(lock_client, proxy, retries=1)
+        try:
+            for _ in range(2):  # warm-up, then the release whose reply is lost
+                handle = client.multi(["n", "n2"], ttl=30, heartbeat=False)
+                assert await handle.acquire()
+                proxy.hold_next_reply() if _ else None
+                await handle.release()
+            assert proxy.holding.is_set()
+            assert not handle.held and not handle.lost
+            assert free(lock_client, "multi")
+        finally:
+            await client.close()
+
+    asyncio.run(body())
+
+
+# -- the Celery layer: the enqueue-time claim --------------------------------------------------
+
+
+@pytest.fixture
+def enqueued(celery_lock_app: Celery, lock_prefix: str) -> Callable[..., Any]:
+    """A ``lock_on_enqueue`` task of ``celery_lock_app`` whose locks go through the client
+    given (its scripts loaded), sending to a queue nobody consumes."""
+
+    def task_through(client: LockClient, on_enqueue: bool | str = True) -> Any:
+        warm_up = client.lease("warm-up", heartbeat=False, owner="claim:warm-up:0")
+        assert warm_up.acquire()
+        warm_up.release()
+        celery_lock_app._singleton_lock_client = client  # the app's client (app_client.py)
+        celery_lock_app.conf.task_default_queue = f"{lock_prefix}unconsumed"
+
+        @celery_lock_app.task(base=SingletonTask, shared=False, lock_on_enqueue=on_enqueue)
+        def job(customer: int) -> int:
+            return customer
+
+        return job
+
+    return task_through
+
+
+def queued(lock_client: LockClient, lock_prefix: str) -> int:
+    """How many messages wait in the unconsumed queue (the broker is the tests' Redis)."""
+    return int(lock_client.redis.llen(f"{lock_prefix}unconsumed"))
+
+
+def claims(lock_client: LockClient) -> list[str | None]:
+    return [info.task_id for info in lock_client.locks() if info.owner]
+
+
+@pytest.mark.timeout(60)
+def test_an_enqueue_claim_sent_again_is_one_claim_and_one_message(
+    lock_client: LockClient,
+    proxy: HoldingProxy,
+    enqueued: Callable[..., Any],
+    lock_prefix: str,
+) -> None:
+    job = enqueued(proxied_client(lock_client, proxy, retries=1))
+    proxy.hold_next_script_reply()
+    sent = job.apply_async((5,))
+    assert proxy.holding.is_set()
+    assert queued(lock_client, lock_prefix) == 1
+    assert claims(lock_client) == [sent.id]
+    assert job.delay(5).id == sent.id  # deduplicated against it
+    assert queued(lock_client, lock_prefix) == 1
+
+
+@pytest.mark.timeout(60)
+def test_an_enqueue_claim_that_raised_leaves_no_claim_and_no_message(
+    lock_client: LockClient,
+    proxy: HoldingProxy,
+    enqueued: Callable[..., Any],
+    lock_prefix: str,
+) -> None:
+    job = enqueued(proxied_client(lock_client, proxy, retries=0))
+    proxy.hold_next_script_reply()
+    with pytest.raises(LockBackendError):
+        job.apply_async((5,))
+    assert proxy.holding.is_set()  # the claim was taken, and its reply lost
+    assert queued(lock_client, lock_prefix) == 0
+    assert claims(lock_client) == []  # given back: the key is not blocked for lock_queue_ttl
+    sent = job.apply_async((5,))  # the producer's own retry goes through
+    assert queued(lock_client, lock_prefix) == 1
+    assert claims(lock_client) == [sent.id]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("retries", [1, 0])
+def test_a_debounce_take_over_whose_reply_was_lost_leaves_one_claim_with_a_message(
+    lock_client: LockClient,
+    proxy: HoldingProxy,
+    enqueued: Callable[..., Any],
+    lock_prefix: str,
+    retries: int,
+) -> None:
+    """A new ``debounce`` call takes the queued call's claim over, and that reply is lost:
+    sent again, the new call holds the claim and is sent; raised, the queued call's claim
+    is put back, and its message is still there to run under it."""
+    job = enqueued(proxied_client(lock_client, proxy, retries=retries), "debounce")
+    first = job.apply_async((5,))
+    proxy.hold_next_script_reply(after=1)  # the take-over, after the claim found held
+    if retries:
+        second = job.apply_async((5,))
+        assert claims(lock_client) == [second.id]
+        assert queued(lock_client, lock_prefix) == 2  # the first is skipped when it runs
+    else:
+        with pytest.raises(LockBackendError):
+            job.apply_async((5,))
+        assert claims(lock_client) == [first.id]
+        assert queued(lock_client, lock_prefix) == 1
+    assert proxy.holding.is_set()
