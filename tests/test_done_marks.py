@@ -232,6 +232,24 @@ def test_a_sigkilled_run_leaves_no_mark_and_its_redelivered_copy_runs(pool: Work
     assert done_mark(task, args, result.id)[0] == b"0"
 
 
+@pytest.mark.timeout(180)
+def test_a_run_killed_before_its_result_was_stored_leaves_no_mark_and_its_copy_completes(
+    pool: Workers,
+) -> None:
+    # The mark is written with the release, before Celery stores the outcome: a copy that
+    # finds it with no outcome stored is re-queued once, then runs, never leaving the call
+    # without an outcome.
+    worker = pool.start(concurrency=1)
+    pool.wait_ready(worker)
+    task = pool.app.tasks["fault.dies_before_result"]
+    result = task.apply_async(("kr",))
+    pid = result.get(timeout=TIMEOUT * 2)
+    starts = events(pool, event="start", task_id=result.id)
+    assert len(starts) == 2 and starts[0]["pid"] != pid == starts[1]["pid"]
+    assert len(events(pool, event="end", task_id=result.id)) == 2
+    assert done_mark(task, ("kr",), result.id)[0] == b"0"
+
+
 # -- in-process workers ------------------------------------------------------------------------
 
 

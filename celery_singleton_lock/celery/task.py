@@ -493,26 +493,50 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _acquire(self, lease: LockHandle, wait: float) -> bool:
         """``lease.acquire(wait)``, reading the done mark in each attempt's round trip: a
         copy of an attempt that ended already (done_marks.py) gives back what it took and is
-        dropped (raise Ignore), storing nothing, whether or not it got the lock."""
+        dropped (raise Ignore), storing nothing, whether or not it got the lock.
+
+        Unless the call's outcome may be missing: the run that ended releases (and marks)
+        before Celery stores its outcome, so a worker killed in between leaves a mark and no
+        outcome. A copy that finds no outcome stored is re-queued once (its original, if
+        alive, stores it meanwhile), and runs if there is still none when it comes back."""
         mark = self._done_mark(lease)
         if mark is None:
             return lease.acquire(wait)
         acquired, ended = done_marks.acquire(self.lock_client.connection, lease, wait, mark)
         if ended < mark.attempt:
             return acquired
+        request = self.request
+        missing = self._outcome_missing()
+        if missing and own_holds.requeues(request):
+            log.warning(
+                "%s[%s] runs again: attempt %d of this task id ended, but no outcome of it "
+                "was stored (its worker stopped in between)",
+                self.name, request.id, ended,
+            )  # fmt: skip
+            return acquired
         if acquired:
             try:
                 lease.release()
             except LockError as exc:  # it runs out within its lease
-                log.warning("%s[%s] could not give back %r: %s", self.name, self.request.id,
+                log.warning("%s[%s] could not give back %r: %s", self.name, request.id,
                             lease.name, exc)  # fmt: skip
-        log.info(
-            "%s[%s] dropped: attempt %d of this task id ended already",
-            self.name,
-            self.request.id,
-            ended,
-        )
+        if missing:
+            verdict = own_holds.requeue_verdict(self)
+            why = f"re-queued: attempt {ended} of this task id ended, its outcome not stored yet"
+            self._requeue_or_ignore(own_holds.Verdict(own_holds.REQUEUE, why, verdict.countdown))
+        log.info("%s[%s] dropped: attempt %d of this task id ended already", self.name,
+                 request.id, ended)  # fmt: skip
         raise Ignore()
+
+    def _outcome_missing(self) -> bool:
+        """Whether this call's outcome should be stored and the result backend has none
+        (nothing, or only STARTED), or does not answer."""
+        request = self.request
+        if self.ignore_result or getattr(request, "ignore_result", False):
+            return False
+        if not claims.has_result_backend(self):
+            return False
+        return claims.result_state(self, request.id) in (None, "PENDING", "STARTED")
 
     def _record_end(self, lease: LockHandle) -> None:
         """Write the running attempt's done mark alone: its call ended without a release to

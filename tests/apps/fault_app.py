@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from typing import Any
 
 import redis
 from celery import Celery
+from celery.backends.redis import RedisBackend
 from celery.signals import task_postrun, task_prerun
 
 from celery_singleton_lock import (
@@ -190,6 +192,27 @@ def make_app(lock_url: str, broker_url: str, prefix: str, queue: str = "celery")
             time.sleep(0.02)
         task_record(self, "end", key)
         return {"locked": self.lock is not None, "pid": os.getpid()}
+
+    class DiesBeforeStoring(RedisBackend):  # type: ignore[misc]
+        """Kills its process the first time it is asked to store a call's result: the body
+        ended, its outcome is not stored yet."""
+
+        def mark_as_done(self, task_id: str, *args: Any, **kwargs: Any) -> Any:
+            if records.set(f"{prefix}died-storing:{task_id}", 1, nx=True, ex=RECORD_TTL):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().mark_as_done(task_id, *args, **kwargs)
+
+    @app.task(
+        base=SingletonTask, bind=True, shared=False, name="fault.dies_before_result",
+        lock_key="result:{key}", lock_lease=2, lock_ttl=600, acks_late=True,
+        reject_on_worker_lost=True, backend=DiesBeforeStoring(app=app, url=broker_url),
+    )  # fmt: skip
+    def dies_before_result(self: Any, key: str) -> int:
+        """Its first run's process is killed between the body's end and the storing of its
+        result; the call must still complete."""
+        task_record(self, "start", key)
+        task_record(self, "end", key)
+        return os.getpid()
 
     # -- the chaos tasks --------------------------------------------------------------------
 
