@@ -337,8 +337,11 @@ class IntervalHandle(IntervalHold, LockHandle):
             pipe = conn.redis.pipeline(transaction=False)
             for owner in owners:
                 pipe.hgetall(keys.holder(owner))
+            # A hold released since its owner was read left a trace: read as gone.
             return [
                 [flat.get(field) for field in (b"task_id", b"mode", b"lo", b"hi")]
+                if not released(flat)
+                else [None] * 4
                 for flat in map(flatten, pipe.execute())
             ]
 
@@ -380,6 +383,12 @@ class IntervalHandle(IntervalHold, LockHandle):
             host=host,
             delay=delay,
         )
+
+
+def released(fields: dict[bytes, Any]) -> bool:
+    """Whether the hold hash ``fields`` (as read) is the trace of a hold its holder released
+    (``RELEASED_STATE``): it holds nothing."""
+    return fields.get(b"state") == RELEASED_STATE.encode()
 
 
 def list_holders(
