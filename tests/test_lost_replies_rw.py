@@ -1,8 +1,8 @@
 """The reader-writer lock's operations whose reply is lost: sent again, or raised.
 
-As test_lost_replies.py, through the public API only: the acquire of each mode, with its
-reply held back once (support/proxies.py) and then sent again by redis-py (``retries=1``)
-or raised (``retries=0``).
+As test_lost_replies.py, through the public API only: the acquire of each mode, the release,
+the upgrade and the downgrade, each with its reply held back once (support/proxies.py) and
+then sent again by redis-py (``retries=1``) or raised (``retries=0``).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from support.lost_replies import fence, proxied_client
 from support.proxies import HoldingProxy
+from support.waiting import wait_for
 
-from celery_singleton_lock import LockBackendError, LockClient
+from celery_singleton_lock import LockBackendError, LockClient, LockExpired
 
 MODES: dict[str, Callable[[Any], Any]] = {
     "read": lambda c: c.rwlock("n").read(ttl=30, heartbeat=False),
@@ -32,14 +33,26 @@ def writer_free(lock_client: LockClient) -> bool:
     return taken
 
 
+def reader_free(lock_client: LockClient) -> bool:
+    """Whether a reader gets in at once (and goes): no writer holds it."""
+    reader = lock_client.rwlock("n").read(heartbeat=False)
+    taken = bool(reader.acquire(0))
+    if taken:
+        reader.release()
+    return taken
+
+
 def holds(lock_client: LockClient) -> int:
     return len([info for info in lock_client.locks("n") if info.owner])
 
 
-def warm(client: LockClient, mode: str) -> None:
+def warm(client: LockClient, mode: str, *, upgrade: bool = False) -> None:
     """Run once what the test then loses a reply of: connection open, scripts loaded."""
     handle = MODES[mode](client)
     assert handle.acquire()
+    if upgrade:
+        assert handle.upgrade(0)
+        handle.downgrade()
     handle.release()
 
 
@@ -82,3 +95,219 @@ def test_an_acquire_that_raised_leaves_the_name_free(
         assert writer_free(lock_client)
     finally:
         client.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_upgrade_sent_again_is_one_upgrade(lock_client: LockClient, proxy: HoldingProxy) -> None:
+    client = proxied_client(lock_client, proxy, retries=1)
+    try:
+        warm(client, "upgradable", upgrade=True)
+        handle = MODES["upgradable"](client)
+        assert handle.acquire()
+        proxy.hold_next_reply()
+        assert handle.upgrade(0)
+        assert proxy.holding.is_set()
+        assert handle.upgraded and handle.held
+        assert not reader_free(lock_client)  # the writer now
+        handle.downgrade()
+        assert reader_free(lock_client)
+        handle.release()
+        assert writer_free(lock_client)
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_upgrade_that_raised_can_be_sent_again_by_the_caller(
+    lock_client: LockClient, proxy: HoldingProxy
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=0)
+    try:
+        warm(client, "upgradable", upgrade=True)
+        handle = MODES["upgradable"](client)
+        assert handle.acquire()
+        proxy.hold_next_reply()
+        with pytest.raises(LockBackendError):
+            handle.upgrade(0)
+        assert proxy.holding.is_set()
+        assert handle.held and not handle.lost
+        assert handle.upgrade(0)  # the caller's retry
+        assert handle.upgraded
+        assert not reader_free(lock_client)
+        handle.downgrade()
+        assert reader_free(lock_client)
+        handle.release()
+        assert writer_free(lock_client)
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_downgrade_sent_again_is_one_downgrade(
+    lock_client: LockClient, proxy: HoldingProxy
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=1)
+    try:
+        warm(client, "upgradable", upgrade=True)
+        handle = MODES["upgradable"](client)
+        assert handle.acquire()
+        assert handle.upgrade(0)
+        proxy.hold_next_reply()
+        handle.downgrade()
+        assert proxy.holding.is_set()
+        assert not handle.upgraded and handle.held
+        assert reader_free(lock_client)
+        assert not writer_free(lock_client)
+        handle.release()
+        assert writer_free(lock_client)
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_downgrade_that_raised_can_be_sent_again_by_the_caller(
+    lock_client: LockClient, proxy: HoldingProxy
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=0)
+    try:
+        warm(client, "upgradable", upgrade=True)
+        handle = MODES["upgradable"](client)
+        assert handle.acquire()
+        assert handle.upgrade(0)
+        proxy.hold_next_reply()
+        with pytest.raises(LockBackendError):
+            handle.downgrade()
+        assert proxy.holding.is_set()
+        assert handle.held and not handle.lost
+        handle.downgrade()  # the caller's retry
+        assert not handle.upgraded
+        assert reader_free(lock_client)
+        handle.release()
+        assert writer_free(lock_client)
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_release_sent_again_is_one_release(
+    lock_client: LockClient, proxy: HoldingProxy, mode: str
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=1)
+    try:
+        warm(client, mode)
+        handle = MODES[mode](client)
+        assert handle.acquire()
+        proxy.hold_next_reply()
+        handle.release()  # the retry finds it released by the first run: not an error
+        assert proxy.holding.is_set()
+        assert not handle.held and not handle.lost
+        assert writer_free(lock_client)
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_release_that_raised_then_sent_by_the_caller_is_a_release(
+    lock_client: LockClient, proxy: HoldingProxy, mode: str
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=0)
+    try:
+        warm(client, mode)
+        handle = MODES[mode](client)
+        assert handle.acquire()
+        proxy.hold_next_reply()
+        with pytest.raises(LockBackendError):
+            handle.release()
+        assert proxy.holding.is_set()
+        handle.release()  # the caller's retry, with nothing in between
+        assert not handle.held and not handle.lost
+        assert writer_free(lock_client)
+    finally:
+        client.close()
+
+
+# -- the other holds of the interval engine (semaphore, range lock) ----------------------------
+
+OTHER_HOLDS: dict[str, Callable[[Any], Any]] = {
+    "semaphore": lambda c: c.semaphore("n", 1).permit(ttl=30, heartbeat=False),
+    "range": lambda c: c.range_lock("n").write(0, 10, ttl=30, heartbeat=False),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", list(OTHER_HOLDS))
+def test_an_interval_release_sent_again_is_one_release(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=1)
+    try:
+        warm_up = OTHER_HOLDS[kind](client)
+        assert warm_up.acquire()
+        warm_up.release()
+        handle = OTHER_HOLDS[kind](client)
+        assert handle.acquire()
+        proxy.hold_next_reply()
+        handle.release()  # the retry finds it released by the first run: not an error
+        assert proxy.holding.is_set()
+        assert not handle.held and not handle.lost
+        stranger = OTHER_HOLDS[kind](lock_client)
+        assert stranger.acquire(0)
+        stranger.release()
+    finally:
+        client.close()
+
+
+# -- what the trace of a release does not answer --------------------------------------------
+
+ALL_HOLDS: dict[str, Callable[[Any], Any]] = {**MODES, **OTHER_HOLDS}
+#: The same holds with a lease of 1 s.
+SHORT_HOLDS: dict[str, Callable[[Any], Any]] = {
+    "read": lambda c: c.rwlock("n").read(ttl=1, heartbeat=False),
+    "upgradable": lambda c: c.rwlock("n").upgradable(ttl=1, heartbeat=False),
+    "write": lambda c: c.rwlock("n").write(ttl=1, heartbeat=False),
+    "semaphore": lambda c: c.semaphore("n", 1).permit(ttl=1, heartbeat=False),
+    "range": lambda c: c.range_lock("n").write(0, 10, ttl=1, heartbeat=False),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", list(ALL_HOLDS))
+def test_a_release_sent_again_after_the_hold_ran_out_raises(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str
+) -> None:
+    # The trace of a release lasts what the hold had left: a release sent again once that is
+    # over cannot tell its first run from an expiry, and says so (fail closed).
+    client = proxied_client(lock_client, proxy, retries=0)
+    try:
+        warm_up = ALL_HOLDS[kind](client)
+        assert warm_up.acquire()
+        warm_up.release()
+        handle = SHORT_HOLDS[kind](client)
+        assert handle.acquire()
+        trace = handle.keys.holder(handle.owner)
+        proxy.hold_next_reply()
+        with pytest.raises(LockBackendError):
+            handle.release()
+        assert proxy.holding.is_set()
+        assert lock_client.redis.hget(trace, "state") == b"released"
+        assert holds(lock_client) == 0  # a trace is not listed as a hold
+        wait_for(lambda: not lock_client.redis.exists(trace), 10, "the trace to run out")
+        with pytest.raises(LockExpired, match="earlier release"):
+            handle.release()
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", list(ALL_HOLDS))
+def test_a_hold_cleared_leaves_no_trace_its_release_could_take_for_its_own(
+    lock_client: LockClient, kind: str
+) -> None:
+    handle = ALL_HOLDS[kind](lock_client)
+    assert handle.acquire()
+    assert lock_client.clear("n", token=handle.token, force=True)
+    assert not lock_client.redis.exists(handle.keys.holder(handle.owner))
+    with pytest.raises(LockExpired):
+        handle.release()

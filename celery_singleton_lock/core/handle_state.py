@@ -375,7 +375,9 @@ class HandleState:
         if unanswered:
             # Found gone (or another's) by a release sent again, with no trace of the
             # earlier one freeing it (the release scripts of leases leave one, until the next
-            # release of the name): it may have, or the lease was lost before it arrived.
+            # release of the name; those of the other kinds leave one in the hold's own hash,
+            # until the hold would have run out): it may have, or the lease was lost before
+            # it arrived.
             # The caller hears both, and the error stays (fail closed).
             reason = error.reason
             error = type(error)(

@@ -40,7 +40,7 @@ from ..core.handle_ops import (
 )
 from ..core.heartbeat import RenewEntry
 from ..core.holder import HOSTNAME, ListedHolder, decode, flatten, text
-from ..core.keys import FENCE_TTL_MS, RELEASE_DELAY_STATE, escape_glob, name_tag
+from ..core.keys import FENCE_TTL_MS, RELEASE_DELAY_STATE, RELEASED_STATE, escape_glob, name_tag
 from ..core.replication import Replication
 from ..core.replies import ClearReply, HolderReply, IntervalReply
 from ..core.scan import Record, read_query
@@ -337,8 +337,11 @@ class IntervalHandle(IntervalHold, LockHandle):
             pipe = conn.redis.pipeline(transaction=False)
             for owner in owners:
                 pipe.hgetall(keys.holder(owner))
+            # A hold released since its owner was read left a trace: read as gone.
             return [
                 [flat.get(field) for field in (b"task_id", b"mode", b"lo", b"hi")]
+                if not released(flat)
+                else [None] * 4
                 for flat in map(flatten, pipe.execute())
             ]
 
@@ -382,6 +385,12 @@ class IntervalHandle(IntervalHold, LockHandle):
         )
 
 
+def released(fields: dict[bytes, Any]) -> bool:
+    """Whether the hold hash ``fields`` (as read) is the trace of a hold its holder released
+    (``RELEASED_STATE``): it holds nothing."""
+    return fields.get(b"state") == RELEASED_STATE.encode()
+
+
 def list_holders(
     client: Connection | HasConnection, family: bytes, pattern: str | None
 ) -> list[dict[str, Any]]:
@@ -400,10 +409,14 @@ def holder_match(prefix: str, family: bytes) -> bytes:
 
 def holders_of(records: list[Record], pattern: str | None) -> list[ListedHolder]:
     """The holders among interval holder-hash ``records`` whose lock name matches the glob
-    ``pattern`` (None: all), decoded, with their mode named (read, upgradable, write)."""
+    ``pattern`` (None: all), decoded, with their mode named (read, upgradable, write); the
+    hashes of holds their holders released (``RELEASED_STATE``) hold nothing and are left
+    out."""
     holders = []
     for fields, pttl in records:
         record = decode(fields, pttl)
+        if record.state == RELEASED_STATE:
+            continue
         if record.mode is not None:
             record = dataclasses.replace(record, mode=MODE_NAMES.get(record.mode, record.mode))
         if pattern is None or fnmatch.fnmatchcase(record.name, pattern):
@@ -556,11 +569,12 @@ def release_holds_of(
     released = False
     unreplicated: LockNotReplicated | None = None
     for owner, (held_by, held_in, held_on, token, state) in zip(owners, replies, strict=True):
-        # A hold in a release delay was released already: its delay must not start again.
+        # A hold in a release delay was released already: its delay must not start again;
+        # nor does a hold its holder released hold anything.
         if (
             (held_by, held_in, held_on) != wanted
             or token is None
-            or state == RELEASE_DELAY_STATE.encode()
+            or state in (RELEASE_DELAY_STATE.encode(), RELEASED_STATE.encode())
         ):
             continue
         try:

@@ -322,7 +322,9 @@ class RWLockHandle(RWLockHold, LockHandle):
             pipe = conn.redis.pipeline(transaction=False)
             for owner in owners:
                 pipe.hgetall(keys.holder(owner))
-            return [flatten(fields) for fields in pipe.execute()]
+            # A hold released since the lock was read left a trace: read as gone.
+            holds = [flatten(fields) for fields in pipe.execute()]
+            return [{} if intervals.released(hold) else hold for hold in holds]
 
         fields, writers = conn.call(read_lock)
         owners = lock_owners(fields)

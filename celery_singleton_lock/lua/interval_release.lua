@@ -6,8 +6,11 @@
 -- ARGV[5]: renewed_ms the holder must still have ('' : any): the admin's clear of a hold it
 --          listed stale leaves it alone once its heartbeat resumed
 -- Reply codes: ClearReply in core/replies.py (keep the two in step).
--- returns 1   released (or, for a waiter, its reservation withdrawn)
---         0   not held: the hold expired (or was cleared)
+-- returns 1   released (or, for a waiter, its reservation withdrawn); also for the holder's
+--             own release sent again after its reply was lost: the release that freed the
+--             hold left its hash as a trace, `state=released` (with the hold's token), for
+--             the time the hold had left (its hash's own expiry)
+--         0   not held: the hold expired (or was cleared, or, for a clear, released)
 --        -1   the holder's fencing token is not ARGV[4]
 --        -2   the holder was renewed since it was listed (renewed_ms is not ARGV[5])
 --
@@ -17,7 +20,15 @@
 local owner = ARGV[1]
 local delay = tonumber(ARGV[2])
 local token, renewed = ARGV[4], ARGV[5] or ''
-local holder = redis.call('HMGET', KEYS[8], 'mode', 'token', 'renewed_ms', 'hi')
+local holder = redis.call('HMGET', KEYS[8], 'mode', 'token', 'renewed_ms', 'hi', 'state')
+if holder[5] == 'released' then
+  -- Released by its holder: this release sent again is answered released, a clear (token
+  -- or renewal given) finds it gone. No index names it any more.
+  if token == '' and renewed == '' then
+    return 1
+  end
+  return 0
+end
 local m = MODES[holder[1] or '']
 local woke = false
 -- Only a waiting writer or upgrade queues a reservation, never the owner of a read hold.
@@ -56,7 +67,14 @@ if m then
     if tonumber(holder[4]) ~= math.huge then
       redis.call('ZREM', KEYS[m + 1], owner)
     end
-    redis.call('DEL', KEYS[8])
+    if checked then
+      -- Cleared: no trace, so its holder's own release finds it gone (lost), not released.
+      redis.call('DEL', KEYS[8])
+    else
+      -- The holder's own release: its hash stays, until its own expiry (what the hold had
+      -- left), as the trace that answers this release sent again.
+      redis.call('HSET', KEYS[8], 'state', 'released')
+    end
     result = 1
     woke = true
   end

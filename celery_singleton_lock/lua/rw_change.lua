@@ -4,9 +4,12 @@
 -- ARGV[1]: upgrade | downgrade | unreserve    ARGV[2]: owner token
 -- ARGV[3]: reservation, ms (upgrade; 0: none, and the caller will not wait)
 -- Reply codes: IntervalReply in core/replies.py (keep the two in step).
--- returns {1, 0}    done
+-- returns {1, 0}    done; also when the hold is in the mode the change makes already: this
+--                   very change sent again after its reply was lost (a hold changes mode only
+--                   by its holder's calls, one at a time)
 --         {0, ms}   upgrade blocked by readers; ms until one could run out
---         {-3, 0}   not held (expired or cleared), or not in the mode the change needs
+--         {-3, 0}   not held (expired, cleared or released), or not in the mode the change
+--                   needs
 local op, owner = ARGV[1], ARGV[2]
 helpers()
 -- A hash read first: WRONGTYPE on a lock of the previous layout (see rw_common.lua).
@@ -17,10 +20,17 @@ if op == 'unreserve' then
   end
   return {1, 0}
 end
-local mode = redis.call('HGET', KEYS[2], 'mode')
+local hold = redis.call('HMGET', KEYS[2], 'mode', 'state')
+local mode = hold[1]
 local from, to = 'u', 'w'
 if op == 'downgrade' then
   from, to = 'w', 'u'
+end
+if hold[2] == 'released' then
+  return {-3, 0}
+end
+if mode == to and redis.call('HGET', KEYS[1], to) == owner then
+  return {1, 0}
 end
 if mode ~= from then
   return {-3, 0}

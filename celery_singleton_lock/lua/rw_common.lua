@@ -10,8 +10,11 @@
 --   B h:<owner>  hash  one hold: owner, token, acquired_ms, ttl_ms, mode (r|u|w), holder (the
 --                packed holder fields); deadline_ms with a max-hold, renewed_ms once
 --                renewed, gen, state and released_ms in a release delay. Its own expiry is
---                the hold's lease: a hold is held exactly while its hash exists, so a crashed
---                reader frees its share within its lease.
+--                the hold's lease: a hold is held exactly while its hash exists (and is named
+--                by B exp), so a crashed reader frees its share within its lease. Released
+--                by its holder, it stays until that expiry with `state=released`, the trace
+--                that answers the release sent again (rw_release.lua); B exp no longer names
+--                it, and renewals, changes, clears and listings pass it by.
 --   B wq         zset  owner -> expiry (server ms) of each waiting writer's reservation
 --   B waiting    string: a waiter sleeps on this lock; releases publish only while it is
 --                there. B exp's field `waiting` says a waiter marked it (a release takes both)

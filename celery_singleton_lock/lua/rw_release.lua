@@ -8,8 +8,11 @@
 -- ARGV[5]: the hold's mode as its holder knows it (r|u|w), for a plain release (no delay,
 --          nothing checked): it then goes without reading the hold's hash
 -- Reply codes: ClearReply in core/replies.py (keep the two in step).
--- returns 1   released (or, for a waiter, its reservation withdrawn)
---         0   not held: the hold expired (or was cleared)
+-- returns 1   released (or, for a waiter, its reservation withdrawn); also for the holder's
+--             own release sent again after its reply was lost: the release that freed the
+--             hold left its hash as a trace, `state=released` (with the hold's token), for
+--             the time the hold had left
+--         0   not held: the hold expired (or was cleared, or, for a clear, released)
 --        -1   the hold's fencing token is not ARGV[3]
 --        -2   the hold was renewed since it was listed (renewed_ms is not ARGV[4])
 -- Waiters are woken only if one marked the lock (see mark_waiting).
@@ -18,15 +21,24 @@ local delay = tonumber(ARGV[2])
 local token, renewed, mode = ARGV[3] or '', ARGV[4] or '', ARGV[5] or ''
 local holder = nil
 if delay == 0 and token == '' and renewed == '' and (mode == 'r' or mode == 'w') then
-  -- The holder's own release: the hash is named by its owner, so deleting it is the owner
-  -- check. Its field goes next: while the hash was there no other hold could have it; the
-  -- `waiting` field goes with it and says whether a waiter marked the lock.
-  if redis.call('DEL', KEYS[2]) == 1 then
+  -- The holder's own release: the hash is named by its owner, so finding it is the owner
+  -- check. Its field goes (while the hash was there no other hold could have it; the
+  -- `waiting` field goes with it and says whether a waiter marked the lock), and the hash
+  -- stays as the trace of this release: `state=released`, with its own expiry (what the
+  -- hold had left), so that this release sent again answers released. Nothing reads it as
+  -- a hold: the lock hash no longer names it, renewals and changes refuse that state.
+  local mine = redis.call('HMGET', KEYS[2], 'token', 'state')
+  if mine[2] == 'released' then
+    return 1
+  end
+  if mine[1] then
     local field = mode
     if mode == 'r' then
       field = 'r:' .. owner
     end
-    if redis.call('HDEL', KEYS[1], field, 'waiting') == 2 then
+    local marked = redis.call('HDEL', KEYS[1], field, 'waiting') == 2
+    redis.call('HSET', KEYS[2], 'state', 'released')
+    if marked then
       helpers()
       wake('released')
     end
@@ -34,8 +46,16 @@ if delay == 0 and token == '' and renewed == '' and (mode == 'r' or mode == 'w')
   end
   mode = nil
 else
-  holder = redis.call('HMGET', KEYS[2], 'mode', 'token', 'renewed_ms', 'acquired_ms')
+  holder = redis.call('HMGET', KEYS[2], 'mode', 'token', 'renewed_ms', 'acquired_ms', 'state')
   mode = holder[1]
+  if holder[5] == 'released' then
+    -- Released by its holder: this release sent again is answered released, a clear (token
+    -- or renewal given) finds it gone.
+    if token == '' and renewed == '' then
+      return 1
+    end
+    return 0
+  end
 end
 helpers()
 local woke = 0
@@ -77,7 +97,12 @@ if delay > 0 then
 end
 -- Its field first: WRONGTYPE before anything is written on a lock of the previous layout.
 local marked = redis.call('HDEL', KEYS[1], field, 'waiting') == 2
-redis.call('DEL', KEYS[2])
+if token == '' and renewed == '' then
+  redis.call('HSET', KEYS[2], 'state', 'released')  -- the holder's own: a trace, as above
+else
+  -- Cleared: no trace, so its holder's own release finds it gone (lost), not released.
+  redis.call('DEL', KEYS[2])
+end
 if marked or woke == 1 then
   wake('released')
 end

@@ -5,7 +5,8 @@
 --           answers the ms it has (see renew.lua)
 -- Reply codes: HolderReply in core/replies.py (keep the two in step).
 -- returns one integer per hold: > 0 ms granted, 0 gone (or released: a hold in a release delay
--- is never renewed, so a renewal sent before a delayed release cannot cut the delay short),
+-- is never renewed, so a renewal sent before a delayed release cannot cut the delay short;
+-- nor is the trace a release leaves, state=released, see rw_release.lua),
 -- -2 max-hold reached
 -- The remaining time is *set*, never added to. B exp is kept alive at least as long.
 local result = {}
@@ -16,7 +17,7 @@ for i = 1, #KEYS / 2 do
   local gen = tonumber(ARGV[3 * i])
   local holder = redis.call('HMGET', hold, 'mode', 'deadline_ms', 'state', 'gen')
   local stored = tonumber(holder[4]) or 0
-  if not holder[1] or holder[3] == 'cooldown' then
+  if not holder[1] or holder[3] then  -- gone, or a state: cooldown or released
     result[i] = 0
   elseif gen < stored then
     result[i] = math.max(1, redis.call('PTTL', hold))
