@@ -147,7 +147,10 @@ def test_paused_holder_loses_the_lease_and_its_late_write_is_fenced_off(
 def test_heartbeat_keeps_a_short_lease_alive_through_cpu_bound_work(
     lock_client: LockClient, lock_redis_url: str, processes: list[SpawnProcess]
 ) -> None:
-    ttl, seconds = 0.5, 3.0  # six ttls
+    # Six ttls. The ttl is short enough that a heartbeat starved by the GIL would lose it,
+    # and long enough that a loaded 2-core machine (CI runs six test workers) scheduling the
+    # child late does not (0.5 s did, now and then).
+    ttl, seconds = 1.5, 9.0
     process, conn = start(
         processes, cpu_holder, lock_redis_url, lock_client.prefix, "busy", ttl, seconds
     )
