@@ -36,6 +36,7 @@ from ..core.handle import LockHandle
 from ..core.replication import Replication
 from ..core.scripts import Script, ScriptCall, bound_to, register, source
 from ..exceptions import ConfigurationError, LockBackendError
+from . import own_holds
 
 log = logging.getLogger("celery_singleton_lock.task")
 
@@ -75,11 +76,8 @@ def mark_ttl(app: Any) -> float:
     value = conf.get(TTL_SETTING, None)
     if value is not None:
         return check_ttl(value)
-    options = conf.get("broker_transport_options") or {}
-    timeout = options.get("visibility_timeout") if isinstance(options, dict) else None
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
-        timeout = DEFAULT_VISIBILITY_TIMEOUT_S
-    return VISIBILITY_TIMEOUTS * float(timeout)
+    timeout = own_holds.visibility_timeout(app) or DEFAULT_VISIBILITY_TIMEOUT_S
+    return VISIBILITY_TIMEOUTS * timeout
 
 
 def check_ttl(value: Any) -> float:
@@ -106,9 +104,7 @@ class DoneMark:
     ) -> DoneMark:
         """The mark of attempt ``attempt`` of ``task_id``, in the slot of ``handle``'s name
         (a multi-key lock: its first name), lasting ``ttl`` seconds."""
-        names = getattr(handle, "names", None)
-        name = names[0] if names else handle.name
-        key = connection.keys(name).base + f"done:{task_id}".encode()
+        key = own_holds.key_beside(connection, handle, f"done:{task_id}")
         return cls(key, attempt, validate.seconds_to_ms(ttl))
 
     def set_call(self, connection: Connection) -> ScriptCall:

@@ -38,6 +38,8 @@ from celery import Task
 from celery.exceptions import Reject
 
 from ..admin.inspect import MISSED_TICKS, TICKS_PER_TTL, escape, heartbeat_stopped, server_ms
+from ..core.connection import Connection
+from ..core.handle import LockHandle
 from ..core.holder import HOSTNAME
 from ..exceptions import LockBackendError
 from ..kinds.lease import CLAIM_OWNER_PREFIX, Lease
@@ -261,15 +263,30 @@ def finished(task: Any, task_id: str) -> str | None:
     return state if state in FINISHED_STATES else None
 
 
+def visibility_timeout(app: Any) -> float | None:
+    """The broker's visibility timeout in seconds (``broker_transport_options``: Redis, SQS),
+    after which an unacknowledged message is delivered again; None if the app sets none."""
+    options = app.conf.get("broker_transport_options") or {}
+    timeout = options.get("visibility_timeout") if isinstance(options, dict) else None
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+        return None
+    return float(timeout)
+
+
 def max_countdown(app: Any) -> float | None:
     """The longest countdown a re-queued copy may get: under half the broker's visibility
     timeout (Redis, SQS), which otherwise delivers a message that waits for its countdown
     a second time, and each copy would then re-queue itself again. None if there is none."""
-    options = app.conf.get("broker_transport_options") or {}
-    timeout = options.get("visibility_timeout") if isinstance(options, dict) else None
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
-        return None
-    return max(0.1, float(timeout) / 2)
+    timeout = visibility_timeout(app)
+    return None if timeout is None else max(0.1, timeout / 2)
+
+
+def key_beside(connection: Connection, handle: LockHandle, suffix: str) -> bytes:
+    """A key of the Celery layer's own (a wait or done mark) in the Cluster slot of
+    ``handle``'s lock: its name's, a multi-key lock's first name's."""
+    names = getattr(handle, "names", None)
+    name = names[0] if names else handle.name
+    return connection.keys(name).base + suffix.encode()
 
 
 def requeue(task: Any, countdown: float) -> None:

@@ -481,14 +481,16 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _done_mark(self, lease: LockHandle) -> done_marks.DoneMark | None:
         """The done mark (done_marks.py) of the running attempt, in ``lease``'s slot; None
         when ``singleton_lock_done_mark_ttl`` is 0 (no marks)."""
-        request = self.request
-        ttl = self.__dict__.get("_done_mark_ttl")
-        if ttl is None:
-            ttl = self.__dict__["_done_mark_ttl"] = done_marks.mark_ttl(self.app)
+        ttl = self._done_mark_ttl
         if not ttl:
             return None
-        connection = self.lock_client.connection
+        request, connection = self.request, self.lock_client.connection
         return done_marks.DoneMark.of(connection, lease, request.id, request.retries or 0, ttl)
+
+    @cached_property
+    def _done_mark_ttl(self) -> float:
+        """Seconds this task's done marks last (0: none), from the app's settings."""
+        return done_marks.mark_ttl(self.app)
 
     def _acquire(self, lease: LockHandle, wait: float) -> bool:
         """``lease.acquire(wait)``, reading the done mark in each attempt's round trip: a

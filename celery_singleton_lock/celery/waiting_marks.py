@@ -101,9 +101,7 @@ class CopyOfWaiting(Exception):
 def mark_key(connection: Connection, handle: LockHandle, task_id: str, attempt: int) -> bytes:
     """The mark's key: in the Cluster slot of ``handle``'s name (a multi-key lock: its first
     name)."""
-    names = getattr(handle, "names", None)
-    name = names[0] if names else handle.name
-    return connection.keys(name).base + f"waiting:{task_id}:{attempt}".encode()
+    return own_holds.key_beside(connection, handle, f"waiting:{task_id}:{attempt}")
 
 
 def requeue_countdown(remaining_s: float, requeues: int, max_countdown: float | None) -> float:
