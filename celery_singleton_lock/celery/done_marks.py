@@ -35,13 +35,12 @@ from ..core.connection import Connection
 from ..core.handle import LockHandle
 from ..core.replication import Replication
 from ..core.scripts import Script, ScriptCall, bound_to, register, source
-from ..exceptions import ConfigurationError, LockBackendError
+from ..exceptions import LockBackendError
 from . import own_holds
+from .options import DONE_MARK_TTL_SETTING, check_done_mark_ttl
 
 log = logging.getLogger("celery_singleton_lock.task")
 
-#: The app setting that sets how long a done mark lasts, in seconds.
-TTL_SETTING = "singleton_lock_done_mark_ttl"
 #: Kombu's Redis and SQS transports deliver an unacknowledged message again after this
 #: many seconds unless ``broker_transport_options["visibility_timeout"]`` says otherwise.
 DEFAULT_VISIBILITY_TIMEOUT_S = 3600.0
@@ -73,21 +72,11 @@ def mark_ttl(app: Any) -> float:
     so two hours); 0 when the setting turns marks off. Raises ConfigurationError for a
     setting that is not a number of seconds >= 0."""
     conf = app.conf
-    value = conf.get(TTL_SETTING, None)
+    value = conf.get(DONE_MARK_TTL_SETTING, None)
     if value is not None:
-        return check_ttl(value)
+        return check_done_mark_ttl(value)
     timeout = own_holds.visibility_timeout(app) or DEFAULT_VISIBILITY_TIMEOUT_S
     return VISIBILITY_TIMEOUTS * timeout
-
-
-def check_ttl(value: Any) -> float:
-    """``singleton_lock_done_mark_ttl`` checked: a finite number of seconds >= 0 (0: no
-    done marks, for a deployment whose messages never come back after a run started)."""
-    try:
-        return validate.check_delay(value, TTL_SETTING)
-    except ConfigurationError as exc:
-        problem = str(exc).partition(": ")[2]
-        raise ConfigurationError(TTL_SETTING, f"bad configuration: {problem}") from None
 
 
 @dataclass(frozen=True)

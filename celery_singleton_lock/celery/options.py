@@ -502,6 +502,20 @@ def did_you_mean(word: str, known: Iterable[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+#: How long a call's done mark lasts, in seconds (celery/done_marks.py).
+DONE_MARK_TTL_SETTING = "singleton_lock_done_mark_ttl"
+
+
+def check_done_mark_ttl(value: Any) -> float:
+    """``singleton_lock_done_mark_ttl`` checked: a finite number of seconds >= 0 (0: no
+    done marks, for a deployment whose messages never come back after a run started)."""
+    try:
+        return validate.check_delay(value, DONE_MARK_TTL_SETTING)
+    except ConfigurationError as exc:
+        problem = str(exc).partition(": ")[2]
+        raise ConfigurationError(DONE_MARK_TTL_SETTING, f"bad configuration: {problem}") from None
+
+
 def check_setting_values(conf: Any) -> None:
     """Check every task-option setting the app sets, and that an app-wide lease fits in
     the app-wide ttl, so a bad value stops the worker at start rather than failing runs."""
@@ -517,11 +531,9 @@ def check_setting_values(conf: Any) -> None:
             except ConfigurationError as exc:
                 problem = str(exc).partition(": ")[2]
                 raise ConfigurationError(name, f"bad configuration: {problem}") from None
-    done_mark_ttl = conf.get("singleton_lock_done_mark_ttl", None)
+    done_mark_ttl = conf.get(DONE_MARK_TTL_SETTING, None)
     if done_mark_ttl is not None:
-        from .done_marks import check_ttl
-
-        check_ttl(done_mark_ttl)
+        check_done_mark_ttl(done_mark_ttl)
     if "lock_lease" in values:
         ttl = values.get("lock_ttl", TASK_OPTIONS["lock_ttl"][0])
         ttl_from = "singleton_lock_ttl" if "lock_ttl" in values else _BUILT_IN
