@@ -7,6 +7,7 @@ then sent again by redis-py (``retries=1``) or raised (``retries=0``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from support.proxies import HoldingProxy
 from support.waiting import wait_for
 
 from celery_singleton_lock import LockBackendError, LockClient, LockExpired
+from celery_singleton_lock.kinds import rangelock, rwlock, semaphore
 
 MODES: dict[str, Callable[[Any], Any]] = {
     "read": lambda c: c.rwlock("n").read(ttl=30, heartbeat=False),
@@ -308,6 +310,84 @@ def test_a_hold_cleared_leaves_no_trace_its_release_could_take_for_its_own(
     handle = ALL_HOLDS[kind](lock_client)
     assert handle.acquire()
     assert lock_client.clear("n", token=handle.token, force=True)
-    assert not lock_client.redis.exists(handle.keys.holder(handle.owner))
+    # The clear's own trace, for the clear sent again: not a hold, nor a release of its.
+    assert lock_client.redis.hget(handle.keys.holder(handle.owner), "cleared") == b"1"
+    assert holds(lock_client) == 0
     with pytest.raises(LockExpired):
         handle.release()
+
+
+# -- the admin side, and release delays ------------------------------------------------------
+
+#: Makers of a hold of each kind on "n", with the handle's options.
+HOLDS: dict[str, Callable[..., Any]] = {
+    "read": lambda c, **o: c.rwlock("n").read(ttl=30, heartbeat=False, **o),
+    "upgradable": lambda c, **o: c.rwlock("n").upgradable(ttl=30, heartbeat=False, **o),
+    "write": lambda c, **o: c.rwlock("n").write(ttl=30, heartbeat=False, **o),
+    "semaphore": lambda c, **o: c.semaphore("n", 1).permit(ttl=30, heartbeat=False, **o),
+    "range": lambda c, **o: c.range_lock("n").write(0, 10, ttl=30, heartbeat=False, **o),
+}
+#: The supervisor's release of a dead task's holds of each kind.
+RELEASE_HOLDER: dict[str, Callable[..., bool]] = {
+    "read": rwlock.release_holder,
+    "upgradable": rwlock.release_holder,
+    "write": rwlock.release_holder,
+    "semaphore": semaphore.release_holder,
+    "range": rangelock.release_holder,
+}
+
+
+def free(lock_client: LockClient, kind: str) -> bool:
+    """Whether a stranger in the way of a hold of ``kind`` takes "n" at once (and goes)."""
+    if kind in MODES:
+        return writer_free(lock_client)
+    stranger = HOLDS[kind](lock_client)
+    taken = bool(stranger.acquire(0))
+    if taken:
+        stranger.release()
+    return taken
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", list(HOLDS))
+def test_a_clear_sent_again_says_it_cleared(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=1)
+    try:
+        warm_up = HOLDS[kind](lock_client)
+        assert warm_up.acquire()
+        assert client.clear("n", force=True)
+        held = HOLDS[kind](lock_client)
+        assert held.acquire()
+        proxy.hold_next_script_reply()  # the listing's replies come through
+        assert client.clear("n", force=True)
+        assert proxy.holding.is_set()
+        assert holds(lock_client) == 0 and free(lock_client, kind)
+        # What the clear left for its own retry is no release of the holder's.
+        with pytest.raises(LockExpired):
+            held.release()
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("delay", [0, 60])
+@pytest.mark.parametrize("kind", list(HOLDS))
+def test_a_release_holder_sent_again_frees_it_once_and_says_so(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str, delay: int
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=1)
+    release_holder = RELEASE_HOLDER[kind]
+    try:
+        warm_up = HOLDS[kind](lock_client, owner_info={"task_id": "t0"})
+        assert warm_up.acquire()
+        assert release_holder(client, "n", task_id="t0", pid=os.getpid())
+        held = HOLDS[kind](lock_client, owner_info={"task_id": "t1"})
+        assert held.acquire()
+        proxy.hold_next_script_reply()
+        assert release_holder(client, "n", task_id="t1", pid=os.getpid(), delay=delay)
+        assert proxy.holding.is_set()
+        assert free(lock_client, kind) == (delay == 0)
+    finally:
+        client.close()

@@ -387,7 +387,7 @@ class IntervalHandle(IntervalHold, LockHandle):
 
 def released(fields: dict[bytes, Any]) -> bool:
     """Whether the hold hash ``fields`` (as read) is the trace of a hold its holder released
-    (``RELEASED_STATE``): it holds nothing."""
+    or a clear freed (``RELEASED_STATE``): it holds nothing."""
     return fields.get(b"state") == RELEASED_STATE.encode()
 
 
@@ -410,7 +410,7 @@ def holder_match(prefix: str, family: bytes) -> bytes:
 def holders_of(records: list[Record], pattern: str | None) -> list[ListedHolder]:
     """The holders among interval holder-hash ``records`` whose lock name matches the glob
     ``pattern`` (None: all), decoded, with their mode named (read, upgradable, write); the
-    hashes of holds their holders released (``RELEASED_STATE``) hold nothing and are left
+    hashes of holds released or cleared (``RELEASED_STATE``) hold nothing and are left
     out."""
     holders = []
     for fields, pttl in records:
@@ -570,7 +570,7 @@ def release_holds_of(
     unreplicated: LockNotReplicated | None = None
     for owner, (held_by, held_in, held_on, token, state) in zip(owners, replies, strict=True):
         # A hold in a release delay was released already: its delay must not start again;
-        # nor does a hold its holder released hold anything.
+        # nor does a hold released or cleared hold anything.
         if (
             (held_by, held_in, held_on) != wanted
             or token is None

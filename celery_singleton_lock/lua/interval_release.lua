@@ -6,10 +6,10 @@
 -- ARGV[5]: renewed_ms the holder must still have ('' : any): the admin's clear of a hold it
 --          listed stale leaves it alone once its heartbeat resumed
 -- Reply codes: ClearReply in core/replies.py (keep the two in step).
--- returns 1   released (or, for a waiter, its reservation withdrawn); also for the holder's
---             own release sent again after its reply was lost: the release that freed the
---             hold left its hash as a trace, `state=released` (with the hold's token), for
---             the time the hold had left (its hash's own expiry)
+-- returns 1   released (or, for a waiter, its reservation withdrawn); also for a call sent
+--             again after its reply was lost: a release or clear that freed the hold left its
+--             hash as a trace, `state=released` (with the hold's token; `cleared=1` if a clear
+--             freed it), for the time the hold had left (its hash's own expiry)
 --         0   not held: the hold expired (or was cleared, or, for a clear, released)
 --        -1   the holder's fencing token is not ARGV[4]
 --        -2   the holder was renewed since it was listed (renewed_ms is not ARGV[5])
@@ -20,11 +20,14 @@
 local owner = ARGV[1]
 local delay = tonumber(ARGV[2])
 local token, renewed = ARGV[4], ARGV[5] or ''
-local holder = redis.call('HMGET', KEYS[8], 'mode', 'token', 'renewed_ms', 'hi', 'state')
+local holder = redis.call('HMGET', KEYS[8], 'mode', 'token', 'renewed_ms', 'hi', 'state',
+  'cleared')
+local checked = token ~= '' or renewed ~= ''
 if holder[5] == 'released' then
-  -- Released by its holder: this release sent again is answered released, a clear (token
-  -- or renewal given) finds it gone. No index names it any more.
-  if token == '' and renewed == '' then
+  -- Freed already, and named by no index: a call like the one that freed it (the holder's
+  -- own release, or a clear: `cleared`) is that call sent again, and answered released;
+  -- the other kind finds it gone.
+  if checked == (holder[6] == '1') then
     return 1
   end
   return 0
@@ -36,8 +39,7 @@ if holder[1] ~= 'r' and unreserve(owner) > 0 then
   woke = true
 end
 -- A plain release learns whether it held from its ZREM below; the others ask first.
-local checked = delay > 0 or token ~= '' or renewed ~= ''
-if m and checked and not redis.call('ZSCORE', KEYS[1], owner) then
+if m and (checked or delay > 0) and not redis.call('ZSCORE', KEYS[1], owner) then
   m = nil  -- pruned as expired a moment before its hash ran out
 end
 local result = 0
@@ -67,12 +69,12 @@ if m then
     if tonumber(holder[4]) ~= math.huge then
       redis.call('ZREM', KEYS[m + 1], owner)
     end
+    -- Its hash stays, until its own expiry (what the hold had left), as the trace that
+    -- answers this call sent again; a clear's says so, and its holder's own release then
+    -- finds the hold gone (lost), not released.
     if checked then
-      -- Cleared: no trace, so its holder's own release finds it gone (lost), not released.
-      redis.call('DEL', KEYS[8])
+      redis.call('HSET', KEYS[8], 'state', 'released', 'cleared', 1)
     else
-      -- The holder's own release: its hash stays, until its own expiry (what the hold had
-      -- left), as the trace that answers this release sent again.
       redis.call('HSET', KEYS[8], 'state', 'released')
     end
     result = 1

@@ -8,10 +8,10 @@
 -- ARGV[5]: the hold's mode as its holder knows it (r|u|w), for a plain release (no delay,
 --          nothing checked): it then goes without reading the hold's hash
 -- Reply codes: ClearReply in core/replies.py (keep the two in step).
--- returns 1   released (or, for a waiter, its reservation withdrawn); also for the holder's
---             own release sent again after its reply was lost: the release that freed the
---             hold left its hash as a trace, `state=released` (with the hold's token), for
---             the time the hold had left
+-- returns 1   released (or, for a waiter, its reservation withdrawn); also for a call sent
+--             again after its reply was lost: a release or clear that freed the hold left its
+--             hash as a trace, `state=released` (with the hold's token; `cleared=1` if a clear
+--             freed it), for the time the hold had left
 --         0   not held: the hold expired (or was cleared, or, for a clear, released)
 --        -1   the hold's fencing token is not ARGV[3]
 --        -2   the hold was renewed since it was listed (renewed_ms is not ARGV[4])
@@ -27,8 +27,12 @@ if delay == 0 and token == '' and renewed == '' and (mode == 'r' or mode == 'w')
   -- stays as the trace of this release: `state=released`, with its own expiry (what the
   -- hold had left), so that this release sent again answers released. Nothing reads it as
   -- a hold: the lock hash no longer names it, renewals and changes refuse that state.
-  local mine = redis.call('HMGET', KEYS[2], 'token', 'state')
+  local mine = redis.call('HMGET', KEYS[2], 'token', 'state', 'cleared')
   if mine[2] == 'released' then
+    -- Freed already: by this release (sent again), or by a clear (the hold was lost).
+    if mine[3] then
+      return 0
+    end
     return 1
   end
   if mine[1] then
@@ -46,12 +50,14 @@ if delay == 0 and token == '' and renewed == '' and (mode == 'r' or mode == 'w')
   end
   mode = nil
 else
-  holder = redis.call('HMGET', KEYS[2], 'mode', 'token', 'renewed_ms', 'acquired_ms', 'state')
+  holder = redis.call('HMGET', KEYS[2], 'mode', 'token', 'renewed_ms', 'acquired_ms', 'state',
+    'cleared')
   mode = holder[1]
   if holder[5] == 'released' then
-    -- Released by its holder: this release sent again is answered released, a clear (token
-    -- or renewal given) finds it gone.
-    if token == '' and renewed == '' then
+    -- Freed already: a call like the one that freed it (the holder's own release, or a
+    -- clear: `cleared`) is that call sent again, and answered released; the other kind
+    -- finds it gone.
+    if (token ~= '' or renewed ~= '') == (holder[6] == '1') then
       return 1
     end
     return 0
@@ -97,11 +103,12 @@ if delay > 0 then
 end
 -- Its field first: WRONGTYPE before anything is written on a lock of the previous layout.
 local marked = redis.call('HDEL', KEYS[1], field, 'waiting') == 2
+-- A trace, as above; a clear's says so, and its holder's own release then finds the hold
+-- gone (lost), not released.
 if token == '' and renewed == '' then
-  redis.call('HSET', KEYS[2], 'state', 'released')  -- the holder's own: a trace, as above
+  redis.call('HSET', KEYS[2], 'state', 'released')
 else
-  -- Cleared: no trace, so its holder's own release finds it gone (lost), not released.
-  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[2], 'state', 'released', 'cleared', 1)
 end
 if marked or woke == 1 then
   wake('released')
