@@ -348,6 +348,11 @@ def free(lock_client: LockClient, kind: str) -> bool:
     return taken
 
 
+def server_ms(lock_client: LockClient) -> int:
+    seconds, micros = lock_client.redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", list(HOLDS))
 def test_a_clear_sent_again_says_it_cleared(
@@ -385,9 +390,44 @@ def test_a_release_holder_sent_again_frees_it_once_and_says_so(
         assert release_holder(client, "n", task_id="t0", pid=os.getpid())
         held = HOLDS[kind](lock_client, owner_info={"task_id": "t1"})
         assert held.acquire()
+        sent_ms = server_ms(lock_client)
         proxy.hold_next_script_reply()
         assert release_holder(client, "n", task_id="t1", pid=os.getpid(), delay=delay)
         assert proxy.holding.is_set()
         assert free(lock_client, kind) == (delay == 0)
+        if delay:
+            # The delay runs from the first run: the retry went only after the client's
+            # socket timeout (0.5 s).
+            trace = held.keys.holder(held.owner)
+            assert int(lock_client.redis.hget(trace, "released_ms")) - sent_ms < 500
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", list(HOLDS))
+def test_a_delayed_release_sent_again_leaves_the_delay_where_it_was(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=0)
+    try:
+        warm_up = HOLDS[kind](client)
+        assert warm_up.acquire()
+        warm_up.release()
+        handle = HOLDS[kind](client)
+        assert handle.acquire()
+        hold = handle.keys.holder(handle.owner)
+        proxy.hold_next_reply()
+        with pytest.raises(LockBackendError):
+            handle.release(delay=60)
+        assert proxy.holding.is_set()
+        redis = lock_client.redis
+        released_ms, left_ms = redis.hget(hold, "released_ms"), redis.pttl(hold)
+        assert released_ms is not None
+        handle.release(delay=60)  # the caller's retry
+        assert not handle.held and not handle.lost
+        assert redis.hget(hold, "released_ms") == released_ms
+        assert 0 < redis.pttl(hold) <= left_ms
+        assert not free(lock_client, kind)
     finally:
         client.close()

@@ -9,7 +9,8 @@
 -- returns 1   released (or, for a waiter, its reservation withdrawn); also for a call sent
 --             again after its reply was lost: a release or clear that freed the hold left its
 --             hash as a trace, `state=released` (with the hold's token; `cleared=1` if a clear
---             freed it), for the time the hold had left (its hash's own expiry)
+--             freed it), for the time the hold had left (its hash's own expiry), and one that
+--             began a release delay left `state=cooldown`, whose end it does not move
 --         0   not held: the hold expired (or was cleared, or, for a clear, released)
 --        -1   the holder's fencing token is not ARGV[4]
 --        -2   the holder was renewed since it was listed (renewed_ms is not ARGV[5])
@@ -57,10 +58,13 @@ if m then
   end
   if delay > 0 then
     -- Release delay: keep the indexed interval until the delay ends; nothing renews it now.
-    redis.call('ZADD', KEYS[1], now() + delay, owner)
-    redis.call('HSET', KEYS[8], 'state', 'cooldown', 'released_ms', now_ms)
-    redis.call('PEXPIRE', KEYS[8], delay)
-    refresh(0)
+    -- A hold in its delay already is this very release sent again: the delay's end stays.
+    if holder[5] ~= 'cooldown' then
+      redis.call('ZADD', KEYS[1], now() + delay, owner)
+      redis.call('HSET', KEYS[8], 'state', 'cooldown', 'released_ms', now_ms)
+      redis.call('PEXPIRE', KEYS[8], delay)
+      refresh(0)
+    end
     result = 1
   elseif redis.call('ZREM', KEYS[1], owner) == 1 then
     redis.call('ZREM', KEYS[m], owner)

@@ -11,7 +11,8 @@
 -- returns 1   released (or, for a waiter, its reservation withdrawn); also for a call sent
 --             again after its reply was lost: a release or clear that freed the hold left its
 --             hash as a trace, `state=released` (with the hold's token; `cleared=1` if a clear
---             freed it), for the time the hold had left
+--             freed it), for the time the hold had left, and one that began a release delay
+--             left `state=cooldown`, whose end it does not move
 --         0   not held: the hold expired (or was cleared, or, for a clear, released)
 --        -1   the hold's fencing token is not ARGV[3]
 --        -2   the hold was renewed since it was listed (renewed_ms is not ARGV[4])
@@ -92,10 +93,13 @@ if mode == 'r' then
 end
 if delay > 0 then
   -- Release delay: the hold stays in B exp until its hash runs out; nothing renews it now.
-  redis.call('HEXISTS', KEYS[1], field)  -- a hash, as above
-  redis.call('HSET', KEYS[2], 'state', 'cooldown', 'released_ms', now())
-  redis.call('PEXPIRE', KEYS[2], delay)
-  keep(delay)
+  -- A hold in its delay already is this very release sent again: the delay's end stays.
+  if holder[5] ~= 'cooldown' then
+    redis.call('HEXISTS', KEYS[1], field)  -- a hash, as above
+    redis.call('HSET', KEYS[2], 'state', 'cooldown', 'released_ms', now())
+    redis.call('PEXPIRE', KEYS[2], delay)
+    keep(delay)
+  end
   if woke == 1 then
     wake('released')
   end
