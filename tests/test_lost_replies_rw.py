@@ -335,6 +335,14 @@ RELEASE_HOLDER: dict[str, Callable[..., bool]] = {
     "semaphore": semaphore.release_holder,
     "range": rangelock.release_holder,
 }
+#: The admin's clear of one holder of each kind, by its owner.
+CLEAR_HOLDER: dict[str, Callable[..., bool]] = {
+    "read": rwlock.clear_holder,
+    "upgradable": rwlock.clear_holder,
+    "write": rwlock.clear_holder,
+    "semaphore": semaphore.clear_holder,
+    "range": rangelock.clear_holder,
+}
 
 
 def free(lock_client: LockClient, kind: str) -> bool:
@@ -374,6 +382,21 @@ def test_a_clear_sent_again_says_it_cleared(
             held.release()
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("token", [False, True])
+@pytest.mark.parametrize("kind", list(HOLDS))
+def test_a_hold_cleared_by_its_owner_is_lost_to_its_holder(
+    lock_client: LockClient, kind: str, token: bool
+) -> None:
+    held = HOLDS[kind](lock_client)
+    assert held.acquire()
+    fencing = held.token if token else None
+    assert CLEAR_HOLDER[kind](lock_client, "n", held.owner, fencing)
+    assert CLEAR_HOLDER[kind](lock_client, "n", held.owner, fencing)  # as if sent again
+    assert holds(lock_client) == 0 and free(lock_client, kind)
+    with pytest.raises(LockExpired):
+        held.release()
 
 
 @pytest.mark.timeout(60)

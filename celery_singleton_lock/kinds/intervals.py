@@ -475,6 +475,7 @@ def clear_call(conn: ScriptHost, family: bytes, holder: ListedHolder) -> ScriptC
         0,
         "" if token is None else str(token),
         "" if renewed is None else str(renewed),
+        clear=True,
     )
 
 
@@ -486,8 +487,10 @@ def release_hold(
     token: str = "",
     renewed_ms: str = "",
 ) -> int:
-    """One run of :func:`release_call`: a :class:`ClearReply` (CLEARED: released)."""
-    script, script_keys, args = release_call(conn, keys, owner, delay_ms, token, renewed_ms)
+    """One run of :func:`release_call` as a clear (the admin's, or a supervisor's release of
+    a dead task's hold): a :class:`ClearReply` (CLEARED: released)."""
+    call = release_call(conn, keys, owner, delay_ms, token, renewed_ms, clear=True)
+    script, script_keys, args = call
     return ClearReply(int(conn.call(script, keys=script_keys, args=args)))
 
 
@@ -498,11 +501,14 @@ def release_call(
     delay_ms: int,
     token: str = "",
     renewed_ms: str = "",
+    *,
+    clear: bool = False,
 ) -> ScriptCall:
     """interval_release.lua on ``owner``'s hold (after a release delay of ``delay_ms``), only if
     its fencing token is ``token`` and its last renewal ``renewed_ms`` when they are given
-    ('' where nothing is checked): for the sync and the asyncio holds."""
-    args = [owner, delay_ms, keys.channel, token, renewed_ms]
+    ('' where nothing is checked): for the sync and the asyncio holds, and, as a ``clear``
+    (its holder then finds the hold lost), for the admin and a supervisor."""
+    args = [owner, delay_ms, keys.channel, token, renewed_ms, "1" if clear else ""]
     return scripts(conn).release, keys.all(owner)[:12], args
 
 

@@ -5,6 +5,8 @@
 -- ARGV[4]: fencing token the holder must have ('' : any)
 -- ARGV[5]: renewed_ms the holder must still have ('' : any): the admin's clear of a hold it
 --          listed stale leaves it alone once its heartbeat resumed
+-- ARGV[6]: '1' for a clear (the admin's, or a supervisor's release of a dead task's hold),
+--          '' for the holder's own release: the holder of a hold cleared finds it lost
 -- Reply codes: ClearReply in core/replies.py (keep the two in step).
 -- returns 1   released (or, for a waiter, its reservation withdrawn); also for a call sent
 --             again after its reply was lost: a release or clear that freed the hold left its
@@ -20,15 +22,14 @@
 -- only ever frees. Waiters are woken only if one marked the lock (see mark_waiting).
 local owner = ARGV[1]
 local delay = tonumber(ARGV[2])
-local token, renewed = ARGV[4], ARGV[5] or ''
+local token, renewed, clear = ARGV[4], ARGV[5] or '', ARGV[6] == '1'
 local holder = redis.call('HMGET', KEYS[8], 'mode', 'token', 'renewed_ms', 'hi', 'state',
   'cleared')
-local checked = token ~= '' or renewed ~= ''
 if holder[5] == 'released' then
   -- Freed already, and named by no index: a call like the one that freed it (the holder's
   -- own release, or a clear: `cleared`) is that call sent again, and answered released;
   -- the other kind finds it gone.
-  if checked == (holder[6] == '1') then
+  if clear == (holder[6] == '1') then
     return 1
   end
   return 0
@@ -40,7 +41,7 @@ if holder[1] ~= 'r' and unreserve(owner) > 0 then
   woke = true
 end
 -- A plain release learns whether it held from its ZREM below; the others ask first.
-if m and (checked or delay > 0) and not redis.call('ZSCORE', KEYS[1], owner) then
+if m and (clear or delay > 0) and not redis.call('ZSCORE', KEYS[1], owner) then
   m = nil  -- pruned as expired a moment before its hash ran out
 end
 local result = 0
@@ -76,7 +77,7 @@ if m then
     -- Its hash stays, until its own expiry (what the hold had left), as the trace that
     -- answers this call sent again; a clear's says so, and its holder's own release then
     -- finds the hold gone (lost), not released.
-    if checked then
+    if clear then
       redis.call('HSET', KEYS[8], 'state', 'released', 'cleared', 1)
     else
       redis.call('HSET', KEYS[8], 'state', 'released')

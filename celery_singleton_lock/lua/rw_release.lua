@@ -7,6 +7,8 @@
 --          listed stale leaves it alone once its heartbeat resumed
 -- ARGV[5]: the hold's mode as its holder knows it (r|u|w), for a plain release (no delay,
 --          nothing checked): it then goes without reading the hold's hash
+-- ARGV[6]: '1' for a clear (the admin's, or a supervisor's release of a dead task's hold),
+--          '' for the holder's own release: the holder of a hold cleared finds it lost
 -- Reply codes: ClearReply in core/replies.py (keep the two in step).
 -- returns 1   released (or, for a waiter, its reservation withdrawn); also for a call sent
 --             again after its reply was lost: a release or clear that freed the hold left its
@@ -20,8 +22,10 @@
 local owner = ARGV[1]
 local delay = tonumber(ARGV[2])
 local token, renewed, mode = ARGV[3] or '', ARGV[4] or '', ARGV[5] or ''
+local clear = ARGV[6] == '1'
 local holder = nil
-if delay == 0 and token == '' and renewed == '' and (mode == 'r' or mode == 'w') then
+if delay == 0 and not clear and token == '' and renewed == '' and (mode == 'r' or mode == 'w')
+then
   -- The holder's own release: the hash is named by its owner, so finding it is the owner
   -- check. Its field goes (while the hash was there no other hold could have it; the
   -- `waiting` field goes with it and says whether a waiter marked the lock), and the hash
@@ -58,7 +62,7 @@ else
     -- Freed already: a call like the one that freed it (the holder's own release, or a
     -- clear: `cleared`) is that call sent again, and answered released; the other kind
     -- finds it gone.
-    if (token ~= '' or renewed ~= '') == (holder[6] == '1') then
+    if clear == (holder[6] == '1') then
       return 1
     end
     return 0
@@ -109,7 +113,7 @@ end
 local marked = redis.call('HDEL', KEYS[1], field, 'waiting') == 2
 -- A trace, as above; a clear's says so, and its holder's own release then finds the hold
 -- gone (lost), not released.
-if token == '' and renewed == '' then
+if not clear then
   redis.call('HSET', KEYS[2], 'state', 'released')
 else
   redis.call('HSET', KEYS[2], 'state', 'released', 'cleared', 1)
