@@ -12,7 +12,8 @@
 --             again after its reply was lost: a release or clear that freed the hold left its
 --             hash as a trace, `state=released` (with the hold's token; `cleared=1` if a clear
 --             freed it), for the time the hold had left (its hash's own expiry), and one that
---             began a release delay left `state=cooldown`, whose end it does not move
+--             began a release delay left `state=cooldown`, whose end it does not move; so
+--             does the holder's release of a hold in its delay, with a delay or without
 --         0   not held: the hold expired (or was cleared, or, for a clear, released)
 --        -1   the holder's fencing token is not ARGV[4]
 --        -2   the holder was renewed since it was listed (renewed_ms is not ARGV[5])
@@ -33,6 +34,11 @@ if holder[5] == 'released' then
     return 1
   end
   return 0
+end
+if holder[5] == 'cooldown' and not clear then
+  -- Released already, with a delay: whatever its holder sends now (that release again,
+  -- or one without a delay) finds it released, and the delay ends where it was set to.
+  return 1
 end
 local m = MODES[holder[1] or '']
 local woke = false
@@ -59,7 +65,8 @@ if m then
   end
   if delay > 0 then
     -- Release delay: keep the indexed interval until the delay ends; nothing renews it now.
-    -- A hold in its delay already is this very release sent again: the delay's end stays.
+    -- A hold in its delay already is this very release sent again (a supervisor's: its
+    -- holder's was answered above): the delay's end stays.
     if holder[5] ~= 'cooldown' then
       redis.call('ZADD', KEYS[1], now() + delay, owner)
       redis.call('HSET', KEYS[8], 'state', 'cooldown', 'released_ms', now_ms)

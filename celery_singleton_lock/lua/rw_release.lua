@@ -14,7 +14,8 @@
 --             again after its reply was lost: a release or clear that freed the hold left its
 --             hash as a trace, `state=released` (with the hold's token; `cleared=1` if a clear
 --             freed it), for the time the hold had left, and one that began a release delay
---             left `state=cooldown`, whose end it does not move
+--             left `state=cooldown`, whose end it does not move; so does the holder's
+--             release of a hold in its delay, with a delay or without
 --         0   not held: the hold expired (or was cleared, or, for a clear, released)
 --        -1   the hold's fencing token is not ARGV[3]
 --        -2   the hold was renewed since it was listed (renewed_ms is not ARGV[4])
@@ -38,6 +39,10 @@ then
     if mine[3] then
       return 0
     end
+    return 1
+  end
+  if mine[2] == 'cooldown' then
+    -- Released already, with a delay: the delay ends where it was set to.
     return 1
   end
   if mine[1] then
@@ -66,6 +71,11 @@ else
       return 1
     end
     return 0
+  end
+  if holder[5] == 'cooldown' and not clear then
+    -- Released already, with a delay: whatever its holder sends now (that release again,
+    -- or one without a delay) finds it released, and the delay ends where it was set to.
+    return 1
   end
 end
 helpers()
@@ -97,7 +107,8 @@ if mode == 'r' then
 end
 if delay > 0 then
   -- Release delay: the hold stays in B exp until its hash runs out; nothing renews it now.
-  -- A hold in its delay already is this very release sent again: the delay's end stays.
+  -- A hold in its delay already is this very release sent again (a supervisor's: its
+  -- holder's was answered above): the delay's end stays.
   if holder[5] ~= 'cooldown' then
     redis.call('HEXISTS', KEYS[1], field)  -- a hash, as above
     redis.call('HSET', KEYS[2], 'state', 'cooldown', 'released_ms', now())
