@@ -399,6 +399,18 @@ def test_a_hold_cleared_by_its_owner_is_lost_to_its_holder(
         held.release()
 
 
+@pytest.mark.parametrize("kind", list(HOLDS))
+def test_a_clear_of_another_fencing_token_finds_a_cleared_hold_gone(
+    lock_client: LockClient, kind: str
+) -> None:
+    held = HOLDS[kind](lock_client)
+    assert held.acquire()
+    assert CLEAR_HOLDER[kind](lock_client, "n", held.owner, held.token)
+    # Only the clear that freed it is answered cleared again, as a lease's clear is.
+    assert not CLEAR_HOLDER[kind](lock_client, "n", held.owner, held.token + 1)
+    assert CLEAR_HOLDER[kind](lock_client, "n", held.owner, held.token)
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("delay", [0, 60])
 @pytest.mark.parametrize("kind", list(HOLDS))

@@ -28,9 +28,9 @@ local holder = redis.call('HMGET', KEYS[8], 'mode', 'token', 'renewed_ms', 'hi',
   'cleared')
 if holder[5] == 'released' then
   -- Freed already, and named by no index: a call like the one that freed it (the holder's
-  -- own release, or a clear: `cleared`) is that call sent again, and answered released;
-  -- the other kind finds it gone.
-  if clear == (holder[6] == '1') then
+  -- own release, or a clear of its token: `cleared`) is that call sent again, and answered
+  -- released; any other finds it gone.
+  if clear == (holder[6] == '1') and (token == '' or token == holder[2]) then
     return 1
   end
   return 0

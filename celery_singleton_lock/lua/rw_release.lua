@@ -65,9 +65,9 @@ else
   mode = holder[1]
   if holder[5] == 'released' then
     -- Freed already: a call like the one that freed it (the holder's own release, or a
-    -- clear: `cleared`) is that call sent again, and answered released; the other kind
-    -- finds it gone.
-    if clear == (holder[6] == '1') then
+    -- clear of its token: `cleared`) is that call sent again, and answered released; any
+    -- other finds it gone.
+    if clear == (holder[6] == '1') and (token == '' or token == holder[2]) then
       return 1
     end
     return 0
