@@ -367,7 +367,9 @@ def test_reader_writer_and_multi_locks_are_listed_and_cleared(lock_client: LockC
     # One reader cleared by its token; the other reader and the upgradable keep theirs.
     (listed,) = [i for i in infos if i.token == first.token]
     assert admin.clear_info(lock_client, listed) is True
-    assert admin.clear_info(lock_client, listed) is False
+    # The same clear again is what a clear sent again after its reply was lost looks like:
+    # answered cleared, as a lease's is.
+    assert admin.clear_info(lock_client, listed) is True
     assert sorted(i.token for i in lock_client.locks("doc")) == sorted(
         [second.token, upgradable.token]
     )

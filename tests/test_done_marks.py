@@ -20,6 +20,7 @@ import pytest
 import redis
 from apps.fault_app import gate_key
 from celery import Celery
+from celery.backends.redis import RedisBackend
 from celery.signals import task_postrun
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -28,6 +29,7 @@ from support.proxies import HoldingProxy
 from support.waiting import wait_for
 
 from celery_singleton_lock import LockClient, SingletonTask
+from celery_singleton_lock.celery.own_holds import REQUEUES_HEADER
 from celery_singleton_lock.embedded import RedisServer
 from celery_singleton_lock.exceptions import ConfigurationError, LockLost
 
@@ -405,3 +407,48 @@ def test_a_copy_of_an_attempt_that_retried_from_its_body_is_dropped_after_the_re
         celery_lock_app.send_task(job.name, ("b",), task_id=result.id)
         assert outcomes.wait(3)[2] == "IGNORED"
     assert client.lrange(runs_key, 0, -1) == [b"0", b"1"]
+
+
+def test_a_copy_requeued_behind_its_original_before_is_requeued_once_more_for_its_outcome(
+    celery_lock_app: Celery,
+    in_process_worker: WorkerFactory,
+    outcomes: Outcomes,
+    runs: tuple[redis.Redis, str],
+) -> None:
+    """A copy re-queued earlier behind its live original (one re-queue counted) comes back
+    between the original's release and the storing of its result: it is re-queued for the
+    missing outcome, not run at once, and dropped once the outcome is there."""
+    client, runs_key = runs
+    storing, store = threading.Event(), threading.Event()
+
+    class SlowToStore(RedisBackend):  # type: ignore[misc]
+        """Holds the first result it is asked to store back until ``store`` is set."""
+
+        def mark_as_done(self, task_id: str, *args: Any, **kwargs: Any) -> Any:
+            if not storing.is_set():
+                storing.set()
+                assert store.wait(TIMEOUT)
+            return super().mark_as_done(task_id, *args, **kwargs)
+
+    @celery_lock_app.task(
+        base=SingletonTask, shared=False, bind=True, lock_key="rq:{key}", lock_lease=1,
+        backend=SlowToStore(app=celery_lock_app, url=celery_lock_app.conf.result_backend),
+    )  # fmt: skip
+    def job(self: Any, key: str) -> int:
+        client.rpush(runs_key, self.request.retries or 0)
+        return 1
+
+    try:
+        with in_process_worker(celery_lock_app, concurrency=2):
+            first = job.delay("q")
+            assert storing.wait(TIMEOUT)  # released and marked; its result not stored yet
+            celery_lock_app.send_task(
+                job.name, ("q",), task_id=first.id, headers={REQUEUES_HEADER: 1}
+            )
+            assert outcomes.wait(1) == ["IGNORED"]  # re-queued, its body not run
+            store.set()
+            assert first.get(timeout=TIMEOUT) == 1
+            assert outcomes.wait(3) == ["IGNORED", "SUCCESS", "IGNORED"]  # back, and dropped
+    finally:
+        store.set()
+    assert client.lrange(runs_key, 0, -1) == [b"0"]

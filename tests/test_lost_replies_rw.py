@@ -7,6 +7,7 @@ then sent again by redis-py (``retries=1``) or raised (``retries=0``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from support.proxies import HoldingProxy
 from support.waiting import wait_for
 
 from celery_singleton_lock import LockBackendError, LockClient, LockExpired
+from celery_singleton_lock.kinds import rangelock, rwlock, semaphore
 
 MODES: dict[str, Callable[[Any], Any]] = {
     "read": lambda c: c.rwlock("n").read(ttl=30, heartbeat=False),
@@ -308,6 +310,162 @@ def test_a_hold_cleared_leaves_no_trace_its_release_could_take_for_its_own(
     handle = ALL_HOLDS[kind](lock_client)
     assert handle.acquire()
     assert lock_client.clear("n", token=handle.token, force=True)
-    assert not lock_client.redis.exists(handle.keys.holder(handle.owner))
+    # The clear's own trace, for the clear sent again: not a hold, nor a release of its.
+    assert lock_client.redis.hget(handle.keys.holder(handle.owner), "cleared") == b"1"
+    assert holds(lock_client) == 0
     with pytest.raises(LockExpired):
         handle.release()
+
+
+# -- the admin side, and release delays ------------------------------------------------------
+
+#: Makers of a hold of each kind on "n", with the handle's options.
+HOLDS: dict[str, Callable[..., Any]] = {
+    "read": lambda c, **o: c.rwlock("n").read(ttl=30, heartbeat=False, **o),
+    "upgradable": lambda c, **o: c.rwlock("n").upgradable(ttl=30, heartbeat=False, **o),
+    "write": lambda c, **o: c.rwlock("n").write(ttl=30, heartbeat=False, **o),
+    "semaphore": lambda c, **o: c.semaphore("n", 1).permit(ttl=30, heartbeat=False, **o),
+    "range": lambda c, **o: c.range_lock("n").write(0, 10, ttl=30, heartbeat=False, **o),
+}
+#: The supervisor's release of a dead task's holds of each kind.
+RELEASE_HOLDER: dict[str, Callable[..., bool]] = {
+    "read": rwlock.release_holder,
+    "upgradable": rwlock.release_holder,
+    "write": rwlock.release_holder,
+    "semaphore": semaphore.release_holder,
+    "range": rangelock.release_holder,
+}
+#: The admin's clear of one holder of each kind, by its owner.
+CLEAR_HOLDER: dict[str, Callable[..., bool]] = {
+    "read": rwlock.clear_holder,
+    "upgradable": rwlock.clear_holder,
+    "write": rwlock.clear_holder,
+    "semaphore": semaphore.clear_holder,
+    "range": rangelock.clear_holder,
+}
+
+
+def free(lock_client: LockClient, kind: str) -> bool:
+    """Whether a stranger in the way of a hold of ``kind`` takes "n" at once (and goes)."""
+    if kind in MODES:
+        return writer_free(lock_client)
+    stranger = HOLDS[kind](lock_client)
+    taken = bool(stranger.acquire(0))
+    if taken:
+        stranger.release()
+    return taken
+
+
+def server_ms(lock_client: LockClient) -> int:
+    seconds, micros = lock_client.redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", list(HOLDS))
+def test_a_clear_sent_again_says_it_cleared(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=1)
+    try:
+        warm_up = HOLDS[kind](lock_client)
+        assert warm_up.acquire()
+        assert client.clear("n", force=True)
+        held = HOLDS[kind](lock_client)
+        assert held.acquire()
+        proxy.hold_next_script_reply()  # the listing's replies come through
+        assert client.clear("n", force=True)
+        assert proxy.holding.is_set()
+        assert holds(lock_client) == 0 and free(lock_client, kind)
+        # What the clear left for its own retry is no release of the holder's.
+        with pytest.raises(LockExpired):
+            held.release()
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("token", [False, True])
+@pytest.mark.parametrize("kind", list(HOLDS))
+def test_a_hold_cleared_by_its_owner_is_lost_to_its_holder(
+    lock_client: LockClient, kind: str, token: bool
+) -> None:
+    held = HOLDS[kind](lock_client)
+    assert held.acquire()
+    fencing = held.token if token else None
+    assert CLEAR_HOLDER[kind](lock_client, "n", held.owner, fencing)
+    assert CLEAR_HOLDER[kind](lock_client, "n", held.owner, fencing)  # as if sent again
+    assert holds(lock_client) == 0 and free(lock_client, kind)
+    with pytest.raises(LockExpired):
+        held.release()
+
+
+@pytest.mark.parametrize("kind", list(HOLDS))
+def test_a_clear_of_another_fencing_token_finds_a_cleared_hold_gone(
+    lock_client: LockClient, kind: str
+) -> None:
+    held = HOLDS[kind](lock_client)
+    assert held.acquire()
+    assert CLEAR_HOLDER[kind](lock_client, "n", held.owner, held.token)
+    # Only the clear that freed it is answered cleared again, as a lease's clear is.
+    assert not CLEAR_HOLDER[kind](lock_client, "n", held.owner, held.token + 1)
+    assert CLEAR_HOLDER[kind](lock_client, "n", held.owner, held.token)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("delay", [0, 60])
+@pytest.mark.parametrize("kind", list(HOLDS))
+def test_a_release_holder_sent_again_frees_it_once_and_says_so(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str, delay: int
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=1)
+    release_holder = RELEASE_HOLDER[kind]
+    try:
+        warm_up = HOLDS[kind](lock_client, owner_info={"task_id": "t0"})
+        assert warm_up.acquire()
+        assert release_holder(client, "n", task_id="t0", pid=os.getpid())
+        held = HOLDS[kind](lock_client, owner_info={"task_id": "t1"})
+        assert held.acquire()
+        sent_ms = server_ms(lock_client)
+        proxy.hold_next_script_reply()
+        assert release_holder(client, "n", task_id="t1", pid=os.getpid(), delay=delay)
+        assert proxy.holding.is_set()
+        assert free(lock_client, kind) == (delay == 0)
+        if delay:
+            # The delay runs from the first run: the retry went only after the client's
+            # socket timeout (0.5 s).
+            trace = held.keys.holder(held.owner)
+            assert int(lock_client.redis.hget(trace, "released_ms")) - sent_ms < 500
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("retry_delay", [60, 0])
+@pytest.mark.parametrize("kind", list(HOLDS))
+def test_a_delayed_release_sent_again_leaves_the_delay_where_it_was(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str, retry_delay: int
+) -> None:
+    # The caller's retry may come with the delay or without: either way the hold is in its
+    # delay already, and a release delay holds whatever its holder calls afterwards.
+    client = proxied_client(lock_client, proxy, retries=0)
+    try:
+        warm_up = HOLDS[kind](client)
+        assert warm_up.acquire()
+        warm_up.release()
+        handle = HOLDS[kind](client)
+        assert handle.acquire()
+        hold = handle.keys.holder(handle.owner)
+        proxy.hold_next_reply()
+        with pytest.raises(LockBackendError):
+            handle.release(delay=60)
+        assert proxy.holding.is_set()
+        redis = lock_client.redis
+        released_ms, left_ms = redis.hget(hold, "released_ms"), redis.pttl(hold)
+        assert released_ms is not None
+        handle.release(delay=retry_delay)  # the caller's retry
+        assert not handle.held and not handle.lost
+        assert redis.hget(hold, "released_ms") == released_ms
+        assert 0 < redis.pttl(hold) <= left_ms
+        assert not free(lock_client, kind)
+    finally:
+        client.close()

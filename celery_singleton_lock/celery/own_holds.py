@@ -50,6 +50,9 @@ log = logging.getLogger("celery_singleton_lock.task")
 
 #: The message header counting how often a copy was re-queued behind a live original.
 REQUEUES_HEADER = "singleton_lock_requeues"
+#: The message header counting how often a copy was re-queued because its attempt had ended
+#: with no outcome stored yet (done_marks.py): the copy runs once that count is one.
+OUTCOME_REQUEUES_HEADER = "singleton_lock_outcome_requeues"
 
 TAKE_OVER, IGNORE, REQUEUE = "take over", "ignore", "requeue"
 
@@ -85,6 +88,8 @@ class Verdict:
     action: str
     why: str
     countdown: float = 0.0
+    #: The message header that counts this re-queue.
+    counted_in: str = REQUEUES_HEADER
 
 
 def decide(
@@ -246,12 +251,22 @@ def _int(value: Any) -> int | None:
 # -- re-queued copies --------------------------------------------------------------------------
 
 
-def requeues(request: Any) -> int:
-    """How often the message of ``request`` was re-queued behind a live original."""
-    count = getattr(request, REQUEUES_HEADER, None)
+def requeues(request: Any, header: str = REQUEUES_HEADER) -> int:
+    """How often the message of ``request`` was re-queued behind a live original (or, by
+    ``header``, for another reason)."""
+    count = getattr(request, header, None)
     if count is None and isinstance(request.headers, dict):
-        count = request.headers.get(REQUEUES_HEADER)
+        count = request.headers.get(header)
     return _int(count) or 0
+
+
+#: Every re-queue count a re-queued message carries on.
+REQUEUE_HEADERS = (REQUEUES_HEADER, OUTCOME_REQUEUES_HEADER)
+
+
+def requeued(request: Any) -> bool:
+    """Whether the message of ``request`` was re-queued, for whatever reason."""
+    return any(requeues(request, header) for header in REQUEUE_HEADERS)
 
 
 def finished(task: Any, task_id: str) -> str | None:
@@ -289,15 +304,16 @@ def key_beside(connection: Connection, handle: LockHandle, suffix: str) -> bytes
     return connection.keys(name).base + suffix.encode()
 
 
-def requeue(task: Any, countdown: float) -> None:
+def requeue(task: Any, countdown: float, counted_in: str = REQUEUES_HEADER) -> None:
     """Send the running message of ``task`` again, ``countdown`` seconds from now: the same
     task id, arguments, attempt and canvas options, no enqueue claim (Celery's own
-    ``apply_async``), one more re-queue counted. Raises Reject (back to the broker) if it
-    could not be sent."""
+    ``apply_async``), one more re-queue counted in header ``counted_in``. Raises Reject (back
+    to the broker) if it could not be sent."""
     request = task.request
-    # Only our header: the request's own may carry the message's eta, which would win over
+    # Only our headers: the request's own may carry the message's eta, which would win over
     # the countdown.
-    headers = {REQUEUES_HEADER: requeues(request) + 1}
+    headers = {header: requeues(request, header) for header in REQUEUE_HEADERS}
+    headers[counted_in] += 1
     signature = task.signature_from_request(
         request, countdown=countdown, retries=request.retries or 0, headers=headers
     )

@@ -430,7 +430,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         and ignore this delivery (raise Ignore)."""
         request = self.request
         if verdict.action == own_holds.REQUEUE:
-            own_holds.requeue(self, verdict.countdown)
+            own_holds.requeue(self, verdict.countdown, verdict.counted_in)
             log.info(
                 "%s[%s] %s; looks again in %.1f s",
                 self.name,
@@ -469,9 +469,10 @@ class SingletonTask(Task):  # type: ignore[misc]
         self._requeue_or_ignore(verdict)
 
     def _drop_finished_copy(self, request: Any) -> None:
-        """A copy re-queued behind a live original (own_holds.py) is dropped, storing
-        nothing, once the result backend shows that original finished: its result stands."""
-        if not own_holds.requeues(request):
+        """A copy re-queued (behind a live original, own_holds.py, or for a missing outcome)
+        is dropped, storing nothing, once the result backend shows that original finished:
+        its result stands."""
+        if not own_holds.requeued(request):
             return
         state = own_holds.finished(self, request.id)
         if state is not None:
@@ -500,7 +501,9 @@ class SingletonTask(Task):  # type: ignore[misc]
         Unless the call's outcome may be missing: the run that ended releases (and marks)
         before Celery stores its outcome, so a worker killed in between leaves a mark and no
         outcome. A copy that finds no outcome stored is re-queued once (its original, if
-        alive, stores it meanwhile), and runs if there is still none when it comes back."""
+        alive, stores it meanwhile), and runs if there is still none when it comes back. Only
+        that re-queue counts: a copy re-queued behind its live original before is re-queued
+        once more."""
         mark = self._done_mark(lease)
         if mark is None:
             return lease.acquire(wait)
@@ -509,7 +512,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             return acquired
         request = self.request
         missing = self._outcome_missing()
-        if missing and own_holds.requeues(request):
+        if missing and own_holds.requeues(request, own_holds.OUTCOME_REQUEUES_HEADER):
             log.warning(
                 "%s[%s] runs again: attempt %d of this task id ended, but no outcome of it "
                 "was stored (its worker stopped in between)",
@@ -525,7 +528,11 @@ class SingletonTask(Task):  # type: ignore[misc]
         if missing:
             verdict = own_holds.requeue_verdict(self)
             why = f"re-queued: attempt {ended} of this task id ended, its outcome not stored yet"
-            self._requeue_or_ignore(own_holds.Verdict(own_holds.REQUEUE, why, verdict.countdown))
+            self._requeue_or_ignore(
+                own_holds.Verdict(
+                    own_holds.REQUEUE, why, verdict.countdown, own_holds.OUTCOME_REQUEUES_HEADER
+                )
+            )
         log.info("%s[%s] dropped: attempt %d of this task id ended already", self.name,
                  request.id, ended)  # fmt: skip
         raise Ignore()

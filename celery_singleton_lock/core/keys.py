@@ -40,9 +40,10 @@ from typing import NamedTuple
 RELEASE_DELAY_STATE = "cooldown"
 
 #: The ``state`` field of the hash of a reader-writer, range or semaphore hold its holder
-#: released (lua/rw_release.lua, interval_release.lua): the hash stays, named by no lock,
-#: until its own expiry (what the hold had left), so that the release sent again after its
-#: reply was lost finds it released. Listings and releases by task pass it by. Stored data.
+#: released, or a clear freed (then with ``cleared=1``) (lua/rw_release.lua,
+#: interval_release.lua): the hash stays, named by no lock, until its own expiry (what the
+#: hold had left), so that the release or clear sent again after its reply was lost finds
+#: it done. Listings and releases by task pass it by. Stored data.
 RELEASED_STATE = "released"
 
 #: The prefix every key gets unless configured otherwise.

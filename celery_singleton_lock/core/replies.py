@@ -28,10 +28,11 @@ class HolderReply(IntEnum):
 
 
 class ClearReply(IntEnum):
-    """What clearing a listed holder did: clear.lua, and interval_release.lua when given the
-    listed fencing token (and last renewal)."""
+    """What clearing a listed holder did: clear.lua, and interval_release.lua and
+    rw_release.lua when given the listed fencing token (and last renewal)."""
 
-    #: Cleared; its waiters were woken.
+    #: Cleared; its waiters were woken. Also for the same clear sent again after its reply
+    #: was lost: the clear leaves a trace of what it freed.
     CLEARED = 1
     #: Released, expired or taken again since it was listed: nothing to clear.
     GONE = 0

@@ -387,7 +387,7 @@ class IntervalHandle(IntervalHold, LockHandle):
 
 def released(fields: dict[bytes, Any]) -> bool:
     """Whether the hold hash ``fields`` (as read) is the trace of a hold its holder released
-    (``RELEASED_STATE``): it holds nothing."""
+    or a clear freed (``RELEASED_STATE``): it holds nothing."""
     return fields.get(b"state") == RELEASED_STATE.encode()
 
 
@@ -410,7 +410,7 @@ def holder_match(prefix: str, family: bytes) -> bytes:
 def holders_of(records: list[Record], pattern: str | None) -> list[ListedHolder]:
     """The holders among interval holder-hash ``records`` whose lock name matches the glob
     ``pattern`` (None: all), decoded, with their mode named (read, upgradable, write); the
-    hashes of holds their holders released (``RELEASED_STATE``) hold nothing and are left
+    hashes of holds released or cleared (``RELEASED_STATE``) hold nothing and are left
     out."""
     holders = []
     for fields, pttl in records:
@@ -475,6 +475,7 @@ def clear_call(conn: ScriptHost, family: bytes, holder: ListedHolder) -> ScriptC
         0,
         "" if token is None else str(token),
         "" if renewed is None else str(renewed),
+        clear=True,
     )
 
 
@@ -486,8 +487,10 @@ def release_hold(
     token: str = "",
     renewed_ms: str = "",
 ) -> int:
-    """One run of :func:`release_call`: a :class:`ClearReply` (CLEARED: released)."""
-    script, script_keys, args = release_call(conn, keys, owner, delay_ms, token, renewed_ms)
+    """One run of :func:`release_call` as a clear (the admin's, or a supervisor's release of
+    a dead task's hold): a :class:`ClearReply` (CLEARED: released)."""
+    call = release_call(conn, keys, owner, delay_ms, token, renewed_ms, clear=True)
+    script, script_keys, args = call
     return ClearReply(int(conn.call(script, keys=script_keys, args=args)))
 
 
@@ -498,11 +501,14 @@ def release_call(
     delay_ms: int,
     token: str = "",
     renewed_ms: str = "",
+    *,
+    clear: bool = False,
 ) -> ScriptCall:
     """interval_release.lua on ``owner``'s hold (after a release delay of ``delay_ms``), only if
     its fencing token is ``token`` and its last renewal ``renewed_ms`` when they are given
-    ('' where nothing is checked): for the sync and the asyncio holds."""
-    args = [owner, delay_ms, keys.channel, token, renewed_ms]
+    ('' where nothing is checked): for the sync and the asyncio holds, and, as a ``clear``
+    (its holder then finds the hold lost), for the admin and a supervisor."""
+    args = [owner, delay_ms, keys.channel, token, renewed_ms, "1" if clear else ""]
     return scripts(conn).release, keys.all(owner)[:12], args
 
 
@@ -570,7 +576,7 @@ def release_holds_of(
     unreplicated: LockNotReplicated | None = None
     for owner, (held_by, held_in, held_on, token, state) in zip(owners, replies, strict=True):
         # A hold in a release delay was released already: its delay must not start again;
-        # nor does a hold its holder released hold anything.
+        # nor does a hold released or cleared hold anything.
         if (
             (held_by, held_in, held_on) != wanted
             or token is None

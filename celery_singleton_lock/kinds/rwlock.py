@@ -420,12 +420,14 @@ def release_call(
     renewed_ms: str = "",
     *,
     mode: str = "",
+    clear: bool = False,
 ) -> ScriptCall:
     """rw_release.lua on ``owner``'s hold (after a release delay of ``delay_ms``), only if its
     fencing token is ``token`` and its last renewal ``renewed_ms`` when they are given ('' where
-    nothing is checked): for the sync and the asyncio holds and the admin. ``mode``: the
-    hold's, as its holder knows it ('' unknown: read from its hash)."""
-    args = [owner, delay_ms, token, renewed_ms, mode]
+    nothing is checked): for the sync and the asyncio holds, and, as a ``clear`` (its holder
+    then finds the hold lost), for the admin and a supervisor. ``mode``: the hold's, as its
+    holder knows it ('' unknown: read from its hash)."""
+    args = [owner, delay_ms, token, renewed_ms, mode, "1" if clear else ""]
     return scripts(conn).release, [keys.lock, keys.holder(owner)], args
 
 
@@ -437,8 +439,10 @@ def release_hold(
     token: str = "",
     renewed_ms: str = "",
 ) -> int:
-    """One run of :func:`release_call`: a :class:`ClearReply` (CLEARED: released)."""
-    script, script_keys, args = release_call(conn, keys, owner, delay_ms, token, renewed_ms)
+    """One run of :func:`release_call` as a clear (the admin's, or a supervisor's release of
+    a dead task's hold): a :class:`ClearReply` (CLEARED: released)."""
+    call = release_call(conn, keys, owner, delay_ms, token, renewed_ms, clear=True)
+    script, script_keys, args = call
     return ClearReply(int(conn.call(script, keys=script_keys, args=args)))
 
 
@@ -454,6 +458,7 @@ def clear_call(conn: ScriptHost, holder: ListedHolder) -> ScriptCall:
         0,
         "" if token is None else str(token),
         "" if renewed is None else str(renewed),
+        clear=True,
     )
 
 

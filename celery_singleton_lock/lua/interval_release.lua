@@ -5,11 +5,15 @@
 -- ARGV[4]: fencing token the holder must have ('' : any)
 -- ARGV[5]: renewed_ms the holder must still have ('' : any): the admin's clear of a hold it
 --          listed stale leaves it alone once its heartbeat resumed
+-- ARGV[6]: '1' for a clear (the admin's, or a supervisor's release of a dead task's hold),
+--          '' for the holder's own release: the holder of a hold cleared finds it lost
 -- Reply codes: ClearReply in core/replies.py (keep the two in step).
--- returns 1   released (or, for a waiter, its reservation withdrawn); also for the holder's
---             own release sent again after its reply was lost: the release that freed the
---             hold left its hash as a trace, `state=released` (with the hold's token), for
---             the time the hold had left (its hash's own expiry)
+-- returns 1   released (or, for a waiter, its reservation withdrawn); also for a call sent
+--             again after its reply was lost: a release or clear that freed the hold left its
+--             hash as a trace, `state=released` (with the hold's token; `cleared=1` if a clear
+--             freed it), for the time the hold had left (its hash's own expiry), and one that
+--             began a release delay left `state=cooldown`, whose end it does not move; so
+--             does the holder's release of a hold in its delay, with a delay or without
 --         0   not held: the hold expired (or was cleared, or, for a clear, released)
 --        -1   the holder's fencing token is not ARGV[4]
 --        -2   the holder was renewed since it was listed (renewed_ms is not ARGV[5])
@@ -19,15 +23,22 @@
 -- only ever frees. Waiters are woken only if one marked the lock (see mark_waiting).
 local owner = ARGV[1]
 local delay = tonumber(ARGV[2])
-local token, renewed = ARGV[4], ARGV[5] or ''
-local holder = redis.call('HMGET', KEYS[8], 'mode', 'token', 'renewed_ms', 'hi', 'state')
+local token, renewed, clear = ARGV[4], ARGV[5] or '', ARGV[6] == '1'
+local holder = redis.call('HMGET', KEYS[8], 'mode', 'token', 'renewed_ms', 'hi', 'state',
+  'cleared')
 if holder[5] == 'released' then
-  -- Released by its holder: this release sent again is answered released, a clear (token
-  -- or renewal given) finds it gone. No index names it any more.
-  if token == '' and renewed == '' then
+  -- Freed already, and named by no index: a call like the one that freed it (the holder's
+  -- own release, or a clear of its token: `cleared`) is that call sent again, and answered
+  -- released; any other finds it gone.
+  if clear == (holder[6] == '1') and (token == '' or token == holder[2]) then
     return 1
   end
   return 0
+end
+if holder[5] == 'cooldown' and not clear then
+  -- Released already, with a delay: whatever its holder sends now (that release again,
+  -- or one without a delay) finds it released, and the delay ends where it was set to.
+  return 1
 end
 local m = MODES[holder[1] or '']
 local woke = false
@@ -36,8 +47,7 @@ if holder[1] ~= 'r' and unreserve(owner) > 0 then
   woke = true
 end
 -- A plain release learns whether it held from its ZREM below; the others ask first.
-local checked = delay > 0 or token ~= '' or renewed ~= ''
-if m and checked and not redis.call('ZSCORE', KEYS[1], owner) then
+if m and (clear or delay > 0) and not redis.call('ZSCORE', KEYS[1], owner) then
   m = nil  -- pruned as expired a moment before its hash ran out
 end
 local result = 0
@@ -55,10 +65,14 @@ if m then
   end
   if delay > 0 then
     -- Release delay: keep the indexed interval until the delay ends; nothing renews it now.
-    redis.call('ZADD', KEYS[1], now() + delay, owner)
-    redis.call('HSET', KEYS[8], 'state', 'cooldown', 'released_ms', now_ms)
-    redis.call('PEXPIRE', KEYS[8], delay)
-    refresh(0)
+    -- A hold in its delay already is this very release sent again (a supervisor's: its
+    -- holder's was answered above): the delay's end stays.
+    if holder[5] ~= 'cooldown' then
+      redis.call('ZADD', KEYS[1], now() + delay, owner)
+      redis.call('HSET', KEYS[8], 'state', 'cooldown', 'released_ms', now_ms)
+      redis.call('PEXPIRE', KEYS[8], delay)
+      refresh(0)
+    end
     result = 1
   elseif redis.call('ZREM', KEYS[1], owner) == 1 then
     redis.call('ZREM', KEYS[m], owner)
@@ -67,12 +81,12 @@ if m then
     if tonumber(holder[4]) ~= math.huge then
       redis.call('ZREM', KEYS[m + 1], owner)
     end
-    if checked then
-      -- Cleared: no trace, so its holder's own release finds it gone (lost), not released.
-      redis.call('DEL', KEYS[8])
+    -- Its hash stays, until its own expiry (what the hold had left), as the trace that
+    -- answers this call sent again; a clear's says so, and its holder's own release then
+    -- finds the hold gone (lost), not released.
+    if clear then
+      redis.call('HSET', KEYS[8], 'state', 'released', 'cleared', 1)
     else
-      -- The holder's own release: its hash stays, until its own expiry (what the hold had
-      -- left), as the trace that answers this release sent again.
       redis.call('HSET', KEYS[8], 'state', 'released')
     end
     result = 1

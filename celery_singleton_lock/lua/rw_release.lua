@@ -7,11 +7,15 @@
 --          listed stale leaves it alone once its heartbeat resumed
 -- ARGV[5]: the hold's mode as its holder knows it (r|u|w), for a plain release (no delay,
 --          nothing checked): it then goes without reading the hold's hash
+-- ARGV[6]: '1' for a clear (the admin's, or a supervisor's release of a dead task's hold),
+--          '' for the holder's own release: the holder of a hold cleared finds it lost
 -- Reply codes: ClearReply in core/replies.py (keep the two in step).
--- returns 1   released (or, for a waiter, its reservation withdrawn); also for the holder's
---             own release sent again after its reply was lost: the release that freed the
---             hold left its hash as a trace, `state=released` (with the hold's token), for
---             the time the hold had left
+-- returns 1   released (or, for a waiter, its reservation withdrawn); also for a call sent
+--             again after its reply was lost: a release or clear that freed the hold left its
+--             hash as a trace, `state=released` (with the hold's token; `cleared=1` if a clear
+--             freed it), for the time the hold had left, and one that began a release delay
+--             left `state=cooldown`, whose end it does not move; so does the holder's
+--             release of a hold in its delay, with a delay or without
 --         0   not held: the hold expired (or was cleared, or, for a clear, released)
 --        -1   the hold's fencing token is not ARGV[3]
 --        -2   the hold was renewed since it was listed (renewed_ms is not ARGV[4])
@@ -19,16 +23,26 @@
 local owner = ARGV[1]
 local delay = tonumber(ARGV[2])
 local token, renewed, mode = ARGV[3] or '', ARGV[4] or '', ARGV[5] or ''
+local clear = ARGV[6] == '1'
 local holder = nil
-if delay == 0 and token == '' and renewed == '' and (mode == 'r' or mode == 'w') then
+if delay == 0 and not clear and token == '' and renewed == '' and (mode == 'r' or mode == 'w')
+then
   -- The holder's own release: the hash is named by its owner, so finding it is the owner
   -- check. Its field goes (while the hash was there no other hold could have it; the
   -- `waiting` field goes with it and says whether a waiter marked the lock), and the hash
   -- stays as the trace of this release: `state=released`, with its own expiry (what the
   -- hold had left), so that this release sent again answers released. Nothing reads it as
   -- a hold: the lock hash no longer names it, renewals and changes refuse that state.
-  local mine = redis.call('HMGET', KEYS[2], 'token', 'state')
+  local mine = redis.call('HMGET', KEYS[2], 'token', 'state', 'cleared')
   if mine[2] == 'released' then
+    -- Freed already: by this release (sent again), or by a clear (the hold was lost).
+    if mine[3] then
+      return 0
+    end
+    return 1
+  end
+  if mine[2] == 'cooldown' then
+    -- Released already, with a delay: the delay ends where it was set to.
     return 1
   end
   if mine[1] then
@@ -46,15 +60,22 @@ if delay == 0 and token == '' and renewed == '' and (mode == 'r' or mode == 'w')
   end
   mode = nil
 else
-  holder = redis.call('HMGET', KEYS[2], 'mode', 'token', 'renewed_ms', 'acquired_ms', 'state')
+  holder = redis.call('HMGET', KEYS[2], 'mode', 'token', 'renewed_ms', 'acquired_ms', 'state',
+    'cleared')
   mode = holder[1]
   if holder[5] == 'released' then
-    -- Released by its holder: this release sent again is answered released, a clear (token
-    -- or renewal given) finds it gone.
-    if token == '' and renewed == '' then
+    -- Freed already: a call like the one that freed it (the holder's own release, or a
+    -- clear of its token: `cleared`) is that call sent again, and answered released; any
+    -- other finds it gone.
+    if clear == (holder[6] == '1') and (token == '' or token == holder[2]) then
       return 1
     end
     return 0
+  end
+  if holder[5] == 'cooldown' and not clear then
+    -- Released already, with a delay: whatever its holder sends now (that release again,
+    -- or one without a delay) finds it released, and the delay ends where it was set to.
+    return 1
   end
 end
 helpers()
@@ -86,10 +107,14 @@ if mode == 'r' then
 end
 if delay > 0 then
   -- Release delay: the hold stays in B exp until its hash runs out; nothing renews it now.
-  redis.call('HEXISTS', KEYS[1], field)  -- a hash, as above
-  redis.call('HSET', KEYS[2], 'state', 'cooldown', 'released_ms', now())
-  redis.call('PEXPIRE', KEYS[2], delay)
-  keep(delay)
+  -- A hold in its delay already is this very release sent again (a supervisor's: its
+  -- holder's was answered above): the delay's end stays.
+  if holder[5] ~= 'cooldown' then
+    redis.call('HEXISTS', KEYS[1], field)  -- a hash, as above
+    redis.call('HSET', KEYS[2], 'state', 'cooldown', 'released_ms', now())
+    redis.call('PEXPIRE', KEYS[2], delay)
+    keep(delay)
+  end
   if woke == 1 then
     wake('released')
   end
@@ -97,11 +122,12 @@ if delay > 0 then
 end
 -- Its field first: WRONGTYPE before anything is written on a lock of the previous layout.
 local marked = redis.call('HDEL', KEYS[1], field, 'waiting') == 2
-if token == '' and renewed == '' then
-  redis.call('HSET', KEYS[2], 'state', 'released')  -- the holder's own: a trace, as above
+-- A trace, as above; a clear's says so, and its holder's own release then finds the hold
+-- gone (lost), not released.
+if not clear then
+  redis.call('HSET', KEYS[2], 'state', 'released')
 else
-  -- Cleared: no trace, so its holder's own release finds it gone (lost), not released.
-  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[2], 'state', 'released', 'cleared', 1)
 end
 if marked or woke == 1 then
   wake('released')

@@ -6,7 +6,7 @@
 -- Reply codes: HolderReply in core/replies.py (keep the two in step).
 -- returns one integer per hold: > 0 ms granted, 0 gone (or released: a hold in a release delay
 -- is never renewed, so a renewal sent before a delayed release cannot cut the delay short;
--- nor is the trace a release leaves, state=released, see rw_release.lua),
+-- nor is the trace a release or clear leaves, state=released, see rw_release.lua),
 -- -2 max-hold reached
 -- The remaining time is *set*, never added to. B exp is kept alive at least as long.
 local result = {}
