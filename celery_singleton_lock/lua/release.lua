@@ -30,12 +30,13 @@
 local holder = redis.call('HMGET', KEYS[1], 'owner', 'waiting')
 local owner = holder[1]
 local base = string.sub(KEYS[1], 1, -5)
+local token = ARGV[3] or ''
 if owner ~= ARGV[1] then
   if owner == '' and redis.call('HGET', KEYS[1], 'released_by') == ARGV[1] then
     return 1
   end
   local freed = redis.call('HMGET', base .. 'freed', 'owner', 'token')
-  if freed[1] == ARGV[1] and (ARGV[3] == '' or freed[2] == ARGV[3]) then
+  if freed[1] == ARGV[1] and (token == '' or freed[2] == token) then
     return 1
   end
   if not owner then
