@@ -24,7 +24,13 @@ from celery import Celery
 from support.lost_replies import async_proxied_client, fence, proxied_client
 from support.proxies import HoldingProxy
 
-from celery_singleton_lock import LockBackendError, LockClient, LockLost, SingletonTask
+from celery_singleton_lock import (
+    LockBackendError,
+    LockClient,
+    LockLost,
+    ReleaseResult,
+    SingletonTask,
+)
 from celery_singleton_lock.core.keys import lock_keys
 
 #: Makers of a handle of each kind on "n" (the multi-key lock also holds "n2"); the
@@ -151,10 +157,11 @@ def test_an_acquire_that_raised_leaves_the_name_free(
 def test_a_release_sent_again_is_one_release(
     lock_client: LockClient, proxy: HoldingProxy, kind: str
 ) -> None:
-    """The first run freed the name and left its token behind (``P{T}:released``), which
-    the second run finds: released, not LockExpired (nor LockTaken had another taken the
-    name in between). The holds of semaphores, range and reader-writer locks leave theirs
-    in their own hash (test_lost_replies_rw.py)."""
+    """The first run freed the name and left its trace behind (a lease its hash, renamed
+    ``P{T}:freed``; a multi-key lock its token in ``P{T}:released``), which the second run
+    finds: released, not LockExpired (nor LockTaken had another taken the name in between).
+    The holds of semaphores, range and reader-writer locks leave theirs in their own hash
+    (test_lost_replies_rw.py)."""
     client = proxied_client(lock_client, proxy, retries=1)
     try:
         warm(client, kind)
@@ -191,6 +198,26 @@ def test_a_release_that_raised_then_sent_by_the_caller_is_a_release(
         handle.release()
         assert not handle.held and not handle.lost
         assert free(lock_client, kind)
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_release_owner_sent_again_says_released(
+    lock_client: LockClient, proxy: HoldingProxy
+) -> None:
+    """A claim released by its owner token, which passes no fencing token: the retry finds
+    the first run's trace by that owner and answers released, not "not held"."""
+    client = proxied_client(lock_client, proxy, retries=1)
+    try:
+        assert client.release_owner("n", "claim:t0:0") is ReleaseResult.NOT_HELD  # warm-up
+        assert lock_client.lease("n", owner="claim:t1:0", heartbeat=False).acquire()
+        proxy.hold_next_reply()
+        assert client.release_owner("n", "claim:t1:0") is ReleaseResult.RELEASED
+        assert proxy.holding.is_set()
+        assert free(lock_client, "lease")
+        # The trace answers only the owner that left it.
+        assert client.release_owner("n", "claim:t1:1") is ReleaseResult.NOT_HELD
     finally:
         client.close()
 

@@ -3,8 +3,8 @@
 -- KEYS[1..n]: lock hashes   ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)
 -- ARGV[3]: fencing token each key must have ('' any; the admin's clear_holder passes one)
 -- ARGV[4..3+n]: the wake-up channel of each name
--- ARGV[4+n..3+2n]: the fencing token of each name's hold (absent: not known), as in
--- release.lua: a name freed now keeps it in P{T}:released for as long as the hold had left
+-- ARGV[4+n..3+2n]: the fencing token of each name's hold (absent: not known): a name freed
+-- now keeps it in P{T}:released for as long as the hold had left
 -- Waiters mark the hash (acquire.lua): only a marked one is published, and its oldest live
 -- fair waiter is woken to take the freed name itself (wake_fair_waiter.lua, prepended).
 -- Reply codes: HolderReply in core/replies.py (keep the two in step).

@@ -1,17 +1,23 @@
 -- Release a lease, now or after a delay during which the name stays locked with no owner.
 -- KEYS[1]: lock hash (P{T}:lock)
 -- ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)
--- ARGV[3]: the fencing token of the hold released ('' not known): a release that frees the
---          name now leaves its token in P{T}:released for as long as the hold had left, so the
---          same release sent again after its reply was lost (redis-py's retry, or the
---          caller's own) finds it released, not lost; fencing tokens are unique per name
+-- ARGV[3]: the fencing token of the hold released ('' not known: a claim's release by its
+--          owner token, which is unique per claim, not per hold)
 -- FENCE_TTL_MS (defined before this text by scripts.py): the fencing counter's ttl, ms
 -- Reply codes: HolderReply in core/replies.py (keep the two in step).
 -- returns 1   released (or handed to the oldest live fair waiter); also for a release sent
---             again after its reply was lost: the release delay it left names its owner as
---             `released_by`, a release that freed the name left its token in P{T}:released
+--             again after its reply was lost (see below)
 --         0   not held: the lease expired and nobody holds the name
 --        -1   another owner holds the name (or it is in another holder's release delay)
+--
+-- A release that frees the name now renames the hash to P{T}:freed, which keeps the expiry
+-- the hold had left: one call leaves the trace that tells the same release sent again after
+-- its reply was lost (redis-py's retry, or the caller's own) that it was done. That release
+-- finds its owner there, and its fencing token when it passes one (fencing tokens are
+-- unique per name). The next release that frees the name replaces the trace. A release
+-- delay names its owner as `released_by` instead. The other calls that free a lease key
+-- leave a string, P{T}:released (clear.lua, release_holder.lua, multi_release.lua): a
+-- holder whose lease was cleared must find it lost, not released.
 --
 -- Only a hash a waiter marked (see acquire.lua) is handed over or published: an uncontended
 -- release pays for neither, nor for the keys only a hand-off needs. Those are named here from
@@ -21,19 +27,20 @@
 -- neither: waiters look again when it ends. A hand-off makes the waiter the holder at once,
 -- with its own ttl, max-hold and holder fields, and a fresh fencing token; the waiter's
 -- blocked BLPOP returns that token.
-local holder = redis.call('HMGET', KEYS[1], 'owner', 'waiting', 'token')
+local holder = redis.call('HMGET', KEYS[1], 'owner', 'waiting')
 local owner = holder[1]
 local base = string.sub(KEYS[1], 1, -5)
 local token = ARGV[3] or ''
 if owner ~= ARGV[1] then
-  if token ~= '' and redis.call('GET', base .. 'released') == token then
+  if owner == '' and redis.call('HGET', KEYS[1], 'released_by') == ARGV[1] then
+    return 1
+  end
+  local freed = redis.call('HMGET', base .. 'freed', 'owner', 'token')
+  if freed[1] == ARGV[1] and (token == '' or freed[2] == token) then
     return 1
   end
   if not owner then
     return 0
-  end
-  if owner == '' and redis.call('HGET', KEYS[1], 'released_by') == ARGV[1] then
-    return 1
   end
   return -1
 end
@@ -46,13 +53,7 @@ if delay > 0 then
   redis.call('PEXPIRE', KEYS[1], delay)
   return 1
 end
-if token ~= '' then
-  local left = redis.call('PTTL', KEYS[1])
-  if left > 0 and holder[3] then
-    redis.call('SET', base .. 'released', holder[3], 'PX', left)
-  end
-end
-redis.call('DEL', KEYS[1])
+redis.call('RENAME', KEYS[1], base .. 'freed')
 if not holder[2] then
   return 1
 end
