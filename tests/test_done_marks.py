@@ -98,10 +98,10 @@ def test_a_release_writes_the_mark_and_frees_the_lock_and_an_acquire_reads_it(
 
 
 def test_a_release_with_its_mark_runs_once_after_a_script_flush() -> None:
-    """The lock scripts loaded again by other calls, the mark's not: the run's acquire reads
-    the mark with the very script its release writes it with, so the release's pipeline is
-    not refused NOSCRIPT and sent again, release included (which would answer 'not held').
-    A server of its own: the flush must not touch other tests' scripts."""
+    """The lock scripts loaded again by other calls, the joined ones (lock script and mark
+    in one) not: each is loaded when refused NOSCRIPT and runs once, so the release is not
+    run twice (the second would answer 'not held'). A server of its own: the flush must not
+    touch other tests' scripts."""
     from celery_singleton_lock.celery import done_marks
 
     with RedisServer() as server:
@@ -124,7 +124,7 @@ def test_a_release_with_its_mark_runs_once_after_a_script_flush() -> None:
 
 def test_a_release_whose_reply_was_lost_and_sent_again_leaves_one_mark(client: LockClient) -> None:
     """The mark and the release ran, their reply was lost, redis-py's retry sent the
-    pipeline again: the mark is written again as it was (never a second attempt), and the
+    call again: the mark is written again as it was (never a second attempt), and the
     lock stays free; the release sent again finds it gone, as any re-sent release does."""
     from celery_singleton_lock.celery import done_marks
 
@@ -134,7 +134,7 @@ def test_a_release_whose_reply_was_lost_and_sent_again_leaves_one_mark(client: L
     lossy = LockClient(via, prefix=client.connection.prefix)
     try:
         connection = lossy.connection
-        # Every script loaded first: the reply held is the release pipeline's.
+        # Every script loaded first: the reply held is the release's.
         warm = lossy.lease("done:warm", ttl=10)
         warm_mark = done_marks.DoneMark.of(connection, warm, "t-warm", 0, 30.0)
         assert done_marks.acquire(connection, warm, 0.0, warm_mark)[0]

@@ -16,7 +16,7 @@ from support.forked import run_in_child
 from support.script_calls import COUNTER, SLOW_COUNTER, call_in_thread, evalsha_postponed
 from support.waiting import wait_for
 
-from celery_singleton_lock.core.scripts import register
+from celery_singleton_lock.core.scripts import joined, joined_call, register
 from celery_singleton_lock.embedded import RedisServer
 
 ECHO = "return {ARGV[1], tonumber(ARGV[2]), 'text'}"
@@ -235,3 +235,62 @@ def test_a_forked_child_calls_on_a_connection_of_its_own(server: RedisServer) ->
 
     assert run_in_child(child) == {"replies": [2, 3, 4]}
     assert counter(keys=("n",)) == 5  # the parent's connection was not read by the child
+
+
+#: Returns what it was given: its keys, then its arguments (a script of known replies).
+GIVEN = "return {KEYS, ARGV}"
+NOTHING = "redis.call('SET', KEYS[1], ARGV[1]) return nil"
+
+
+def evalsha_calls(client: redis.Redis) -> int:
+    stats = client.info("commandstats").get("cmdstat_evalsha", {})
+    return int(stats.get("calls", 0))
+
+
+def test_joined_scripts_run_in_one_call_each_on_its_own_keys_and_arguments(
+    server: RedisServer,
+) -> None:
+    client = redis.Redis.from_url(server.url)
+    given, nothing = register(client, GIVEN), register(client, NOTHING)
+    first = (given, [b"{t}a", b"{t}b"], ["x", 1])
+    second = (nothing, [b"{t}c"], ["set"])
+    script, keys, args = joined_call(first, second)
+    before = evalsha_calls(client)
+    reply = script(keys=keys, args=args)
+    # Each script saw only its own: a key or argument taken from the other would show here.
+    assert reply == [[[b"{t}a", b"{t}b"], [b"x", b"1"]], None]
+    assert client.get("{t}c") == b"set"
+    # Loaded on the first call (refused NOSCRIPT, then sent again), one call ever after.
+    assert evalsha_calls(client) - before == 2
+    script, keys, args = joined_call(second, first)
+    assert joined(given, nothing) is joined(given, nothing)
+    assert script(keys=keys, args=args) == [None, [[b"{t}a", b"{t}b"], [b"x", b"1"]]]
+    client.script_flush()
+    assert script(keys=keys, args=args)[1] == [[b"{t}a", b"{t}b"], [b"x", b"1"]]
+
+
+def test_a_done_mark_rides_in_the_lease_acquire_and_release_calls(server: RedisServer) -> None:
+    """A task run's acquire and release, each with its done mark: one script call apiece,
+    not a pipeline of two."""
+    from celery_singleton_lock import LockClient
+    from celery_singleton_lock.celery import done_marks
+
+    client = LockClient.from_url(server.url, prefix="csltest:joined:")
+    try:
+        connection = client.connection
+        lease = client.lease("joined", ttl=10)
+        mark = done_marks.DoneMark.of(connection, lease, "t-1", 0, 30.0)
+        warm = client.lease("joined:warm", ttl=10)  # loads the scripts
+        warm_mark = done_marks.DoneMark.of(connection, warm, "t-0", 0, 30.0)
+        assert done_marks.acquire(connection, warm, 0.0, warm_mark) == (True, -1)
+        done_marks.release(connection, warm, 0.0, warm_mark)
+        redis_client = connection.redis
+        before = evalsha_calls(redis_client)
+        assert done_marks.acquire(connection, lease, 0.0, mark) == (True, -1)
+        assert evalsha_calls(redis_client) - before == 1
+        done_marks.release(connection, lease, 0.0, mark)
+        assert evalsha_calls(redis_client) - before == 2
+        assert done_marks.read_ended(connection, mark) == 0
+        assert not lease.held and not client.holders("joined")
+    finally:
+        client.close()

@@ -5,12 +5,12 @@ again.
 When a run's body has ended (returned, raised, or called ``retry``), the run writes
 ``P{T}:done:<task id>`` (in its lock's Cluster slot; for a multi-key lock, its first name's)
 holding the highest attempt (``request.retries``) of that task id that ended, with an expiry
-(:func:`mark_ttl`). It is written BEFORE the lock is freed, in the SAME round trip as the
-release (one pipeline: the mark first, then the release), so no copy can take the freed lock
-without finding the mark. Every acquire of a run reads the mark in the same round trip as its
-attempt, after it; a delivery whose attempt is at or below the one that ended is a copy of a
-call that ended: it gives back what it took and is dropped without running the body (as a
-copy of a finished original is, with ``Ignore``).
+(:func:`mark_ttl`). It is written BEFORE the lock is freed, in the SAME script call as the
+release (the two scripts joined into one: the mark first, then the release), so no copy can
+take the freed lock without finding the mark. Every acquire of a run reads the mark in the
+same script call as its attempt, after it; a delivery whose attempt is at or below the one
+that ended is a copy of a call that ended: it gives back what it took and is dropped without
+running the body (as a copy of a finished original is, with ``Ignore``).
 
 A body that did not end (the process SIGKILLed, a hard time limit, ``SystemExit``, a body
 that raised ``Ignore`` or ``Reject`` itself: ``Task.replace`` hands the very task id on) writes
@@ -20,8 +20,8 @@ and a run that never got its lock (skipped, ``lock_conflict="raise"`` or ``"retr
 as it ends, so a copy of an attempt that retried does not run beside the retry.
 
 The mark is advisory, like the wait mark: a lost mark (a failover, an expiry) lets a copy run
-as it did before. Only task runs pay for it (a script call in the acquire's and the release's
-round trips); the lock primitives never touch it.
+as it did before. Only task runs pay for it (a few commands in the acquire's and the release's
+script calls, no call of its own); the lock primitives never touch it.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class DoneScripts:
     """The done mark's script registered on one Redis client (no I/O)."""
 
     def __init__(self, redis: Any, replication: Replication | None = None) -> None:
-        # Advisory, as the wait mark: sent inside the lock's own round trips, whose WAIT
+        # Advisory, as the wait mark: joined to the lock's own script calls, whose WAIT
         # covers it where the client waits for replicas.
         self.mark: Script = register(redis, source("done_mark"))
 
@@ -106,7 +106,7 @@ class DoneMark:
 def acquire(
     connection: Connection, handle: LockHandle, wait: float, mark: DoneMark
 ) -> tuple[bool, int]:
-    """``handle.acquire(wait)``, each of its attempts followed, in its round trip, by a read
+    """``handle.acquire(wait)``, each of its attempts followed, in its script call, by a read
     of ``mark``: whether it took the lock, and the highest attempt of the task id that had
     ended as its last attempt ran (:data:`NONE_ENDED` if none)."""
     read: list[Any] = []
@@ -115,7 +115,7 @@ def acquire(
 
 
 def release(connection: Connection, handle: LockHandle, delay: float, mark: DoneMark) -> None:
-    """``handle.release(delay)``, with ``mark`` written first in the same round trip; raises
+    """``handle.release(delay)``, with ``mark`` written first in the same script call; raises
     as ``release`` does. A release that needs no round trip (the handle holds nothing) still
     writes the mark, alone."""
     sent: list[Any] = []

@@ -189,13 +189,13 @@ class LockHandle(HandleOps):
         self, call: ScriptCall, replies: list[Any], wait: float | None = None
     ) -> bool:
         """``acquire(wait)``, with ``call`` (another script on a key in this lock's slot)
-        sent after each attempt in the attempt's round trip; ``call``'s replies, one per
-        attempt that reached Redis, are appended to ``replies``."""
+        run after each attempt, in the attempt's own script call (:func:`.steps.along`);
+        ``call``'s replies, one per attempt that reached Redis, are appended to ``replies``."""
         return self._run(along(self._acquire_steps(wait), call, replies))
 
     def release_along(self, call: ScriptCall, replies: list[Any], delay: float = 0.0) -> None:
-        """``release(delay)``, with ``call`` (as for :meth:`acquire_along`) sent before it in
-        its round trip; ``call``'s reply is appended to ``replies`` (nothing if no round trip
+        """``release(delay)``, with ``call`` (as for :meth:`acquire_along`) run before it in
+        its script call; ``call``'s reply is appended to ``replies`` (nothing if no round trip
         was needed, or none answered). Raises as ``release`` does."""
         self._run(along(self._release_steps(delay), call, replies, first=True))
 

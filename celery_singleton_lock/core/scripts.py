@@ -58,6 +58,8 @@ class Script(RedisScript):
         #: Told once: an isinstance test of a redis-py client runs typing's Protocol check.
         self._plain = not self._cluster and not isinstance(registered_client, Pipeline)
         self.replication = replication
+        #: :func:`joined` scripts made from this one, by the other script's SHA.
+        self.joined: dict[str, Script] = {}
 
     def __call__(
         self,
@@ -107,6 +109,63 @@ class Script(RedisScript):
             # Sent on with ASK to the node importing the slot, which has not loaded it: EVAL
             # runs it there (and caches it) without knowing that node beforehand.
             return client.eval(self.script, len(keys), *keys, *args)
+
+
+#: The text of :func:`joined`: each script's text becomes a function of its own keys and
+#: arguments (a chunk's top-level ``return`` ends its function), run one after the other;
+#: ARGV[1] and ARGV[2] say how many of the keys and arguments are the first script's.
+JOINED_HEAD = """\
+local function first_script(KEYS, ARGV)
+"""
+JOINED_MIDDLE = """
+end
+local function second_script(KEYS, ARGV)
+"""
+JOINED_TAIL = """
+end
+local first_keys, first_args, second_keys, second_args = {}, {}, {}, {}
+local key_count, arg_count = tonumber(ARGV[1]), tonumber(ARGV[2])
+for i = 1, #KEYS do
+  if i <= key_count then first_keys[i] = KEYS[i] else second_keys[i - key_count] = KEYS[i] end
+end
+for i = 3, #ARGV do
+  if i - 2 <= arg_count then first_args[i - 2] = ARGV[i]
+  else second_args[i - 2 - arg_count] = ARGV[i] end
+end
+local first = first_script(first_keys, first_args)
+local second = second_script(second_keys, second_args)
+return {first or false, second or false}
+"""
+
+
+def joined(first: RedisScript, second: RedisScript) -> Script:
+    """One script that runs ``first`` and then ``second``, each on its own keys and
+    arguments (all in one Cluster slot), in one call: :func:`joined_call` builds its call,
+    its reply is both scripts' replies (None for a script that returned nothing). Made once
+    per pair, bound to ``first``'s client (and replication); no I/O.
+
+    So that a script another layer needs beside a lock's own (the Celery layer's done mark)
+    costs no second call: a pipeline of two calls costs the client several times the Python
+    of one, and leaves the two not atomic."""
+    assert isinstance(first, Script), first
+    made = first.joined.get(second.sha)
+    if made is None:
+        head, tail = first.script, second.script
+        assert isinstance(head, str) and isinstance(tail, str)
+        text = JOINED_HEAD + head + JOINED_MIDDLE + tail + JOINED_TAIL
+        # Not register(): the two texts are already as the client needs them (sharded).
+        made = first.joined[second.sha] = Script(first.registered_client, text, first.replication)
+    return made
+
+
+def joined_call(first: ScriptCall, second: ScriptCall) -> ScriptCall:
+    """The call of :func:`joined` that makes the calls ``first`` and ``second``."""
+    (script, keys, args), (other, other_keys, other_args) = first, second
+    return (
+        joined(script, other),
+        (*keys, *other_keys),
+        (len(keys), len(args), *args, *other_args),
+    )
 
 
 #: What redis-py raises for a Cluster command whose slot is half-migrated once its own

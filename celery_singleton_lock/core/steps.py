@@ -20,7 +20,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any, TypeVar
 
 from ..exceptions import LockNotReplicated
-from .scripts import ScriptCall
+from .scripts import ScriptCall, joined_call
 
 T = TypeVar("T")
 
@@ -72,8 +72,9 @@ def along(
     steps: Steps[T], extra: ScriptCall, replies: list[Any], *, first: bool = False
 ) -> Steps[T]:
     """A handle operation's ``steps``, with ``extra`` (another script call, in the same slot)
-    sent in the round trip of each of its script calls (with ``first``: before the first one
-    only, else after every one); the replies ``extra`` got are appended to ``replies``. The
+    joined to its script calls (:func:`.scripts.joined`: one call runs both): with ``first``,
+    run before the operation's first call only; else after each of its calls (in a
+    :class:`Batch`, its last). The replies ``extra`` got are appended to ``replies``. The
     operation sees its own replies and errors as if ``extra`` were not there."""
     added = False
     send: Callable[[Any], Any] = steps.send
@@ -88,33 +89,42 @@ def along(
         single = type(step) is tuple
         if (single or isinstance(step, Batch)) and not (first and added):
             calls: list[ScriptCall] = [step] if single else list(step.calls)
-            count = len(calls)
+            at = 0 if first else len(calls) - 1
+            calls[at] = joined_call(extra, calls[at]) if first else joined_call(calls[at], extra)
             added = True
-            batch = Batch([extra, *calls] if first else [*calls, extra])
-            own = slice(1, None) if first else slice(0, count)
-            mine = 0 if first else count
             try:
-                answer = yield batch
+                answer = yield calls[0] if single else Batch(calls)
             except LockNotReplicated as exc:
                 # The scripts ran on the master: the operation reads its own replies.
-                if len(exc.replies) > mine:
-                    replies.append(exc.replies[mine])
+                own = list(exc.replies)
+                if len(own) > at:
+                    own[at] = _split(own[at], first, replies)
                 error = LockNotReplicated(
-                    str(exc), name=exc.name, replies=list(exc.replies[own]),
-                    acknowledged=exc.acknowledged,
-                )  # fmt: skip
+                    str(exc), name=exc.name, replies=own, acknowledged=exc.acknowledged
+                )
                 send, value = thrower(steps, error), None
                 continue
             except BaseException as exc:
                 send, value = thrower(steps, exc), None
                 continue
-            replies.append(answer[mine])
-            value = answer[own][0] if single else answer[own]
+            if single:
+                value = _split(answer, first, replies)
+            else:
+                value = list(answer)
+                value[at] = _split(value[at], first, replies)
             continue
         try:
             value = yield step
         except BaseException as exc:
             send, value = thrower(steps, exc), None
+
+
+def _split(reply: Any, first: bool, replies: list[Any]) -> Any:
+    """A joined call's ``reply``: ``extra``'s part appended to ``replies``, the operation's
+    own part returned."""
+    own, extra = (reply[1], reply[0]) if first else (reply[0], reply[1])
+    replies.append(extra)
+    return own
 
 
 def thrower(steps: Steps[Any], error: BaseException) -> Callable[[Any], Any]:

@@ -1,8 +1,6 @@
 -- A task call's done mark (celery/done_marks.py): the highest attempt (request.retries) of a
--- task id that ended. One script for the read and the write: the read, in every acquire's
--- round trip, loads it on the server before the write needs it, so the write, first in the
--- release's pipeline, does not answer NOSCRIPT after the release ran (the pipeline would then
--- be sent again, release included).
+-- task id that ended. Run joined to the lease's own scripts (core/scripts.py `joined`): the
+-- read after each acquire attempt, the write before the release, in the same call.
 -- KEYS[1]: the done mark (P{T}:done:<task id>)
 -- ARGV[1]: '' to read it; else the attempt that ended, to record it (sent in the same round
 --          trip as the run's release, before it)
