@@ -1,6 +1,6 @@
 """The fencing counter: tokens strictly increase per name whatever the server clock and the
-counter key do (fencing.lua: one ``SET ... GET KEEPTTL`` records the clock's token and reads
-the last one)."""
+counter key do (fencing.lua: one ``SET ... PX ... GET`` records the clock's token, with the
+counter's expiry, and reads the last one)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,22 @@ def test_counter_behind_the_clock_is_overtaken_and_keeps_an_expiry(
         assert lease.token is not None and lease.token >= before
         assert int(lock_client.redis.get(lease.keys.fence)) == lease.token
         assert_counter_expires(lock_client, lease.keys.fence)
+
+
+def test_every_token_sets_the_counters_expiry_again(lock_client: LockClient) -> None:
+    """The counter outlives the name's LAST token by FENCE_TTL (not its first), and a name
+    used once leaves it no longer than that."""
+    lease = lock_client.lease("refreshed", heartbeat=False)
+    with lease:
+        assert FENCE_TTL_MS - 60_000 < lock_client.redis.pttl(lease.keys.fence) <= FENCE_TTL_MS
+    lock_client.redis.pexpire(lease.keys.fence, 5_000)  # as an hour after it was made
+    ahead = lock_client.lease("refreshed", heartbeat=False)
+    with ahead:
+        assert FENCE_TTL_MS - 60_000 < lock_client.redis.pttl(lease.keys.fence) <= FENCE_TTL_MS
+    # The same when the counter is ahead of the clock (the token is its last one plus one).
+    lock_client.redis.set(lease.keys.fence, server_us(lock_client) + 10**9, px=5_000)
+    with ahead:
+        assert FENCE_TTL_MS - 60_000 < lock_client.redis.pttl(lease.keys.fence) <= FENCE_TTL_MS
 
 
 def test_many_acquisitions_within_one_millisecond_get_increasing_tokens(
