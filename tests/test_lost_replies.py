@@ -157,8 +157,8 @@ def test_an_acquire_that_raised_leaves_the_name_free(
 def test_a_release_sent_again_is_one_release(
     lock_client: LockClient, proxy: HoldingProxy, kind: str
 ) -> None:
-    """The first run freed the name and left its trace behind (a lease its hash, renamed
-    ``P{T}:freed``; a multi-key lock its token in ``P{T}:released``), which the second run
+    """The first run freed the name and left its trace behind (its hash, renamed
+    ``P{T}:freed``), which the second run
     finds: released, not LockExpired (nor LockTaken had another taken the name in between).
     The holds of semaphores, range and reader-writer locks leave theirs in their own hash
     (test_lost_replies_rw.py)."""

@@ -14,13 +14,12 @@ Layout for a lock named N under prefix P (default ``csl:``)::
     P{T}:w:<o>    hash   fair waiter o's registration (ttl, max-hold, holder fields); expires
                          unless o refreshes it
     P{T}:m:<o>    list   where a release hands the lease to fair waiter o (its token)
-    P{T}:freed    hash   the hash of the last lease a release freed (release.lua renames
-                         P{T}:lock to it, so it keeps the time the hold had left): what
-                         tells a release sent again after its reply was lost that it was
-                         done
-    P{T}:released string the same for the other releases of a lease key: the fencing
-                         token of the last hold freed (multi_release.lua), or who freed it
-                         (clear.lua, release_holder.lua), while that hold had time left
+    P{T}:freed    hash   the hash of the last lease a release freed (release.lua and
+                         multi_release.lua rename P{T}:lock to it, so it keeps the time the
+                         hold had left): what tells a release sent again after its reply
+                         was lost that it was done
+    P{T}:released string the same for the admin's calls that free a lease key: who freed
+                         it (clear.lua, release_holder.lua), while that hold had time left
     P{T}:undo:<t> hash   a claim the acquisition with fencing token t took over, kept with
                          the claim's own expiry so that an acquire whose reply was lost can
                          put it back (acquire_undo.lua)

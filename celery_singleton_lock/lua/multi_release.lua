@@ -4,14 +4,15 @@
 -- ARGV[3]: fencing token each key must have ('' any; the admin's clear_holder passes one)
 -- ARGV[4..3+n]: the wake-up channel of each name
 -- ARGV[4+n..3+2n]: the fencing token of each name's hold (absent: not known): a name freed
--- now keeps it in P{T}:released for as long as the hold had left
+-- now leaves its hash renamed to P{T}:freed, as release.lua does (it keeps the time the hold
+-- had left)
 -- Waiters mark the hash (acquire.lua): only a marked one is published, and its oldest live
 -- fair waiter is woken to take the freed name itself (wake_fair_waiter.lua, prepended).
 -- Reply codes: HolderReply in core/replies.py (keep the two in step).
 -- returns 1 all released; else -1 if some name is held by another owner, 0 if some expired
 -- A release sent again after its reply was lost (redis-py's retry, or the caller's) finds
 -- its names released, not lost or held by another: a release delay left names its owner
--- (`released_by`), a name freed now its hold's token in P{T}:released.
+-- (`released_by`), a name freed now its hash, with its hold's token, in P{T}:freed.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local delay = tonumber(ARGV[2])
@@ -20,7 +21,7 @@ for i, key in ipairs(KEYS) do
   local holder = redis.call('HMGET', key, 'owner', 'token', 'waiting', 'released_by')
   local owner = holder[1]
   local token = ARGV[3 + #KEYS + i]
-  local mark = string.sub(key, 1, -5) .. 'released'
+  local freed = string.sub(key, 1, -5) .. 'freed'
   if owner == ARGV[1] and (ARGV[3] == '' or holder[2] == ARGV[3]) then
     if delay > 0 then
       redis.call('HSET', key, 'owner', '', 'state', 'cooldown', 'released_ms', now_ms,
@@ -28,12 +29,10 @@ for i, key in ipairs(KEYS) do
       redis.call('PEXPIRE', key, delay)
     else
       if token then
-        local left = redis.call('PTTL', key)
-        if left > 0 and holder[2] then
-          redis.call('SET', mark, holder[2], 'PX', left)
-        end
+        redis.call('RENAME', key, freed)
+      else
+        redis.call('DEL', key)
       end
-      redis.call('DEL', key)
       if holder[3] then
         redis.call('PUBLISH', ARGV[3 + i], 'released')
         wake_fair_waiter(string.sub(key, 1, -5))
@@ -41,7 +40,7 @@ for i, key in ipairs(KEYS) do
     end
   elseif owner == '' and holder[4] == ARGV[1] and ARGV[3] == '' then
     -- released already, by this very call sent again
-  elseif token and redis.call('GET', mark) == token then
+  elseif token and redis.call('HGET', freed, 'token') == token then
     -- freed already, by this very call sent again
   elseif owner then
     result = -1

@@ -15,9 +15,10 @@
 -- its reply was lost (redis-py's retry, or the caller's own) that it was done. That release
 -- finds its owner there, and its fencing token when it passes one (fencing tokens are
 -- unique per name). The next release that frees the name replaces the trace. A release
--- delay names its owner as `released_by` instead. The other calls that free a lease key
--- leave a string, P{T}:released (clear.lua, release_holder.lua, multi_release.lua): a
--- holder whose lease was cleared must find it lost, not released.
+-- delay names its owner as `released_by` instead. A multi-key lock's release leaves the
+-- same trace (multi_release.lua); the admin's calls that free a lease key leave a string,
+-- P{T}:released (clear.lua, release_holder.lua): a holder whose lease was cleared must find
+-- it lost, not released.
 --
 -- Only a hash a waiter marked (see acquire.lua) is handed over or published: an uncontended
 -- release pays for neither, nor for the keys only a hand-off needs. Those are named here from
