@@ -9,7 +9,10 @@
   retries of TRYAGAIN run out) is sent again until the slot settles, not raised to the
   caller; an acquire in that window waits for the migration to finish and then gets its
   answer; a heartbeat pipeline's renewal so refused runs again alone; a slot left
-  half-migrated past the bound raises LockBackendError; the asyncio client does the same.
+  half-migrated past the bound raises LockBackendError; the asyncio client does the same;
+- a release (lease, multi-key) or an admin clear in a migrating slot frees the lock whichever
+  node has its key, though the trace and queue keys it touches without naming them are on
+  the other node (or on none).
 """
 
 from __future__ import annotations
@@ -423,3 +426,45 @@ def try_once(client: LockClient, name: str) -> bool:
     if taken:
         lease.release()
     return taken
+
+
+@pytest.mark.parametrize("moved", [False, True], ids=["keys-on-source", "keys-on-target"])
+@pytest.mark.parametrize("kind", ["lease", "multi", "clear"])
+def test_a_release_in_a_migrating_slot_frees_the_lock_a_waiter_marked(
+    cluster: Cluster, client: LockClient, rival: LockClient, moved: bool, kind: str
+) -> None:
+    """A release touches keys it does not name (its trace, the fair waiters' queue): while
+    the slot is migrating, Redis refuses a script's command on such a key that the node does
+    not have (it belongs with the other node), or a two-key command with one missing. The
+    release (and an admin clear) frees the lock all the same, without its trace, which is
+    advisory (lua/advisory.lua)."""
+    name = f"migrating-{kind}-{moved}"
+    holder: Any = (
+        client.lease(name, ttl=30, heartbeat=False)
+        if kind == "lease"
+        else client.multi([name], ttl=30, heartbeat=False)
+    )
+    assert holder.acquire()
+    # A waiter that marked the lock (a failed attempt of a caller that will wait).
+    assert not rival.lease(name, ttl=30, heartbeat=False).acquire(0.01)
+    lock_key = client.connection.keys(name).lock
+    assert client.redis.hget(lock_key, "waiting") is not None
+    migration = SlotMigration(
+        cluster, slot_of(client, name), another_master(cluster, client, lock_key)
+    )
+    try:
+        migration.begin()
+        if moved:
+            migration.move_keys([lock_key])
+        if kind == "clear":
+            assert client.clear(name, force=True)
+        else:
+            holder.release()
+            assert not holder.held
+        assert not client.redis.exists(lock_key)
+        migration.finish()
+    finally:
+        migration.close()
+    taker = rival.lease(name, ttl=TTL, heartbeat=False)
+    assert taker.acquire()
+    taker.release()

@@ -256,10 +256,11 @@ def source_after(*names: str) -> str:
 FENCING = "fencing"
 
 
-def with_fence_ttl(name: str) -> str:
+def with_fence_ttl(name: str, *preludes: str) -> str:
     """``lua/<name>.lua`` after a line defining ``FENCE_TTL_MS`` (a constant of the script
-    rather than an argument sent with every call) and the fencing-token function."""
-    return f"local FENCE_TTL_MS = {FENCE_TTL_MS}\n" + source_after(FENCING, name)
+    rather than an argument sent with every call), the fencing-token function and the other
+    ``preludes``."""
+    return f"local FENCE_TTL_MS = {FENCE_TTL_MS}\n" + source_after(FENCING, *preludes, name)
 
 
 def pack_holder(fields: Sequence[Any]) -> bytes:
@@ -319,8 +320,10 @@ _SHORT_STR_HEADERS = tuple(_str_header(size) for size in range(0x100))
 _FIXARRAY_HEADERS = tuple(bytes((0x90 | size,)) for size in range(0x10))
 
 
-#: The prelude of the scripts that free a name without handing it to a fair waiter.
-WAKE_FAIR_WAITER = "wake_fair_waiter"
+#: The prelude of the scripts that free a lease key and touch keys they do not name.
+ADVISORY = "advisory"
+#: The preludes of the scripts that free a name without handing it to a fair waiter.
+WAKE_FAIR_WAITER = (ADVISORY, "wake_fair_waiter")
 
 
 class Scripts:
@@ -331,11 +334,11 @@ class Scripts:
 
     def __init__(self, redis: Any, replication: Replication | None = None) -> None:
         self._acquire: Script = register(redis, with_fence_ttl("acquire"), replication)
-        self._release: Script = register(redis, with_fence_ttl("release"), replication)
+        self._release: Script = register(redis, with_fence_ttl("release", ADVISORY), replication)
         self._renew: Script = register(redis, source("renew"))
         self._handover: Script = register(redis, source("handover"), replication)
         self._release_holder: Script = register(
-            redis, source_after(WAKE_FAIR_WAITER, "release_holder"), replication
+            redis, source_after(*WAKE_FAIR_WAITER, "release_holder"), replication
         )
         self._fair_abandon: Script = register(redis, source("fair_abandon"), replication)
         self._acquire_undo: Script = register(redis, source("acquire_undo"), replication)

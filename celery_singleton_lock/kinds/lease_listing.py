@@ -89,7 +89,7 @@ class _ClearScripts:
     replicas, as a release does."""
 
     def __init__(self, redis: Any, replication: Replication | None) -> None:
-        self.clear = register(redis, source_after(WAKE_FAIR_WAITER, "clear"), replication)
+        self.clear = register(redis, source_after(*WAKE_FAIR_WAITER, "clear"), replication)
 
 
 def clear_call(conn: ScriptHost, holder: ListedHolder) -> ScriptCall:

@@ -58,7 +58,7 @@ class MultiScripts:
     def __init__(self, redis: Any, replication: Replication | None = None) -> None:
         self.acquire: Script = register(redis, source_after(FENCING, "multi_acquire"), replication)
         self.release: Script = register(
-            redis, source_after(WAKE_FAIR_WAITER, "multi_release"), replication
+            redis, source_after(*WAKE_FAIR_WAITER, "multi_release"), replication
         )
         self.renew: Script = register(redis, source("multi_renew"))
 

@@ -20,7 +20,7 @@
 -- lost, not released.
 local mark = string.sub(KEYS[1], 1, -5) .. 'released'
 local holder = redis.call('HMGET', KEYS[1], 'token', 'renewed_ms', 'waiting', 'acquired_ms')
-if holder[1] ~= ARGV[1] and redis.call('GET', mark) == 'cleared ' .. ARGV[1] then
+if holder[1] ~= ARGV[1] and advisory('GET', mark) == 'cleared ' .. ARGV[1] then
   return 1
 end
 if not holder[1] then
@@ -34,7 +34,7 @@ if ARGV[3] ~= '' and tonumber(holder[2] or holder[4]) ~= tonumber(ARGV[3]) then
 end
 local left = redis.call('PTTL', KEYS[1])
 if left > 0 then
-  redis.call('SET', mark, 'cleared ' .. holder[1], 'PX', left)
+  advisory('SET', mark, 'cleared ' .. holder[1], 'PX', left)
 end
 redis.call('DEL', KEYS[1])
 if holder[3] then

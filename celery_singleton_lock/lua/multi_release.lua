@@ -28,9 +28,7 @@ for i, key in ipairs(KEYS) do
         'released_by', ARGV[1])
       redis.call('PEXPIRE', key, delay)
     else
-      if token then
-        redis.call('RENAME', key, freed)
-      else
+      if not (token and advisory('RENAME', key, freed)) then
         redis.call('DEL', key)
       end
       if holder[3] then
@@ -40,7 +38,7 @@ for i, key in ipairs(KEYS) do
     end
   elseif owner == '' and holder[4] == ARGV[1] and ARGV[3] == '' then
     -- released already, by this very call sent again
-  elseif token and redis.call('HGET', freed, 'token') == token then
+  elseif token and advisory('HGET', freed, 'token') == token then
     -- freed already, by this very call sent again
   elseif owner then
     result = -1

@@ -36,7 +36,7 @@ if owner ~= ARGV[1] then
   if owner == '' and redis.call('HGET', KEYS[1], 'released_by') == ARGV[1] then
     return 1
   end
-  local freed = redis.call('HMGET', base .. 'freed', 'owner', 'token')
+  local freed = advisory('HMGET', base .. 'freed', 'owner', 'token') or {}
   if freed[1] == ARGV[1] and (token == '' or freed[2] == token) then
     return 1
   end
@@ -54,13 +54,15 @@ if delay > 0 then
   redis.call('PEXPIRE', KEYS[1], delay)
   return 1
 end
-redis.call('RENAME', KEYS[1], base .. 'freed')
+if not advisory('RENAME', KEYS[1], base .. 'freed') then
+  redis.call('DEL', KEYS[1])  -- freed without its trace (advisory.lua)
+end
 if not holder[2] then
   return 1
 end
 local fence = base .. 'fence'
 while true do
-  local next_owner = redis.call('LPOP', base .. 'queue')
+  local next_owner = advisory('LPOP', base .. 'queue')
   if not next_owner then
     break
   end

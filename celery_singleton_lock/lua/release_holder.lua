@@ -26,7 +26,7 @@ local function done_before()
   if holder[1] == '' and holder[7] == who then
     return 1
   end
-  return redis.call('GET', base .. 'released') == who and 1 or 0
+  return advisory('GET', base .. 'released') == who and 1 or 0
 end
 local owner = holder[1]
 if not owner or owner == '' or string.sub(owner, 1, 6) == 'claim:' then
@@ -51,7 +51,7 @@ if tonumber(ARGV[4]) > 0 then
 else
   local left = redis.call('PTTL', KEYS[1])
   if left > 0 then
-    redis.call('SET', base .. 'released', who, 'PX', left)
+    advisory('SET', base .. 'released', who, 'PX', left)
   end
   redis.call('DEL', KEYS[1])
   if holder[5] then

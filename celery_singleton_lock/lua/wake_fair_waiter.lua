@@ -6,7 +6,7 @@
 -- long as its registration lasts: it wakes and takes the freed name with its own attempt.
 -- Waiters whose registration ran out (they died) are dropped from the queue on the way.
 local function wake_fair_waiter(base)
-  for _, waiter in ipairs(redis.call('LRANGE', base .. 'queue', 0, -1)) do
+  for _, waiter in ipairs(advisory('LRANGE', base .. 'queue', 0, -1) or {}) do
     local lifetime = redis.call('PTTL', base .. 'w:' .. waiter)
     if lifetime > 0 then
       redis.call('RPUSH', base .. 'm:' .. waiter, 0)
