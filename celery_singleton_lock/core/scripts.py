@@ -320,7 +320,7 @@ _SHORT_STR_HEADERS = tuple(_str_header(size) for size in range(0x100))
 _FIXARRAY_HEADERS = tuple(bytes((0x90 | size,)) for size in range(0x10))
 
 
-#: The prelude of the scripts that free a lease key and touch keys they do not name.
+#: The prelude of the scripts that touch keys they do not name (lua/advisory.lua).
 ADVISORY = "advisory"
 #: The preludes of the scripts that free a name without handing it to a fair waiter.
 WAKE_FAIR_WAITER = (ADVISORY, "wake_fair_waiter")

@@ -40,6 +40,7 @@ from ..core.keys import FENCE_TTL_MS, name_tag
 from ..core.replication import Replication
 from ..core.replies import ClearReply, IntervalReply
 from ..core.scripts import (
+    ADVISORY,
     FENCING,
     ScriptCall,
     ScriptHost,
@@ -98,9 +99,11 @@ class RWScripts:
 
     def __init__(self, redis: Any, replication: Replication | None = None) -> None:
         def load(waits: Replication | None, *names: str) -> Script:
-            return register(redis, source_after("rw_common", *names), waits)
+            return register(redis, source_after(ADVISORY, "rw_common", *names), waits)
 
-        fenced = f"local FENCE_TTL_MS = {FENCE_TTL_MS}\n" + source_after(FENCING, "rw_common")
+        fenced = f"local FENCE_TTL_MS = {FENCE_TTL_MS}\n" + source_after(
+            FENCING, ADVISORY, "rw_common"
+        )
         self.acquire = register(redis, fenced + "\n" + source_after("rw_acquire"), replication)
         self.release = load(replication, "rw_release")
         self.change = load(replication, "rw_change")

@@ -91,7 +91,10 @@ local function helpers()
   -- ms until the earliest left could run out, nil if none.
   requeue = function()
     local queue = base .. 'wq'
-    redis.call('ZREMRANGEBYSCORE', queue, '-inf', now())
+    -- Refused while the slot migrates (advisory.lua): `q` stays as it is, as a hint.
+    if not advisory('ZREMRANGEBYSCORE', queue, '-inf', now()) then
+      return nil
+    end
     local last = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')
     if not last[2] then
       redis.call('HDEL', KEYS[1], 'q')
@@ -139,15 +142,17 @@ local function helpers()
 
   -- Wake the lock's waiters if any marked it: take the mark (they all hear this message
   -- and try again, and whoever is still blocked marks it anew) and publish.
+  -- A mark the migration of the slot keeps from this node (advisory.lua): publish anyway.
   wake = function(message)
-    if redis.call('DEL', base .. 'waiting') == 1 then
+    if advisory('DEL', base .. 'waiting') ~= 0 then
       redis.call('PUBLISH', base .. 'chan', message)
     end
   end
 
   -- Withdraw owner's reservation; true if it had one.
   unreserve = function(owner)
-    if redis.call('ZREM', base .. 'wq', owner) == 0 then
+    -- A reservation the migration keeps from this node runs out on its own (advisory.lua).
+    if (advisory('ZREM', base .. 'wq', owner) or 0) == 0 then
       return false
     end
     requeue()
