@@ -195,16 +195,18 @@ class SingletonTask(Task):  # type: ignore[misc]
         options = self.lock_options
         mode = mode or options.mode
         make = self._handle_factory(self.lock_client, options, mode)
+        naming = self.lock_naming
         # What the call locks, in the parts the options define: names, else a name (and the
-        # bounds of a range).
+        # bounds of a range). As lock_name() makes them, without converting the arguments
+        # again: this is on every run's path.
         if options.keys is not None:
-            names = tuple(self.lock_naming.names(options.keys, args, kwargs))
+            names = tuple(naming.names(options.keys, args, kwargs))
             target = Target(" + ".join(sorted(names)), names)
         elif options.range is None:
-            target = Target(self.lock_name(args, kwargs))
+            target = Target(naming.name(args, kwargs))
         else:
-            name = self.lock_name(args, kwargs)
-            target = Target(name, bounds=self.lock_naming.bounds(options.range, args, kwargs))
+            name = naming.name(args, kwargs, exclude=options.range)
+            target = Target(name, bounds=naming.bounds(options.range, args, kwargs))
         return make(target, mode, owner_info, on_lost)
 
     def _handle_factory(
