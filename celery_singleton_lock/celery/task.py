@@ -85,11 +85,18 @@ def worker_node(request: Any) -> str | None:
 
     Celery's threads and solo pools put the machine's host name in ``request.hostname``
     (only the prefork children get the node name there); the worker's own request object,
-    among the active ones of this process, has the node name."""
+    among the active ones of this process, has the node name. It is looked up by task id
+    (``worker.state.requests``) before the active ones are searched: this is on every run's
+    path under those pools."""
     hostname = request.hostname
     if hostname and "@" in hostname:
         return str(hostname)
     task_id = request.id
+    active = worker_state.requests.get(task_id)
+    if active is not None and active in worker_state.active_requests:
+        return str(active.hostname)
+    # Reserved and not yet active (a copy of this message), or gone with the other delivery
+    # of the same task id that ended first.
     for active in tuple(worker_state.active_requests):
         if active.id == task_id:
             return str(active.hostname)
