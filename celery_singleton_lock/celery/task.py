@@ -613,9 +613,11 @@ class SingletonTask(Task):  # type: ignore[misc]
         which only a ``celery worker`` process installs): the tracer's request, alone on
         the stack and not yet claimed; claiming it sends a nested call of the task from
         its own body through ``Task.__call__``, which pushes that call's request."""
-        stack = self.request_stack
-        request = stack.top
-        if request is None or request._protected or request.called_directly or len(stack) != 1:
+        requests = self.request_stack.stack  # one look-up of this thread's stack, not two
+        if len(requests) != 1:
+            return False
+        request = requests[0]
+        if request._protected or request.called_directly:
             return False
         request._protected = 1
         return True
