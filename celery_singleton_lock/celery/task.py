@@ -85,11 +85,18 @@ def worker_node(request: Any) -> str | None:
 
     Celery's threads and solo pools put the machine's host name in ``request.hostname``
     (only the prefork children get the node name there); the worker's own request object,
-    among the active ones of this process, has the node name."""
+    among the active ones of this process, has the node name. It is looked up by task id
+    (``worker.state.requests``) before the active ones are searched: this is on every run's
+    path under those pools."""
     hostname = request.hostname
     if hostname and "@" in hostname:
         return str(hostname)
     task_id = request.id
+    active = worker_state.requests.get(task_id)
+    if active is not None and active in worker_state.active_requests:
+        return str(active.hostname)
+    # Reserved and not yet active (a copy of this message), or gone with the other delivery
+    # of the same task id that ended first.
     for active in tuple(worker_state.active_requests):
         if active.id == task_id:
             return str(active.hostname)
@@ -195,16 +202,18 @@ class SingletonTask(Task):  # type: ignore[misc]
         options = self.lock_options
         mode = mode or options.mode
         make = self._handle_factory(self.lock_client, options, mode)
+        naming = self.lock_naming
         # What the call locks, in the parts the options define: names, else a name (and the
-        # bounds of a range).
+        # bounds of a range). As lock_name() makes them, without converting the arguments
+        # again: this is on every run's path.
         if options.keys is not None:
-            names = tuple(self.lock_naming.names(options.keys, args, kwargs))
+            names = tuple(naming.names(options.keys, args, kwargs))
             target = Target(" + ".join(sorted(names)), names)
         elif options.range is None:
-            target = Target(self.lock_name(args, kwargs))
+            target = Target(naming.name(args, kwargs))
         else:
-            name = self.lock_name(args, kwargs)
-            target = Target(name, bounds=self.lock_naming.bounds(options.range, args, kwargs))
+            name = naming.name(args, kwargs, exclude=options.range)
+            target = Target(name, bounds=naming.bounds(options.range, args, kwargs))
         return make(target, mode, owner_info, on_lost)
 
     def _handle_factory(
@@ -611,9 +620,11 @@ class SingletonTask(Task):  # type: ignore[misc]
         which only a ``celery worker`` process installs): the tracer's request, alone on
         the stack and not yet claimed; claiming it sends a nested call of the task from
         its own body through ``Task.__call__``, which pushes that call's request."""
-        stack = self.request_stack
-        request = stack.top
-        if request is None or request._protected or request.called_directly or len(stack) != 1:
+        requests = self.request_stack.stack  # one look-up of this thread's stack, not two
+        if len(requests) != 1:
+            return False
+        request = requests[0]
+        if request._protected or request.called_directly:
             return False
         request._protected = 1
         return True
