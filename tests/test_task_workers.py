@@ -103,13 +103,17 @@ class Cluster(WorkerPrograms):
 
     def holds_of(self, task_id: str) -> list[bytes]:
         """The keys of every holder hash of run ``task_id`` (a lease, one name of a multi-key
-        lock, a reader-writer or range hold): each records the task id of its holder."""
-        return [
-            key
-            for key in self.keys()
-            if self.redis.type(key) == b"hash"
-            and flatten(self.redis.hgetall(key)).get(b"task_id") == task_id.encode()
-        ]
+        lock, a reader-writer or range hold): each records the task id of its holder. Not
+        the traces a release or clear leaves (a lease's hash renamed ``P{T}:freed``, an
+        interval hold's hash marked released): they hold nothing."""
+        found = []
+        for key in self.keys():
+            if key.endswith(b":freed") or self.redis.type(key) != b"hash":
+                continue
+            fields = flatten(self.redis.hgetall(key))
+            if fields.get(b"task_id") == task_id.encode() and fields.get(b"state") != b"released":
+                found.append(key)
+        return found
 
     def server_time(self) -> float:
         seconds, micros = self.redis.time()
