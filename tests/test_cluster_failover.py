@@ -123,7 +123,7 @@ def fail_over(
                 )
             except AssertionError as exc:
                 raise AssertionError(
-                    f"{exc}\n{failover_state(master, replica, survivors)}"
+                    f"{exc}\n{failover_state(cluster, master, replica, survivors)}"
                 ) from None
         took = time.monotonic() - killed_at
         promoted = cluster.node(replica.port)
@@ -154,10 +154,18 @@ SYNC_RETRY_LINES = (
 )
 
 
-def failover_state(master: Server, replica: Server, survivors: list[redis.Redis]) -> str:
+#: What a master logs about the votes it is asked for ("Failover auth granted to ...", or
+#: "Failover auth denied to ...: <why>") and about failure reports.
+VOTE_LINES = ("Failover auth", "FAIL message", "Marking node")
+
+
+def failover_state(
+    cluster: Cluster, master: Server, replica: Server, survivors: list[redis.Redis]
+) -> str:
     """For an error: how each surviving node sees the cluster, the dead master and its
     replica (was the master flagged ``fail``, does the replica still show as ``slave``?),
-    then the replica's log without its sync retries."""
+    what the other masters logged about the votes (why a vote was denied), then the
+    replica's log without its sync retries."""
     lines = []
     for node in survivors:
         port = node.connection_pool.connection_kwargs["port"]
@@ -177,6 +185,13 @@ def failover_state(master: Server, replica: Server, survivors: list[redis.Redis]
             f"node {port}: cluster_state={state.get('cluster_state')}"
             f" current_epoch={state.get('cluster_current_epoch')}; {views}"
         )
+    for other in cluster.servers:
+        if other is not master:
+            votes = [
+                line for line in other.log().splitlines() if any(k in line for k in VOTE_LINES)
+            ]
+            lines.append(f"--- master {other.port} on votes and failures:")
+            lines.extend(votes[-12:] or ["(nothing)"])
     lines.append(f"--- log of port {replica.port}, sync retries left out:")
     lines.append(replica.log(omit=SYNC_RETRY_LINES))
     return "\n".join(lines)
