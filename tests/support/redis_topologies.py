@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -68,6 +67,10 @@ def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: 
         time.sleep(interval)  # polling an external process's state, with a deadline
 
 
+#: What a redis-server (or a sentinel) logs once it listens on its port.
+LISTENING_LINES = ("Ready to accept connections", "Sentinel ID is")
+
+
 class Server:
     """One ``redis-server`` (or sentinel) child process with its own directory."""
 
@@ -101,18 +104,17 @@ class Server:
         return int(self.args[self.args.index("--cluster-port") + 1])
 
     def _port_was_taken(self, timeout: float = 10.0) -> bool:
-        """Wait until the new process listens (False) or exits; True if it exited because
-        its port was in use."""
+        """Wait until the new process says it listens (False) or exits; True if it exited
+        because its port was in use. Its log, not a connection to the port, says it
+        listens: the process that took the port answers connections too."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.process is not None
             if self.process.poll() is not None:
                 return "Address already in use" in self.log()
-            with socket.socket() as probe:
-                probe.settimeout(0.2)
-                if probe.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return False
-            time.sleep(0.02)  # polling a child process's socket, with a deadline
+            if any(line in self.log() for line in LISTENING_LINES):
+                return False
+            time.sleep(0.02)  # polling a child process's log, with a deadline
         return False
 
     def _spawn(self) -> None:
