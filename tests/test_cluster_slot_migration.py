@@ -12,7 +12,8 @@
   half-migrated past the bound raises LockBackendError; the asyncio client does the same;
 - a release (lease, multi-key) or an admin clear in a migrating slot frees the lock whichever
   node has its key, though the trace and queue keys it touches without naming them are on
-  the other node (or on none); so does a reader-writer release.
+  the other node (or on none); so does a reader-writer release; a claim's take-over waits
+  for the migration instead of dropping its undo.
 """
 
 from __future__ import annotations
@@ -495,4 +496,33 @@ def test_a_reader_writer_release_in_a_migrating_slot_frees_the_hold(
         migration.close()
     taker = rival.rwlock(name).write(ttl=TTL, heartbeat=False)
     assert taker.acquire()
+    taker.release()
+
+
+def test_a_claim_is_taken_over_once_its_slot_migrated(
+    cluster: Cluster, client: LockClient, rival: LockClient
+) -> None:
+    """Taking a claim over keeps the claim aside (``P{T}:undo:<token>``, a key the script
+    does not name) so that a lost reply can put it back. While the slot migrates the node
+    refuses that new key: the take-over is sent again, as a split call is, and once the
+    migration finished it takes the claim over, which its undo can give back."""
+    name = "claimed-migrating"
+    claim = client.lease(name, owner="claim:t-1:0", ttl=30, heartbeat=False)
+    assert claim.acquire()
+    lock_key = client.connection.keys(name).lock
+    migration = SlotMigration(
+        cluster, slot_of(client, name), another_master(cluster, client, lock_key)
+    )
+    taker = rival.lease(name, take_over="claim:t-1:0", ttl=30, heartbeat=False)
+    try:
+        migration.begin()
+        finishing = threading.Timer(0.5, migration.finish)
+        finishing.start()
+        started = time.monotonic()
+        assert taker.acquire()
+        assert time.monotonic() - started >= 0.4  # it waited for the migration
+        finishing.join()
+    finally:
+        migration.close()
+    assert taker.token is not None and claim.token is not None and taker.token > claim.token
     taker.release()

@@ -333,7 +333,7 @@ class Scripts:
     (renewals: the heartbeat's :func:`run_batch` adds the WAIT)."""
 
     def __init__(self, redis: Any, replication: Replication | None = None) -> None:
-        self._acquire: Script = register(redis, with_fence_ttl("acquire"), replication)
+        self._acquire: Script = register(redis, with_fence_ttl("acquire", ADVISORY), replication)
         self._release: Script = register(redis, with_fence_ttl("release", ADVISORY), replication)
         self._renew: Script = register(redis, source("renew"))
         self._handover: Script = register(redis, source("handover"), replication)
@@ -341,7 +341,9 @@ class Scripts:
             redis, source_after(*WAKE_FAIR_WAITER, "release_holder"), replication
         )
         self._fair_abandon: Script = register(redis, source("fair_abandon"), replication)
-        self._acquire_undo: Script = register(redis, source("acquire_undo"), replication)
+        self._acquire_undo: Script = register(
+            redis, source_after(ADVISORY, "acquire_undo"), replication
+        )
 
     def acquire_call(
         self,

@@ -113,8 +113,13 @@ end
 local now_ms = t[1] .. string.sub(us, 1, 3)
 local token = next_fencing_token(KEYS[2], t, FENCE_TTL_MS)
 if owner then
-  -- A claim taken over: kept aside (see above); this hold starts a hash of its own.
-  redis.call('RENAME', KEYS[1], string.sub(KEYS[1], 1, -5) .. 'undo:' .. token)
+  -- A claim taken over: kept aside (see above); this hold starts a hash of its own. While
+  -- the slot migrates, the node may refuse the new key (advisory.lua): the take-over is
+  -- tried again, as a call whose keys are split between the nodes is, rather than done
+  -- without its undo.
+  if not advisory('RENAME', KEYS[1], string.sub(KEYS[1], 1, -5) .. 'undo:' .. token) then
+    return redis.error_reply('TRYAGAIN a claim cannot be kept aside while its slot migrates')
+  end
 end
 local lease = ARGV[2]
 local max_hold = tonumber(ARGV[3])

@@ -17,7 +17,12 @@ if ARGV[2] ~= '' and holder[3] ~= ARGV[2] then
   return 0
 end
 local kept = string.sub(KEYS[1], 1, -5) .. 'undo:' .. holder[2]
-if redis.call('EXISTS', kept) == 1 then
+local found = advisory('EXISTS', kept)
+if found == nil then
+  -- Kept on the other node of a migrating slot (advisory.lua): try again, as acquire.lua.
+  return redis.error_reply('TRYAGAIN a kept claim is on another node while its slot migrates')
+end
+if found == 1 then
   redis.call('RENAME', kept, KEYS[1])
   return 2
 end
