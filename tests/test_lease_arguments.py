@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from celery_singleton_lock import (
+    AsyncLockClient,
     ConfigurationError,
     Lease,
     LockBackendError,
@@ -155,6 +157,24 @@ def test_bad_url(url: Any) -> None:
 def test_not_a_redis_client() -> None:
     with pytest.raises(ConfigurationError) as info:
         LockClient(object())  # type: ignore[arg-type]
+    assert info.value.argument == "redis_client"
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: LockClient(redis.Redis(port=free_port(), decode_responses=True)),
+        lambda: LockClient.from_url(f"redis://127.0.0.1:{free_port()}/0?decode_responses=True"),
+        lambda: AsyncLockClient(redis.asyncio.Redis(port=free_port(), decode_responses=True)),
+    ],
+    ids=["sync", "url", "asyncio"],
+)
+def test_a_client_that_decodes_its_replies_is_refused_before_any_call(make: Any) -> None:
+    """A lock hash keeps a binary field (the packed holder record): such a client could take
+    locks but not list or clear them (UnicodeDecodeError). No server listens on the port:
+    the refusal comes first."""
+    with pytest.raises(ConfigurationError, match="decode_responses") as info:
+        make()
     assert info.value.argument == "redis_client"
 
 

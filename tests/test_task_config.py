@@ -115,6 +115,11 @@ BAD_SETTINGS = [
         id="unknown-client-keyword",
     ),
     pytest.param(
+        {"singleton_lock_url": "{url}", "singleton_lock_client_kwargs": {"decode_responses": True}},
+        "singleton_lock_client_kwargs",
+        id="decoding-client",
+    ),
+    pytest.param(
         {"singleton_lock_url": "{url}", "singleton_lock_replicas": -1},
         "singleton_lock_replicas",
         id="negative-replicas",

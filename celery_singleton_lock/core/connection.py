@@ -25,6 +25,21 @@ from .scripts import Scripts
 T = TypeVar("T")
 
 
+def check_undecoded(redis_client: Any) -> None:
+    """ConfigurationError if ``redis_client`` decodes its replies (``decode_responses=True``):
+    a lock's hash keeps binary fields (the packed holder record, core/holder.py), which such
+    a client cannot read, so listing, clearing and the Celery layer's checks of its own holds
+    would fail with UnicodeDecodeError; this says so before any lock is taken."""
+    get_encoder = getattr(redis_client, "get_encoder", None)
+    if get_encoder is not None and get_encoder().decode_responses:
+        raise ConfigurationError(
+            "redis_client",
+            "must not decode responses (it was made with decode_responses=True): lock hashes "
+            "keep binary fields; pass a client made without it (a separate one for the "
+            "locks, or redis.Redis(connection_pool=...) on a pool of your own)",
+        )
+
+
 class ConnectionBase:
     """What the sync and the asyncio connection share: a redis-py client (checked by
     ``check_client``), the key ``prefix`` of every lock on it, and the keys of a lock."""
@@ -32,6 +47,7 @@ class ConnectionBase:
     def __init__(self, redis_client: Any, prefix: str) -> None:
         validate.check_prefix(prefix)
         self.check_client(redis_client)
+        check_undecoded(redis_client)
         self.redis = redis_client
         self.prefix = prefix
         #: The server(s), with no password: what error messages name.
