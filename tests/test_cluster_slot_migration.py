@@ -13,7 +13,8 @@
 - a release (lease, multi-key) or an admin clear in a migrating slot frees the lock whichever
   node has its key, though the trace and queue keys it touches without naming them are on
   the other node (or on none); so does a reader-writer release; a claim's take-over waits
-  for the migration instead of dropping its undo.
+  for the migration instead of dropping its undo; a release that would hand the lease to a
+  queued fair waiter frees the name instead, which the waiter takes once the slot settled.
 """
 
 from __future__ import annotations
@@ -526,3 +527,38 @@ def test_a_claim_is_taken_over_once_its_slot_migrated(
         migration.close()
     assert taker.token is not None and claim.token is not None and taker.token > claim.token
     taker.release()
+
+
+def test_a_release_in_a_migrating_slot_leaves_the_name_to_a_queued_fair_waiter(
+    cluster: Cluster, client: LockClient, rival: LockClient
+) -> None:
+    """A release hands the lease to the oldest fair waiter by writing the lock's hash anew,
+    which a node the slot is migrating away from refuses: the release frees the name instead
+    (no error), and the waiter takes it with its own attempt once the slot settled."""
+    name = "fair-migrating"
+    holder = client.lease(name, ttl=30, heartbeat=False)
+    assert holder.acquire()
+    lock_key = client.connection.keys(name).lock
+    queue_key = client.connection.keys(name).base + b"queue"
+    waiter = rival.lease(name, ttl=30, heartbeat=False, fair=True)
+    taken = threading.Event()
+    waiting = threading.Thread(target=lambda: waiter.acquire(20) and taken.set())
+    waiting.start()
+    migration = SlotMigration(
+        cluster, slot_of(client, name), another_master(cluster, client, lock_key)
+    )
+    try:
+        wait_until(lambda: client.redis.exists(queue_key), 10, "the waiter to queue")
+        migration.begin()
+        holder.release()
+        assert not holder.held
+        # Its attempts name the missing lock key beside existing ones: refused (TRYAGAIN)
+        # until the slot settles, as any acquire of a free name there.
+        migration.finish()
+        assert taken.wait(10)
+        assert waiter.held
+    finally:
+        waiting.join(20)
+        migration.close()
+    assert waiter.token is not None and holder.token is not None and waiter.token > holder.token
+    waiter.release()

@@ -61,7 +61,12 @@ if not holder[2] then
   return 1
 end
 local fence = base .. 'fence'
-while true do
+-- A hand-off writes the lock's hash anew, which a slot migrating away from this node refuses
+-- (advisory.lua), as it refuses any key this node does not have (the probe: a key nobody
+-- writes). Then the name stays free: the fair waiters take it with their own next attempt
+-- (within their registration's lifetime), the others on the PUBLISH.
+local handing = advisory('EXISTS', base .. 'w:') ~= nil
+while handing do
   local next_owner = advisory('LPOP', base .. 'queue')
   if not next_owner then
     break
