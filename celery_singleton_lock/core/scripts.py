@@ -59,7 +59,7 @@ class Script(RedisScript):
         self._plain = not self._cluster and not isinstance(registered_client, Pipeline)
         self.replication = replication
         #: :func:`joined` scripts made from this one, by the other script's SHA.
-        self.joined: dict[str, Script] = {}
+        self.joined_with: dict[str, Script] = {}
 
     def __call__(
         self,
@@ -148,13 +148,15 @@ def joined(first: RedisScript, second: RedisScript) -> Script:
     costs no second call: a pipeline of two calls costs the client several times the Python
     of one, and leaves the two not atomic."""
     assert isinstance(first, Script), first
-    made = first.joined.get(second.sha)
+    made = first.joined_with.get(second.sha)
     if made is None:
         head, tail = first.script, second.script
         assert isinstance(head, str) and isinstance(tail, str)
         text = JOINED_HEAD + head + JOINED_MIDDLE + tail + JOINED_TAIL
         # Not register(): the two texts are already as the client needs them (sharded).
-        made = first.joined[second.sha] = Script(first.registered_client, text, first.replication)
+        made = first.joined_with[second.sha] = Script(
+            first.registered_client, text, first.replication
+        )
     return made
 
 

@@ -15,9 +15,8 @@
 -- A hold not renewed yet has no renewed_ms: its acquired_ms stands for it (acquire.lua).
 -- A hold it frees leaves 'cleared <token>' in P{T}:released for as long as the hold had
 -- left: the same clear sent again after its reply was lost (redis-py's retry) finds it there
--- and answers cleared, not gone. Not the trace release.lua leaves (P{T}:freed), nor the
--- bare token multi_release.lua leaves: the holder's own release must still find its lease
--- lost, not released.
+-- and answers cleared, not gone. Not the trace release.lua and multi_release.lua leave
+-- (P{T}:freed): the holder's own release must still find its lease lost, not released.
 local mark = string.sub(KEYS[1], 1, -5) .. 'released'
 local holder = redis.call('HMGET', KEYS[1], 'token', 'renewed_ms', 'waiting', 'acquired_ms')
 if holder[1] ~= ARGV[1] and advisory('GET', mark) == 'cleared ' .. ARGV[1] then

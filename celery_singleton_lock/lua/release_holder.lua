@@ -16,8 +16,9 @@
 -- one of layout 1 as fields of their own.
 -- A release it makes leaves 'holder <task id> <pid> <host>' behind: as `released_by` of the
 -- release delay, or in P{T}:released for as long as the hold had left (not release.lua's
--- trace, P{T}:freed: the holder's own release must find its lease lost). The same call sent again after its reply was lost (redis-py's retry) finds
--- it and answers released; it never frees anything else for it.
+-- trace, P{T}:freed: the holder's own release must find its lease lost). The same call sent
+-- again after its reply was lost (redis-py's retry) finds it and answers released; it never
+-- frees anything else for it.
 local base = string.sub(KEYS[1], 1, -5)
 local who = 'holder ' .. ARGV[1] .. ' ' .. ARGV[2] .. ' ' .. ARGV[3]
 local holder = redis.call('HMGET', KEYS[1], 'owner', 'task_id', 'pid', 'host', 'waiting',
