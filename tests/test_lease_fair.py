@@ -17,7 +17,7 @@ from support.waiting import BackgroundAcquire, wait_for
 
 from celery_singleton_lock import ConfigurationError, Lease, LockClient
 from celery_singleton_lock.core.holder import flatten
-from celery_singleton_lock.core.replies import AcquireReply
+from celery_singleton_lock.core.replies import AcquireReply, acquire_outcome
 from celery_singleton_lock.core.scripts import fair_keys, pack_holder, run
 from celery_singleton_lock.kinds.lease import FAIR_REGISTRATION_MS
 
@@ -32,11 +32,11 @@ def holder(lock_client: LockClient) -> Lease:
 def queue_up(client: LockClient, lease: Lease, owner: str, thread: str) -> tuple[bool, int]:
     """One queued attempt of fair waiter ``owner`` (as its acquire makes while blocked)."""
     fields = [b"name", b"fair", b"kind", b"lease", b"thread", thread]
-    taken, value = run(client.connection.scripts.acquire_call(
+    taken, value = acquire_outcome(run(client.connection.scripts.acquire_call(
         lease.keys.lock, lease.keys.fence, owner, 20_000, 0, pack_holder(fields),
         waiting=True, fair_ms=FAIR_REGISTRATION_MS,
-    ))  # fmt: skip
-    return taken == AcquireReply.ACQUIRED, int(value)
+    )))  # fmt: skip
+    return taken == AcquireReply.ACQUIRED, value
 
 
 def release(client: LockClient, lease: Lease, owner: str, delay_ms: int = 0) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from celery_singleton_lock import LockClient
 from celery_singleton_lock.core.keys import FENCE_TTL_MS
+from celery_singleton_lock.core.replies import AcquireReply, acquire_outcome
 from celery_singleton_lock.core.scripts import fair_keys
 from celery_singleton_lock.embedded import RedisServer
 
@@ -80,8 +81,9 @@ def test_many_acquisitions_within_one_millisecond_get_increasing_tokens(
             scripts._release.sha, 1, keys.lock, owner, 0,
         )  # fmt: skip
     replies = pipe.execute()
-    tokens = [int(reply[1]) for reply in replies[::2]]
-    assert all(int(reply[0]) == 1 for reply in replies[::2])
+    outcomes = [acquire_outcome(reply) for reply in replies[::2]]
+    assert all(code == AcquireReply.ACQUIRED for code, _ in outcomes)
+    tokens = [token for _, token in outcomes]
     assert replies[1::2] == [1] * 300
     assert [first, *tokens] == sorted(set([first, *tokens]))
     # The burst really packed several acquisitions into one millisecond of server time.

@@ -18,7 +18,7 @@ from support.pubsub import Channel
 from support.waiting import BackgroundAcquire, wait_for, wait_for_subscriber
 
 from celery_singleton_lock import Lease, LockClient
-from celery_singleton_lock.core.replies import AcquireReply
+from celery_singleton_lock.core.replies import AcquireReply, acquire_outcome
 from celery_singleton_lock.core.scripts import run
 
 
@@ -38,11 +38,11 @@ def attempt(
     client: LockClient, lease: Lease, owner: str, *, waiting: bool, takeover: str = ""
 ) -> Any:
     """One run of acquire.lua for ``owner`` on ``lease``'s name."""
-    taken, value = run(client.connection.scripts.acquire_call(
+    taken, value = acquire_outcome(run(client.connection.scripts.acquire_call(
         lease.keys.lock, lease.keys.fence, owner, 30_000, 0, lease._packed_holder(),
         takeover, waiting=waiting,
-    ))  # fmt: skip
-    return taken == AcquireReply.ACQUIRED, int(value)
+    )))  # fmt: skip
+    return taken == AcquireReply.ACQUIRED, value
 
 
 def release(client: LockClient, lease: Lease, owner: str, delay_ms: int = 0) -> int:

@@ -6,8 +6,16 @@ against these members, never against bare numbers.
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any
 
-__all__ = ["AcquireReply", "ClearReply", "HolderReply", "IntervalReply", "UndoReply"]
+__all__ = [
+    "AcquireReply",
+    "ClearReply",
+    "HolderReply",
+    "IntervalReply",
+    "UndoReply",
+    "acquire_outcome",
+]
 
 
 class HolderReply(IntEnum):
@@ -75,3 +83,16 @@ class UndoReply(IntEnum):
     HELD = 1
     #: Nothing of this call's.
     NOTHING = 0
+
+
+def acquire_outcome(reply: Any) -> tuple[int, int]:
+    """(code, value) of an acquire script's reply (acquire.lua, rw_acquire.lua,
+    interval_acquire.lua, semaphore_acquire.lua): a hold taken is replied as its fencing
+    token alone, (1, token) here (``AcquireReply.ACQUIRED``, ``IntervalReply.DONE``); any
+    other outcome as a table whose first items are the code and its value.
+
+    The token alone because a table reply costs Redis about 1 µs per call to build, convert
+    and collect: a tenth of an uncontended acquire's server time."""
+    if isinstance(reply, bytes):
+        return 1, int(reply)
+    return int(reply[0]), int(reply[1])

@@ -42,7 +42,7 @@ from ..core.heartbeat import RenewEntry
 from ..core.holder import HOSTNAME, ListedHolder, decode, flatten, text
 from ..core.keys import FENCE_TTL_MS, RELEASE_DELAY_STATE, RELEASED_STATE, escape_glob, name_tag
 from ..core.replication import Replication
-from ..core.replies import ClearReply, HolderReply, IntervalReply
+from ..core.replies import ClearReply, HolderReply, IntervalReply, acquire_outcome
 from ..core.scan import Record, read_query
 from ..core.scripts import (
     FENCING,
@@ -271,7 +271,7 @@ class IntervalHold(HandleOps):
 
     def _acquired(self, reply: Any, queued: bool) -> tuple[bool, int]:
         """interval_acquire.lua's reply: (True, token) or (False, ms a waiter may sleep)."""
-        code, value = int(reply[0]), int(reply[1])
+        code, value = acquire_outcome(reply)
         if code == IntervalReply.PARENT_GONE:
             raise LockNotHeld(
                 f"the upgradable hold on {self.name!r} is gone or does not cover"

@@ -27,7 +27,7 @@ from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.holder import HOSTNAME, holder_fields, info_fields
 from ..core.keys import LockKeys, encode_name, lock_keys
 from ..core.redis_urls import is_cluster
-from ..core.replies import AcquireReply, HolderReply, UndoReply
+from ..core.replies import AcquireReply, HolderReply, UndoReply, acquire_outcome
 from ..core.scripts import (
     ScriptCall,
     Scripts,
@@ -178,7 +178,8 @@ class LeaseOps(HandleOps):
             fair_ms=FAIR_REGISTRATION_MS if reserve and self.fair else 0, attempt=self._attempt,
             free=free,
         )  # fmt: skip
-        taken, value = reply[0] == AcquireReply.ACQUIRED, int(reply[1])
+        code, value = acquire_outcome(reply)
+        taken = code == AcquireReply.ACQUIRED
         if free is not None:
             self.freed_first = int(reply[2])
         else:

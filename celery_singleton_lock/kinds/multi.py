@@ -27,7 +27,7 @@ from ..core.holder import HOSTNAME, ListedHolder, decode
 from ..core.keys import FENCE_TTL_MS, LockKeys, encode_name, lock_keys
 from ..core.redis_urls import is_cluster
 from ..core.replication import Replication
-from ..core.replies import AcquireReply, HolderReply
+from ..core.replies import AcquireReply, HolderReply, acquire_outcome
 from ..core.scan import Record, read_query
 from ..core.scripts import (
     FENCING,
@@ -169,10 +169,11 @@ class MultiLeaseOps(HandleOps):
         tokens: dict[str, int] = {}
         for keys, name in zip(self.keys, self._ordered, strict=True):
             holder = [b"name", encode_name(name), *self._describe_holder(named=False)]
-            taken, value = yield base.acquire_call(
+            reply = yield base.acquire_call(
                 keys.lock, keys.fence, owner, self._ttl_ms,
                 self._max_hold_ms, pack_holder(holder), waiting=reserve,
             )  # fmt: skip
+            taken, value = acquire_outcome(reply)
             if taken != AcquireReply.ACQUIRED:
                 for done in self.keys[: len(tokens)]:
                     yield base.release_call(done.lock, owner, 0)

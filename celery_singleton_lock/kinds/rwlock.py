@@ -38,7 +38,7 @@ from ..core.heartbeat import RenewEntry
 from ..core.holder import HOSTNAME, ListedHolder, flatten, text
 from ..core.keys import FENCE_TTL_MS, name_tag
 from ..core.replication import Replication
-from ..core.replies import ClearReply, IntervalReply
+from ..core.replies import ClearReply, IntervalReply, acquire_outcome
 from ..core.scripts import (
     ADVISORY,
     FENCING,
@@ -168,9 +168,10 @@ class RWLockHold(HandleOps):
             raise
         except LockBackendError as exc:
             raise _layout_conflict(self.name, exc) from exc
-        if int(reply[0]) == IntervalReply.DONE:
-            return True, int(reply[1])
-        return False, wait_hint(int(reply[1]), queued)
+        code, value = acquire_outcome(reply)
+        if code == IntervalReply.DONE:
+            return True, value
+        return False, wait_hint(value, queued)
 
     def _abandon(self, owner: str) -> Steps[None]:
         # A waiting writer's reservation holds readers back: drop it.

@@ -24,6 +24,7 @@ from ..core.connection import Connection, HasConnection, connection_of
 from ..core.holder import ListedHolder
 from ..core.keys import FENCE_TTL_MS
 from ..core.replication import Replication
+from ..core.replies import IntervalReply, acquire_outcome
 from ..core.scan import Record, read_query
 from ..core.scripts import FENCING, ScriptHost, bound_to, register, source_after
 from ..core.steps import Steps
@@ -71,7 +72,8 @@ class PermitHold(IntervalHold):
             "1" if reserve else "", *self._describe_holder(),
         ]  # fmt: skip
         reply = yield scripts(self._conn).acquire, self.keys.all(owner), args
-        return int(reply[0]) == 1, int(reply[1])
+        code, value = acquire_outcome(reply)
+        return code == IntervalReply.DONE, value
 
     def _in_the_way(self, mode: bytes | None, lo: bytes | None, hi: bytes | None) -> bool:
         """At the limit every permit held is in the way, whatever its stored mode."""

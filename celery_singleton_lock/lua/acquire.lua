@@ -24,12 +24,15 @@
 --          this call took from what that owner held already (acquire_undo.lua)
 -- FENCE_TTL_MS (defined before this text by scripts.py): the fencing counter's ttl, ms
 -- Reply codes: AcquireReply in core/replies.py (keep the two in step).
--- returns {1, fencing token}     taken, or held by this owner already: a re-sent attempt
+-- returns fencing token           taken, or held by this owner already: a re-sent attempt
 --                                 whose first run's reply was lost (or, for a fair waiter,
---                                 handed to it meanwhile) gets the token it has, unchanged
+--                                 handed to it meanwhile) gets the token it has, unchanged;
+--                                 the token alone (a string), not a table: see
+--                                 acquire_outcome() in core/replies.py
 --         {0, remaining ms}       held by another; when a waiter should look again at the latest
---         with 'free' and 'free-or-stop', a third item: what releasing KEYS[3] did, as
---         release.lua's codes (1 released, 0 not held, -1 held by another owner)
+--         with 'free' and 'free-or-stop', a table in every case, {1, token, freed} when taken,
+--         whose third item is what releasing KEYS[3] did, as release.lua's codes (1 released,
+--         0 not held, -1 held by another owner)
 --
 -- A caller that will wait marks the holder's hash (`waiting`), so that only a release of a
 -- marked hash pays for a PUBLISH (or a hand-off). Every waiter makes a failed attempt after
@@ -86,7 +89,11 @@ if owner then
     if ARGV[5] == 'fair' then
       redis.call('DEL', KEYS[4], KEYS[5])
     end
-    return {1, redis.call('HGET', KEYS[1], 'token'), freed}
+    local token = redis.call('HGET', KEYS[1], 'token')
+    if freed == nil then
+      return token
+    end
+    return {1, token, freed}
   end
   if ARGV[4] == '' or owner ~= ARGV[4] then
     if ARGV[5] == 'fair' then
@@ -141,5 +148,8 @@ redis.call('PEXPIRE', KEYS[1], lease)
 if ARGV[5] == 'fair' and redis.call('EXISTS', KEYS[4]) == 1 then
   redis.call('LREM', KEYS[3], 0, ARGV[1])
   redis.call('DEL', KEYS[4])
+end
+if freed == nil then
+  return token
 end
 return {1, token, freed}

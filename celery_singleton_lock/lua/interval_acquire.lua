@@ -13,8 +13,10 @@
 -- hi, holder; deadline_ms only with a max-hold, parent only for a write nested in an
 -- upgradable hold, renewed_ms once renewed.
 -- Reply codes: IntervalReply in core/replies.py (keep the two in step).
--- returns {1, fencing token}    taken, or held by this owner already: a re-sent attempt whose
---                               first run's reply was lost gets the token it has, unchanged
+-- returns fencing token         taken, or held by this owner already: a re-sent attempt whose
+--                               first run's reply was lost gets the token it has, unchanged; the
+--                               token alone (a string), not a table: see acquire_outcome()
+--                               in core/replies.py
 --         {0, ms}                blocked; ms until a conflicting holder could run out
 --         {-3, 0}                the parent upgradable hold is gone or does not cover [lo, hi]
 --
@@ -30,7 +32,7 @@ if parent ~= '' or redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS
   -- Ours already (owner tokens are unique per acquire call): this very attempt sent again.
   local mine = redis.call('HMGET', KEYS[8], 'token', 'state')
   if mine[1] and mine[2] ~= 'cooldown' and redis.call('ZSCORE', KEYS[1], owner) then
-    return {1, mine[1]}
+    return mine[1]
   end
   local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
   if last[2] then
@@ -99,4 +101,4 @@ redis.call('PEXPIRE', KEYS[m], ms)
 if with_hi then
   redis.call('PEXPIRE', KEYS[m + 1], ms)
 end
-return {1, token}
+return token

@@ -9,8 +9,10 @@
 --          (acquire.lua's ARGV[7]), stored as they come in the one field `holder`
 -- FENCE_TTL_MS (defined before this text by scripts.py): the fencing counter's ttl, ms
 -- Reply codes: IntervalReply in core/replies.py (keep the two in step).
--- returns {1, fencing token}   taken, or held by this owner already: a re-sent attempt whose
---                              first run's reply was lost gets the token it has, unchanged
+-- returns fencing token        taken, or held by this owner already: a re-sent attempt whose
+--                              first run's reply was lost gets the token it has, unchanged; the
+--                              token alone (a string), not a table: see acquire_outcome()
+--                              in core/replies.py
 --         {0, ms}              blocked; ms until a conflicting hold could run out
 --
 -- Read is compatible with read and upgradable; upgradable with read (one at a time); write
@@ -30,7 +32,7 @@ if pttl ~= -2 then
     -- Ours already (owner tokens are unique per acquire call): this very attempt sent again.
     local mine = redis.call('HMGET', KEYS[2], 'token', 'state')
     if mine[1] and mine[2] ~= 'cooldown' then
-      return {1, mine[1]}
+      return mine[1]
     end
   end
   helpers()
@@ -94,4 +96,4 @@ redis.call('PEXPIRE', KEYS[2], lease)
 if (pttl or redis.call('PTTL', KEYS[1])) < lease then
   redis.call('PEXPIRE', KEYS[1], lease)
 end
-return {1, token}
+return token

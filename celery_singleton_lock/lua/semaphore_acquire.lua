@@ -8,8 +8,10 @@
 -- ARGV[4]: max-hold, ms (0: no cap)    ARGV[5]: fence ttl, ms
 -- ARGV[6]: '1' the caller will wait if blocked ('' it will not)
 -- ARGV[7..]: field, value pairs describing the holder
--- returns {1, fencing token}   taken, or held by this owner already: a re-sent attempt whose
---                              first run's reply was lost gets the token it has, unchanged
+-- returns fencing token        taken, or held by this owner already: a re-sent attempt whose
+--                              first run's reply was lost gets the token it has, unchanged; the
+--                              token alone (a string), not a table: see acquire_outcome()
+--                              in core/replies.py
 --         {0, ms}              `limit` permits are held; ms until the first could run out
 --
 -- The limit is the acquiring call's: holders that were let in under a higher limit keep
@@ -22,7 +24,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   -- Ours already (owner tokens are unique per acquire call): this very attempt sent again.
   local mine = redis.call('HMGET', KEYS[8], 'token', 'state')
   if mine[1] and mine[2] ~= 'cooldown' and redis.call('ZSCORE', KEYS[1], owner) then
-    return {1, mine[1]}
+    return mine[1]
   end
   latest = tonumber(redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')[2])
   prune(0, false)
@@ -49,4 +51,4 @@ redis.call('HSET', KEYS[8], 'owner', owner, 'token', token, 'acquired_ms', now_m
   'lo', '-inf', 'hi', 'inf', 'parent', '', 'limit', limit, unpack(ARGV, 7))
 redis.call('PEXPIRE', KEYS[8], lease)
 redis.call('PEXPIRE', KEYS[1], math.max(latest, expiry) - now_ms)
-return {1, token}
+return token
