@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, multiple, rule
 
 from celery_singleton_lock import LockClient
+from celery_singleton_lock.core import renewal
 from celery_singleton_lock.core.heartbeat import heartbeat
 
 COMPATIBLE = {("r", "r"), ("r", "u"), ("u", "r")}
@@ -162,3 +163,41 @@ def test_heartbeat_renews_every_kind_in_one_round_trip(lock_client: LockClient) 
     for handle in handles:
         handle.check()
         handle.release()
+
+
+def test_a_tick_renewing_more_than_one_call_carries_splits_them_in_one_round_trip(
+    lock_client: LockClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script blocks Redis while it runs: a tick renewing many holds sends them in calls of
+    at most RENEWALS_PER_CALL each (here 2), still in one pipeline, and renews them all."""
+    monkeypatch.setattr(renewal, "RENEWALS_PER_CALL", 2)
+    leases = [lock_client.lease(f"split-{i}", ttl=30, heartbeat=False) for i in range(5)]
+    assert all(lease.acquire() for lease in leases)
+    heartbeat()._renew(list(leases))  # loads the renew script into a fresh server
+    redis = lock_client.redis
+    for lease in leases:
+        redis.pexpire(lease.keys.lock, 5000)  # as if the last renewal was long ago
+    executes: list[int] = []
+    real_pipeline = redis.pipeline
+
+    def counting_pipeline(*args: Any, **kwargs: Any) -> Any:
+        pipe = real_pipeline(*args, **kwargs)
+        real_execute = pipe.execute
+
+        def execute(*a: Any, **k: Any) -> Any:
+            executes.append(len(pipe.command_stack))
+            return real_execute(*a, **k)
+
+        pipe.execute = execute
+        return pipe
+
+    redis.pipeline = counting_pipeline
+    try:
+        heartbeat()._renew(list(leases))
+    finally:
+        redis.pipeline = real_pipeline
+    assert executes == [3]  # one round trip: calls of 2, 2 and 1 renewals
+    for lease in leases:
+        assert redis.pttl(lease.keys.lock) > 20_000, lease.name
+        lease.check()
+        lease.release()

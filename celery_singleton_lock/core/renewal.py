@@ -109,6 +109,13 @@ class RenewalRound:
             handle._renewal_failed(owner, error)
 
 
+#: The most renewals one script call carries: a tick renewing more sends several calls, in
+#: the same round trip. A script blocks Redis while it runs (about 3-5 µs per lease), and
+#: Redis reads a pipeline a buffer at a time, serving other clients between its calls: so
+#: a tick renewing thousands of holds blocks the server about as long as one call of this
+#: many (about a millisecond), not for the whole tick.
+RENEWALS_PER_CALL = 250
+
 #: Codes of renew.lua, worst first: the worst of a multi-key lock's names decides.
 _RANK: dict[int, int] = {HolderReply.TAKEN: 3, HolderReply.GONE: 2, HolderReply.MAX_HOLD_REACHED: 1}
 
@@ -119,7 +126,8 @@ def renew_calls(
     """The script calls renewing (handle, owner, ttl ms) ``entries``, and how to read one
     code per entry from their replies.
 
-    One call per lock kind (its class's ``_renew_script_call``). On a Redis Cluster a script
+    One call per lock kind (its class's ``_renew_script_call``), and per
+    :data:`RENEWALS_PER_CALL` renewals of that kind. On a Redis Cluster a script
     may only touch keys of one slot, so each handle splits itself into units
     (``_renew_units``), one call per renewer and slot, and a handle's code is the worst of
     its units' (a multi-key lock's names are renewed one by one like leases); the Cluster
@@ -140,11 +148,16 @@ def renew_calls(
         for i, (handle, owner, ttl_ms, gen) in enumerate(entries):
             for renewer, key, unit in handle._renew_units(owner, ttl_ms, gen):
                 groups.setdefault((renewer, slot(key)), []).append((i, unit))
-    calls = [renewer(conn, [u for _, u in group]) for (renewer, _), group in groups.items()]
+    chunks = [
+        (renewer, group[start : start + RENEWALS_PER_CALL])
+        for (renewer, _), group in groups.items()
+        for start in range(0, len(group), RENEWALS_PER_CALL)
+    ]
+    calls = [renewer(conn, [u for _, u in chunk]) for renewer, chunk in chunks]
 
     def decode(replies: list[Any]) -> list[int]:
         codes: list[int | None] = [None] * len(entries)
-        for group, reply in zip(groups.values(), replies, strict=True):
+        for (_, group), reply in zip(chunks, replies, strict=True):
             for (i, _), raw in zip(group, reply, strict=True):
                 code, was = int(raw), codes[i]
                 worse, rank = _RANK.get(code, 0), _RANK.get(was, 0) if was is not None else -1
