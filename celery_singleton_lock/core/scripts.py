@@ -362,13 +362,14 @@ class Scripts:
         attempt: str = "",
         free: tuple[bytes, str, bool] | None = None,
     ) -> ScriptCall:
-        """The acquire.lua call of one attempt; its reply is (AcquireReply, fencing token when
-        taken, else ms until the holder's expiry). ``holder``: the holder's fields, packed by
-        :func:`pack_holder`. ``takeover``: the owner token of a claim this acquisition may
-        replace. ``waiting``: the caller will wait for a release, so a busy holder's release
-        must publish. ``fair_ms`` > 0: it waits in the queue instead, registered for that
-        long. ``attempt``: the acquire call's id, for :meth:`acquire_undo_call` (needed when
-        ``owner`` is not the call's own).
+        """The acquire.lua call of one attempt; its reply, read by ``replies.acquire_outcome``,
+        is (AcquireReply, fencing token when taken, else ms until the holder's expiry).
+        ``holder``: the holder's fields, packed by :func:`pack_holder`. ``takeover``: the
+        owner token of a claim this acquisition may replace. ``waiting``: the caller will
+        wait for a release, so a busy holder's release must publish. ``fair_ms`` > 0: it
+        waits in the queue instead, registered for that long. ``attempt``: the acquire
+        call's id, for :meth:`acquire_undo_call` (needed when ``owner`` is not the call's
+        own).
 
         ``free`` = (a lock key, the owner token holding it, whether to stop when another
         owner holds it): a single try (neither waiting nor fair) that first releases that
