@@ -23,7 +23,7 @@ import redis_lock
 
 from celery_singleton_lock import LockClient
 from celery_singleton_lock.aio import AsyncLockClient
-from celery_singleton_lock.core.replies import AcquireReply, HolderReply
+from celery_singleton_lock.core.replies import AcquireReply, HolderReply, acquire_outcome
 from celery_singleton_lock.core.scripts import run
 
 #: The floor's release: compare-and-delete, the least a safe release can do.
@@ -223,11 +223,11 @@ class OurScripts:
     def try_acquire(self) -> bool:
         lease = self._lease
         self._owner = os.urandom(16).hex()
-        taken, _ = run(self._scripts.acquire_call(
+        reply = run(self._scripts.acquire_call(
             lease.keys.lock, lease.keys.fence, self._owner, lease._ttl_ms, 0,
             lease._packed_holder(),
         ))  # fmt: skip
-        return bool(taken == AcquireReply.ACQUIRED)
+        return acquire_outcome(reply)[0] == AcquireReply.ACQUIRED
 
     def acquire_blocking(self, timeout: float) -> bool:
         raise NotImplementedError("throughput only")
