@@ -269,6 +269,24 @@ def test_joined_scripts_run_in_one_call_each_on_its_own_keys_and_arguments(
     assert script(keys=keys, args=args)[1] == [[b"{t}a", b"{t}b"], [b"x", b"1"]]
 
 
+def test_joined_scripts_split_many_keys_and_arguments_past_luas_stack_limit(
+    server: RedisServer,
+) -> None:
+    """Lua's unpack stops at 8,000 values: a joined call of a lock of many names still gives
+    each script exactly its own keys and arguments."""
+    client = redis.Redis.from_url(server.url)
+    given, nothing = register(client, GIVEN), register(client, NOTHING)
+    many_keys = [f"{{t}}k{i}".encode() for i in range(9000)]
+    many_args = [str(i).encode() for i in range(9000)]
+    first = (given, many_keys, many_args)
+    second = (nothing, [b"{t}c"], ["set"])
+    script, keys, args = joined_call(first, second)
+    assert script(keys=keys, args=args) == [[many_keys, many_args], None]
+    assert client.get("{t}c") == b"set"
+    script, keys, args = joined_call(second, first)
+    assert script(keys=keys, args=args) == [None, [many_keys, many_args]]
+
+
 def test_a_done_mark_rides_in_the_lease_acquire_and_release_calls(server: RedisServer) -> None:
     """A task run's acquire and release, each with its done mark: one script call apiece,
     not a pipeline of two."""

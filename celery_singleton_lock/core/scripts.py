@@ -123,17 +123,22 @@ local function second_script(KEYS, ARGV)
 """
 JOINED_TAIL = """
 end
-local first_keys, first_args, second_keys, second_args = {}, {}, {}, {}
+-- items[from..to] as a table of its own. unpack copies them in C, which saves a task's two
+-- calls about 2.5 µs of server time against a loop, but stops at Lua's stack limit (8,000
+-- values), which a lock of many names could pass: a loop copies those.
+local function slice(items, from, to)
+  if to - from < 4000 then
+    return {unpack(items, from, to)}
+  end
+  local copy = {}
+  for i = from, to do
+    copy[i - from + 1] = items[i]
+  end
+  return copy
+end
 local key_count, arg_count = tonumber(ARGV[1]), tonumber(ARGV[2])
-for i = 1, #KEYS do
-  if i <= key_count then first_keys[i] = KEYS[i] else second_keys[i - key_count] = KEYS[i] end
-end
-for i = 3, #ARGV do
-  if i - 2 <= arg_count then first_args[i - 2] = ARGV[i]
-  else second_args[i - 2 - arg_count] = ARGV[i] end
-end
-local first = first_script(first_keys, first_args)
-local second = second_script(second_keys, second_args)
+local first = first_script(slice(KEYS, 1, key_count), slice(ARGV, 3, arg_count + 2))
+local second = second_script(slice(KEYS, key_count + 1, #KEYS), slice(ARGV, arg_count + 3, #ARGV))
 return {first or false, second or false}
 """
 
