@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -462,6 +463,69 @@ def test_an_async_multi_release_sent_again_is_one_release(
             await client.close()
 
     asyncio.run(body())
+
+
+# -- the fair queue ----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("runner", ["sync", "asyncio"])
+def test_a_fair_wait_whose_unanswered_withdrawal_found_the_lease_handed_over_holds_nothing(
+    lock_client: LockClient, proxy: HoldingProxy, runner: str
+) -> None:
+    """The wait runs out; a release hands the lease to the waiter, still queued, just before
+    its withdrawal (fair_abandon.lua) runs, and the withdrawal's reply, which says the lease
+    is the waiter's, is lost. The acquire raises LockBackendError with the lease given back,
+    not False with the name held, unrenewed, for the waiter's ttl."""
+    holder = lock_client.lease("n", ttl=30, heartbeat=False)
+    assert holder.acquire()
+    withdrawal = lock_client.connection.scripts.fair_abandon_call(holder.keys.lock, "")[0]
+    queue = holder.keys.base + b"queue"
+
+    def hand_over_before_the_withdrawal() -> None:
+        assert proxy.stopped.wait(10), "the withdrawal did not come"
+        holder.release()  # the waiter is still queued: the lease is handed to it
+        proxy.let_through()
+
+    def arm() -> threading.Thread:
+        proxy.stop_next_call(withdrawal.sha.encode())
+        helper = threading.Thread(target=hand_over_before_the_withdrawal, daemon=True)
+        helper.start()
+        return helper
+
+    if runner == "sync":
+        client = proxied_client(lock_client, proxy, retries=0)
+        try:
+            # The scripts loaded: a fair wait that runs out, withdrawn.
+            assert not client.lease("n", ttl=30, heartbeat=False, fair=True).acquire(0.1)
+            waiter = client.lease("n", ttl=30, heartbeat=False, fair=True)
+            helper = arm()
+            with pytest.raises(LockBackendError):
+                waiter.acquire(0.3)
+            assert not waiter.held
+        finally:
+            client.close()
+    else:
+
+        async def body() -> threading.Thread:
+            client = async_proxied_client(lock_client, proxy, retries=0)
+            try:
+                warm_up = client.lease("n", ttl=30, heartbeat=False, fair=True)
+                assert not await warm_up.acquire(0.1)
+                waiter = client.lease("n", ttl=30, heartbeat=False, fair=True)
+                helper = arm()
+                with pytest.raises(LockBackendError):
+                    await waiter.acquire(0.3)
+                assert not waiter.held
+                return helper
+            finally:
+                await client.close()
+
+        helper = asyncio.run(body())
+    helper.join(10)
+    assert proxy.holding.is_set()  # the withdrawal ran, and its reply was lost
+    assert free(lock_client, "lease")  # given back, not left to run out in 30 s
+    assert lock_client.redis.llen(queue) == 0
 
 
 # -- the Celery layer: the enqueue-time claim --------------------------------------------------
