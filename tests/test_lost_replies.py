@@ -33,6 +33,7 @@ from celery_singleton_lock import (
     SingletonTask,
 )
 from celery_singleton_lock.core.keys import lock_keys
+from celery_singleton_lock.kinds import multi
 
 #: Makers of a handle of each kind on "n" (the multi-key lock also holds "n2"); the
 #: semaphore has a limit of 1 here, so that a stranger's permit tells whether one is held.
@@ -397,6 +398,32 @@ def test_a_clear_sent_again_says_it_cleared(
         assert proxy.holding.is_set()
         assert all([client.clear(name, force=True) for name in names[1:]])
         assert free(lock_client, kind)
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("token", [False, True])
+def test_a_multi_clear_holder_sent_again_says_it_cleared(
+    lock_client: LockClient, proxy: HoldingProxy, token: bool
+) -> None:
+    """One name of a multi-key lock cleared by its owner token: the retry finds the trace
+    the first run left (as client.clear's), not a name gone; the holder's own release
+    still finds the name lost, not released."""
+    client = proxied_client(lock_client, proxy, retries=1)
+    try:
+        warm_up = lock_client.multi(["w", "w2"], ttl=30, heartbeat=False)
+        assert warm_up.acquire()
+        assert multi.clear_holder(client, "w", warm_up.owner or "")
+        held = KINDS["multi"](lock_client)
+        assert held.acquire()
+        fencing = held.tokens["n"] if token else None
+        proxy.hold_next_script_reply()  # the read of the holder comes through
+        assert multi.clear_holder(client, "n", held.owner or "", fencing)
+        assert proxy.holding.is_set()
+        assert free(lock_client, "lease")
+        with pytest.raises(LockLost):
+            held.release()
     finally:
         client.close()
 
