@@ -191,6 +191,66 @@ def test_a_downgrade_that_raised_can_be_sent_again_by_the_caller(
 
 
 @pytest.mark.timeout(60)
+def test_an_upgrade_after_a_downgrade_that_raised_asks_redis(
+    lock_client: LockClient, proxy: HoldingProxy
+) -> None:
+    """The downgrade ran and its reply was lost: the hold is upgradable again, readers come
+    in. The handle cannot tell that from a downgrade that never arrived, so it no longer
+    takes itself for the writer: an upgrade asks Redis again (it used to answer True at
+    once, a writer beside readers)."""
+    client = proxied_client(lock_client, proxy, retries=0)
+    try:
+        warm(client, "upgradable", upgrade=True)
+        handle = MODES["upgradable"](client)
+        assert handle.acquire()
+        assert handle.upgrade(0)
+        proxy.hold_next_reply()
+        with pytest.raises(LockBackendError):
+            handle.downgrade()
+        assert proxy.holding.is_set()
+        reader = lock_client.rwlock("n").read(heartbeat=False)
+        assert reader.acquire(0)  # the downgrade did run
+        assert not handle.upgrade(0)  # a reader holds: no writer beside it
+        assert not handle.upgraded and handle.held
+        reader.release()
+        assert handle.upgrade(0)
+        assert not reader_free(lock_client)
+        handle.release()
+        assert writer_free(lock_client)
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("change", ["upgrade", "downgrade"])
+def test_a_release_after_a_change_that_raised_frees_the_hold_as_it_is(
+    lock_client: LockClient, proxy: HoldingProxy, change: str
+) -> None:
+    """The change ran and its reply was lost; the context is left as its error goes by.
+    The release frees the hold in the mode Redis has it in, not the one the handle last
+    heard of: a downgraded hold released as the writer used to keep its upgradable slot,
+    blocking upgradables and writers until its lease ran out."""
+    client = proxied_client(lock_client, proxy, retries=0)
+    try:
+        warm(client, "upgradable", upgrade=True)
+        handle = MODES["upgradable"](client)
+        with pytest.raises(LockBackendError), handle:
+            if change == "downgrade":
+                assert handle.upgrade(0)
+            proxy.hold_next_reply()
+            getattr(handle, change)()
+        assert proxy.holding.is_set()
+        assert not handle.held and not handle.lost
+        assert holds(lock_client) == 0
+        assert writer_free(lock_client)
+        other = lock_client.rwlock("n").upgradable(heartbeat=False)
+        assert other.acquire(0)
+        other.release()
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode", list(MODES))
 def test_a_release_sent_again_is_one_release(
     lock_client: LockClient, proxy: HoldingProxy, mode: str
