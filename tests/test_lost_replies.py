@@ -649,3 +649,30 @@ def test_a_debounce_take_over_whose_reply_was_lost_leaves_one_claim_with_a_messa
         assert claims(lock_client) == [first.id]
         assert queued(lock_client, lock_prefix) == 1
     assert proxy.holding.is_set()
+
+
+@pytest.mark.timeout(60)
+def test_a_retry_whose_hand_over_reply_was_lost_frees_the_claim_when_no_retry_is_sent(
+    lock_client: LockClient, proxy: HoldingProxy, celery_lock_app: Celery
+) -> None:
+    """Task.retry hands the run's lock to the retry's claim, and that reply is lost
+    (LockBackendError): the hand-over may have run. No retry is sent (max_retries reached),
+    so the claim goes as the run's lock would have, rather than keep the key locked for
+    the countdown plus lock_ttl."""
+    client = proxied_client(lock_client, proxy, retries=0)
+    warm_up = client.lease("warm-up", heartbeat=False)
+    assert warm_up.acquire()
+    warm_up.hand_over("claim:w:1", ttl=1)  # the script loaded
+    celery_lock_app._singleton_lock_client = client  # the app's client (app_client.py)
+    hand_over = client.connection.scripts.handover_call(b"", "", "", 1, [])[0]
+
+    @celery_lock_app.task(base=SingletonTask, shared=False, bind=True, max_retries=0)
+    def doomed(self: Any) -> None:
+        proxy.stop_next_call(hand_over.sha.encode())
+        proxy.let_through()  # the hand-over runs at once; only its reply is held back
+        raise self.retry(countdown=60, exc=RuntimeError("no luck"))
+
+    with pytest.raises(RuntimeError):
+        doomed.apply().get(timeout=30)
+    assert proxy.holding.is_set()
+    assert lock_client.holders(doomed.lock_name((), {})) == []
