@@ -7,12 +7,13 @@ then sent again by redis-py (``retries=1``) or raised (``retries=0``).
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support.lost_replies import fence, proxied_client
+from support.lost_replies import async_proxied_client, fence, proxied_client
 from support.proxies import HoldingProxy
 from support.waiting import wait_for
 
@@ -248,6 +249,44 @@ def test_a_release_after_a_change_that_raised_frees_the_hold_as_it_is(
         other.release()
     finally:
         client.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_async_downgrade_cancelled_after_it_ran_leaves_the_mode_unknown(
+    lock_client: LockClient, proxy: HoldingProxy
+) -> None:
+    """asyncio: the downgrade ran and the task was cancelled while its reply was awaited.
+    As after LockBackendError, the handle no longer takes itself for the writer, and its
+    release frees the hold as Redis has it."""
+
+    async def body() -> None:
+        client = async_proxied_client(lock_client, proxy, retries=0)
+        try:
+            warm_up = client.rwlock("n").upgradable(ttl=30, heartbeat=False)
+            assert await warm_up.acquire()
+            assert await warm_up.upgrade(0)
+            await warm_up.downgrade()
+            await warm_up.release()
+            handle = client.rwlock("n").upgradable(ttl=30, heartbeat=False)
+            assert await handle.acquire()
+            assert await handle.upgrade(0)
+            proxy.hold_next_reply()
+            downgrade = asyncio.ensure_future(handle.downgrade())
+            assert await asyncio.to_thread(proxy.holding.wait, 10)  # it ran
+            downgrade.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await downgrade
+            reader = lock_client.rwlock("n").read(heartbeat=False)
+            assert reader.acquire(0)
+            assert not await handle.upgrade(0)  # a reader holds: no writer beside it
+            assert not handle.upgraded
+            reader.release()
+            await handle.release()
+            assert writer_free(lock_client)
+        finally:
+            await client.close()
+
+    asyncio.run(body())
 
 
 @pytest.mark.timeout(60)

@@ -138,8 +138,8 @@ class RWLockHold(HandleOps):
     #: The Redis keys of this lock.
     keys: RWKeys
     #: Whether the hold is upgraded to the writer; None when an upgrade or a downgrade got
-    #: no answer (LockBackendError): it may have run, so the hold may be in either mode
-    #: until the next change is answered.
+    #: no answer (LockBackendError, a cancellation): it may have run, so the hold may be in
+    #: either mode until the next change is answered.
     _upgraded: bool | None
     #: The last ``_describe_holder()`` list and its packed bytes (``_packed_holder``).
     _packed: tuple[list[Any], bytes] | None = None
@@ -154,8 +154,9 @@ class RWLockHold(HandleOps):
     @property
     def upgraded(self) -> bool:
         """True while an upgradable hold is upgraded to the writer. False too after an
-        upgrade or a downgrade that raised LockBackendError, until the next one is answered:
-        the hold may be in either mode (the upgrade, or the downgrade, may have run)."""
+        upgrade or a downgrade that raised LockBackendError (or was cancelled while under
+        way), until the next one is answered: it may have run, so the hold may be in
+        either mode."""
         return self._upgraded is True
 
     # -- the round trips ---------------------------------------------------------------------
@@ -261,8 +262,8 @@ class RWLockHold(HandleOps):
             done, _ = yield from attempt()
             if not done and reserve:
                 done, _ = yield from self._wait_for(attempt, wait, self._withdraw)
-        except LockBackendError:
-            self._upgraded = None  # an attempt may have run with its reply lost
+        except BaseException as exc:
+            self._change_unanswered(exc)
             raise
         self._upgraded = done
         if unreplicated is not None:
@@ -275,14 +276,22 @@ class RWLockHold(HandleOps):
             raise LockNotHeld(f"the hold on {self.name!r} is not upgraded", name=self.name)
         try:
             code, _, unreplicated = yield from self._change("downgrade")
-        except LockBackendError:
-            self._upgraded = None  # it may have run with its reply lost
+        except BaseException as exc:
+            self._change_unanswered(exc)
             raise
         if code != IntervalReply.DONE:
             raise self._changed_lost("downgrade")
         self._upgraded = False
         if unreplicated is not None:
             raise unreplicated
+
+    def _change_unanswered(self, error: BaseException) -> None:
+        """An upgrade or a downgrade ended with ``error``. One Redis answered (a LockError
+        other than LockBackendError) says how the hold is; any other came after the change
+        may have run (its reply lost, or cancelled while it was under way), so which mode
+        the hold is in is no longer known."""
+        if not isinstance(error, LockError) or isinstance(error, LockBackendError):
+            self._upgraded = None
 
     def _withdraw(self) -> Steps[None]:
         # The upgrade stopped waiting: drop its reservation (not the hold) and wake the
@@ -320,8 +329,8 @@ class RWLockHandle(RWLockHold, LockHandle):
         """Become the writer without letting go; True once upgraded, False if ``wait``
         seconds (default: the handle's own) passed first. While it waits, new readers wait
         too; readers already in are waited for. After an upgrade or a downgrade that raised
-        LockBackendError (it may have run) it asks Redis again, and answers as Redis has
-        the hold."""
+        LockBackendError (it may have run) it asks Redis, and answers as Redis has the
+        hold."""
         return self._run(self._upgrade(wait))
 
     def downgrade(self) -> None:
