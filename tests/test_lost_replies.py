@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,7 @@ from celery_singleton_lock import (
     SingletonTask,
 )
 from celery_singleton_lock.core.keys import lock_keys
+from celery_singleton_lock.kinds import multi
 
 #: Makers of a handle of each kind on "n" (the multi-key lock also holds "n2"); the
 #: semaphore has a limit of 1 here, so that a stranger's permit tells whether one is held.
@@ -401,6 +403,32 @@ def test_a_clear_sent_again_says_it_cleared(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("token", [False, True])
+def test_a_multi_clear_holder_sent_again_says_it_cleared(
+    lock_client: LockClient, proxy: HoldingProxy, token: bool
+) -> None:
+    """One name of a multi-key lock cleared by its owner token: the retry finds the trace
+    the first run left (as client.clear's), not a name gone; the holder's own release
+    still finds the name lost, not released."""
+    client = proxied_client(lock_client, proxy, retries=1)
+    try:
+        warm_up = lock_client.multi(["w", "w2"], ttl=30, heartbeat=False)
+        assert warm_up.acquire()
+        assert multi.clear_holder(client, "w", warm_up.owner or "")
+        held = KINDS["multi"](lock_client)
+        assert held.acquire()
+        fencing = held.tokens["n"] if token else None
+        proxy.hold_next_script_reply()  # the read of the holder comes through
+        assert multi.clear_holder(client, "n", held.owner or "", fencing)
+        assert proxy.holding.is_set()
+        assert free(lock_client, "lease")
+        with pytest.raises(LockLost):
+            held.release()
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ["lease", "multi"])
 def test_a_holder_whose_lease_was_cleared_finds_it_lost_on_release(
     lock_client: LockClient, kind: str
@@ -462,6 +490,69 @@ def test_an_async_multi_release_sent_again_is_one_release(
             await client.close()
 
     asyncio.run(body())
+
+
+# -- the fair queue ----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("runner", ["sync", "asyncio"])
+def test_a_fair_wait_whose_unanswered_withdrawal_found_the_lease_handed_over_holds_nothing(
+    lock_client: LockClient, proxy: HoldingProxy, runner: str
+) -> None:
+    """The wait runs out; a release hands the lease to the waiter, still queued, just before
+    its withdrawal (fair_abandon.lua) runs, and the withdrawal's reply, which says the lease
+    is the waiter's, is lost. The acquire raises LockBackendError with the lease given back,
+    not False with the name held, unrenewed, for the waiter's ttl."""
+    holder = lock_client.lease("n", ttl=30, heartbeat=False)
+    assert holder.acquire()
+    withdrawal = lock_client.connection.scripts.fair_abandon_call(holder.keys.lock, "")[0]
+    queue = holder.keys.base + b"queue"
+
+    def hand_over_before_the_withdrawal() -> None:
+        assert proxy.stopped.wait(10), "the withdrawal did not come"
+        holder.release()  # the waiter is still queued: the lease is handed to it
+        proxy.let_through()
+
+    def arm() -> threading.Thread:
+        proxy.stop_next_call(withdrawal.sha.encode())
+        helper = threading.Thread(target=hand_over_before_the_withdrawal, daemon=True)
+        helper.start()
+        return helper
+
+    if runner == "sync":
+        client = proxied_client(lock_client, proxy, retries=0)
+        try:
+            # The scripts loaded: a fair wait that runs out, withdrawn.
+            assert not client.lease("n", ttl=30, heartbeat=False, fair=True).acquire(0.1)
+            waiter = client.lease("n", ttl=30, heartbeat=False, fair=True)
+            helper = arm()
+            with pytest.raises(LockBackendError):
+                waiter.acquire(0.3)
+            assert not waiter.held
+        finally:
+            client.close()
+    else:
+
+        async def body() -> threading.Thread:
+            client = async_proxied_client(lock_client, proxy, retries=0)
+            try:
+                warm_up = client.lease("n", ttl=30, heartbeat=False, fair=True)
+                assert not await warm_up.acquire(0.1)
+                waiter = client.lease("n", ttl=30, heartbeat=False, fair=True)
+                helper = arm()
+                with pytest.raises(LockBackendError):
+                    await waiter.acquire(0.3)
+                assert not waiter.held
+                return helper
+            finally:
+                await client.close()
+
+        helper = asyncio.run(body())
+    helper.join(10)
+    assert proxy.holding.is_set()  # the withdrawal ran, and its reply was lost
+    assert free(lock_client, "lease")  # given back, not left to run out in 30 s
+    assert lock_client.redis.llen(queue) == 0
 
 
 # -- the Celery layer: the enqueue-time claim --------------------------------------------------
@@ -558,3 +649,30 @@ def test_a_debounce_take_over_whose_reply_was_lost_leaves_one_claim_with_a_messa
         assert claims(lock_client) == [first.id]
         assert queued(lock_client, lock_prefix) == 1
     assert proxy.holding.is_set()
+
+
+@pytest.mark.timeout(60)
+def test_a_retry_whose_hand_over_reply_was_lost_frees_the_claim_when_no_retry_is_sent(
+    lock_client: LockClient, proxy: HoldingProxy, celery_lock_app: Celery
+) -> None:
+    """Task.retry hands the run's lock to the retry's claim, and that reply is lost
+    (LockBackendError): the hand-over may have run. No retry is sent (max_retries reached),
+    so the claim goes as the run's lock would have, rather than keep the key locked for
+    the countdown plus lock_ttl."""
+    client = proxied_client(lock_client, proxy, retries=0)
+    warm_up = client.lease("warm-up", heartbeat=False)
+    assert warm_up.acquire()
+    warm_up.hand_over("claim:w:1", ttl=1)  # the script loaded
+    celery_lock_app._singleton_lock_client = client  # the app's client (app_client.py)
+    hand_over = client.connection.scripts.handover_call(b"", "", "", 1, [])[0]
+
+    @celery_lock_app.task(base=SingletonTask, shared=False, bind=True, max_retries=0)
+    def doomed(self: Any) -> None:
+        proxy.stop_next_call(hand_over.sha.encode())
+        proxy.let_through()  # the hand-over runs at once; only its reply is held back
+        raise self.retry(countdown=60, exc=RuntimeError("no luck"))
+
+    with pytest.raises(RuntimeError):
+        doomed.apply().get(timeout=30)
+    assert proxy.holding.is_set()
+    assert lock_client.holders(doomed.lock_name((), {})) == []

@@ -7,12 +7,13 @@ then sent again by redis-py (``retries=1``) or raised (``retries=0``).
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support.lost_replies import fence, proxied_client
+from support.lost_replies import async_proxied_client, fence, proxied_client
 from support.proxies import HoldingProxy
 from support.waiting import wait_for
 
@@ -188,6 +189,104 @@ def test_a_downgrade_that_raised_can_be_sent_again_by_the_caller(
         assert writer_free(lock_client)
     finally:
         client.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_upgrade_after_a_downgrade_that_raised_asks_redis(
+    lock_client: LockClient, proxy: HoldingProxy
+) -> None:
+    """The downgrade ran and its reply was lost: the hold is upgradable again, readers come
+    in. The handle cannot tell that from a downgrade that never arrived, so it no longer
+    takes itself for the writer: an upgrade asks Redis again (it used to answer True at
+    once, a writer beside readers)."""
+    client = proxied_client(lock_client, proxy, retries=0)
+    try:
+        warm(client, "upgradable", upgrade=True)
+        handle = MODES["upgradable"](client)
+        assert handle.acquire()
+        assert handle.upgrade(0)
+        proxy.hold_next_reply()
+        with pytest.raises(LockBackendError):
+            handle.downgrade()
+        assert proxy.holding.is_set()
+        reader = lock_client.rwlock("n").read(heartbeat=False)
+        assert reader.acquire(0)  # the downgrade did run
+        assert not handle.upgrade(0)  # a reader holds: no writer beside it
+        assert not handle.upgraded and handle.held
+        reader.release()
+        assert handle.upgrade(0)
+        assert not reader_free(lock_client)
+        handle.release()
+        assert writer_free(lock_client)
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("change", ["upgrade", "downgrade"])
+def test_a_release_after_a_change_that_raised_frees_the_hold_as_it_is(
+    lock_client: LockClient, proxy: HoldingProxy, change: str
+) -> None:
+    """The change ran and its reply was lost; the context is left as its error goes by.
+    The release frees the hold in the mode Redis has it in, not the one the handle last
+    heard of: a downgraded hold released as the writer used to keep its upgradable slot,
+    blocking upgradables and writers until its lease ran out."""
+    client = proxied_client(lock_client, proxy, retries=0)
+    try:
+        warm(client, "upgradable", upgrade=True)
+        handle = MODES["upgradable"](client)
+        with pytest.raises(LockBackendError), handle:
+            if change == "downgrade":
+                assert handle.upgrade(0)
+            proxy.hold_next_reply()
+            getattr(handle, change)()
+        assert proxy.holding.is_set()
+        assert not handle.held and not handle.lost
+        assert holds(lock_client) == 0
+        assert writer_free(lock_client)
+        other = lock_client.rwlock("n").upgradable(heartbeat=False)
+        assert other.acquire(0)
+        other.release()
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_async_downgrade_cancelled_after_it_ran_leaves_the_mode_unknown(
+    lock_client: LockClient, proxy: HoldingProxy
+) -> None:
+    """asyncio: the downgrade ran and the task was cancelled while its reply was awaited.
+    As after LockBackendError, the handle no longer takes itself for the writer, and its
+    release frees the hold as Redis has it."""
+
+    async def body() -> None:
+        client = async_proxied_client(lock_client, proxy, retries=0)
+        try:
+            warm_up = client.rwlock("n").upgradable(ttl=30, heartbeat=False)
+            assert await warm_up.acquire()
+            assert await warm_up.upgrade(0)
+            await warm_up.downgrade()
+            await warm_up.release()
+            handle = client.rwlock("n").upgradable(ttl=30, heartbeat=False)
+            assert await handle.acquire()
+            assert await handle.upgrade(0)
+            proxy.hold_next_reply()
+            downgrade = asyncio.ensure_future(handle.downgrade())
+            assert await asyncio.to_thread(proxy.holding.wait, 10)  # it ran
+            downgrade.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await downgrade
+            reader = lock_client.rwlock("n").read(heartbeat=False)
+            assert reader.acquire(0)
+            assert not await handle.upgrade(0)  # a reader holds: no writer beside it
+            assert not handle.upgraded
+            reader.release()
+            await handle.release()
+            assert writer_free(lock_client)
+        finally:
+            await client.close()
+
+    asyncio.run(body())
 
 
 @pytest.mark.timeout(60)

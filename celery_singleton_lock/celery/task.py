@@ -811,9 +811,10 @@ class SingletonTask(Task):  # type: ignore[misc]
         self, lease: LockHandle, args: Any, kwargs: Any, attempt: int, until_run: float
     ) -> str | None:
         """Hand the run's held ``lease`` to attempt ``attempt``, the retry with these
-        arguments that may run in ``until_run`` seconds; its claim's owner token, or None if
-        the lock was released instead or could not be handed over: the retried run then
-        takes the lock for itself."""
+        arguments that may run in ``until_run`` seconds; its claim's owner token (also when
+        Redis did not answer: it may have been handed over), or None if the lock was
+        released instead or was lost already: the retried run then takes the lock for
+        itself."""
         request = self.request
         if not isinstance(lease, Lease) or lease.name != self.lock_name(args, kwargs):
             # Another key, or a kind with no claims (read/write, range, multi): let go now,
@@ -824,8 +825,15 @@ class SingletonTask(Task):  # type: ignore[misc]
             return claims.hand_over(
                 self, lease, request.id, attempt, until_run + self.lock_options.ttl
             )
-        except LockError as exc:
-            # Lost already, or Redis unreachable (the lease then runs out by itself).
+        except LockBackendError as exc:
+            # Unanswered: it may have run with its reply lost. Its claim is then the lock the
+            # retried run takes over, or, if no retry is sent, the one to release (released
+            # by owner: nothing is freed if it is not there); else the lease runs out.
+            log.warning(
+                "%s[%s] retries, its lock handed over or not: %s", self.name, request.id, exc
+            )
+            return claims.claim_owner(request.id, attempt)
+        except LockError as exc:  # lost already
             log.warning("%s[%s] retries without its lock: %s", self.name, request.id, exc)
             return None
 

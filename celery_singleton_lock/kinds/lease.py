@@ -232,18 +232,26 @@ class LeaseOps(HandleOps):
                 # nothing would renew it, and the caller gets an error, not the lease.
                 yield from self._give_back(owner)
             raise
-        token = yield from self._leave_queue(owner)
+        # Not _leave_queue: a withdrawal Redis did not answer may have run just after a
+        # release handed this waiter the lease, its reply lost. Raised, so that the acquire
+        # gives back whatever its owner holds (_undo_attempts) rather than answering False
+        # with the name held, unrenewed, until its ttl runs out.
+        token = yield from self._withdraw_from_queue(owner)
         return (True, token) if token else (False, 0)
 
-    def _leave_queue(self, owner: str) -> Steps[int]:
+    def _withdraw_from_queue(self, owner: str) -> Steps[int]:
         """Withdraw from the queue; the token if a release handed the lease over meanwhile
-        (this waiter then holds it, taken as its wait ran out)."""
+        (this waiter then holds it, taken as its wait ran out). Raises LockBackendError if
+        Redis does not answer."""
+        # Withdrawn on the master whether or not its replicas acknowledged it: a token in the
+        # reply is a lease this waiter now holds there.
+        return (yield from on_master(self._conn.scripts.fair_abandon_call(self.keys.lock, owner)))
+
+    def _leave_queue(self, owner: str) -> Steps[int]:
+        """:meth:`_withdraw_from_queue`, or 0 if Redis does not answer (logged): for the
+        clean-up of a wait that failed, which gives back what the owner holds after it."""
         try:
-            # Withdrawn on the master whether or not its replicas acknowledged it: a token
-            # in the reply is a lease this waiter now holds there.
-            return (
-                yield from on_master(self._conn.scripts.fair_abandon_call(self.keys.lock, owner))
-            )
+            return (yield from self._withdraw_from_queue(owner))
         except LockBackendError:
             self._withdraw_failed()
             return 0

@@ -27,7 +27,7 @@ from ..core.holder import HOSTNAME, ListedHolder, decode
 from ..core.keys import FENCE_TTL_MS, LockKeys, encode_name, lock_keys
 from ..core.redis_urls import is_cluster
 from ..core.replication import Replication
-from ..core.replies import AcquireReply, HolderReply, acquire_outcome
+from ..core.replies import AcquireReply, ClearReply, HolderReply, acquire_outcome
 from ..core.scan import Record, read_query
 from ..core.scripts import (
     FENCING,
@@ -43,6 +43,7 @@ from ..core.scripts import (
 )
 from ..core.steps import Steps
 from ..exceptions import ConfigurationError, LockNotReplicated
+from . import lease_listing
 from .lease import release_process_hold, renew_lease_keys
 from .lease_listing import lease_keys, read_lease_holders
 
@@ -275,17 +276,26 @@ def clear_holder(
 ) -> bool:
     """Free ``name`` if the multi-key holder ``owner`` (with fencing ``token``, when given)
     still holds it, atomically, and wake its waiters. The holder's other names stay held
-    until its next heartbeat finds this one gone and stops renewing them."""
+    until its next heartbeat finds this one gone and stops renewing them.
+
+    The owner (and the token, when not given) is read first; the name is then cleared by
+    that token as the admin's clear of a lease is (clear.lua), which leaves the trace that
+    answers the same clear sent again after its reply was lost (redis-py's retry) as
+    cleared. Tokens are unique per name: the token read is that owner's hold, or, taken
+    again meanwhile, it no longer matches and nothing is cleared."""
     conn = connection_of(client)
-    keys = conn.keys(validate.check_name(name))
+    name = validate.check_name(name)
+    keys = conn.keys(name)
     owner = validate.check_text(owner, "owner")
     token = validate.check_optional_token(token)
-    code = conn.call(
-        scripts(conn).release,
-        keys=[keys.lock],
-        args=release_args(owner, 0, [keys], "" if token is None else str(token)),
-    )
-    return int(code) == HolderReply.DONE
+    held_by, held_token = conn.call(conn.redis.hmget, keys.lock, "owner", "token")
+    if held_by != owner.encode() or held_token is None:
+        return False
+    if token is not None and int(held_token) != token:
+        return False
+    holder = ListedHolder(name, "multi", owner=owner, token=int(held_token))
+    script, script_keys, args = lease_listing.clear_call(conn, holder)
+    return int(conn.call(script, keys=script_keys, args=args)) == ClearReply.CLEARED
 
 
 def release_holder(

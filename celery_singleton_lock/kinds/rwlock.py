@@ -137,7 +137,10 @@ class RWLockHold(HandleOps):
     mode: str
     #: The Redis keys of this lock.
     keys: RWKeys
-    _upgraded: bool
+    #: Whether the hold is upgraded to the writer; None when an upgrade or a downgrade got
+    #: no answer (LockBackendError, a cancellation): it may have run, so the hold may be in
+    #: either mode until the next change is answered.
+    _upgraded: bool | None
     #: The last ``_describe_holder()`` list and its packed bytes (``_packed_holder``).
     _packed: tuple[list[Any], bytes] | None = None
 
@@ -150,8 +153,11 @@ class RWLockHold(HandleOps):
 
     @property
     def upgraded(self) -> bool:
-        """True while an upgradable hold is upgraded to the writer."""
-        return self._upgraded
+        """True while an upgradable hold is upgraded to the writer. False too after an
+        upgrade or a downgrade that raised LockBackendError (or was cancelled while under
+        way), until the next one is answered: it may have run, so the hold may be in
+        either mode."""
+        return self._upgraded is True
 
     # -- the round trips ---------------------------------------------------------------------
 
@@ -186,8 +192,9 @@ class RWLockHold(HandleOps):
             raise with_reply(exc, holder_reply(int(exc.replies[0]))) from exc
 
     def _held_mode(self) -> str:
-        """The mode this handle holds in: an upgraded hold is the writer."""
-        return "w" if self._upgraded else self.mode
+        """The mode this handle holds in: an upgraded hold is the writer; 'u' (the release
+        reads the mode from the hold's hash) for an upgradable hold in either mode."""
+        return "w" if self._upgraded is True else self.mode
 
     def _change(
         self, op: str, reserve: int = 0
@@ -238,7 +245,7 @@ class RWLockHold(HandleOps):
             kind = intervals.MODE_NAMES[self.mode]
             raise LockError(f"only an upgradable hold can upgrade ({kind})", name=self.name)
         wait = self.wait if wait is None else validate.check_wait(wait)
-        if self._upgraded:
+        if self._upgraded is True:
             return True
         reserve = wait > 0
         unreplicated: LockNotReplicated | None = None
@@ -252,9 +259,13 @@ class RWLockHold(HandleOps):
                 raise self._changed_lost("upgrade")
             return code == IntervalReply.DONE, intervals.wait_hint(value, reserve)
 
-        done, _ = yield from attempt()
-        if not done and reserve:
-            done, _ = yield from self._wait_for(attempt, wait, self._withdraw)
+        try:
+            done, _ = yield from attempt()
+            if not done and reserve:
+                done, _ = yield from self._wait_for(attempt, wait, self._withdraw)
+        except BaseException as exc:
+            self._change_unanswered(exc)
+            raise
         self._upgraded = done
         if unreplicated is not None:
             raise unreplicated  # upgraded on the master: the handle is the writer
@@ -262,14 +273,26 @@ class RWLockHold(HandleOps):
 
     def _downgrade(self) -> Steps[None]:
         """``downgrade``: back from writer to upgradable."""
-        if not self._upgraded:
+        if self._upgraded is False:
             raise LockNotHeld(f"the hold on {self.name!r} is not upgraded", name=self.name)
-        code, _, unreplicated = yield from self._change("downgrade")
+        try:
+            code, _, unreplicated = yield from self._change("downgrade")
+        except BaseException as exc:
+            self._change_unanswered(exc)
+            raise
         if code != IntervalReply.DONE:
             raise self._changed_lost("downgrade")
         self._upgraded = False
         if unreplicated is not None:
             raise unreplicated
+
+    def _change_unanswered(self, error: BaseException) -> None:
+        """An upgrade or a downgrade ended with ``error``. One Redis answered (a LockError
+        other than LockBackendError) says how the hold is; any other came after the change
+        may have run (its reply lost, or cancelled while it was under way), so which mode
+        the hold is in is no longer known."""
+        if not isinstance(error, LockError) or isinstance(error, LockBackendError):
+            self._upgraded = None
 
     def _withdraw(self) -> Steps[None]:
         # The upgrade stopped waiting: drop its reservation (not the hold) and wake the
@@ -287,7 +310,7 @@ class RWLockHold(HandleOps):
         finally:
             # Upgraded only while held: a release that ran ends it, also one that then
             # raised (lost, not replicated); one that was not sent keeps it.
-            self._upgraded = self._upgraded and self._mine()
+            self._upgraded = self._upgraded if self._mine() else False
 
 
 class RWLockHandle(RWLockHold, LockHandle):
@@ -306,7 +329,9 @@ class RWLockHandle(RWLockHold, LockHandle):
     def upgrade(self, wait: float | None = None) -> bool:
         """Become the writer without letting go; True once upgraded, False if ``wait``
         seconds (default: the handle's own) passed first. While it waits, new readers wait
-        too; readers already in are waited for."""
+        too; readers already in are waited for. After an upgrade or a downgrade that raised
+        LockBackendError (it may have run) it asks Redis, and answers as Redis has the
+        hold."""
         return self._run(self._upgrade(wait))
 
     def downgrade(self) -> None:

@@ -1,7 +1,7 @@
 -- Release the leases of a multi-key lock (now, or after a delay during which each name stays
 -- locked with no owner). Keys another owner holds now are left alone.
 -- KEYS[1..n]: lock hashes   ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)
--- ARGV[3]: fencing token each key must have ('' any; the admin's clear_holder passes one)
+-- ARGV[3]: fencing token each key must have ('' any)
 -- ARGV[4..3+n]: the wake-up channel of each name
 -- ARGV[4+n..3+2n]: the fencing token of each name's hold (absent: not known): a name freed
 -- now leaves its hash renamed to P{T}:freed, as release.lua does (it keeps the time the hold

@@ -65,6 +65,9 @@ class HoldingProxy(ForwardingProxy):
         self._armed = False
         self._script_armed = False
         self._scripts_to_pass = 0
+        self._stop_at: bytes | None = None
+        self.stopped = threading.Event()
+        self._go = threading.Event()
         self._lock = threading.Lock()
         super().__init__(target)
 
@@ -81,6 +84,19 @@ class HoldingProxy(ForwardingProxy):
             self._scripts_to_pass = after
             self.holding.clear()
 
+    def stop_next_call(self, marker: bytes) -> None:
+        """The next request holding ``marker`` (a script's SHA1, say) waits at the proxy,
+        ``stopped`` set, until :meth:`let_through`; then it runs and its reply is held back
+        as after :meth:`hold_next_reply`: the test does what it must before it arrives."""
+        with self._lock:
+            self._stop_at = marker
+            self.stopped.clear()
+            self._go.clear()
+            self.holding.clear()
+
+    def let_through(self) -> None:
+        self._go.set()
+
     def _connected(self, client: socket.socket, server: socket.socket) -> None:
         threading.Thread(target=self._up, args=(client, server), daemon=True).start()
         threading.Thread(target=self._down, args=(server, client), daemon=True).start()
@@ -88,7 +104,16 @@ class HoldingProxy(ForwardingProxy):
     def _up(self, client: socket.socket, server: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while data := client.recv(65536):
-                if b"EVALSHA" in data:
+                with self._lock:
+                    stop = self._stop_at is not None and self._stop_at in data
+                    if stop:
+                        self._stop_at = None
+                if stop:
+                    self.stopped.set()
+                    self._go.wait()
+                    with self._lock:  # before sending: the reply may come back at once
+                        self._armed = True
+                elif b"EVALSHA" in data:
                     with self._lock:  # before sending: the reply may come back at once
                         if self._script_armed and self._scripts_to_pass:
                             self._scripts_to_pass -= 1
