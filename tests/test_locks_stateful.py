@@ -4,6 +4,8 @@ model; plus the heartbeat renewing every kind of lock in one round trip."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -122,19 +124,9 @@ def test_locks_match_the_model(lock_redis_url: str) -> None:
     run().runTest()
 
 
-def test_heartbeat_renews_every_kind_in_one_round_trip(lock_client: LockClient) -> None:
-    handles = [
-        lock_client.lease("a", ttl=30),
-        lock_client.rwlock("b").read(ttl=30),
-        lock_client.range_lock("c").read(0, 1, ttl=30),
-        lock_client.multi(["d", "e"], ttl=30),
-    ]
-    assert all(h.acquire() for h in handles)
-    heartbeat()._renew(list(handles))  # loads the renew scripts into a fresh server
-    redis = lock_client.redis
-    for key in redis.keys(lock_client.prefix + "*"):
-        if redis.pttl(key) < 60_000:
-            redis.pexpire(key, 5000)  # as if the last renewal was long ago
+@contextmanager
+def pipeline_executes(redis: Any) -> Iterator[list[int]]:
+    """The commands each pipeline of ``redis`` sent, one entry per round trip (execute)."""
     executes: list[int] = []
     real_pipeline = redis.pipeline
 
@@ -149,12 +141,29 @@ def test_heartbeat_renews_every_kind_in_one_round_trip(lock_client: LockClient) 
         pipe.execute = execute
         return pipe
 
-    stats_before = redis.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
     redis.pipeline = counting_pipeline
     try:
-        heartbeat()._renew(list(handles))
+        yield executes
     finally:
         redis.pipeline = real_pipeline
+
+
+def test_heartbeat_renews_every_kind_in_one_round_trip(lock_client: LockClient) -> None:
+    handles = [
+        lock_client.lease("a", ttl=30),
+        lock_client.rwlock("b").read(ttl=30),
+        lock_client.range_lock("c").read(0, 1, ttl=30),
+        lock_client.multi(["d", "e"], ttl=30),
+    ]
+    assert all(h.acquire() for h in handles)
+    heartbeat()._renew(list(handles))  # loads the renew scripts into a fresh server
+    redis = lock_client.redis
+    for key in redis.keys(lock_client.prefix + "*"):
+        if redis.pttl(key) < 60_000:
+            redis.pexpire(key, 5000)  # as if the last renewal was long ago
+    stats_before = redis.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    with pipeline_executes(redis) as executes:
+        heartbeat()._renew(list(handles))
     stats_after = redis.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
     assert executes == [4]  # one pipeline round trip, one script call per kind
     assert stats_after - stats_before >= 4
@@ -177,25 +186,8 @@ def test_a_tick_renewing_more_than_one_call_carries_splits_them_in_one_round_tri
     redis = lock_client.redis
     for lease in leases:
         redis.pexpire(lease.keys.lock, 5000)  # as if the last renewal was long ago
-    executes: list[int] = []
-    real_pipeline = redis.pipeline
-
-    def counting_pipeline(*args: Any, **kwargs: Any) -> Any:
-        pipe = real_pipeline(*args, **kwargs)
-        real_execute = pipe.execute
-
-        def execute(*a: Any, **k: Any) -> Any:
-            executes.append(len(pipe.command_stack))
-            return real_execute(*a, **k)
-
-        pipe.execute = execute
-        return pipe
-
-    redis.pipeline = counting_pipeline
-    try:
+    with pipeline_executes(redis) as executes:
         heartbeat()._renew(list(leases))
-    finally:
-        redis.pipeline = real_pipeline
     assert executes == [3]  # one round trip: calls of 2, 2 and 1 renewals
     for lease in leases:
         assert redis.pttl(lease.keys.lock) > 20_000, lease.name
