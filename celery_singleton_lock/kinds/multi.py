@@ -111,16 +111,11 @@ def acquired(ordered: Sequence[str], reply: Sequence[Any]) -> tuple[bool, int, d
 
 
 def release_args(
-    owner: str,
-    delay_ms: int,
-    keys: Sequence[LockKeys],
-    token: str = "",
-    tokens: Sequence[int] = (),
+    owner: str, delay_ms: int, keys: Sequence[LockKeys], tokens: Sequence[int] = ()
 ) -> list[Any]:
-    """ARGV of multi_release.lua: owner, release delay ms, the fencing token to check (''
-    none), each name's channel, then the token of each name's hold (``tokens``, in key order;
-    empty: not known)."""
-    return [owner, delay_ms, token, *(k.channel for k in keys), *tokens]
+    """ARGV of multi_release.lua: owner, release delay ms, each name's channel, then the
+    token of each name's hold (``tokens``, in key order; empty: not known)."""
+    return [owner, delay_ms, *(k.channel for k in keys), *tokens]
 
 
 class MultiLeaseOps(HandleOps):

@@ -1,9 +1,8 @@
 -- Release the leases of a multi-key lock (now, or after a delay during which each name stays
 -- locked with no owner). Keys another owner holds now are left alone.
 -- KEYS[1..n]: lock hashes   ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)
--- ARGV[3]: fencing token each key must have ('' any)
--- ARGV[4..3+n]: the wake-up channel of each name
--- ARGV[4+n..3+2n]: the fencing token of each name's hold (absent: not known): a name freed
+-- ARGV[3..2+n]: the wake-up channel of each name
+-- ARGV[3+n..2+2n]: the fencing token of each name's hold (absent: not known): a name freed
 -- now leaves its hash renamed to P{T}:freed, as release.lua does (it keeps the time the hold
 -- had left)
 -- Waiters mark the hash (acquire.lua): only a marked one is published, and its oldest live
@@ -18,11 +17,11 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local delay = tonumber(ARGV[2])
 local result = 1
 for i, key in ipairs(KEYS) do
-  local holder = redis.call('HMGET', key, 'owner', 'token', 'waiting', 'released_by')
+  local holder = redis.call('HMGET', key, 'owner', 'waiting', 'released_by')
   local owner = holder[1]
-  local token = ARGV[3 + #KEYS + i]
+  local token = ARGV[2 + #KEYS + i]
   local freed = string.sub(key, 1, -5) .. 'freed'
-  if owner == ARGV[1] and (ARGV[3] == '' or holder[2] == ARGV[3]) then
+  if owner == ARGV[1] then
     if delay > 0 then
       redis.call('HSET', key, 'owner', '', 'state', 'cooldown', 'released_ms', now_ms,
         'released_by', ARGV[1])
@@ -31,12 +30,12 @@ for i, key in ipairs(KEYS) do
       if not (token and advisory('RENAME', key, freed)) then
         redis.call('DEL', key)
       end
-      if holder[3] then
-        redis.call('PUBLISH', ARGV[3 + i], 'released')
+      if holder[2] then
+        redis.call('PUBLISH', ARGV[2 + i], 'released')
         wake_fair_waiter(string.sub(key, 1, -5))
       end
     end
-  elseif owner == '' and holder[4] == ARGV[1] and ARGV[3] == '' then
+  elseif owner == '' and holder[3] == ARGV[1] then
     -- released already, by this very call sent again
   elseif token and advisory('HGET', freed, 'token') == token then
     -- freed already, by this very call sent again
