@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import redis
-from apps.fault_app import gate_key
+from apps.fault_app import RESULT_RELEASE_DELAY, gate_key
 from celery import Celery
 from celery.backends.redis import RedisBackend
 from celery.signals import task_postrun
@@ -250,6 +250,26 @@ def test_a_run_killed_before_its_result_was_stored_leaves_no_mark_and_its_copy_c
     assert len(starts) == 2 and starts[0]["pid"] != pid == starts[1]["pid"]
     assert len(events(pool, event="end", task_id=result.id)) == 2
     assert done_mark(task, ("kr",), result.id)[0] == b"0"
+
+
+@pytest.mark.timeout(180)
+def test_a_run_killed_before_its_result_was_stored_in_its_release_delay_is_completed_after_it(
+    pool: Workers,
+) -> None:
+    # The run that ended left its release delay and its mark, and no outcome. Its copy comes
+    # back (re-queued once) while that delay still stands: it is the call's last chance of an
+    # outcome, so it waits the delay out and runs, rather than being ignored as a copy of
+    # a call that ended.
+    worker = pool.start(concurrency=1)
+    pool.wait_ready(worker)
+    task = pool.app.tasks["fault.dies_before_result_delayed"]
+    result = task.apply_async(("kd",))
+    pid = result.get(timeout=TIMEOUT * 2)
+    starts = events(pool, event="start", task_id=result.id)
+    assert len(starts) == 2 and starts[0]["pid"] != pid == starts[1]["pid"]
+    # Not before the first run's release delay was over.
+    assert starts[1]["time"] - starts[0]["time"] >= RESULT_RELEASE_DELAY
+    assert done_mark(task, ("kd",), result.id)[0] == b"0"
 
 
 # -- in-process workers ------------------------------------------------------------------------

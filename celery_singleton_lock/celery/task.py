@@ -410,8 +410,16 @@ class SingletonTask(Task):  # type: ignore[misc]
         request = self.request
         if not any(holder.task_id == request.id for holder in found):
             return False
-        # The release delay of this very call (it ran): nothing more to do.
+        # The release delay of this very call (it ran): nothing more to do, unless this copy
+        # is to run the call again (its outcome was never stored), once the delay is over.
         delays = [holder for holder in found if holder.release_delay_until_ms is not None]
+        own_delays = [
+            until
+            for holder in delays
+            if holder.task_id == request.id and (until := holder.release_delay_until_ms)
+        ]
+        if own_delays and self._runs_again():
+            self._requeue_or_ignore(own_holds.delay_verdict(self, max(own_delays)))
         verdict: own_holds.Verdict | None
         if isinstance(lease, Lease):
             hold, verdict = own_holds.assess(self, lease, node)
@@ -545,6 +553,15 @@ class SingletonTask(Task):  # type: ignore[misc]
         log.info("%s[%s] dropped: attempt %d of this task id ended already", self.name,
                  request.id, ended)  # fmt: skip
         raise Ignore()
+
+    def _runs_again(self) -> bool:
+        """Whether this copy is to run its call again: it was re-queued once for an outcome
+        that is still not stored (:meth:`_acquire`)."""
+        request = self.request
+        return (
+            bool(own_holds.requeues(request, own_holds.OUTCOME_REQUEUES_HEADER))
+            and self._outcome_missing()
+        )
 
     def _outcome_missing(self) -> bool:
         """Whether this call's outcome should be stored and the result backend has none
