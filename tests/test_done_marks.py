@@ -9,7 +9,6 @@ backend and for a retrying call.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 import redis
-from apps.fault_app import gate_key
+from apps.fault_app import RESULT_RELEASE_DELAY, gate_key
 from celery import Celery
 from celery.backends.redis import RedisBackend
 from celery.signals import task_postrun
@@ -31,7 +30,7 @@ from support.waiting import wait_for
 from celery_singleton_lock import LockClient, SingletonTask
 from celery_singleton_lock.celery.own_holds import REQUEUES_HEADER
 from celery_singleton_lock.embedded import RedisServer
-from celery_singleton_lock.exceptions import ConfigurationError, LockLost
+from celery_singleton_lock.exceptions import ConfigurationError
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
 
@@ -125,7 +124,8 @@ def test_a_release_with_its_mark_runs_once_after_a_script_flush() -> None:
 def test_a_release_whose_reply_was_lost_and_sent_again_leaves_one_mark(client: LockClient) -> None:
     """The mark and the release ran, their reply was lost, redis-py's retry sent the
     call again: the mark is written again as it was (never a second attempt), and the
-    lock stays free; the release sent again finds it gone, as any re-sent release does."""
+    lock stays free; the release sent again finds the first one's trace: released, not
+    lost."""
     from celery_singleton_lock.celery import done_marks
 
     port = int(client.connection.redis.connection_pool.connection_kwargs["port"])
@@ -143,12 +143,9 @@ def test_a_release_whose_reply_was_lost_and_sent_again_leaves_one_mark(client: L
         mark = done_marks.DoneMark.of(connection, lease, "t-lost", 0, 30.0)
         assert done_marks.acquire(connection, lease, 0.0, mark) == (True, -1)
         proxy.hold_next_reply()
-        # The release sent again answers "not held" (LockExpired), as a lone re-sent
-        # release does: the run logs it; what matters here is what Redis has.
-        with contextlib.suppress(LockLost):
-            done_marks.release(connection, lease, 0.0, mark)
+        done_marks.release(connection, lease, 0.0, mark)
         assert proxy.holding.is_set()
-        assert not lease.held and not client.holders("done:lost")
+        assert not lease.held and not lease.lost and not client.holders("done:lost")
         assert client.connection.redis.get(mark.key) == b"0"
         assert 0 < client.connection.redis.pttl(mark.key) <= 30_000
     finally:
@@ -250,6 +247,26 @@ def test_a_run_killed_before_its_result_was_stored_leaves_no_mark_and_its_copy_c
     assert len(starts) == 2 and starts[0]["pid"] != pid == starts[1]["pid"]
     assert len(events(pool, event="end", task_id=result.id)) == 2
     assert done_mark(task, ("kr",), result.id)[0] == b"0"
+
+
+@pytest.mark.timeout(180)
+def test_a_run_killed_before_its_result_was_stored_in_its_release_delay_is_completed_after_it(
+    pool: Workers,
+) -> None:
+    # The run that ended left its release delay and its mark, and no outcome. Its copy comes
+    # back (re-queued once) while that delay still stands: it is the call's last chance of an
+    # outcome, so it waits the delay out and runs, rather than being ignored as a copy of
+    # a call that ended.
+    worker = pool.start(concurrency=1)
+    pool.wait_ready(worker)
+    task = pool.app.tasks["fault.dies_before_result_delayed"]
+    result = task.apply_async(("kd",))
+    pid = result.get(timeout=TIMEOUT * 2)
+    starts = events(pool, event="start", task_id=result.id)
+    assert len(starts) == 2 and starts[0]["pid"] != pid == starts[1]["pid"]
+    # Not before the first run's release delay was over.
+    assert starts[1]["time"] - starts[0]["time"] >= RESULT_RELEASE_DELAY
+    assert done_mark(task, ("kd",), result.id)[0] == b"0"
 
 
 # -- in-process workers ------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from celery.backends.base import DisabledBackend
 
 from ..core import validate
 from ..core.replies import HolderReply
+from ..exceptions import LockError
 from ..kinds.lease import CLAIM_OWNER_PREFIX, Lease, ReleaseResult
 from .holders import Holder
 from .options import DEBOUNCE, UNTIL_START
@@ -142,9 +143,14 @@ def hand_over(task: Any, lease: Lease, task_id: str, attempt: int, ttl: float) -
 
 
 def release_handed_over(task: Any, name: str, owner: str, delay: float) -> None:
-    """Release the claim ``owner`` on ``name`` that :func:`hand_over` made, after ``delay``
-    seconds (release delay), as the run's own lock would have been: no retry was sent."""
-    task.lock_client.release_owner(name, owner, delay=delay)
+    """Release the claim ``owner`` on ``name`` that :func:`hand_over` made (or may have made:
+    its reply lost), after ``delay`` seconds (release delay), as the run's own lock would
+    have been: no retry was sent. A claim that cannot be released now is logged and runs
+    out by itself; the caller's own error is what it raises."""
+    try:
+        task.lock_client.release_owner(name, owner, delay=delay)
+    except LockError as exc:
+        log.warning("%s: could not release the claim %s on %r: %s", task.name, owner, name, exc)
 
 
 # -- 3. taken over by its run ------------------------------------------------------------------

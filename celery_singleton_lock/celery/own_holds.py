@@ -139,6 +139,22 @@ def requeue_verdict(task: Any) -> Verdict:
     return Verdict(REQUEUE, "re-queued: a hold of this task id stands", countdown)
 
 
+def delay_verdict(task: Any, until_ms: int) -> Verdict:
+    """For a copy that is to run its call again (its attempt ended, no outcome of it was
+    stored: done_marks.py) but meets that call's own release delay, ending at ``until_ms``
+    on the Redis server's clock: re-queue it to look again once the delay is over."""
+    try:
+        left = max(0.0, until_ms - server_ms(task.lock_client)) / 1000
+    except LockBackendError:
+        left = task.lock_options.lease  # Redis did not answer: not long, look again
+    countdown = left + MARGIN_S
+    cap = max_countdown(task.app)
+    if cap is not None:
+        countdown = min(countdown, cap)
+    why = "re-queued: runs again once the release delay of its call that ended is over"
+    return Verdict(REQUEUE, why, countdown, OUTCOME_REQUEUES_HEADER)
+
+
 def pid_gone(pid: int) -> bool:
     """True if no process ``pid`` runs on this host: none exists, or it is a zombie (it has
     exited and runs no code; a killed worker's children stay zombies until reaped, which a

@@ -410,8 +410,16 @@ class SingletonTask(Task):  # type: ignore[misc]
         request = self.request
         if not any(holder.task_id == request.id for holder in found):
             return False
-        # The release delay of this very call (it ran): nothing more to do.
+        # The release delay of this very call (it ran): nothing more to do, unless this copy
+        # is to run the call again (its outcome was never stored), once the delay is over.
         delays = [holder for holder in found if holder.release_delay_until_ms is not None]
+        own_delays = [
+            until
+            for holder in delays
+            if holder.task_id == request.id and (until := holder.release_delay_until_ms)
+        ]
+        if own_delays and self._runs_again():
+            self._requeue_or_ignore(own_holds.delay_verdict(self, max(own_delays)))
         verdict: own_holds.Verdict | None
         if isinstance(lease, Lease):
             hold, verdict = own_holds.assess(self, lease, node)
@@ -545,6 +553,15 @@ class SingletonTask(Task):  # type: ignore[misc]
         log.info("%s[%s] dropped: attempt %d of this task id ended already", self.name,
                  request.id, ended)  # fmt: skip
         raise Ignore()
+
+    def _runs_again(self) -> bool:
+        """Whether this copy is to run its call again: it was re-queued once for an outcome
+        that is still not stored (:meth:`_acquire`)."""
+        request = self.request
+        return (
+            bool(own_holds.requeues(request, own_holds.OUTCOME_REQUEUES_HEADER))
+            and self._outcome_missing()
+        )
 
     def _outcome_missing(self) -> bool:
         """Whether this call's outcome should be stored and the result backend has none
@@ -733,7 +750,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             until_run = float(self.default_retry_delay or 0)
         else:
             until_run = enqueue.seconds_until(eta, countdown)
-        next_owner = self._hand_over(
+        next_owner, handed = self._hand_over(
             lease,
             request.args if args is None else args,
             request.kwargs if kwargs is None else kwargs,
@@ -752,14 +769,16 @@ class SingletonTask(Task):  # type: ignore[misc]
         try:
             return super().retry(**call)
         except Retry:
-            lock_released.send(sender=self, name=lease.name, task_id=request.id, lease=lease)
+            if handed:
+                lock_released.send(sender=self, name=lease.name, task_id=request.id, lease=lease)
             # The retry is sent: this attempt ended (its claim kept copies out until now).
             self._record_end(lease)
             raise
         except BaseException as exc:
             # No retry was sent (max_retries reached, broker error): this run was the last,
             # so its claim goes as the run's own lock would, release delay included, after
-            # the attempt's done mark (none if the run was cut short).
+            # the attempt's done mark (none if the run was cut short); also a claim whose
+            # hand-over was not answered, which may be there all the same.
             if isinstance(exc, Exception):
                 self._record_end(lease)
             claims.release_handed_over(
@@ -781,9 +800,9 @@ class SingletonTask(Task):  # type: ignore[misc]
                 options["countdown"] = max(
                     0.0, float(options["countdown"]) - (time.monotonic() - called_at)
                 )
-            next_owner = None
+            next_owner, handed = None, False
             if lease is not None and lease.held:
-                next_owner = self._hand_over(
+                next_owner, handed = self._hand_over(
                     lease,
                     args,
                     kwargs,
@@ -802,40 +821,42 @@ class SingletonTask(Task):  # type: ignore[misc]
                         self, lease.name, next_owner, self.lock_options.release_delay
                     )
                 continue
-            if next_owner is not None and lease is not None:
+            if handed and lease is not None:
                 lock_released.send(sender=self, name=lease.name, task_id=request.id, lease=lease)
         if ended and lease is not None:
             self._record_end(lease)
 
     def _hand_over(
         self, lease: LockHandle, args: Any, kwargs: Any, attempt: int, until_run: float
-    ) -> str | None:
+    ) -> tuple[str | None, bool]:
         """Hand the run's held ``lease`` to attempt ``attempt``, the retry with these
-        arguments that may run in ``until_run`` seconds; its claim's owner token (also when
-        Redis did not answer: it may have been handed over), or None if the lock was
-        released instead or was lost already: the retried run then takes the lock for
-        itself."""
+        arguments that may run in ``until_run`` seconds. Returns its claim's owner token
+        (None if the lock was released instead or lost already: the retried run then takes
+        the lock for itself) and whether Redis answered that it was handed over."""
         request = self.request
         if not isinstance(lease, Lease) or lease.name != self.lock_name(args, kwargs):
             # Another key, or a kind with no claims (read/write, range, multi): let go now,
             # unmarked (the caller marks the attempt once its retry is sent).
             self._release(lease, ended=False)
-            return None
+            return None, False
         try:
-            return claims.hand_over(
+            owner = claims.hand_over(
                 self, lease, request.id, attempt, until_run + self.lock_options.ttl
             )
         except LockBackendError as exc:
-            # Unanswered: it may have run with its reply lost. Its claim is then the lock the
-            # retried run takes over, or, if no retry is sent, the one to release (released
-            # by owner: nothing is freed if it is not there); else the lease runs out.
+            # No answer: the hand-over may have run (its reply lost), its claim then waiting
+            # for a retry that may not be sent. Its owner token, so that the claim goes as
+            # an answered one does if no retry is sent (owner-checked: if the hand-over
+            # never ran, the run's lease runs out by itself).
             log.warning(
-                "%s[%s] retries, its lock handed over or not: %s", self.name, request.id, exc
+                "%s[%s] retries, its lock maybe not handed over: %s", self.name, request.id, exc
             )
-            return claims.claim_owner(request.id, attempt)
-        except LockError as exc:  # lost already
+            return claims.claim_owner(request.id, attempt), False
+        except LockError as exc:
+            # Lost already: the retried run takes the lock for itself.
             log.warning("%s[%s] retries without its lock: %s", self.name, request.id, exc)
-            return None
+            return None, False
+        return owner, True
 
     # -- enqueue-time lock -------------------------------------------------------------------
 

@@ -36,6 +36,9 @@ from celery_singleton_lock import (
 RECORD_TTL = 3600
 #: The chaos tasks' lease: a holder SIGSTOPped longer than this loses its lock.
 CHAOS_LEASE = 3.0
+#: ``fault.dies_before_result_delayed``'s release delay: longer than the re-queue (half the
+#: 8 s visibility timeout) of a copy that finds its call ended with no outcome stored.
+RESULT_RELEASE_DELAY = 10.0
 #: The chaos tasks: ``fault.chaos`` waits and retries until it runs, ``fault.chaos_skip`` is
 #: skipped while another call runs its key.
 CHAOS_TASKS = ("fault.chaos", "fault.chaos_skip")
@@ -202,14 +205,27 @@ def make_app(lock_url: str, broker_url: str, prefix: str, queue: str = "celery")
                 os.kill(os.getpid(), signal.SIGKILL)
             return super().mark_as_done(task_id, *args, **kwargs)
 
-    @app.task(
-        base=SingletonTask, bind=True, shared=False, name="fault.dies_before_result",
-        lock_key="result:{key}", lock_lease=2, lock_ttl=600, acks_late=True,
-        reject_on_worker_lost=True, backend=DiesBeforeStoring(app=app, url=broker_url),
-    )  # fmt: skip
+    dies_options: dict[str, Any] = {
+        "base": SingletonTask, "bind": True, "shared": False, "lock_lease": 2, "lock_ttl": 600,
+        "acks_late": True, "reject_on_worker_lost": True,
+        "backend": DiesBeforeStoring(app=app, url=broker_url),
+    }  # fmt: skip
+
+    @app.task(name="fault.dies_before_result", lock_key="result:{key}", **dies_options)
     def dies_before_result(self: Any, key: str) -> int:
         """Its first run's process is killed between the body's end and the storing of its
         result; the call must still complete."""
+        task_record(self, "start", key)
+        task_record(self, "end", key)
+        return os.getpid()
+
+    @app.task(
+        name="fault.dies_before_result_delayed", lock_key="delayed:{key}",
+        lock_release_delay=RESULT_RELEASE_DELAY, **dies_options,
+    )  # fmt: skip
+    def dies_before_result_delayed(self: Any, key: str) -> int:
+        """As ``fault.dies_before_result``, with a release delay: the first run's delay
+        still stands when its copy, re-queued once for the missing outcome, comes back."""
         task_record(self, "start", key)
         task_record(self, "end", key)
         return os.getpid()

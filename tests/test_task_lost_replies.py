@@ -1,0 +1,101 @@
+"""SingletonTask steps whose reply from the lock Redis is lost: the step ran on the server,
+and the worker never heard (support/proxies.py holds the reply back; the lock client through
+the proxy does not send the call again, so the step raises LockBackendError)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.exceptions import MaxRetriesExceededError
+from support.lost_replies import proxied_client
+from support.proxies import HoldingProxy
+
+from celery_singleton_lock import LockClient, SingletonTask, is_skipped, lock_lost, lock_released
+
+
+@pytest.mark.timeout(60)
+def test_a_hand_over_to_a_retry_never_sent_whose_reply_was_lost_leaves_no_claim(
+    celery_lock_app: Celery, lock_client: LockClient, proxy: HoldingProxy
+) -> None:
+    """``self.retry()`` hands the run's lock to the next attempt first, and that reply is
+    lost; then no retry is sent (max retries reached). The hand-over did happen: its claim,
+    for a retry that will never run, must go as it does when Redis answered, not block the
+    key for the claim's countdown plus ``lock_ttl``."""
+    client = proxied_client(lock_client, proxy, retries=0)
+    celery_lock_app._singleton_lock_client = client  # the app's client (app_client.py)
+    warm = client.lease("warm-up", heartbeat=False)
+    assert warm.acquire()
+    warm.hand_over("claim:warm-up:1", ttl=1)  # the hand-over script loaded
+
+    @celery_lock_app.task(
+        base=SingletonTask, shared=False, bind=True, max_retries=0, lock_key="report:{day}"
+    )
+    def report(self: Any, day: str, lose_hand_over: bool) -> str:
+        if lose_hand_over:
+            proxy.hold_next_script_reply()
+            raise self.retry(countdown=60)
+        return day
+
+    failed = report.apply(("d1", True))
+    assert proxy.holding.is_set()  # the hand-over ran, its reply was lost
+    assert isinstance(failed.result, MaxRetriesExceededError)
+    assert lock_client.holders("report:d1") == []
+    ran = report.apply(("d1", False))
+    assert not is_skipped(ran.result) and ran.result == "d1"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("retries", [1, 0])
+def test_a_release_whose_reply_was_lost_frees_the_lock_once_and_marks_the_call_done(
+    celery_lock_app: Celery,
+    lock_client: LockClient,
+    proxy: HoldingProxy,
+    retries: int,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The run's release (its done mark first, in the same call) ran and its reply was
+    lost. Sent again (``retries=1``), it finds its own trace: released, not lost. Not sent
+    again, the run logs a WARNING and goes on. Either way the lock is free, the call is
+    marked done, and a copy of its message is dropped."""
+    caplog.set_level(logging.INFO, logger="celery_singleton_lock.task")
+    client = proxied_client(lock_client, proxy, retries=retries)
+    celery_lock_app._singleton_lock_client = client
+    signals: list[str] = []
+
+    def released(sender: Any, **_: Any) -> None:
+        signals.append("released")
+
+    def lost(sender: Any, **_: Any) -> None:
+        signals.append("lost")
+
+    # No outcome to wait for (apply() stores none): the mark alone drops the copy.
+    @celery_lock_app.task(
+        base=SingletonTask, shared=False, lock_key="sync:{day}", ignore_result=True
+    )
+    def sync(day: str, lose_release: bool) -> str:
+        if lose_release:
+            proxy.hold_next_script_reply()  # the next script call is the run's release
+        return day
+
+    assert sync.apply(("warm-up", False)).result == "warm-up"  # the scripts loaded
+    lock_released.connect(released, weak=False)
+    lock_lost.connect(lost, weak=False)
+    try:
+        first = sync.apply(("d2", True))
+    finally:
+        lock_released.disconnect(released)
+        lock_lost.disconnect(lost)
+    assert proxy.holding.is_set()
+    assert first.result == "d2"
+    assert lock_client.holders("sync:d2") == []
+    if retries:
+        assert signals == ["released"]
+    else:
+        assert signals == []
+        assert "could not release 'sync:d2'" in caplog.text
+    assert "without its lock" not in caplog.text
+    copy = sync.apply(("d2", False), task_id=first.id)
+    assert copy.state == "IGNORED" and f"[{first.id}] dropped" in caplog.text
