@@ -26,7 +26,7 @@ from typing import Any
 from celery.result import AsyncResult
 from celery.utils import uuid
 
-from ..exceptions import DuplicateTask
+from ..exceptions import DuplicateTask, LockBackendError, LockError, LockNotReplicated
 from . import holders
 from .claims import claim_lease, claim_life, claim_name, finished_claim
 from .options import DEBOUNCE
@@ -79,7 +79,7 @@ def send_once(
         try:
             return send(args, kwargs, task_id=task_id, **options)
         except BaseException:
-            claim.release()  # no message carries the claim
+            release_unsent(task, claim, task_id, ttl)
             raise
     why = holders.describe(found)
     if any(options.get(key) for key in _CANVAS_OPTIONS):
@@ -98,6 +98,25 @@ def send_once(
     if holder is None:
         return send(args, kwargs, task_id=task_id, **options)
     return AsyncResult(holder, app=task.app)
+
+
+def release_unsent(task: Any, claim: Any, task_id: str, ttl: float) -> None:
+    """Release the claim of a call whose message was not sent (no message carries it). When
+    the lock Redis does not answer either (the broker is often the same Redis), the send's
+    error is the one the caller gets; the claim is logged, and keeps the key until it runs
+    out: calls of that key until then are answered with this task id, never sent."""
+    try:
+        claim.release()
+    except LockNotReplicated:
+        pass  # released on the master
+    except LockBackendError as exc:
+        log.warning(
+            "%s[%s] was not sent and its claim on %r could not be released (%s): calls with"
+            " that lock get this task id until the claim runs out in %.0f s",
+            task.name, task_id, claim.name, exc, ttl,
+        )  # fmt: skip
+    except LockError:
+        pass  # gone already (run out, cleared): nothing holds the key
 
 
 def seconds_until(eta: datetime.datetime | str | None, countdown: float | None) -> float:
