@@ -56,7 +56,9 @@ class AsyncRangeLockHandle(RangeHold, AsyncIntervalHandle):
     """A hold on [lo, hi] of a range lock; ``mode`` is 'r', 'u' or 'w'."""
 
     async def shrink(self, lo: float, hi: float) -> None:
-        """Narrow the held interval to [lo, hi] (inside the current one) without letting go."""
+        """Narrow the held interval to [lo, hi] (inside the current one) without letting go;
+        as the sync handle's: after a LockBackendError (or a cancellation) the handle says
+        it holds [lo, hi]."""
         await self._run(self._shrink(lo, hi))
 
     def write(self, lo: float, hi: float, **options: Any) -> AsyncRangeLockHandle:

@@ -23,7 +23,7 @@ from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.replies import IntervalReply
 from ..core.steps import Steps
-from ..exceptions import ConfigurationError, LockError
+from ..exceptions import ConfigurationError, LockBackendError, LockError
 from . import intervals
 from .intervals import IntervalHandle, IntervalHold, check_interval
 
@@ -40,7 +40,15 @@ class RangeHold(IntervalHold):
     def _shrink(self, lo: float, hi: float) -> Steps[None]:
         """``shrink``: narrow the held interval to [lo, hi], inside the current one."""
         low, high = self._inside(lo, hi, "held")
-        code, _, unreplicated = yield from self._change("shrink", low, high)
+        try:
+            code, _, unreplicated = yield from self._change("shrink", low, high)
+        except BaseException as exc:
+            if not isinstance(exc, LockError) or isinstance(exc, LockBackendError):
+                # No answer (its reply lost, or cancelled under way): it may have run. The
+                # handle says it holds [lo, hi] only, which it holds either way, so that
+                # nothing is done in the parts that may have been freed.
+                self.lo, self.hi = low, high
+            raise
         if code == IntervalReply.NOT_INSIDE:  # pragma: no cover - the check above prevents it
             raise ConfigurationError("lo", f"[{lo}, {hi}] is not inside the held range")
         if code != IntervalReply.DONE:
@@ -66,7 +74,9 @@ class RangeLockHandle(RangeHold, IntervalHandle):
 
     def shrink(self, lo: float, hi: float) -> None:
         """Narrow the held interval to [lo, hi] (inside the current one) without letting go;
-        waiters on the freed parts are woken."""
+        waiters on the freed parts are woken. A shrink that raised LockBackendError may have
+        run: the handle then says it holds [lo, hi] (it holds at least that), and the same
+        shrink can be sent again."""
         self._run(self._shrink(lo, hi))
 
     def write(self, lo: float, hi: float, **options: Any) -> RangeLockHandle:
