@@ -113,7 +113,7 @@ class RenewalRound:
 #: the same round trip. A script blocks Redis while it runs (about 3-5 µs per lease), and
 #: Redis reads a pipeline a buffer at a time, serving other clients between its calls: so
 #: a tick renewing thousands of holds blocks the server about as long as one call of this
-#: many (about a millisecond), not for the whole tick.
+#: many (1-2 ms on a small machine), not for the whole tick.
 RENEWALS_PER_CALL = 250
 
 #: Codes of renew.lua, worst first: the worst of a multi-key lock's names decides.
