@@ -17,6 +17,7 @@ from celery.bin.base import CLIContext
 from celery.signals import before_task_publish
 from click.testing import CliRunner, Result
 from kombu.exceptions import OperationalError
+from support.proxies import OutageProxy
 
 from celery_singleton_lock import ConfigurationError, SingletonTask, admin
 from celery_singleton_lock.celery.evidence import IN_FLIGHT_S
@@ -276,28 +277,39 @@ def test_on_a_broker_that_cannot_be_read_only_purged_clears_claims_no_worker_hol
 def test_a_send_that_failed_with_the_lock_redis_down_too_raises_the_sends_own_error(
     celery_lock_app: Celery, lock_prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The broker's Redis, which holds the locks too (the default), goes down between the
-    claim and the send: the claim cannot be released, and the caller gets the broker's
-    error, not the lock's; the claim left behind is logged with the time it keeps the key."""
+    """The broker's Redis, which holds the locks too (the default), becomes unreachable between
+    the claim and the send: the claim cannot be released, and the caller gets the broker's
+    error, not the lock's, with the claim logged. Once Redis answers again, the next call
+    releases that claim first: it is sent, not answered with the task id never sent."""
     with RedisServer() as server:
-        celery_lock_app.conf.update(broker_url=server.url, task_publish_retry=False)
-
-        @celery_lock_app.task(base=SingletonTask, shared=False, lock_on_enqueue=True)
-        def sync(customer: int) -> int:
-            return customer
-
-        def stop_the_server(sender: Any = None, **_: Any) -> None:
-            if sender == sync.name:
-                server.stop()
-
-        before_task_publish.connect(stop_the_server, weak=False)
+        proxy = OutageProxy(server.port)
         try:
-            with (
-                caplog.at_level("WARNING", logger="celery_singleton_lock.task"),
-                pytest.raises(OperationalError),
-            ):
-                sync.apply_async((7,), queue=f"{lock_prefix}unconsumed")
+            celery_lock_app.conf.update(broker_url=proxy.url, task_publish_retry=False)
+
+            @celery_lock_app.task(base=SingletonTask, shared=False, lock_on_enqueue=True)
+            def sync(customer: int) -> int:
+                return customer
+
+            unsent: list[str] = []
+
+            def cut_redis_off(sender: Any = None, headers: Any = None, **_: Any) -> None:
+                if sender == sync.name and not unsent:
+                    unsent.append(headers["id"])
+                    proxy.down()
+
+            before_task_publish.connect(cut_redis_off, weak=False)
+            try:
+                with (
+                    caplog.at_level("WARNING", logger="celery_singleton_lock.task"),
+                    pytest.raises(OperationalError),
+                ):
+                    sync.apply_async((7,), queue=f"{lock_prefix}unconsumed")
+            finally:
+                before_task_publish.disconnect(cut_redis_off)
+            assert f"[{unsent[0]}] was not sent and its claim on" in caplog.text
+            proxy.up()
+            sent = sync.apply_async((7,), queue=f"{lock_prefix}unconsumed")
+            assert sent.id != unsent[0]
+            assert claim_of(sync).task_id == sent.id
         finally:
-            before_task_publish.disconnect(stop_the_server)
-        assert "was not sent and its claim on" in caplog.text
-        assert "until the claim runs out in 300 s" in caplog.text
+            proxy.close()

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import datetime
 import logging
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +58,7 @@ def send_once(
     """``apply_async`` of ``task`` under its enqueue-time lock: claim, then ``send`` (Celery's
     own ``apply_async``); a duplicate gets the holder's ``AsyncResult`` (or DuplicateTask)."""
     lock = task.lock_options
+    UNSENT.release()
     task_id = task_id or uuid()
     name = claim_name(task, args, kwargs)
     ttl = claim_life(seconds_until(options.get("eta"), options.get("countdown")), lock.queue_ttl)
@@ -103,20 +106,68 @@ def send_once(
 def release_unsent(task: Any, claim: Any, task_id: str, ttl: float) -> None:
     """Release the claim of a call whose message was not sent (no message carries it). When
     the lock Redis does not answer either (the broker is often the same Redis), the send's
-    error is the one the caller gets; the claim is logged, and keeps the key until it runs
-    out: calls of that key until then are answered with this task id, never sent."""
-    try:
-        claim.release()
-    except LockNotReplicated:
-        pass  # released on the master
-    except LockBackendError as exc:
+    error is the one the caller gets, and the claim is released by this process's next
+    enqueue-time call (:data:`UNSENT`): until then, or until it runs out, calls of that key
+    are answered with this task id, never sent."""
+    if not UNSENT.released(claim):
         log.warning(
-            "%s[%s] was not sent and its claim on %r could not be released (%s): calls with"
-            " that lock get this task id until the claim runs out in %.0f s",
-            task.name, task_id, claim.name, exc, ttl,
+            "%s[%s] was not sent and its claim on %r could not be released: calls with that"
+            " lock get this task id until this process's next call releases it, or it runs"
+            " out in %.0f s",
+            task.name, task_id, claim.name, ttl,
         )  # fmt: skip
-    except LockError:
-        pass  # gone already (run out, cleared): nothing holds the key
+        UNSENT.add(claim, ttl)
+
+
+class UnsentClaims:
+    """Claims of calls whose message was not sent and whose release the lock Redis did not
+    answer. Each later enqueue-time call of the process releases them first (a round trip
+    only while one is left, at most one try a second), until each is released, gone or run
+    out: a Redis that comes back stops deduplicating calls against a message never sent at
+    the next call, not after the claim's whole life. Nothing if the process ends first."""
+
+    #: Seconds between two tries while the lock Redis still does not answer.
+    RETRY_S = 1.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._claims: list[tuple[Any, float]] = []  # (claim, monotonic time it runs out)
+        self._next_try = 0.0
+
+    def add(self, claim: Any, ttl: float) -> None:
+        with self._lock:
+            self._claims.append((claim, time.monotonic() + ttl))
+            self._next_try = 0.0  # tried at the next call
+
+    def release(self) -> None:
+        """Try to release every claim left (no I/O when there is none)."""
+        if not self._claims or time.monotonic() < self._next_try:
+            return
+        with self._lock:
+            claims, self._claims = self._claims, []
+            self._next_try = time.monotonic() + self.RETRY_S
+        now = time.monotonic()
+        left = [(c, until) for c, until in claims if until > now and not self.released(c)]
+        with self._lock:
+            self._claims.extend(left)
+
+    @staticmethod
+    def released(claim: Any) -> bool:
+        """Release ``claim``: False if the lock Redis did not answer (it keeps its owner token
+        for another try); True if it is released or gone (run out, cleared)."""
+        try:
+            claim.release()
+        except LockNotReplicated:
+            pass  # released on the master
+        except LockBackendError:
+            return False
+        except LockError:
+            pass  # gone already: nothing holds the key
+        return True
+
+
+#: The process's claims left by calls not sent.
+UNSENT = UnsentClaims()
 
 
 def seconds_until(eta: datetime.datetime | str | None, countdown: float | None) -> float:
