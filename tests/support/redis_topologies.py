@@ -265,6 +265,11 @@ class Cluster:
                     30,
                     "cluster_state:ok, every node and every replica's master known on every node",
                 )
+            wait_until(
+                lambda: epochs_settled(list(nodes.values())),
+                30,
+                "every node to see the same, distinct config epoch of every master",
+            )
         finally:
             for node in nodes.values():
                 node.close()
@@ -345,6 +350,32 @@ def cluster_ok(node: redis.Redis, size: int) -> bool:
     return state.get("cluster_state") == "ok" and state.get("cluster_known_nodes") == str(size)
 
 
+def epochs_settled(nodes: list[redis.Redis]) -> bool:
+    """Every node sees the same config epoch of every node, the masters' are distinct, and
+    every replica's is its master's (a replica's line shows its master's epoch as it knows
+    it).
+
+    Masters made by ``CLUSTER ADDSLOTSRANGE`` all start at epoch 0 and bump theirs apart
+    over the bus. A master killed before its replica heard its last bump leaves the replica
+    asking for its slots with the older epoch, which the other masters refuse for good
+    ("Failover auth denied ... epoch (3) > reqEpoch (1)"): no failover ever happens."""
+    views = [
+        {node_id: entry["epoch"] for node_id, entry in cluster_nodes(node).items()}
+        for node in nodes
+    ]
+    if any(view != views[0] for view in views[1:]):
+        return False
+    seen = cluster_nodes(nodes[0])
+    masters = [entry["epoch"] for entry in seen.values() if "master" in entry["flags"]]
+    replicas_behind = [
+        entry
+        for entry in seen.values()
+        if "slave" in entry["flags"]
+        and (entry["master"] not in seen or seen[entry["master"]]["epoch"] != entry["epoch"])
+    ]
+    return len(set(masters)) == len(masters) and not replicas_behind
+
+
 def node_id(node: redis.Redis) -> str:
     reply = node.execute_command("CLUSTER MYID")
     return reply.decode() if isinstance(reply, bytes) else str(reply)
@@ -352,7 +383,8 @@ def node_id(node: redis.Redis) -> str:
 
 def cluster_nodes(node: redis.Redis) -> dict[str, dict[str, Any]]:
     """``CLUSTER NODES`` as ``node`` sees it: node id -> ``port`` (int), ``flags`` (set),
-    ``master`` (the master's node id, or ``-``) and ``slots`` ([(first, last)])."""
+    ``master`` (the master's node id, or ``-``), ``epoch`` (its config epoch; a replica's is
+    its master's, as it knows it) and ``slots`` ([(first, last)])."""
     # "CLUSTER", "NODES" as two words: the raw text, not redis-py's parsed form.
     reply = node.execute_command("CLUSTER", "NODES")
     text = reply.decode() if isinstance(reply, bytes) else str(reply)
@@ -372,6 +404,7 @@ def cluster_nodes(node: redis.Redis) -> dict[str, dict[str, Any]]:
             "port": int(address.rpartition(":")[2] or 0),
             "flags": set(fields[2].split(",")),
             "master": fields[3],
+            "epoch": int(fields[6]),
             "slots": slots,
         }
     return nodes
