@@ -44,27 +44,16 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
 def local_cluster(masters: int, *, spublish: bool) -> Iterator[list[int]]:
     """The ports of a started cluster of ``masters`` masters; killed on the way out."""
     root = tempfile.mkdtemp(prefix="csl-bench-cluster-")
-    ports = [free_port() for _ in range(masters)]
-    buses = [free_port() for _ in range(masters)]
     renamed = [] if spublish else ["--rename-command", "SPUBLISH", "SPUBLISH_DISABLED"]
-    processes = []
+    processes: list[subprocess.Popen[bytes]] = []
     try:
-        for port, bus in zip(ports, buses, strict=True):
-            workdir = tempfile.mkdtemp(dir=root)
-            processes.append(
-                subprocess.Popen(
-                    [
-                        redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
-                        "--dir", workdir, "--save", "", "--appendonly", "no",
-                        "--cluster-enabled", "yes", "--cluster-port", str(bus),
-                        "--cluster-config-file", "nodes.conf", *renamed,
-                    ],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                )
-            )  # fmt: skip
+        ports, buses = [], []
+        for _ in range(masters):
+            process, port, bus = start_node(tempfile.mkdtemp(dir=root), renamed)
+            processes.append(process)
+            ports.append(port)
+            buses.append(bus)
         nodes = [redis.Redis(port=port) for port in ports]
-        for node in nodes:
-            wait_for(node.ping, "a node to start")
         share = SLOTS // masters
         for i, node in enumerate(nodes):
             last = SLOTS - 1 if i == masters - 1 else (i + 1) * share - 1
@@ -80,6 +69,40 @@ def local_cluster(masters: int, *, spublish: bool) -> Iterator[list[int]]:
             process.kill()
             process.wait()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def start_node(workdir: str, options: list[str]) -> tuple[subprocess.Popen[bytes], int, int]:
+    """A cluster node started on free ports, answering: (process, port, bus port). Another
+    process may take a port between ``free_port()`` and the node's bind, and the node then
+    exits: it is started again on other ports."""
+    for _ in range(5):
+        port, bus = free_port(), free_port()
+        process = subprocess.Popen(
+            [
+                redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
+                "--dir", workdir, "--save", "", "--appendonly", "no",
+                "--cluster-enabled", "yes", "--cluster-port", str(bus),
+                "--cluster-config-file", "nodes.conf", *options,
+            ],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        node = redis.Redis(port=port)
+        try:
+            # Up once it answers as this very process: another server that took the port
+            # would answer a PING too.
+            wait_for(
+                lambda process=process, node=node: (
+                    process.poll() is not None
+                    or node.info("server").get("process_id") == process.pid
+                ),
+                "a node to start",
+            )
+        finally:
+            node.close()
+        if process.poll() is None:
+            return process, port, bus
+        process.wait()
+    raise RuntimeError("no cluster node could start: its ports were taken each time")
 
 
 def wait_for(condition: Any, what: str, timeout: float = 30.0) -> None:
