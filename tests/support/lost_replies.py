@@ -35,11 +35,12 @@ def proxied_client(lock_client: LockClient, proxy: HoldingProxy, retries: int) -
 
 
 def async_proxied_client(
-    lock_client: LockClient, proxy: HoldingProxy, retries: int
+    lock_client: LockClient, proxy: HoldingProxy, retries: int, socket_timeout: float = 0.5
 ) -> AsyncLockClient:
-    """The asyncio :func:`proxied_client`."""
+    """The asyncio :func:`proxied_client`; ``socket_timeout``: how long a reply held back is
+    waited for."""
     via = redis.asyncio.Redis(
-        port=proxy.port, socket_timeout=0.5, retry=AsyncRetry(NoBackoff(), retries)
+        port=proxy.port, socket_timeout=socket_timeout, retry=AsyncRetry(NoBackoff(), retries)
     )
     return AsyncLockClient(via, prefix=lock_client.prefix)
 
