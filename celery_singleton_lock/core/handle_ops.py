@@ -42,6 +42,14 @@ def released_unreplicated(
     )
 
 
+def may_have_run(error: BaseException) -> bool:
+    """Whether a step that ended with ``error`` may still have run on the server: a refusal
+    the script answered (a LockError, but not LockBackendError) did nothing; anything else
+    (a timeout, a dropped connection, a cancellation) may have come after the script ran,
+    its reply lost."""
+    return not isinstance(error, LockError) or isinstance(error, LockBackendError)
+
+
 def changed_unreplicated(name: str, error: LockNotReplicated, done: str) -> LockNotReplicated:
     """The error for a change of a hold of lock ``name`` (an upgrade, a downgrade, a shrink:
     ``done`` says which) that ran on the master but that the replicas did not acknowledge
@@ -148,9 +156,7 @@ class HandleOps(HandleState, ABC):
         except GeneratorExit:
             raise
         except BaseException as exc:
-            # A refusal the script answered (LockError, but not LockBackendError) took
-            # nothing; anything else may have come after the script ran.
-            if not isinstance(exc, LockError) or isinstance(exc, LockBackendError):
+            if may_have_run(exc):
                 yield from self._undo_attempts(owner)
             raise
         self._took(owner, value, sent_at)

@@ -21,9 +21,10 @@ from typing import Any, Generic, TypeVar
 
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
+from ..core.handle_ops import may_have_run
 from ..core.replies import IntervalReply
 from ..core.steps import Steps
-from ..exceptions import ConfigurationError, LockBackendError, LockError
+from ..exceptions import ConfigurationError, LockError
 from . import intervals
 from .intervals import IntervalHandle, IntervalHold, check_interval
 
@@ -43,9 +44,8 @@ class RangeHold(IntervalHold):
         try:
             code, _, unreplicated = yield from self._change("shrink", low, high)
         except BaseException as exc:
-            if not isinstance(exc, LockError) or isinstance(exc, LockBackendError):
-                # No answer (its reply lost, or cancelled under way): it may have run. The
-                # handle says it holds [lo, hi] only, which it holds either way, so that
+            if may_have_run(exc):
+                # The handle says it holds [lo, hi] only, which it holds either way, so that
                 # nothing is done in the parts that may have been freed.
                 self.lo, self.hi = low, high
             raise

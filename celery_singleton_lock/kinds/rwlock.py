@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle import HolderRecord, LockHandle
-from ..core.handle_ops import HandleOps, changed_unreplicated, with_reply
+from ..core.handle_ops import HandleOps, changed_unreplicated, may_have_run, with_reply
 from ..core.heartbeat import RenewEntry
 from ..core.holder import HOSTNAME, ListedHolder, flatten, text
 from ..core.keys import FENCE_TTL_MS, name_tag
@@ -291,7 +291,7 @@ class RWLockHold(HandleOps):
         other than LockBackendError) says how the hold is; any other came after the change
         may have run (its reply lost, or cancelled while it was under way), so which mode
         the hold is in is no longer known."""
-        if not isinstance(error, LockError) or isinstance(error, LockBackendError):
+        if may_have_run(error):
             self._upgraded = None
 
     def _withdraw(self) -> Steps[None]:
