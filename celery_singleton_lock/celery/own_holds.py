@@ -132,10 +132,7 @@ def requeue_verdict(task: Any) -> Verdict:
     """For the lock kinds that cannot take a hold over (reader-writer, range, multi-key): a
     hold of this task id may be a live original, so re-queue and look again once a dead
     holder's lease (``lock_lease``) could have run out."""
-    countdown = task.lock_options.lease + MARGIN_S
-    cap = max_countdown(task.app)
-    if cap is not None:
-        countdown = min(countdown, cap)
+    countdown = look_again_in(task, task.lock_options.lease)
     return Verdict(REQUEUE, "re-queued: a hold of this task id stands", countdown)
 
 
@@ -147,12 +144,16 @@ def delay_verdict(task: Any, until_ms: int) -> Verdict:
         left = max(0.0, until_ms - server_ms(task.lock_client)) / 1000
     except LockBackendError:
         left = task.lock_options.lease  # Redis did not answer: not long, look again
-    countdown = left + MARGIN_S
-    cap = max_countdown(task.app)
-    if cap is not None:
-        countdown = min(countdown, cap)
     why = "re-queued: runs again once the release delay of its call that ended is over"
-    return Verdict(REQUEUE, why, countdown, OUTCOME_REQUEUES_HEADER)
+    return Verdict(REQUEUE, why, look_again_in(task, left), OUTCOME_REQUEUES_HEADER)
+
+
+def look_again_in(task: Any, seconds: float) -> float:
+    """The countdown of a copy of ``task`` re-queued to look again once ``seconds`` have
+    passed: those and a margin, within :func:`max_countdown`."""
+    countdown = seconds + MARGIN_S
+    cap = max_countdown(task.app)
+    return countdown if cap is None else min(countdown, cap)
 
 
 def pid_gone(pid: int) -> bool:
