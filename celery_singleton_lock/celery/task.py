@@ -543,11 +543,12 @@ class SingletonTask(Task):  # type: ignore[misc]
                 log.warning("%s[%s] could not give back %r: %s", self.name, request.id,
                             lease.name, exc)  # fmt: skip
         if missing:
-            verdict = own_holds.requeue_verdict(self)
+            # Its original, if alive, stores the outcome within its lease.
+            countdown = own_holds.look_again_in(self, self.lock_options.lease)
             why = f"re-queued: attempt {ended} of this task id ended, its outcome not stored yet"
             self._requeue_or_ignore(
                 own_holds.Verdict(
-                    own_holds.REQUEUE, why, verdict.countdown, own_holds.OUTCOME_REQUEUES_HEADER
+                    own_holds.REQUEUE, why, countdown, own_holds.OUTCOME_REQUEUES_HEADER
                 )
             )
         log.info("%s[%s] dropped: attempt %d of this task id ended already", self.name,
