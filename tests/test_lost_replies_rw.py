@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support.lost_replies import async_proxied_client, fence, proxied_client
+from support.lost_replies import async_proxied_client, fence, proxied_client, reply_lost
 from support.proxies import HoldingProxy
 from support.waiting import wait_for
 
@@ -89,10 +89,8 @@ def test_an_acquire_that_raised_leaves_the_name_free(
     try:
         warm(client, mode)
         handle = MODES[mode](client)
-        proxy.hold_next_reply()
-        with pytest.raises(LockBackendError):
+        with reply_lost(proxy):
             handle.acquire()
-        assert proxy.holding.is_set()
         assert not handle.held
         assert holds(lock_client) == 0
         assert writer_free(lock_client)
@@ -129,10 +127,8 @@ def test_an_upgrade_that_raised_can_be_sent_again_by_the_caller(
         warm(client, "upgradable", upgrade=True)
         handle = MODES["upgradable"](client)
         assert handle.acquire()
-        proxy.hold_next_reply()
-        with pytest.raises(LockBackendError):
+        with reply_lost(proxy):
             handle.upgrade(0)
-        assert proxy.holding.is_set()
         assert handle.held and not handle.lost
         assert handle.upgrade(0)  # the caller's retry
         assert handle.upgraded
@@ -177,10 +173,8 @@ def test_a_downgrade_that_raised_can_be_sent_again_by_the_caller(
         handle = MODES["upgradable"](client)
         assert handle.acquire()
         assert handle.upgrade(0)
-        proxy.hold_next_reply()
-        with pytest.raises(LockBackendError):
+        with reply_lost(proxy):
             handle.downgrade()
-        assert proxy.holding.is_set()
         assert handle.held and not handle.lost
         handle.downgrade()  # the caller's retry
         assert not handle.upgraded
@@ -205,10 +199,8 @@ def test_an_upgrade_after_a_downgrade_that_raised_asks_redis(
         handle = MODES["upgradable"](client)
         assert handle.acquire()
         assert handle.upgrade(0)
-        proxy.hold_next_reply()
-        with pytest.raises(LockBackendError):
+        with reply_lost(proxy):
             handle.downgrade()
-        assert proxy.holding.is_set()
         reader = lock_client.rwlock("n").read(heartbeat=False)
         assert reader.acquire(0)  # the downgrade did run
         assert not handle.upgrade(0)  # a reader holds: no writer beside it
@@ -324,10 +316,8 @@ def test_a_release_that_raised_then_sent_by_the_caller_is_a_release(
         warm(client, mode)
         handle = MODES[mode](client)
         assert handle.acquire()
-        proxy.hold_next_reply()
-        with pytest.raises(LockBackendError):
+        with reply_lost(proxy):
             handle.release()
-        assert proxy.holding.is_set()
         handle.release()  # the caller's retry, with nothing in between
         assert not handle.held and not handle.lost
         assert writer_free(lock_client)
@@ -394,10 +384,8 @@ def test_a_release_sent_again_after_the_hold_ran_out_raises(
         handle = SHORT_HOLDS[kind](client)
         assert handle.acquire()
         trace = handle.keys.holder(handle.owner)
-        proxy.hold_next_reply()
-        with pytest.raises(LockBackendError):
+        with reply_lost(proxy):
             handle.release()
-        assert proxy.holding.is_set()
         assert lock_client.redis.hget(trace, "state") == b"released"
         assert holds(lock_client) == 0  # a trace is not listed as a hold
         wait_for(lambda: not lock_client.redis.exists(trace), 10, "the trace to run out")
@@ -560,10 +548,8 @@ def test_a_delayed_release_sent_again_leaves_the_delay_where_it_was(
         handle = HOLDS[kind](client)
         assert handle.acquire()
         hold = handle.keys.holder(handle.owner)
-        proxy.hold_next_reply()
-        with pytest.raises(LockBackendError):
+        with reply_lost(proxy):
             handle.release(delay=60)
-        assert proxy.holding.is_set()
         redis = lock_client.redis
         released_ms, left_ms = redis.hget(hold, "released_ms"), redis.pttl(hold)
         assert released_ms is not None

@@ -6,6 +6,7 @@ redis-py either sends a call again when its reply does not come (``retries=1``) 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import redis
@@ -14,7 +15,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_singleton_lock import AsyncLockClient, LockClient
+from celery_singleton_lock import AsyncLockClient, LockBackendError, LockClient
 from celery_singleton_lock.core.keys import lock_keys
 
 from .proxies import HoldingProxy
@@ -48,3 +49,13 @@ def async_proxied_client(
 def fence(lock_client: LockClient, name: str) -> int:
     """The last fencing token handed out on ``name``."""
     return int(lock_client.redis.get(lock_keys(lock_client.prefix, name).fence))
+
+
+@contextmanager
+def reply_lost(proxy: HoldingProxy) -> Iterator[None]:
+    """The one call made in the block runs on the server and its reply is held back: with no
+    retry it raises LockBackendError (asserted, as is that the reply was held)."""
+    proxy.hold_next_reply()
+    with pytest.raises(LockBackendError):
+        yield
+    assert proxy.holding.is_set()
