@@ -20,10 +20,10 @@ import redis
 from apps.fault_app import RESULT_RELEASE_DELAY, gate_key
 from celery import Celery
 from celery.backends.redis import RedisBackend
-from celery.signals import task_postrun
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 from support.chaos import Workers
+from support.outcomes import Outcomes
 from support.proxies import HoldingProxy
 from support.waiting import wait_for
 
@@ -39,13 +39,16 @@ DROPPED = "dropped: attempt 0 of this task id ended already"
 
 
 def done_mark(task: Any, args: tuple[Any, ...], task_id: str) -> tuple[bytes | None, int]:
-    """The done mark of ``task_id`` in the slot of ``task``'s lock for ``args``: its value
-    and its remaining ms, as the lock Redis has it."""
+    """The done mark of ``task_id`` in the slot of ``task``'s lock for ``args``: the highest
+    attempt any send of it ended (None if none did) and its remaining ms, as the lock Redis
+    has it."""
     from celery_singleton_lock.celery.done_marks import DoneMark
 
     connection = task.lock_client.connection
     key = DoneMark.of(connection, task.make_lock(args), task_id, 0, 1.0).key
-    return connection.redis.get(key), connection.redis.pttl(key)
+    ended = connection.redis.hvals(key)
+    highest = max(ended, key=int) if ended else None
+    return highest, connection.redis.pttl(key)
 
 
 # -- the mark on a real Redis ------------------------------------------------------------------
@@ -73,6 +76,25 @@ def test_the_mark_keeps_the_highest_attempt_that_ended(client: LockClient) -> No
     record(connection, DoneMark.of(connection, lease, "t-1", 1, 120.0))
     assert read_ended(connection, later) == 2
     assert 60_000 < connection.redis.pttl(later.key) <= 120_000
+
+
+def test_each_send_of_a_task_id_has_its_own_entry_and_a_message_with_none_reads_them_all(
+    client: LockClient,
+) -> None:
+    """A replacement or a re-send under the same task id is another send (celery/sends.py):
+    an attempt that ended in one send is no reason to drop another; a message that carries no
+    send id may be a copy of any of them."""
+    from celery_singleton_lock.celery.done_marks import DoneMark, read_ended, record
+
+    connection = client.connection
+    lease = client.lease("done:sends")
+    first = DoneMark.of(connection, lease, "t-s", 1, 60.0, send="aaaa")
+    record(connection, first)
+    assert read_ended(connection, DoneMark.of(connection, lease, "t-s", 0, 60.0, send="bbbb")) == -1
+    assert read_ended(connection, first) == 1
+    record(connection, DoneMark.of(connection, lease, "t-s", 0, 60.0, send="bbbb"))
+    assert read_ended(connection, DoneMark.of(connection, lease, "t-s", 0, 60.0)) == 1
+    assert read_ended(connection, DoneMark.of(connection, lease, "t-s", 0, 60.0, send="bbbb")) == 0
 
 
 def test_a_release_writes_the_mark_and_frees_the_lock_and_an_acquire_reads_it(
@@ -146,7 +168,7 @@ def test_a_release_whose_reply_was_lost_and_sent_again_leaves_one_mark(client: L
         done_marks.release(connection, lease, 0.0, mark)
         assert proxy.holding.is_set()
         assert not lease.held and not lease.lost and not client.holders("done:lost")
-        assert client.connection.redis.get(mark.key) == b"0"
+        assert client.connection.redis.hgetall(mark.key) == {b"": b"0"}
         assert 0 < client.connection.redis.pttl(mark.key) <= 30_000
     finally:
         lossy.close()
@@ -270,30 +292,6 @@ def test_a_run_killed_before_its_result_was_stored_in_its_release_delay_is_compl
 
 
 # -- in-process workers ------------------------------------------------------------------------
-
-
-class Outcomes:
-    """The state each run of ``app``'s tasks ended in (``task_postrun``), in order."""
-
-    def __init__(self, app: Celery) -> None:
-        self.app = app
-        self.states: list[tuple[str, str]] = []
-        self.changed = threading.Condition()
-        task_postrun.connect(self.record, weak=False)
-
-    def record(self, sender: Any = None, task_id: str = "", state: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is self.app:
-            with self.changed:
-                self.states.append((task_id, str(state)))
-                self.changed.notify_all()
-
-    def wait(self, count: int, timeout: float = TIMEOUT) -> list[str]:
-        with self.changed:
-            assert self.changed.wait_for(lambda: len(self.states) >= count, timeout), self.states
-            return [state for _, state in self.states]
-
-    def close(self) -> None:
-        task_postrun.disconnect(self.record)
 
 
 @pytest.fixture

@@ -3,14 +3,16 @@ later (a visibility timeout, a worker that lost its broker connection) never run
 again.
 
 When a run's body has ended (returned, raised, or called ``retry``), the run writes
-``P{T}:done:<task id>`` (in its lock's Cluster slot; for a multi-key lock, its first name's)
-holding the highest attempt (``request.retries``) of that task id that ended, with an expiry
-(:func:`mark_ttl`). It is written BEFORE the lock is freed, in the SAME script call as the
-release (the two scripts joined into one: the mark first, then the release), so no copy can
-take the freed lock without finding the mark. Every acquire of a run reads the mark in the
-same script call as its attempt, after it; a delivery whose attempt is at or below the one
-that ended is a copy of a call that ended: it gives back what it took and is dropped without
-running the body (as a copy of a finished original is, with ``Ignore``).
+``P{T}:done:<task id>`` (in its lock's Cluster slot; for a multi-key lock, its first name's), a
+hash holding, per send of that task id (sends.py: a replacement or a re-send under the same
+task id is another send, a retry the same one), the highest attempt (``request.retries``) that
+ended, with an expiry (:func:`mark_ttl`). It is written BEFORE the lock is freed, in the SAME
+script call as the release (the two scripts joined into one: the mark first, then the release),
+so no copy can take the freed lock without finding the mark. Every acquire of a run reads the
+mark in the same script call as its attempt, after it; a delivery whose attempt is at or below
+the one that ended is a copy of a call that ended: it gives back what it took and is dropped
+without running the body (as a copy of a finished original is, with ``Ignore``). A message with
+no send id (sent by another client) is a copy of any send of its task id that ended.
 
 A body that did not end (the process SIGKILLed, a hard time limit, ``SystemExit``, a body
 that raised ``Ignore`` or ``Reject`` itself: ``Task.replace`` hands the very task id on) writes
@@ -38,6 +40,7 @@ from ..core.scripts import Script, ScriptCall, bound_to, register, source
 from ..exceptions import LockBackendError
 from . import own_holds
 from .options import DONE_MARK_TTL_SETTING, check_done_mark_ttl
+from .sends import NO_SEND
 
 log = logging.getLogger("celery_singleton_lock.task")
 
@@ -81,26 +84,34 @@ def mark_ttl(app: Any) -> float:
 
 @dataclass(frozen=True)
 class DoneMark:
-    """The done mark of attempt ``attempt`` of one task id: its key and its expiry (ms)."""
+    """The done mark of attempt ``attempt`` of one send of a task id: its key, its expiry
+    (ms) and the send id (sends.NO_SEND: a message that carries none)."""
 
     key: bytes
     attempt: int
     ttl_ms: int
+    send: str = NO_SEND
 
     @classmethod
     def of(
-        cls, connection: Connection, handle: LockHandle, task_id: str, attempt: int, ttl: float
+        cls,
+        connection: Connection,
+        handle: LockHandle,
+        task_id: str,
+        attempt: int,
+        ttl: float,
+        send: str = NO_SEND,
     ) -> DoneMark:
-        """The mark of attempt ``attempt`` of ``task_id``, in the slot of ``handle``'s name
-        (a multi-key lock: its first name), lasting ``ttl`` seconds."""
+        """The mark of attempt ``attempt`` of send ``send`` of ``task_id``, in the slot of
+        ``handle``'s name (a multi-key lock: its first name), lasting ``ttl`` seconds."""
         key = own_holds.key_beside(connection, handle, f"done:{task_id}")
-        return cls(key, attempt, validate.seconds_to_ms(ttl))
+        return cls(key, attempt, validate.seconds_to_ms(ttl), send)
 
     def set_call(self, connection: Connection) -> ScriptCall:
-        return (scripts(connection).mark, [self.key], [self.attempt, self.ttl_ms])
+        return (scripts(connection).mark, [self.key], [self.attempt, self.ttl_ms, self.send])
 
     def get_call(self, connection: Connection) -> ScriptCall:
-        return (scripts(connection).mark, [self.key], ["", 0])
+        return (scripts(connection).mark, [self.key], ["", 0, self.send])
 
 
 def acquire(

@@ -11,10 +11,10 @@ may be running, and the run then takes its run-time lock as any run does. With
 gone and is skipped in favour of the latest. No message is withdrawn from the broker, so
 nothing depends on a revoke reaching a worker in time.
 
-A call is always sent, whatever the claim, when it is a retry (it continues a call that was
-let through already) or part of a canvas (dropping it would drop the rest of the chain, group
-or chord): its run-time lock decides then.
-"""
+A call is always sent, whatever the claim, when it is a retry or a replacement sent by the
+running task under its own task id (it continues a call that was let through already) or part
+of a canvas (dropping it would drop the rest of the chain, group or chord): its run-time lock
+decides then."""
 
 from __future__ import annotations
 
@@ -40,11 +40,12 @@ log = logging.getLogger("celery_singleton_lock.task")
 _CANVAS_OPTIONS = ("link", "link_error", "chain", "chord", "group_id")
 
 
-def is_retry(task: Any, task_id: str | None, options: dict[str, Any]) -> bool:
-    """True for the message ``Task.retry`` sends for the running task: a later attempt of a
-    call that was let through already. Its lock was handed over to it, or it takes one when
-    it runs; deduplicating it against that would lose the retry."""
-    return bool(options.get("retries")) and task_id is not None and task_id == task.request.id
+def continues_running_call(task: Any, task_id: str | None) -> bool:
+    """True for a message the running task sends under its own task id: the retry
+    ``Task.retry`` sends, or the replacement ``Task.replace`` sends. Either continues a call
+    that was let through already: its lock was handed over to it, or it takes one when it
+    runs; deduplicating it against the running call itself would lose it."""
+    return task_id is not None and task_id == task.request.id
 
 
 def send_once(

@@ -25,6 +25,8 @@ class Holder:
     release_delay_until_ms: int | None = None
     #: A writer that waits for its turn: it holds nothing yet but keeps new readers out.
     waiting: bool = False
+    #: The send id of the message holding it (sends.py), None if it has none.
+    send: str | None = None
 
     @property
     def claimed(self) -> bool:
@@ -78,6 +80,7 @@ def holders_of(handle: LockHandle) -> list[Holder]:
             owner=record.owner,
             release_delay_until_ms=record.release_delay_until_ms,
             waiting=record.waiting,
+            send=record.send,
         )
         for record in records
     ]

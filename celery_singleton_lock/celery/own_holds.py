@@ -45,6 +45,7 @@ from ..exceptions import LockBackendError
 from ..kinds.lease import CLAIM_OWNER_PREFIX, Lease
 from ..kinds.lease_listing import list_holders
 from .claims import FINISHED_STATES, has_result_backend, result_state
+from .sends import SEND_HEADER, same_call, send_of
 
 log = logging.getLogger("celery_singleton_lock.task")
 
@@ -199,14 +200,16 @@ def left_by_dead_process(
 # -- reading the hold --------------------------------------------------------------------------
 
 
-def read_own_hold(lease: Lease, client: Any, task_id: str) -> OwnHold | None:
-    """The hold of ``lease``'s name if its holder record carries ``task_id`` (and is not a
-    release delay), else None. Two round trips: the conflict path only."""
+def read_own_hold(lease: Lease, client: Any, request: Any) -> OwnHold | None:
+    """The hold of ``lease``'s name if its holder record is of the call of ``request`` (its
+    task id and send, sends.same_call) and is not a release delay, else None. Two round
+    trips: the conflict path only."""
     records = list_holders(client, escape(lease.name))
     now_ms = server_ms(client)
+    task_id = request.id
     for record in records:
-        owner, found = record.owner, record.task_id
-        if not owner or found != task_id:
+        owner = record.owner
+        if not owner or not same_call(record.task_id, record.send, request):
             continue
         claimed = owner.startswith(CLAIM_OWNER_PREFIX)
         renewed, ttl = record.renewed_ms, record.ttl_ms
@@ -235,7 +238,7 @@ def assess(task: Any, lease: Lease, node: str | None) -> tuple[OwnHold | None, V
     this call, or let go meanwhile). A hold that cannot be read is looked at again soon."""
     request = task.request
     try:
-        hold = read_own_hold(lease, task.lock_client, request.id)
+        hold = read_own_hold(lease, task.lock_client, request)
     except LockBackendError as exc:
         return None, Verdict(REQUEUE, f"re-queued: its own hold could not be read ({exc})", 1.0)
     if hold is None:
@@ -329,8 +332,11 @@ def requeue(task: Any, countdown: float, counted_in: str = REQUEUES_HEADER) -> N
     request = task.request
     # Only our headers: the request's own may carry the message's eta, which would win over
     # the countdown.
-    headers = {header: requeues(request, header) for header in REQUEUE_HEADERS}
+    headers: dict[str, Any] = {header: requeues(request, header) for header in REQUEUE_HEADERS}
     headers[counted_in] += 1
+    send = send_of(request)
+    if send:
+        headers[SEND_HEADER] = send  # the same message again: the same send
     signature = task.signature_from_request(
         request, countdown=countdown, retries=request.retries or 0, headers=headers
     )

@@ -27,7 +27,7 @@ from ..exceptions import ConfigurationError, LockBackendError, LockError, LockLo
 from ..kinds import registry
 from ..kinds.lease import Lease, ReleaseResult
 from ..kinds.registry import HandleFactory, Target
-from . import claims, done_marks, enqueue, holders, own_holds, waiting_marks
+from . import claims, done_marks, enqueue, holders, own_holds, sends, waiting_marks
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
 # before a worker starts, which always imports its tasks first).
@@ -284,6 +284,10 @@ class SingletonTask(Task):  # type: ignore[misc]
         task_id = request.id
         attempt = request.retries or 0
         owner_info = {"task_name": self.name, "task_id": task_id, "attempt": str(attempt)}
+        send = sends.send_of(request)
+        if send:
+            # Tells a copy of this message from another send of its task id (sends.py).
+            owner_info["send"] = send
         node = worker_node(request)
         if node is not None:
             # Only that node's answer can say the task is not active (evidence.py).
@@ -391,7 +395,10 @@ class SingletonTask(Task):  # type: ignore[misc]
         this very message (visibility timeout, acks_late) met the original run, its retry or
         its release delay. The original's result is the one, so this copy stores nothing."""
         request = self.request
-        if any(holder.task_id == request.id and not holder.waiting for holder in found):
+        if any(
+            sends.same_call(holder.task_id, holder.send, request) and not holder.waiting
+            for holder in found
+        ):
             log.info(
                 "%s[%s] ignored: a copy of the same task id holds %r",
                 self.name,
@@ -408,7 +415,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         for a later attempt's hold, or once this copy of a live original is re-queued.
         False when the lease is not held under this task id."""
         request = self.request
-        if not any(holder.task_id == request.id for holder in found):
+        if not any(sends.same_call(holder.task_id, holder.send, request) for holder in found):
             return False
         # The release delay of this very call (it ran): nothing more to do, unless this copy
         # is to run the call again (its outcome was never stored), once the delay is over.
@@ -416,7 +423,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         own_delays = [
             until
             for holder in delays
-            if holder.task_id == request.id and (until := holder.release_delay_until_ms)
+            if sends.same_call(holder.task_id, holder.send, request)
+            and (until := holder.release_delay_until_ms)
         ]
         if own_delays and self._runs_again():
             self._requeue_or_ignore(own_holds.delay_verdict(self, max(own_delays)))
@@ -503,7 +511,9 @@ class SingletonTask(Task):  # type: ignore[misc]
         if not ttl:
             return None
         request, connection = self.request, self.lock_client.connection
-        return done_marks.DoneMark.of(connection, lease, request.id, request.retries or 0, ttl)
+        return done_marks.DoneMark.of(
+            connection, lease, request.id, request.retries or 0, ttl, sends.send_of(request)
+        )
 
     @cached_property
     def _done_mark_ttl(self) -> float:
@@ -859,6 +869,30 @@ class SingletonTask(Task):  # type: ignore[misc]
             return None, False
         return owner, True
 
+    # -- replace: the call goes on in another message -----------------------------------------
+
+    def on_replace(self, sig: Any) -> Any:
+        """As :meth:`celery.Task.on_replace`, which sends the replacement under this task id:
+        the run's lock is let go first, with no release delay and no done mark (the call has
+        not ended: it goes on in the replacement), and the replacement is a new send
+        (sends.py), so it is neither taken for a copy of this run nor kept out by its lock."""
+        lease = self.lock
+        if lease is not None and (lease.held or lease.lost):
+            try:
+                lease.release()
+            except LockLost as exc:
+                log.error("%s[%s] ran without its lock at the end: %s", self.name,
+                          self.request.id, exc)  # fmt: skip
+            except LockError as exc:  # it runs out within its lease
+                log.warning("%s[%s] could not release %r before its replacement: %s",
+                            self.name, self.request.id, lease.name, exc)  # fmt: skip
+            else:
+                lock_released.send(
+                    sender=self, name=lease.name, task_id=self.request.id, lease=lease
+                )
+        _drop_send_id(sig)
+        return super().on_replace(sig)
+
     # -- enqueue-time lock -------------------------------------------------------------------
 
     def apply_async(
@@ -873,11 +907,13 @@ class SingletonTask(Task):  # type: ignore[misc]
             capture.append((args, kwargs, task_id, options, time.monotonic()))
             return self.AsyncResult(task_id)
         self.check_lock_configuration()  # no message that can never run is sent
+        # Every copy of this message carries its send id; a retry keeps its call's (sends.py).
+        options = sends.stamp(options)
         send = super().apply_async
         if (
             not self.lock_options.on_enqueue
             or self.app.conf.task_always_eager
-            or enqueue.is_retry(self, task_id, options)
+            or enqueue.continues_running_call(self, task_id)
         ):
             return send(args, kwargs, task_id=task_id, **options)
         return enqueue.send_once(self, send, args, kwargs, task_id, options)
@@ -888,6 +924,16 @@ class SingletonTask(Task):  # type: ignore[misc]
         run (revoked, expired). True if a claim was freed."""
         freed = claims.free_claim(self, args, kwargs, task_id=task_id, attempt=attempt)
         return freed == ReleaseResult.RELEASED
+
+
+def _drop_send_id(sig: Any) -> None:
+    """Drop a send id the replacement signature ``sig`` (or a member of its canvas) may have
+    copied from the running request: each message it makes is a new send."""
+    members = getattr(sig, "tasks", None)
+    for member in [sig, *(members if isinstance(members, (list, tuple)) else ())]:
+        options = getattr(member, "options", None)
+        if isinstance(options, dict) and options.get("headers"):
+            options.update(sends.unstamped(options))
 
 
 def _take_deferred(lease: LockHandle | None) -> list[_RetrySend]:

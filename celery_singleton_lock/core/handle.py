@@ -44,6 +44,8 @@ class HolderRecord:
     release_delay_until_ms: int | None = None
     #: A writer waiting for its turn: it holds nothing yet but keeps new readers out.
     waiting: bool = False
+    #: The ``send`` of its holder record (the task layer's message identity), if it has one.
+    send: str | None = None
 
 
 H = TypeVar("H", bound="LockHandle")

@@ -24,7 +24,7 @@ HOSTNAME = socket.gethostname()
 
 #: Keys of ``owner_info`` stored as fields of their own (admin columns, lookups by task);
 #: the rest is stored as one JSON field, ``info``.
-OWN_INFO_FIELDS = ("task_name", "task_id", "worker", "attempt")
+OWN_INFO_FIELDS = ("task_name", "task_id", "worker", "attempt", "send")
 
 
 def holder_fields(handle: Any, *, pid: int, thread: str, named: bool = True) -> list[Any]:
@@ -147,6 +147,8 @@ class ListedHolder:
     task_id: str | None = None
     worker: str | None = None
     attempt: str | None = None
+    #: The send id of the task message holding it (celery/sends.py), if it has one.
+    send: str | None = None
     #: 1 if the holder is renewed by a heartbeat, 0 if not.
     heartbeat: int | None = None
     #: ``RELEASE_DELAY_STATE`` (core/keys.py) for a hold in a release delay.

@@ -339,9 +339,9 @@ class IntervalHandle(IntervalHold, LockHandle):
                 pipe.hgetall(keys.holder(owner))
             # A hold released since its owner was read left a trace: read as gone.
             return [
-                [flat.get(field) for field in (b"task_id", b"mode", b"lo", b"hi")]
+                [flat.get(field) for field in (b"task_id", b"mode", b"lo", b"hi", b"send")]
                 if not released(flat)
-                else [None] * 4
+                else [None] * 5
                 for flat in map(flatten, pipe.execute())
             ]
 
@@ -353,8 +353,12 @@ class IntervalHandle(IntervalHold, LockHandle):
         # its own, are no reason it could not take it.
         blocked = self._owner is None
         holders = [
-            HolderRecord(owner=owner, task_id=None if task_id is None else text(task_id))
-            for owner, (task_id, mode, lo, hi) in zip(owners, holds, strict=True)
+            HolderRecord(
+                owner=owner,
+                task_id=None if task_id is None else text(task_id),
+                send=None if send is None else text(send),
+            )
+            for owner, (task_id, mode, lo, hi, send) in zip(owners, holds, strict=True)
             if not blocked or self._in_the_way(mode, lo, hi)
         ]
         # A writer waiting for its turn holds new readers back without holding anything yet.

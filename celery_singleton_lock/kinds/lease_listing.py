@@ -28,9 +28,11 @@ def read_lease_holders(conn: Connection, keys: list[bytes]) -> list[HolderRecord
     """The holders of lease keys ``keys`` (a lease's, or each name of a multi-key lock):
     one pipelined read (:func:`read_hashes`), and a TIME only when a release delay needs its
     end on the server clock (a Cluster pipeline refuses TIME)."""
-    found: list[tuple[str | None, str | None, int | None]] = []
+    found: list[tuple[str | None, str | None, int | None, str | None]] = []
     for fields, pttl in read_hashes(conn, keys):
-        owner, task_id, state = (fields.get(field) for field in (b"owner", b"task_id", b"state"))
+        owner, task_id, state, send = (
+            fields.get(field) for field in (b"owner", b"task_id", b"state", b"send")
+        )
         if owner is None and task_id is None:
             continue  # this name is free now
         delayed = not owner and state == RELEASE_DELAY_STATE.encode()
@@ -39,13 +41,14 @@ def read_lease_holders(conn: Connection, keys: list[bytes]) -> list[HolderRecord
                 text(owner) if owner else None,
                 None if task_id is None else text(task_id),
                 max(0, pttl) if delayed else None,
+                None if send is None else text(send),
             )
         )
-    now_ms = conn.server_ms() if any(left is not None for _, _, left in found) else 0
+    now_ms = conn.server_ms() if any(left is not None for _, _, left, _ in found) else 0
     holders: list[HolderRecord] = []
-    for owner, task_id, left in found:
+    for owner, task_id, left, send in found:
         until = None if left is None else now_ms + left
-        holder = HolderRecord(owner=owner, task_id=task_id, release_delay_until_ms=until)
+        holder = HolderRecord(owner=owner, task_id=task_id, release_delay_until_ms=until, send=send)
         if holder not in holders:
             holders.append(holder)
     return holders

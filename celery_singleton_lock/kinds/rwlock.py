@@ -362,7 +362,11 @@ class RWLockHandle(RWLockHold, LockHandle):
         # way; holds whose mode shares with its own are no reason it could not take it.
         blocked = self._owner is None
         holders = [
-            HolderRecord(owner=owner, task_id=_opt_text(hold.get(b"task_id")))
+            HolderRecord(
+                owner=owner,
+                task_id=_opt_text(hold.get(b"task_id")),
+                send=_opt_text(hold.get(b"send")),
+            )
             for owner, hold in zip(owners, holds, strict=True)
             if hold and (not blocked or self._in_the_way(hold.get(b"mode")))
         ]
