@@ -1,0 +1,40 @@
+"""docs/tasks.md's run-semantics table: every row names a test that exists, so the table
+cannot drift from the tests that hold it."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ROW = re.compile(r"^\| (\d+) \|")
+NAMED = re.compile(r"`(test_[\w]+\.py)::(test_\w+)`")
+
+
+def table_rows() -> list[tuple[int, list[tuple[str, str]]]]:
+    text = (ROOT / "docs" / "tasks.md").read_text()
+    start = text.index("### Run semantics")
+    rows = []
+    for line in text[start:].splitlines():
+        match = ROW.match(line)
+        if match:
+            rows.append((int(match.group(1)), NAMED.findall(line)))
+        elif rows and not line.startswith("|"):
+            break
+    return rows
+
+
+def functions_in(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+
+
+def test_every_row_of_the_run_semantics_table_names_a_test_that_exists() -> None:
+    rows = table_rows()
+    assert [number for number, _ in rows] == list(range(1, len(rows) + 1))
+    assert len(rows) >= 20
+    for number, named in rows:
+        assert named, f"row {number} names no test"
+        for file, name in named:
+            assert name in functions_in(ROOT / "tests" / file), f"row {number}: {file}::{name}"
