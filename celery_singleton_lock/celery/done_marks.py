@@ -3,7 +3,8 @@ later (a visibility timeout, a worker that lost its broker connection) never run
 again.
 
 When a run's body has ended (returned, raised, or called ``retry``), the run writes
-``P{T}:done:<task id>`` (in its lock's Cluster slot; for a multi-key lock, its first name's)
+``P{T}:done:<task id>`` (in its lock's Cluster slot; for a multi-key lock, its first name's;
+the task id escaped, core/keys.py ``key_part``, as the caller or broker chose it)
 holding the highest attempt (``request.retries``) of that task id that ended, with an expiry
 (:func:`mark_ttl`). It is written BEFORE the lock is freed, in the SAME script call as the
 release (the two scripts joined into one: the mark first, then the release), so no copy can
@@ -93,7 +94,7 @@ class DoneMark:
     ) -> DoneMark:
         """The mark of attempt ``attempt`` of ``task_id``, in the slot of ``handle``'s name
         (a multi-key lock: its first name), lasting ``ttl`` seconds."""
-        key = own_holds.key_beside(connection, handle, f"done:{task_id}")
+        key = own_holds.key_beside(connection, handle, "done", task_id)
         return cls(key, attempt, validate.seconds_to_ms(ttl))
 
     def set_call(self, connection: Connection) -> ScriptCall:
