@@ -38,8 +38,7 @@ __all__ = [
     "BATCH", "CLAIMED", "CLAIM_OWNER_PREFIX", "HEARTBEAT_FRESH", "HEARTBEAT_STOPPED", "KINDS",
     "LEASES", "LIVE", "MISSED_TICKS", "NO_EVIDENCE", "QUEUED", "RELEASED_WITH_DELAY",
     "RELEASE_DELAY", "STALE", "TICKS_PER_TTL", "Check", "Listing", "LockInfo", "Lister",
-    "escape",
-    "heartbeat_stopped", "list_locks", "listed", "listers",
+    "escape", "heartbeat_stopped", "list_locks", "listed", "listers",
     "literal_name", "lock_info", "server_ms", "skipped_note",
 ]  # fmt: skip
 
