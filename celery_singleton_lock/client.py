@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import Any
 
 from . import admin
-from .admin import LockInfo
 from .core import redis_urls
 from .core.client_base import DEFAULT_SOCKET_TIMEOUT, ClientBase, mask_password
 from .core.connection import Connection
@@ -107,9 +106,11 @@ class LockClient(ClientBase[Connection, RWLock, RangeLock, Semaphore, MultiLease
         :meth:`Lease.holders`; empty when it is free."""
         return read_lease_holders(self.connection, [self.connection.keys(name).lock])
 
-    def locks(self, pattern: str | None = None) -> list[LockInfo]:
+    def locks(self, pattern: str | None = None) -> admin.Listing:
         """Every lock under this client's prefix whose name matches the glob ``pattern``,
-        with its holder and whether it is live, stale or in a release delay (see docs/admin.md)."""
+        with its holder and whether it is live, stale or in a release delay (see docs/admin.md).
+        A list; its ``skipped`` counts the keys matching a lock key pattern that hold another
+        type, passed by (and logged)."""
         return admin.list_locks(self.connection, pattern)
 
     def clear(self, name: str, *, token: int | None = None, force: bool = False) -> bool:

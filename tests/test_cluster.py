@@ -302,6 +302,27 @@ def test_admin_lists_and_clears_on_every_master(cluster: Cluster, client: LockCl
             assert lease.held
 
 
+def test_a_listing_skips_keys_of_another_type_on_every_master(client: LockClient) -> None:
+    """A key of another type on a listing's pattern, on each master, is skipped and counted
+    (the Cluster pipeline keeps its WRONGTYPE reply in place), and the locks still listed."""
+    names = names_on_every_node(client, stem="foreign")
+    foreign = [client.connection.keys(name).base + b"done:x}:lock" for name in names]
+    assert {node_port(client, key) for key in foreign} == {
+        node_port(client, client.connection.keys(name).lock) for name in names
+    }
+    assert len({node_port(client, key) for key in foreign}) == 3
+    for key in foreign:
+        client.redis.set(key, 0)
+    held = client.lease(names[0], ttl=30, heartbeat=False)
+    assert held.acquire()
+
+    listed = client.locks()
+
+    assert [info.name for info in listed] == [names[0]] and listed.skipped == 3
+    held.release()
+    client.redis.delete(*foreign)
+
+
 def test_scripts_reload_after_flush_on_every_node(cluster: Cluster, client: LockClient) -> None:
     names = names_on_every_node(client, stem="flush")
     held = [client.lease(name, ttl=1.2) for name in names]

@@ -12,6 +12,7 @@ import textwrap
 from collections.abc import Iterator
 
 import pytest
+from support.foreign_keys import plant_foreign_keys
 
 from celery_singleton_lock import LockClient
 from celery_singleton_lock.celery.previous_life import PREVIOUS_LIFE, free_previous_life
@@ -101,3 +102,17 @@ def test_only_a_dead_process_of_this_node_on_this_host_is_freed(
     assert lock_client.rwlock("dead-read").write(ttl=5).acquire()
     # Nothing left to free the second time.
     assert free_previous_life(lock_client, NODE) == []
+
+
+def test_a_foreign_key_of_another_type_does_not_stop_the_clean_up(
+    lock_client: LockClient, lock_prefix: str, holders: Holders
+) -> None:
+    """The clean-up lists every lock: a key matching a lock key pattern that holds another
+    type (a string where a lock hash would be) is skipped, and the dead hold still freed."""
+    holders.kill(holders.start("dead-lease"))
+    plant_foreign_keys(lock_client, lock_prefix)
+
+    freed = free_previous_life(lock_client, NODE)
+
+    assert [(info.name, info.evidence) for info in freed] == [("dead-lease", PREVIOUS_LIFE)]
+    assert lock_client.locks() == [] and lock_client.locks().skipped == 3

@@ -292,6 +292,12 @@ def test_a_worker_restarted_under_its_node_name_frees_its_previous_lifes_locks_a
     first_life = cluster.start("reborn", queue)
     cluster.wait_ready(first_life)
     key = "reborn"
+    # A call of its first life under a task id a listing once took for a lock key: its done
+    # mark (two hours) must not stop the second life's clean-up from listing the locks.
+    hostile = f"{uuid.uuid4().hex}-x}}:lock"
+    cluster.task("short_lease").apply_async(("hostile", 0), queue=queue, task_id=hostile)
+    cluster.wait_record(event="end", task_id=hostile)
+    cluster.wait_freed("hostile")
     first = cluster.task("long_lease").apply_async((key, 600), queue=queue)  # lock_lease=60
     started = cluster.wait_record(event="start", task_id=first.id)
     first_life.kill()  # systemd's SIGKILL: the main process and its children

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
@@ -29,17 +30,19 @@ from ..core.holder import OWN_INFO_FIELDS, ListedHolder
 from ..core.keys import RELEASE_DELAY_STATE
 from ..core.patterns import escape, literal_name
 from ..core.renewal import TICKS_PER_TTL
-from ..core.scan import BATCH, Record, read_query
+from ..core.scan import BATCH, Read, read_query
 from ..kinds.lease import CLAIM_OWNER_PREFIX
 from ..kinds.registry import FAMILIES, LEASES, KindFamily
 
 __all__ = [
     "BATCH", "CLAIMED", "CLAIM_OWNER_PREFIX", "HEARTBEAT_FRESH", "HEARTBEAT_STOPPED", "KINDS",
     "LEASES", "LIVE", "MISSED_TICKS", "NO_EVIDENCE", "QUEUED", "RELEASED_WITH_DELAY",
-    "RELEASE_DELAY", "STALE", "TICKS_PER_TTL", "Check", "LockInfo", "Lister", "escape",
-    "heartbeat_stopped", "list_locks", "listers",
-    "literal_name", "lock_info", "server_ms",
+    "RELEASE_DELAY", "STALE", "TICKS_PER_TTL", "Check", "Listing", "LockInfo", "Lister",
+    "escape", "heartbeat_stopped", "list_locks", "listed", "listers",
+    "literal_name", "lock_info", "server_ms", "skipped_note",
 ]  # fmt: skip
+
+log = logging.getLogger("celery_singleton_lock.admin")
 
 #: The ``kind`` of every holder a listing may show, family by family.
 KINDS = tuple(kind for family in FAMILIES for kind in family.kinds)
@@ -123,6 +126,38 @@ class LockInfo:
         return document
 
 
+class Listing(list[LockInfo]):
+    """What a listing found: its locks (a list of :class:`LockInfo`), and ``skipped``, how
+    many keys matching a lock key pattern it passed by because they hold another type than
+    the hash it reads (core/scan.py): not ours, so not shown, and not the end of the
+    listing either."""
+
+    skipped: int
+
+    def __init__(self, infos: Iterable[LockInfo] = (), skipped: int = 0) -> None:
+        super().__init__(infos)
+        self.skipped = skipped
+
+    def only(self, keep: Callable[[LockInfo], bool]) -> Listing:
+        """The locks ``keep`` says yes to, with the same ``skipped``."""
+        return Listing((info for info in self if keep(info)), self.skipped)
+
+
+def skipped_note(skipped: int) -> str:
+    """What a listing says of the keys it skipped (the CLI prints it; the log has it)."""
+    return f"{skipped} key{'' if skipped == 1 else 's'} skipped: not of the expected type"
+
+
+def listed(infos: list[LockInfo], skipped: int, prefix: str) -> Listing:
+    """``infos`` as a :class:`Listing`; a warning when keys were skipped, so a program that
+    lists through the API hears of them too."""
+    if skipped:
+        log.warning(
+            "%s (keys under prefix %r matching a lock key pattern)", skipped_note(skipped), prefix
+        )
+    return Listing(infos, skipped)
+
+
 #: A check looks at the listed locks and returns them, some perhaps restated.
 Check = Callable[[list[LockInfo]], list[LockInfo]]
 
@@ -138,9 +173,10 @@ def list_locks(
     pattern: str | None = None,
     *,
     checks: Sequence[Check] = (),
-) -> list[LockInfo]:
+) -> Listing:
     """Every holder of every lock under ``client.prefix`` whose name matches the glob
-    ``pattern`` (``fnmatchcase`` on the name, not the key), sorted by name and kind.
+    ``pattern`` (``fnmatchcase`` on the name, not the key), sorted by name and kind; the
+    listing's ``skipped`` counts the keys it passed by (see :class:`Listing`).
 
     ``state`` comes from the heartbeat, then from each of ``checks`` in turn for the locks
     still undecided.
@@ -148,13 +184,14 @@ def list_locks(
     pattern = validate.check_pattern(pattern)
     conn = connection_of(client)
     now_ms = server_ms(conn)
-    read: dict[str, list[Record]] = {}  # keyspace -> its records: each is read once
+    read: dict[str, Read] = {}  # keyspace -> what was read there: each is read once
     holders: list[ListedHolder] = []
     for family in listers():
         if family.keyspace not in read:
             read[family.keyspace] = read_query(conn, family.keys(conn.prefix, pattern))
-        holders += family.holders(read[family.keyspace], pattern)
-    return lock_infos(holders, now_ms, pattern, checks)
+        holders += family.holders(read[family.keyspace].records, pattern)
+    skipped = sum(found.skipped for found in read.values())
+    return listed(lock_infos(holders, now_ms, pattern, checks), skipped, conn.prefix)
 
 
 def lock_infos(

@@ -8,25 +8,31 @@ with ``redis.asyncio``; what the records mean is decided by :func:`..admin.lock_
 
 from __future__ import annotations
 
-from ..admin import BATCH, CLEARED, GONE, LockInfo, escape
+from typing import Any
+
+from ..admin import BATCH, CLEARED, GONE, Listing, LockInfo, escape, listed
 from ..admin.clear import clear_call, cleared, to_clear
 from ..admin.inspect import lock_infos
 from ..core import validate
 from ..core.holder import ListedHolder
 from ..core.replies import ClearReply
-from ..core.scan import Record, reading, records_of
+from ..core.scan import Read, executed, joined, reading, records_of
 from ..kinds.registry import FAMILIES
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
 
 
-async def _read(conn: AsyncConnection, keys: list[bytes]) -> list[Record]:
+async def _read(conn: AsyncConnection, keys: list[bytes]) -> Read:
     """HGETALL and PTTL of each key, ``BATCH`` keys per pipeline round trip, as
-    :func:`..core.scan.read_hashes` reads them."""
-    records: list[Record] = []
+    :func:`..core.scan.read_hashes` reads them (a key of another type skipped, counted)."""
+    read = Read([])
     for start in range(0, len(keys), BATCH):
         pipe = reading(conn.redis, keys[start : start + BATCH])
-        records += records_of(await conn.call(pipe.execute))
-    return records
+
+        async def page(pipe: Any = pipe) -> Read:
+            return records_of(await executed(pipe))
+
+        read = joined(read, await conn.call(page))
+    return read
 
 
 async def _scan(conn: AsyncConnection, match: bytes) -> list[bytes]:
@@ -38,21 +44,23 @@ async def _scan(conn: AsyncConnection, match: bytes) -> list[bytes]:
 
 async def list_locks(
     client: AsyncConnection | HasAsyncConnection, pattern: str | None = None
-) -> list[LockInfo]:
+) -> Listing:
     """Every holder of every lock under the connection's prefix whose name matches the glob
-    ``pattern``, as :func:`..admin.list_locks` lists them (without Celery's checks)."""
+    ``pattern``, as :func:`..admin.list_locks` lists them (without Celery's checks), with
+    the count of keys of another type skipped."""
     pattern = validate.check_pattern(pattern)
     conn = async_connection_of(client)
     now_ms = await conn.server_ms()
-    read: dict[str, list[Record]] = {}  # keyspace -> its records: each is read once
+    read: dict[str, Read] = {}  # keyspace -> what was read there: each is read once
     holders: list[ListedHolder] = []
     for family in FAMILIES:
         if family.keyspace not in read:
             query = family.keys(conn.prefix, pattern)
             keys = query if isinstance(query, list) else await _scan(conn, query)
             read[family.keyspace] = await _read(conn, keys)
-        holders += family.holders(read[family.keyspace], pattern)
-    return lock_infos(holders, now_ms, pattern)
+        holders += family.holders(read[family.keyspace].records, pattern)
+    skipped = sum(found.skipped for found in read.values())
+    return listed(lock_infos(holders, now_ms, pattern), skipped, conn.prefix)
 
 
 async def clear_listed(

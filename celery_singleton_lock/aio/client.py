@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..admin import LockInfo
+from ..admin import Listing
 from ..core import redis_urls, validate
 from ..core.client_base import ClientBase
 from ..core.holder import HOSTNAME
@@ -89,9 +89,10 @@ class AsyncLockClient(
         call = conn.scripts.release_holder_call(keys.lock, *process, keys.channel)
         return int(await conn.script(*call)) == HolderReply.DONE
 
-    async def locks(self, pattern: str | None = None) -> list[LockInfo]:
+    async def locks(self, pattern: str | None = None) -> Listing:
         """Every lock under this client's prefix whose name matches the glob ``pattern``,
-        with its holder and whether it is live, stale or in a release delay (docs/admin.md)."""
+        with its holder and whether it is live, stale or in a release delay (docs/admin.md);
+        its ``skipped`` counts the keys of another type passed by."""
         return await admin.list_locks(self.connection, pattern)
 
     async def clear(self, name: str, *, token: int | None = None, force: bool = False) -> bool:

@@ -39,6 +39,7 @@ from typing import Any
 from celery.backends.base import DisabledBackend
 
 from ..core import validate
+from ..core.keys import key_part
 from ..core.replies import HolderReply
 from ..exceptions import LockError
 from ..kinds.lease import CLAIM_OWNER_PREFIX, Lease, ReleaseResult
@@ -52,8 +53,11 @@ FINISHED_STATES = ("SUCCESS", "FAILURE", "REVOKED")
 
 
 def claim_owner(task_id: str, attempt: int) -> str:
-    """The owner token of the claim for attempt ``attempt`` (``request.retries``) of a task."""
-    return f"{CLAIM_OWNER_PREFIX}{task_id}:{attempt}"
+    """The owner token of the claim for attempt ``attempt`` (``request.retries``) of a task.
+    The task id is escaped as in a key (:func:`..core.keys.key_part`): owner tokens name keys
+    (a fair waiter's), so they may carry no hash-tag brace (core/validate.py), and the
+    escaped ``:`` keeps the attempt the token's last part, whatever the task id."""
+    return f"{CLAIM_OWNER_PREFIX}{key_part(task_id)}:{attempt}"
 
 
 # -- names -------------------------------------------------------------------------------------

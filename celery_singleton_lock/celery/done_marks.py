@@ -3,16 +3,17 @@ later (a visibility timeout, a worker that lost its broker connection) never run
 again.
 
 When a run's body has ended (returned, raised, or called ``retry``), the run writes
-``P{T}:done:<task id>`` (in its lock's Cluster slot; for a multi-key lock, its first name's), a
-hash holding, per send of that task id (sends.py: a replacement or a re-send under the same
-task id is another send, a retry the same one), the highest attempt (``request.retries``) that
-ended, with an expiry (:func:`mark_ttl`). It is written BEFORE the lock is freed, in the SAME
-script call as the release (the two scripts joined into one: the mark first, then the release),
-so no copy can take the freed lock without finding the mark. Every acquire of a run reads the
-mark in the same script call as its attempt, after it; a delivery whose attempt is at or below
-the one that ended is a copy of a call that ended: it gives back what it took and is dropped
-without running the body (as a copy of a finished original is, with ``Ignore``). A message with
-no send id (sent by another client) is a copy of any send of its task id that ended.
+``P{T}:done:<task id>`` (in its lock's Cluster slot; for a multi-key lock, its first name's;
+the task id escaped, core/keys.py ``key_part``, as the caller or broker chose it), a hash
+holding, per send of that task id (sends.py: a replacement or a re-send under the same task id
+is another send, a retry the same one), the highest attempt (``request.retries``) that ended,
+with an expiry (:func:`mark_ttl`). It is written BEFORE the lock is freed, in the SAME script
+call as the release (the two scripts joined into one: the mark first, then the release), so no
+copy can take the freed lock without finding the mark. Every acquire of a run reads the mark in
+the same script call as its attempt, after it; a delivery whose attempt is at or below the one
+that ended is a copy of a call that ended: it gives back what it took and is dropped without
+running the body (as a copy of a finished original is, with ``Ignore``). A message with no send
+id (sent by another client) is a copy of any send of its task id that ended.
 
 A body that did not end (the process SIGKILLed, a hard time limit, ``SystemExit``, a body
 that raised ``Ignore`` or ``Reject`` itself: ``Task.replace`` hands the very task id on) writes
@@ -104,7 +105,7 @@ class DoneMark:
     ) -> DoneMark:
         """The mark of attempt ``attempt`` of send ``send`` of ``task_id``, in the slot of
         ``handle``'s name (a multi-key lock: its first name), lasting ``ttl`` seconds."""
-        key = own_holds.key_beside(connection, handle, f"done:{task_id}")
+        key = own_holds.key_beside(connection, handle, "done", task_id)
         return cls(key, attempt, validate.seconds_to_ms(ttl), send)
 
     def set_call(self, connection: Connection) -> ScriptCall:

@@ -41,10 +41,11 @@ from ..admin.inspect import MISSED_TICKS, TICKS_PER_TTL, escape, heartbeat_stopp
 from ..core.connection import Connection
 from ..core.handle import LockHandle
 from ..core.holder import HOSTNAME
+from ..core.keys import data_key
 from ..exceptions import LockBackendError
 from ..kinds.lease import CLAIM_OWNER_PREFIX, Lease
 from ..kinds.lease_listing import list_holders
-from .claims import FINISHED_STATES, has_result_backend, result_state
+from .claims import FINISHED_STATES, claim_owner, has_result_backend, result_state
 from .sends import SEND_HEADER, same_call, send_of
 
 log = logging.getLogger("celery_singleton_lock.task")
@@ -257,7 +258,7 @@ def assess(task: Any, lease: Lease, node: str | None) -> tuple[OwnHold | None, V
 
 def _claim_attempt(owner: str, task_id: str) -> int | None:
     """The attempt of claim token ``owner`` (claims.claim_owner: ``claim:<task id>:<n>``)."""
-    head = f"{CLAIM_OWNER_PREFIX}{task_id}:"
+    head = claim_owner(task_id, 0)[:-1]
     return _int(owner[len(head) :]) if owner.startswith(head) else None
 
 
@@ -316,12 +317,15 @@ def max_countdown(app: Any) -> float | None:
     return None if timeout is None else max(0.1, timeout / 2)
 
 
-def key_beside(connection: Connection, handle: LockHandle, suffix: str) -> bytes:
-    """A key of the Celery layer's own (a wait or done mark) in the Cluster slot of
-    ``handle``'s lock: its name's, a multi-key lock's first name's."""
+def key_beside(connection: Connection, handle: LockHandle, kind: str, *parts: str | int) -> bytes:
+    """A key of the Celery layer's own (a wait or done mark) of ``kind`` about ``parts``
+    (a task id, an attempt) in the Cluster slot of ``handle``'s lock: its name's, a multi-key
+    lock's first name's. The parts are data (a task id is whatever the caller or broker
+    chose): :func:`..core.keys.data_key` escapes them, so no task id makes the mark's key
+    look like a lock's to a listing."""
     names = getattr(handle, "names", None)
     name = names[0] if names else handle.name
-    return connection.keys(name).base + suffix.encode()
+    return data_key(connection.keys(name).base, kind, *parts)
 
 
 def requeue(task: Any, countdown: float, counted_in: str = REQUEUES_HEADER) -> None:

@@ -5,7 +5,8 @@ A copy that meets its original's *hold* is handled by own_holds.py; a copy that 
 its original still waits for a lock another call holds finds no hold of its own task id. So a
 delivery about to wait (``lock_wait``, the first try failed) claims, in one ``SET NX PX``, the
 key ``P{T}:waiting:<task id>:<attempt>`` (in the lock's Cluster slot; for a multi-key lock,
-its first name's) with ``<worker>|<pid>|<host>|<nonce>``, and deletes it, owner-checked, when
+its first name's; the task id escaped, core/keys.py ``key_part``) with
+``<worker>|<pid>|<host>|<nonce>``, and deletes it, owner-checked, when
 the wait ends however it ends. A delivery that finds the mark is a copy of a waiting original:
 it is re-queued (own_holds.requeue) and ignored. The mark expires by itself a margin after the
 wait would end, so a delivery killed while waiting blocks its copies no longer than that; a
@@ -101,7 +102,7 @@ class CopyOfWaiting(Exception):
 def mark_key(connection: Connection, handle: LockHandle, task_id: str, attempt: int) -> bytes:
     """The mark's key: in the Cluster slot of ``handle``'s name (a multi-key lock: its first
     name)."""
-    return own_holds.key_beside(connection, handle, f"waiting:{task_id}:{attempt}")
+    return own_holds.key_beside(connection, handle, "waiting", task_id, attempt)
 
 
 def requeue_countdown(remaining_s: float, requeues: int, max_countdown: float | None) -> float:

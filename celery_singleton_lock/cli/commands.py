@@ -212,9 +212,9 @@ def list_locks(
     from .. import admin
     from . import output
 
-    def listed(session: Session, client: LockClient) -> list[LockInfo]:
+    def listed(session: Session, client: LockClient) -> admin.Listing:
         infos = admin.list_locks(client, pattern, checks=session.checks())
-        return [info for info in infos if info.state == admin.STALE] if stale else infos
+        return infos.only(lambda info: info.state == admin.STALE) if stale else infos
 
     with _connected(ctx) as (session, client):
         if watch is not None:
@@ -222,6 +222,7 @@ def list_locks(
             ctx.exit(EXIT_OK)
         infos = listed(session, client)
     output.show_list(infos, as_json=as_json, color=_color(session))
+    output.show_skipped(infos)
     ctx.exit(EXIT_OK if infos else EXIT_NOTHING)
 
 
@@ -240,6 +241,7 @@ def _watch(
             if redraw:
                 click.clear()
             output.show_round(infos, as_json=as_json, color=color)
+            output.show_skipped(infos)
             if not redraw:
                 sys.stdout.flush()
             time.sleep(max(0.0, interval - (time.monotonic() - started)))
@@ -337,6 +339,7 @@ def clear_locks(
             infos = _named(client, names, session.checks())
         else:
             infos = admin.list_locks(client, pattern, checks=session.checks(purged=purged))
+            output.show_skipped(infos)
             if stale or unqueued:
                 infos = [info for info in infos if info.state == admin.STALE]
             if unqueued:

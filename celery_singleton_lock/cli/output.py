@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 
 import click
 
-from ..admin import CLEARED, LIVE, QUEUED, RELEASE_DELAY, RESUMED, STALE, LockInfo
+from ..admin import CLEARED, LIVE, QUEUED, RELEASE_DELAY, RESUMED, STALE, LockInfo, skipped_note
 
 #: Color and boldness of each state.
 STATE_STYLES = {
@@ -45,6 +45,15 @@ def show_list(infos: Sequence[LockInfo], *, as_json: bool, color: bool) -> None:
         elif color:
             cells[2] = _styled(cells[2], infos[n - 1].state)
         click.echo("  ".join(cells).rstrip(), color=color)
+
+
+def show_skipped(infos: Sequence[LockInfo]) -> None:
+    """Say on stderr how many keys the listing of ``infos`` (an ``admin.Listing``) skipped as
+    not of the expected type, if any: stdout keeps its table or JSON list as documented,
+    and the count reaches the person or the script's log either way."""
+    skipped = getattr(infos, "skipped", 0)
+    if skipped:
+        click.echo(skipped_note(skipped), err=True)
 
 
 def show_round(infos: Sequence[LockInfo], *, as_json: bool, color: bool) -> None:

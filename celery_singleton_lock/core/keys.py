@@ -24,15 +24,31 @@ Layout for a lock named N under prefix P (default ``csl:``)::
                          the claim's own expiry so that an acquire whose reply was lost can
                          put it back (acquire_undo.lua)
 
+and the Celery layer's own, with i a task id as :func:`key_part` escapes it::
+
+    P{T}:waiting:<i>:<a>  string  a delivery of attempt a of task i waits for the lock
+                                  (celery/waiting_marks.py)
+    P{T}:done:<i>         string  the highest attempt of task i that ended
+                                  (celery/done_marks.py)
+
 T is the *tag*: N itself when it is short and brace-free, else ``#`` + a SHA-256 of N.
 The braces make T a Redis Cluster hash tag, so every key of one lock lives in one slot
 and one Lua script may touch them all.
+
+The one rule every key keeps: after the prefix, its only braces are the two around T. The
+listings SCAN for ``P{*}:lock`` (:func:`lock_pattern`) and ``P{*}:<family>:h:*``
+(kinds/intervals.py), whose ``*`` matches braces too, so a key with a ``}`` of its own after
+T could match another kind's pattern (``P{T}:done:x}:lock`` is not a lock hash). Hence T
+is hashed when N has a brace, owner tokens may not have one (core/validate.py), and every
+other value a user or broker supplies (a task id in the Celery layer's marks and claims)
+goes into a key through :func:`key_part`.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from typing import NamedTuple
 
 #: The ``state`` field of a holder hash in its release delay (written by the release scripts,
@@ -126,6 +142,29 @@ def _make_lock_keys(prefix: str, name: str) -> LockKeys:
 
 
 _cached_lock_keys = functools.lru_cache(maxsize=4096)(_make_lock_keys)
+
+
+#: What :func:`key_part` escapes: ``%`` (its own escape), the hash-tag braces (the listings'
+#: patterns end in ``}:lock`` and ``}:<family>:h:*``), ``:`` (what separates the parts of a
+#: key, so a part never spells a suffix of its own), SCAN's glob characters (a part can be
+#: matched literally) and control characters (a key stays one line in a log).
+_ESCAPED_IN_KEYS = re.compile(r"[%{}:*?\[\]\\\x00-\x1f\x7f]")
+
+
+def key_part(value: str) -> str:
+    """``value``, data a user or broker supplies (a task id), as one part of a key after the
+    hash tag: each of ``%{}:*?[]\\`` and the ASCII control characters percent-escaped
+    (``}`` -> ``%7D``), every other character as it is. One value, one part, and the other
+    way round; a UUID task id is unchanged."""
+    return _ESCAPED_IN_KEYS.sub(lambda found: f"%{ord(found[0]):02X}", value)
+
+
+def data_key(base: bytes, kind: str, *parts: str | int) -> bytes:
+    """The key ``<base><kind>:<part>:<part>...`` (``base``: a lock's ``P{T}:``) of a record
+    of ``kind`` about ``parts``, each part escaped (:func:`key_part`), so that no value can
+    shape the key into one another listing SCANs for."""
+    escaped = (key_part(str(part)) for part in parts)
+    return base + kind.encode() + b":" + b":".join(encode_name(part) for part in escaped)
 
 
 def lock_pattern(prefix: str) -> bytes:

@@ -1,12 +1,18 @@
 """Listing keys: one SCAN function and one batched reader for every lock kind's holders.
 
+A listing reads hashes; a key of another type that its SCAN pattern matches is skipped and
+counted (:class:`Read`), never the end of the listing: the keys a pattern matches are not all
+ours to vouch for (another program's under the same prefix, an earlier release's).
+
 On a Redis Cluster client ``scan_iter`` walks every primary, so a listing sees the keys of
 every node.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from redis.exceptions import ResponseError
 
 from .holder import flatten
 
@@ -30,19 +36,29 @@ def scan(conn: Connection, match: bytes) -> list[bytes]:
     return list(dict.fromkeys(found))
 
 
-def read_query(conn: Connection, query: KeyQuery) -> list[Record]:
+class Read(NamedTuple):
+    """What a listing read: the records of the keys that hold hashes, and how many keys it
+    met that hold another type (skipped, not failed on: a foreign key matching its pattern,
+    such as one a process of an earlier release built from a task id)."""
+
+    records: list[Record]
+    skipped: int = 0
+
+
+def read_query(conn: Connection, query: KeyQuery) -> Read:
     """:func:`read_hashes` of the keys ``query`` names: its list, or the keys a SCAN of its
     glob finds."""
     return read_hashes(conn, query if isinstance(query, list) else scan(conn, query))
 
 
-def read_hashes(conn: Connection, keys: list[bytes]) -> list[Record]:
+def read_hashes(conn: Connection, keys: list[bytes]) -> Read:
     """HGETALL and PTTL of each of ``keys``, ``BATCH`` keys per pipeline round trip, in
     order, as :func:`records_of` reads them."""
-    records: list[Record] = []
+    read = Read([])
     for start in range(0, len(keys), BATCH):
-        records += records_of(conn.call(reading(conn.redis, keys[start : start + BATCH]).execute))
-    return records
+        pipe = reading(conn.redis, keys[start : start + BATCH])
+        read = joined(read, conn.call(lambda pipe=pipe: records_of(executed(pipe))))
+    return read
 
 
 def reading(redis: Any, keys: list[bytes]) -> Any:
@@ -54,12 +70,36 @@ def reading(redis: Any, keys: list[bytes]) -> Any:
     return pipe
 
 
-def records_of(replies: list[Any]) -> list[Record]:
+def executed(pipe: Any) -> Any:
+    """The replies of a :func:`reading` pipeline (sync: a list; asyncio: its awaitable), an
+    error reply kept in its place rather than raised, so one key of another type does not
+    fail the page: :func:`records_of` tells that error from the others."""
+    return pipe.execute(raise_on_error=False)
+
+
+def records_of(replies: list[Any]) -> Read:
     """The records in the replies of a :func:`reading` pipeline, the keys gone left out,
     each hash with its packed holder fields unpacked (:func:`.holder.flatten`), so readers
-    see the fields of every layout alike."""
-    return [
-        (flatten(fields), int(pttl))
-        for fields, pttl in zip(replies[::2], replies[1::2], strict=True)
-        if fields
-    ]
+    see the fields of every layout alike. A key of another type than a hash (its HGETALL
+    answered WRONGTYPE) is left out and counted; any other error reply is raised."""
+    records: list[Record] = []
+    skipped = 0
+    for fields, pttl in zip(replies[::2], replies[1::2], strict=True):
+        for reply in (fields, pttl):
+            if isinstance(reply, Exception) and not wrong_type(reply):
+                raise reply
+        if wrong_type(fields):
+            skipped += 1
+        elif fields:
+            records.append((flatten(fields), int(pttl)))
+    return Read(records, skipped)
+
+
+def wrong_type(reply: Any) -> bool:
+    """Whether ``reply`` is Redis's WRONGTYPE error: the key holds another type."""
+    return isinstance(reply, ResponseError) and str(reply).startswith("WRONGTYPE")
+
+
+def joined(first: Read, second: Read) -> Read:
+    """Two reads as one."""
+    return Read(first.records + second.records, first.skipped + second.skipped)

@@ -162,6 +162,16 @@ def check_text(value: object, argument: str) -> str:
     return text
 
 
+def check_owner(value: object, argument: str = "owner") -> str:
+    """An owner token given by the caller (a claim's): as :func:`check_text`, and without
+    hash-tag braces. A token names keys (a fair waiter's ``P{T}:w:<owner>``), and a brace
+    there could make one match another kind's listing pattern (core/keys.py)."""
+    owner = check_text(value, argument)
+    if "{" in owner or "}" in owner:
+        raise ConfigurationError(argument, f"must not contain '{{' or '}}', got {owner!r}")
+    return owner
+
+
 def check_pattern(value: object, argument: str = "pattern") -> str | None:
     """A glob pattern over lock names, or None for every lock."""
     if value is not None and not isinstance(value, str):

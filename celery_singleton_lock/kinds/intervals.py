@@ -401,7 +401,7 @@ def list_holders(
     """Every holder of every ``family`` interval lock under the client's prefix whose name
     matches the glob ``pattern`` (None: all), decoded."""
     conn = connection_of(client)
-    found = holders_of(read_query(conn, holder_match(conn.prefix, family)), pattern)
+    found = holders_of(read_query(conn, holder_match(conn.prefix, family)).records, pattern)
     return [holder.as_dict() for holder in found]
 
 

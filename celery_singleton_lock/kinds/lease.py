@@ -323,8 +323,8 @@ class Lease(LeaseOps, LockHandle):
         """Options as for :meth:`LockClient.lease`."""
         options = check_options(name, ttl, heartbeat, max_hold, wait, owner_info, on_lost)
         fair = validate.check_bool(fair, "fair")
-        owner = None if owner is None else validate.check_text(owner, "owner")
-        take_over = None if take_over is None else validate.check_text(take_over, "take_over")
+        owner = None if owner is None else validate.check_owner(owner, "owner")
+        take_over = None if take_over is None else validate.check_owner(take_over, "take_over")
         self._init_checked(options, connection_of(client))
         self._init_lease(fair, owner, take_over)
 
@@ -346,7 +346,7 @@ class Lease(LeaseOps, LockHandle):
 
     @take_over.setter
     def take_over(self, owner: str | None) -> None:
-        owner = None if owner is None else validate.check_text(owner, "take_over")
+        owner = None if owner is None else validate.check_owner(owner, "take_over")
         if self._mine():
             raise LockError(f"lease on {self.name!r} is held: take_over applies to an acquire")
         self._takeover = owner or ""
@@ -362,7 +362,7 @@ class Lease(LeaseOps, LockHandle):
         does not answer (the lease then runs out by itself); on a replicated client,
         :class:`LockNotReplicated` if it was handed over on the master but not acknowledged
         by the replicas."""
-        owner = validate.check_text(owner, "owner")
+        owner = validate.check_owner(owner, "owner")
         ttl = validate.check_positive(ttl, "ttl")
         flat = info_fields(validate.check_owner_info(owner_info))
         self._run(self._hand_over(owner, ttl, flat))
@@ -376,7 +376,7 @@ class Lease(LeaseOps, LockHandle):
         keys live in different slots, so the caller releases ``name`` itself."""
         # Checked as release_owner checks them: an empty owner would match a release delay.
         lock_key = self._conn.keys(name).lock
-        owner = validate.check_text(owner, "owner")
+        owner = validate.check_owner(owner, "owner")
         stop_if_taken = validate.check_bool(stop_if_taken, "stop_if_taken")
         if is_cluster(self._conn.redis):
             return False
@@ -497,7 +497,7 @@ def release_owner(
     :meth:`Lease.hand_over`), after a release delay of ``delay`` seconds. One round trip."""
     conn = connection_of(client)
     keys = conn.keys(name)
-    owner = validate.check_text(owner, "owner")
+    owner = validate.check_owner(owner, "owner")
     delay = validate.check_delay(delay)
     delay_ms = validate.seconds_to_ms(delay) if delay > 0 else 0
     code = conn.call(run, conn.scripts.release_call(keys.lock, owner, delay_ms))

@@ -29,7 +29,7 @@ def read_lease_holders(conn: Connection, keys: list[bytes]) -> list[HolderRecord
     one pipelined read (:func:`read_hashes`), and a TIME only when a release delay needs its
     end on the server clock (a Cluster pipeline refuses TIME)."""
     found: list[tuple[str | None, str | None, int | None, str | None]] = []
-    for fields, pttl in read_hashes(conn, keys):
+    for fields, pttl in read_hashes(conn, keys).records:
         owner, task_id, state, send = (
             fields.get(field) for field in (b"owner", b"task_id", b"state", b"send")
         )
@@ -84,7 +84,7 @@ def list_holders(
     """Every lease holder under the client's prefix whose name matches the glob ``pattern``
     (None: all); see :func:`lease_holders`."""
     conn = connection_of(client)
-    return lease_holders(read_query(conn, lease_keys(conn.prefix, pattern)), pattern)
+    return lease_holders(read_query(conn, lease_keys(conn.prefix, pattern)).records, pattern)
 
 
 class _ClearScripts:

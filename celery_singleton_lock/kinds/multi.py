@@ -249,7 +249,7 @@ def list_holders(
     """One dict per name held by a multi-key lock under the client's prefix whose name
     matches the glob ``pattern`` (None: all); ``owner`` tells which names are held together."""
     conn = connection_of(client)
-    found = multi_holders(read_query(conn, lease_keys(conn.prefix, pattern)), pattern)
+    found = multi_holders(read_query(conn, lease_keys(conn.prefix, pattern)).records, pattern)
     return [holder.as_dict() for holder in found]
 
 

@@ -151,7 +151,8 @@ def list_holders(
     """Every permit held under the client's prefix whose semaphore name matches the glob
     ``pattern`` (None: all), decoded (see :func:`holders_of`)."""
     conn = connection_of(client)
-    found = holders_of(read_query(conn, intervals.holder_match(conn.prefix, FAMILY)), pattern)
+    query = intervals.holder_match(conn.prefix, FAMILY)
+    found = holders_of(read_query(conn, query).records, pattern)
     return [holder.as_dict() for holder in found]
 
 
