@@ -61,6 +61,25 @@ def test_a_task_named_in_the_setting_locks_as_a_singleton_task(
     assert "singleton locks on" in worker.log_text()
 
 
+def test_a_base_class_call_wrapper_runs_inside_the_lock(programs: WorkerPrograms) -> None:
+    """A task's own ``__call__`` (a base class's wrapper: a transaction, a tenant context)
+    runs in a worker: inside the lock for a task locked by name and for a SingletonTask
+    subclass that lists SingletonTask first; around the lock (before it is taken) when the
+    base class comes first, as Python's method order says."""
+    queue = programs.queue("wrapped")
+    worker = programs.launch("wrapped", [queue], pool="prefork", concurrency=1)
+    programs.wait_ready(worker)
+    cases = {"named.wrapped": True, "named.locked_wrapping": True, "named.wrapping_locked": False}
+    for name, inside in cases.items():
+        result = programs.app.tasks[name].apply_async((name,), queue=queue)
+        assert result.get(timeout=TIMEOUT) == name
+        wrappers = programs.records(event="wrapper", task_id=result.id)
+        assert [entry["held"] for entry in wrappers] == [inside], name
+        # The body still runs once, as the worker's request and holding its lock.
+        [body] = programs.records(event="body", task_id=result.id)
+        assert body["key"] == name and body["token"] is not None, name
+
+
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
