@@ -128,8 +128,9 @@ class SingletonTask(Task):  # type: ignore[misc]
 
     #: Whether the ``__call__`` after SingletonTask's in the class's method order is Celery's
     #: own ``Task.__call__`` (set per class, :func:`_plain_call_after`): only then may a run
-    #: the worker's tracer started call ``run`` directly.
-    _plain_call_after: bool = True
+    #: the worker's tracer started call ``run`` directly. Not annotated: the annotations are
+    #: the options' (tests/test_task_config.py).
+    _plain_call_after = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
