@@ -9,9 +9,14 @@
 Each registered task whose name matches a key (a name or an ``fnmatch`` glob) becomes a
 ``SingletonTask`` with those options: its class is replaced by a subclass of SingletonTask and
 of its own class, so it runs exactly as a task declared with ``base=SingletonTask`` does, its
-own methods kept. The worker step does this as the worker starts, before the pool starts its
-processes; :func:`lock_named_tasks` does it in any other process that wants the enqueue-time
-options (``lock_on_enqueue``) to apply to its calls too.
+own methods kept (a ``__call__`` of its class runs inside the lock). The worker step does this
+as the worker starts, before the pool starts its processes; :func:`lock_named_tasks` does it in
+any other process that wants the enqueue-time options (``lock_on_enqueue``) to apply to its
+calls too.
+
+A glob never converts Celery's own tasks (``celery.*``: chord_unlock and the like keep
+canvases going); an exact name does, and every converted task's key is checked first
+(:func:`check_key`).
 """
 
 from __future__ import annotations
