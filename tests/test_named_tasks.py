@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from apps.named_tasks_app import make_app
-from celery import Celery
+from celery import Celery, chord
 from celery.contrib.testing.worker import start_worker
 from support.workers import WorkerPrograms
 
@@ -61,6 +62,25 @@ def test_a_task_named_in_the_setting_locks_as_a_singleton_task(
     assert "singleton locks on" in worker.log_text()
 
 
+def test_a_base_class_call_wrapper_runs_inside_the_lock(programs: WorkerPrograms) -> None:
+    """A task's own ``__call__`` (a base class's wrapper: a transaction, a tenant context)
+    runs in a worker: inside the lock for a task locked by name and for a SingletonTask
+    subclass that lists SingletonTask first; around the lock (before it is taken) when the
+    base class comes first, as Python's method order says."""
+    queue = programs.queue("wrapped")
+    worker = programs.launch("wrapped", [queue], pool="prefork", concurrency=1)
+    programs.wait_ready(worker)
+    cases = {"named.wrapped": True, "named.locked_wrapping": True, "named.wrapping_locked": False}
+    for name, inside in cases.items():
+        result = programs.app.tasks[name].apply_async((name,), queue=queue)
+        assert result.get(timeout=TIMEOUT) == name
+        wrappers = programs.records(event="wrapper", task_id=result.id)
+        assert [entry["held"] for entry in wrappers] == [inside], name
+        # The body still runs once, as the worker's request and holding its lock.
+        [body] = programs.records(event="body", task_id=result.id)
+        assert body["key"] == name and body["token"] is not None, name
+
+
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
@@ -71,6 +91,9 @@ def test_a_task_named_in_the_setting_locks_as_a_singleton_task(
         ({"named.export": {"lock_ttl": 10, "lock_lease": 20}}, "must not exceed lock_ttl"),
         ({"named.export": ["lock_ttl"]}, "must be a dict of lock_* options"),
         ({"named.export": {"ttl": 60}}, "'ttl' is not a lock_* option"),
+        ({"celery.chord_unlock": {}}, "singleton_lock_tasks['celery.chord_unlock']: bad "
+         "configuration: celery.chord_unlock's lock key cannot be built: celery.chord_unlock "
+         "argument 'Result': defaults to AsyncResult (a type)"),
     ],
 )  # fmt: skip
 def test_a_setting_that_can_never_work_stops_the_worker_at_start(
@@ -81,6 +104,112 @@ def test_a_setting_that_can_never_work_stops_the_worker_at_start(
     )
     assert worker.process.wait(TIMEOUT) == 1
     assert message in worker.log_text()
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"*": {}},
+        # Named exactly, with a key made of its arguments, chord_unlock is locked too.
+        {"*": {}, "celery.chord_unlock": {"lock_key": ["group_id"], "lock_release_delay": 60}},
+    ],
+)
+def test_a_chord_completes_when_a_glob_names_every_task(
+    programs: WorkerPrograms, lock_client: LockClient, tmp_path: Path, setting: dict[str, Any]
+) -> None:
+    """A backend without native chords (the file system's) runs ``celery.chord_unlock`` until
+    the header is done; a glob must not lock it, or its key fails every run and the chord
+    never completes. The Redis backend joins chords itself, so it would not show this."""
+    results = tmp_path / "results"
+    results.mkdir()
+    backend = f"file://{results}"
+    programs.app.conf.result_backend = backend
+    env = {"CSL_NAMED_TASKS": json.dumps(setting), "CSL_RESULT_BACKEND": backend}
+    worker = programs.launch("chord", [programs.queue("named")], pool="threads", env=env)
+    programs.wait_ready(worker)
+    tasks = programs.app.tasks
+    header = [tasks["named.export"].s(customer, 0) for customer in (1, 2)]
+    result = chord(header)(tasks["named.total"].s())
+    assert result.get(timeout=TIMEOUT) == 3
+    if "celery.chord_unlock" in setting:
+        # Its lock, in its release delay, is named by the chord's group id.
+        names = [info.name for info in lock_client.locks("celery.chord_unlock:*")]
+        assert names == [f'celery.chord_unlock:{{"group_id":"{result.parent.id}"}}']
+
+
+def test_a_glob_leaves_celerys_own_tasks_plain(celery_lock_app: Celery) -> None:
+    app = celery_lock_app
+
+    @app.task(name="mine.report", shared=False)
+    def report(day: int) -> int:
+        return day
+
+    app.conf.singleton_lock_tasks = {"*": {"lock_ttl": 60}}
+    locked = lock_named_tasks(app)  # the tests' shared tasks too
+    assert "mine.report" in locked and [name for name in locked if name.startswith("celery.")] == []
+    built_in = [name for name in app.tasks if name.startswith("celery.")]
+    assert {"celery.chord_unlock", "celery.backend_cleanup", "celery.accumulate"} <= set(built_in)
+    assert [name for name in built_in if isinstance(app.tasks[name], SingletonTask)] == []
+    assert isinstance(app.tasks["mine.report"], SingletonTask)
+
+
+def test_a_built_in_task_named_exactly_is_locked(celery_lock_app: Celery) -> None:
+    app = celery_lock_app
+    app.conf.singleton_lock_tasks = {
+        "celery.backend_cleanup": {},
+        "celery.chord_unlock": {"lock_key": ["group_id"]},
+    }
+    assert lock_named_tasks(app) == ["celery.backend_cleanup", "celery.chord_unlock"]
+    assert app.tasks["celery.backend_cleanup"].lock_name() == "celery.backend_cleanup:{}"
+    unlock = app.tasks["celery.chord_unlock"]
+    assert (
+        unlock.lock_name(("g1", {"task": "named.total"})) == 'celery.chord_unlock:{"group_id":"g1"}'
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "options", "message"),
+    [
+        ("celery.*", {}, "bad configuration: matches only Celery's built-in tasks, which a "
+         "glob never converts; name one exactly to lock it"),
+        ("celery.chord_unlock", {}, "celery.chord_unlock argument 'Result': defaults to "
+         "AsyncResult (a type), which cannot make a lock key"),
+        ("mine.sync", {}, "mine.sync argument 'clock': defaults to monotonic (a "
+         "builtin_function_or_method), which cannot make a lock key"),
+        ("mine.sync", {"lock_key": "sync:{clock}"}, "argument 'clock': defaults to monotonic"),
+        ("mine.sync", {"lock_keys": ["sync:{clock}"]}, "argument 'clock': defaults to monotonic"),
+        ("mine.sync", {"lock_key": ["customer"]}, "['customer'] are not arguments of the task"),
+    ],
+)  # fmt: skip
+def test_a_key_that_can_never_be_built_is_refused(
+    celery_lock_app: Celery, key: str, options: dict[str, Any], message: str
+) -> None:
+    app = celery_lock_app
+
+    @app.task(name="mine.sync", shared=False)
+    def sync(customer_id: int, clock: Any = time.monotonic) -> int:
+        return customer_id
+
+    app.conf.singleton_lock_tasks = {key: options}
+    with pytest.raises(ConfigurationError) as info:
+        lock_named_tasks(app)
+    assert info.value.argument == f"singleton_lock_tasks[{key!r}]"
+    assert message in str(info.value)
+    built_in = [name for name in app.tasks if name.startswith("celery.")]
+    for name in ["mine.sync", *built_in]:
+        assert not isinstance(app.tasks[name], SingletonTask), name
+
+
+def test_a_key_of_arguments_with_plain_defaults_is_accepted(celery_lock_app: Celery) -> None:
+    app = celery_lock_app
+
+    @app.task(name="mine.sync", shared=False)
+    def sync(customer_id: int, clock: Any = time.monotonic, full: bool = False) -> int:
+        return customer_id
+
+    app.conf.singleton_lock_tasks = {"mine.*": {"lock_key": ["customer_id", "full"]}}
+    assert lock_named_tasks(app) == ["mine.sync"]
+    assert sync.lock_name((7,)) == 'mine.sync:{"customer_id":7,"full":false}'
 
 
 def test_in_process_the_named_task_takes_its_lock_and_sends_the_signals(

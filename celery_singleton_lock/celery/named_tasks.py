@@ -9,9 +9,14 @@
 Each registered task whose name matches a key (a name or an ``fnmatch`` glob) becomes a
 ``SingletonTask`` with those options: its class is replaced by a subclass of SingletonTask and
 of its own class, so it runs exactly as a task declared with ``base=SingletonTask`` does, its
-own methods kept. The worker step does this as the worker starts, before the pool starts its
-processes; :func:`lock_named_tasks` does it in any other process that wants the enqueue-time
-options (``lock_on_enqueue``) to apply to its calls too.
+own methods kept (a ``__call__`` of its class runs inside the lock). The worker step does this
+as the worker starts, before the pool starts its processes; :func:`lock_named_tasks` does it in
+any other process that wants the enqueue-time options (``lock_on_enqueue``) to apply to its
+calls too.
+
+A glob never converts Celery's own tasks (``celery.*``: chord_unlock and the like keep
+canvases going); an exact name does, and every converted task's key is checked first
+(:func:`check_key`).
 """
 
 from __future__ import annotations
@@ -23,11 +28,21 @@ from typing import Any
 
 from ..exceptions import ConfigurationError
 from .task import SingletonTask
+from .task_keys import TaskKey
 from .worker import install
 
 log = logging.getLogger(__name__)
 
 SETTING = "singleton_lock_tasks"
+
+#: The names of Celery's own tasks (``celery.chord_unlock``, ``celery.backend_cleanup``,
+#: ``celery.accumulate``, ...), which a glob never converts.
+BUILT_IN_PREFIX = "celery."
+
+
+def is_glob(pattern: str) -> bool:
+    """Whether ``pattern`` is an ``fnmatch`` glob rather than one task's exact name."""
+    return any(char in pattern for char in "*?[")
 
 
 def named_tasks_setting(conf: Any) -> dict[str, dict[str, Any]]:
@@ -74,6 +89,19 @@ def lock_named_tasks(app: Any) -> list[str]:
     locked = []
     for pattern, options in setting.items():
         matched = [name for name in registered if fnmatchcase(name, pattern)]
+        built_in = []
+        if is_glob(pattern):
+            # Celery's own tasks keep canvases and the backend going, and take arguments no
+            # default key is made of (chord_unlock: every run would fail, chords would never
+            # complete): a glob meant for your tasks leaves them alone.
+            built_in = [name for name in matched if name.startswith(BUILT_IN_PREFIX)]
+            matched = [name for name in matched if not name.startswith(BUILT_IN_PREFIX)]
+        if not matched and built_in:
+            raise ConfigurationError(
+                f"{SETTING}[{pattern!r}]",
+                "bad configuration: matches only Celery's built-in tasks, which a glob never "
+                "converts; name one exactly to lock it (e.g. 'celery.backend_cleanup')",
+            )
         if not matched:
             raise ConfigurationError(
                 f"{SETTING}[{pattern!r}]",
@@ -124,9 +152,26 @@ def lock_task(task: Any, options: dict[str, Any], pattern: str) -> bool:
             f"{SETTING}[{pattern!r}].{option}",
             f"bad configuration: {problem} (for task {task.name})",
         ) from None
+    check_key(task, options, pattern)
     task.__class__ = locked
     install(task.app)  # the worker step, as binding a SingletonTask adds it
     return True
+
+
+def check_key(task: Any, options: dict[str, Any], pattern: str) -> None:
+    """Raise :class:`ConfigurationError` if ``task``'s lock key under ``options`` can never
+    be built: it names no argument of the task, or is made of an argument whose default has
+    no stable spelling (``celery.chord_unlock``'s ``Result=AsyncResult``: every run would
+    fail). The arguments a call passes are not known before it; Celery's own tasks pass
+    their canvases and results, which make keys."""
+    try:
+        naming = TaskKey(task.name, task.run, options.get("lock_key"))
+        naming.check_defaults(options.get("lock_keys"), options.get("lock_range") or ())
+    except ConfigurationError as exc:
+        raise ConfigurationError(
+            f"{SETTING}[{pattern!r}]",
+            f"bad configuration: {task.name}'s lock key cannot be built: {exc}",
+        ) from None
 
 
 def lock_named_tasks_at_worker_init(app: Any) -> None:

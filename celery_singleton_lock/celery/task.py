@@ -126,8 +126,15 @@ class SingletonTask(Task):  # type: ignore[misc]
 
     Request = "celery_singleton_lock.celery.worker:SingletonRequest"
 
+    #: Whether the ``__call__`` after SingletonTask's in the class's method order is Celery's
+    #: own ``Task.__call__`` (set per class, :func:`_plain_call_after`): only then may a run
+    #: the worker's tracer started call ``run`` directly. Not annotated: the annotations are
+    #: the options' (tests/test_task_config.py).
+    _plain_call_after = True
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        cls._plain_call_after = _plain_call_after(cls)
         name = cls.__dict__.get("name") or cls.__name__
         check_task_options(name, dict(cls.__dict__))
         # An explicit lease and ttl may come from different classes of the hierarchy.
@@ -622,7 +629,10 @@ class SingletonTask(Task):  # type: ignore[misc]
         # (Ignore, Reject: Task.replace keeps the task id), a redelivery runs it again.
         ended = False
         try:
-            if self._called_by_tracer():
+            # A base class's own __call__ (a transaction, a tenant context) runs here, inside
+            # the lock; it reaches Celery's Task.__call__, which in a worker claims the
+            # tracer's request as _called_by_tracer does.
+            if self._plain_call_after and self._called_by_tracer():
                 outcome = self.run(*args, **kwargs)
             else:
                 outcome = super().__call__(*args, **kwargs)
@@ -934,6 +944,18 @@ def _drop_send_id(sig: Any) -> None:
         options = getattr(member, "options", None)
         if isinstance(options, dict) and options.get("headers"):
             options.update(sends.unstamped(options))
+
+
+def _plain_call_after(cls: type) -> bool:
+    """Whether the first ``__call__`` after SingletonTask's in ``cls``'s method order is
+    Celery's ``Task.__call__`` (checked by class: a worker replaces that function), not a
+    base class's own (``class Locked(SingletonTask, MyBase)``, or a task
+    ``singleton_lock_tasks`` converted, whose class follows SingletonTask)."""
+    mro = cls.__mro__
+    for klass in mro[mro.index(SingletonTask) + 1 :]:
+        if "__call__" in klass.__dict__:
+            return klass is Task
+    return True
 
 
 def _take_deferred(lease: LockHandle | None) -> list[_RetrySend]:

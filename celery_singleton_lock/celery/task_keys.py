@@ -14,6 +14,7 @@ import decimal
 import enum
 import inspect
 import json
+import reprlib
 import string
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -147,6 +148,48 @@ class TaskKey:
         """Raise ConfigurationError if a key template names something that is not an argument."""
         for template in templates:
             self.check_arguments(option, _template_roots(f"{self.task_name}.{option}", template))
+
+    def check_defaults(self, keys: Any = None, exclude: Sequence[str] = ()) -> None:
+        """Raise ConfigurationError if an argument the key is made of (``keys``: a multi-key
+        lock's templates; ``exclude``: a range lock's bounds) has a default with no stable
+        spelling: every call that leaves it out would fail to make its key. The values a
+        call passes are only known then; a default is known now."""
+        if self.signature is None:
+            return
+        parameters = self.signature.parameters
+        for name in self._key_arguments(keys, exclude):
+            parameter = parameters.get(name)
+            if parameter is None or parameter.default is parameter.empty:
+                continue
+            try:
+                normalize(parameter.default)
+            except UnkeyableArgument as exc:
+                # A class or function by its name: its repr holds a module path or address.
+                shown = getattr(parameter.default, "__qualname__", None)
+                raise ConfigurationError(
+                    f"{self.task_name} argument {name!r}",
+                    f"defaults to {shown or reprlib.repr(parameter.default)} (a {exc}), which "
+                    "cannot make a lock key, so every call that leaves it out would fail; "
+                    "choose a lock_key of other arguments",
+                ) from None
+
+    def _key_arguments(self, keys: Any, exclude: Sequence[str]) -> list[str]:
+        """The names of the arguments a call's lock names are made of (none for a callable
+        key: it reads what it likes)."""
+        if keys is not None:
+            if callable(keys):
+                return []
+            option = f"{self.task_name}.lock_keys"
+            return [root for template in keys for root in _template_roots(option, template)]
+        spec = self.spec
+        if callable(spec):
+            return []
+        if isinstance(spec, str):
+            return _template_roots(f"{self.task_name}.lock_key", spec)
+        if spec is not None:
+            return list(spec)
+        parameters = self.signature.parameters if self.signature is not None else {}
+        return [name for name in parameters if name not in exclude]
 
     def bounds(
         self, spec: tuple[str, str], args: Sequence[Any], kwargs: Mapping[str, Any]
