@@ -10,12 +10,13 @@ redelivered messages and retries all go through it), renewed by the heartbeat ev
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import threading
 import time
 from functools import cached_property
-from typing import Any, NoReturn
+from typing import Any
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
@@ -27,7 +28,7 @@ from ..exceptions import ConfigurationError, LockBackendError, LockError, LockLo
 from ..kinds import registry
 from ..kinds.lease import Lease, ReleaseResult
 from ..kinds.registry import HandleFactory, Target
-from . import claims, done_marks, enqueue, holders, own_holds, sends, waiting_marks
+from . import claims, done_marks, enqueue, holders, own_holds, run_model, sends, waiting_marks
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
 # before a worker starts, which always imports its tasks first).
@@ -78,6 +79,18 @@ class _RunLocks(threading.local):
 
     def __init__(self) -> None:
         self.leases: list[LockHandle | None] = []
+
+
+class _Run:
+    """One delivery's run as task.__call__ drives it: its lock, worker node and arguments, and
+    what its observations found that acting needs (the holders in its way, the owner token
+    of its own hold to take over, the lock Redis's error)."""
+
+    def __init__(self, lease: LockHandle, node: str | None, args: Any, kwargs: Any) -> None:
+        self.lease, self.node, self.args, self.kwargs = lease, node, args, kwargs
+        self.found: list[holders.Holder] | None = None
+        self.own_owner: str | None = None
+        self.error: LockBackendError | None = None
 
 
 def worker_node(request: Any) -> str | None:
@@ -287,7 +300,6 @@ class SingletonTask(Task):  # type: ignore[misc]
         request = self.request
         if request.called_directly:
             return super().__call__(*args, **kwargs)  # a plain function call: no lock
-        options = self.lock_options
         task_id = request.id
         attempt = request.retries or 0
         owner_info = {"task_name": self.name, "task_id": task_id, "attempt": str(attempt)}
@@ -307,49 +319,141 @@ class SingletonTask(Task):  # type: ignore[misc]
                 sender=self, name=lost.name, task_id=task_id, lease=lost
             ),
         )
-        name = lease.name
-        self._drop_finished_copy(request)
         if isinstance(lease, Lease):
             claims.take_over_at_run(lease, task_id, attempt)
-        if (
-            options.on_enqueue in (UNTIL_START, DEBOUNCE)
-            and not self._leave_queue_at_acquire(lease)
-            and not self._leave_queue(args, kwargs)
-        ):
-            return self._replaced(lease, args, kwargs)
+        run = _Run(lease, node, args, kwargs)
+        snapshot = self._first_snapshot(lease)
         started = time.monotonic()
-        replaced = False
-        found: list[holders.Holder] | None = None
+        while (action := run_model.decide(snapshot)).kind not in run_model.ENDS:
+            try:
+                snapshot = self._observe(action, snapshot, run)
+            except LockBackendError as exc:
+                run.error = exc
+                snapshot = dataclasses.replace(snapshot, backend_error=str(exc))
+        return self._act(action, snapshot, run, time.monotonic() - started)
+
+    # -- the run: observe, then act on what run_model.decide() answers ------------------------
+
+    def _first_snapshot(self, lease: LockHandle) -> run_model.Snapshot:
+        """What a delivery knows as it starts: its request and its options."""
+        request, options = self.request, self.lock_options
+        leaves_queue = options.on_enqueue in (UNTIL_START, DEBOUNCE)
+        return run_model.Snapshot(
+            attempt=request.retries or 0,
+            wait=float(options.wait or 0.0),
+            conflict=options.conflict,
+            backend_down=options.backend_down,
+            takes_over=isinstance(lease, Lease),
+            requeued=own_holds.requeued(request),
+            outcome_requeued=bool(own_holds.requeues(request, own_holds.OUTCOME_REQUEUES_HEADER)),
+            leaves_queue_first=leaves_queue and not self._leave_queue_at_acquire(lease),
+        )
+
+    def _observe(
+        self, action: run_model.Action, s: run_model.Snapshot, run: _Run
+    ) -> run_model.Snapshot:
+        """Make the observation (or the step) ``action`` asks for; the snapshot with it."""
+        request, lease, kind = self.request, run.lease, action.kind
+        replace = dataclasses.replace
+        if kind == run_model.READ_FINISHED:
+            return replace(s, finished=own_holds.finished(self, request.id) or "")
+        if kind == run_model.LEAVE_QUEUE:
+            return replace(s, left_queue=self._leave_queue(run.args, run.kwargs))
+        if kind == run_model.READ_OUTCOME:
+            return replace(s, outcome_missing=self._outcome_missing())
+        if kind == run_model.ACQUIRE:
+            acquired, ended = self._acquire(lease, 0.0)  # a float: check_wait's quick case
+            replaced = not acquired and self._replaced_at_acquire(lease)
+            return replace(s, acquired=acquired, ended=ended, replaced_at_acquire=replaced)
+        if kind == run_model.READ_HOLDS:
+            run.found = found = holders.holders_of(lease)
+            own = [h for h in found if sends.same_call(h.task_id, h.send, request)]
+            delays = [h.release_delay_until_ms for h in own if h.release_delay_until_ms]
+            return replace(
+                s,
+                holds_read=True,
+                own_hold=any(not h.waiting for h in own),
+                own_delay_until_ms=max(delays) if delays else None,
+            )
+        if kind == run_model.READ_OWN_HOLD:
+            assert isinstance(lease, Lease)
+            hold, verdict = own_holds.assess(self, lease, run.node)
+            run.own_owner = None if hold is None else hold.owner
+            return replace(s, own_assessed=True, own_verdict=verdict)
+        if kind == run_model.TAKE_OVER:
+            assert isinstance(lease, Lease) and run.own_owner is not None
+            lease.take_over = run.own_owner
+            acquired, ended = self._acquire(lease, 0.0)
+            if acquired:
+                log.warning("%s[%s] %s on %r", self.name, request.id, action.why, lease.name)
+            return replace(s, took_over=acquired, acquired=acquired, ended=ended)
+        if kind == run_model.WAIT:
+            run.found = None  # read again if the wait ends without the lock
+            copy = self._mark_wait(lease, s.wait, run.node)
+            if isinstance(copy, own_holds.Verdict):
+                return replace(s, waited=True, copy_waiting=copy)
+            try:
+                acquired, ended = self._acquire(lease, s.wait)
+            finally:
+                waiting_marks.remove(self.lock_client.connection, copy)
+            return replace(s, waited=True, acquired=acquired, ended=ended)
+        raise AssertionError(f"not an observation: {action}")
+
+    def _act(
+        self, action: run_model.Action, s: run_model.Snapshot, run: _Run, waited: float
+    ) -> Any:
+        """End the delivery as ``action`` says."""
+        request, lease, kind = self.request, run.lease, action.kind
+        if kind == run_model.RUN:
+            if action.why:
+                log.warning("%s[%s] %s", self.name, request.id, action.why)
+            track_run_lock(lease)
+            lock_acquired.send(
+                sender=self, name=lease.name, task_id=request.id, lease=lease, wait=waited
+            )
+            return self._run_holding(lease, run.args, run.kwargs)
+        if kind == run_model.RUN_UNLOCKED:
+            log.warning("running %s[%s] UNLOCKED: %s", self.name, request.id, run.error)
+            return self._run_holding(None, run.args, run.kwargs)
+        if kind == run_model.FAIL:
+            exc = run.error
+            assert exc is not None
+            self._autoretry(exc)
+            raise LockBackendError(
+                f"{exc}; {self.name} did not run. To retry it when the lock Redis is "
+                "back: autoretry_for=(LockBackendError,); to run it unlocked instead: "
+                'lock_backend_down="run"',
+                name=exc.name,
+            ) from exc
+        if kind == run_model.REPLACED:
+            return self._replaced(lease, run.args, run.kwargs)
+        if kind in (run_model.SKIP, run_model.CONFLICT_RAISE, run_model.CONFLICT_RETRY):
+            return self._conflict(lease, kind, waited, run.found)
+        self._give_back(lease)  # a copy that took the lock stores nothing
+        if kind == run_model.REQUEUE:
+            countdown = action.countdown
+            if action.look_again == run_model.AFTER_LEASE:
+                countdown = own_holds.look_again_in(self, self.lock_options.lease)
+            elif action.look_again == run_model.AFTER_DELAY:
+                assert s.own_delay_until_ms is not None
+                countdown = own_holds.delay_verdict(self, s.own_delay_until_ms).countdown
+            own_holds.requeue(self, countdown, action.counted_in)
+            log.info("%s[%s] %s; looks again in %.1f s", self.name, request.id, action.why,
+                     countdown)  # fmt: skip
+        else:
+            log.info("%s[%s] %s", self.name, request.id, action.why)
+        raise Ignore()
+
+    def _give_back(self, lease: LockHandle) -> None:
+        """Release what a delivery that does not run took (it runs out within its lease if
+        Redis does not answer)."""
+        if not lease.held:
+            return
         try:
-            acquired = self._acquire(lease, 0.0)  # a float: check_wait's quick case
-            if not acquired and self._replaced_at_acquire(lease):
-                replaced = True  # the lock was not tried
-            elif not acquired:
-                # Before waiting: a copy of this very message must not wait for its original
-                # to finish and then run a second time, nor skip a hold it may take over.
-                found = holders.holders_of(lease)
-                acquired = self._meet_own_hold(lease, found, node)
-                if not acquired and options.wait:
-                    acquired, found = self._wait_unless_copy(lease, options.wait, node), None
-        except LockBackendError as exc:
-            if options.backend_down != "run":
-                self._autoretry(exc)
-                raise LockBackendError(
-                    f"{exc}; {self.name} did not run. To retry it when the lock Redis is "
-                    "back: autoretry_for=(LockBackendError,); to run it unlocked instead: "
-                    'lock_backend_down="run"',
-                    name=exc.name,
-                ) from exc
-            log.warning("running %s[%s] UNLOCKED: %s", self.name, task_id, exc)
-            return self._run_holding(None, args, kwargs)
-        waited = time.monotonic() - started
-        if replaced:
-            return self._replaced(lease, args, kwargs)
-        if not acquired:
-            return self._conflict(lease, options, waited, found)
-        track_run_lock(lease)
-        lock_acquired.send(sender=self, name=name, task_id=task_id, lease=lease, wait=waited)
-        return self._run_holding(lease, args, kwargs)
+            lease.release()
+        except LockError as exc:
+            log.warning("%s[%s] could not give back %r: %s", self.name, self.request.id,
+                        lease.name, exc)  # fmt: skip
 
     def _leave_queue_at_acquire(self, lease: LockHandle) -> bool:
         """``until_start``/``debounce``: True if the queue claim is freed by the run lock's
@@ -389,127 +493,12 @@ class SingletonTask(Task):  # type: ignore[misc]
 
     def _replaced(self, lease: LockHandle, args: Any, kwargs: Any) -> Any:
         name = lease.name
-        self._ignore_copy_of_self(lease, holders.holders_of(lease))  # it left the queue already
         try:
             latest = claims.replaced_by(self, args, kwargs)
         except LockError:
             latest = None
         why = f"replaced by queued task {latest}"
         return self._skip(name, latest, why, 0.0, logged=why)
-
-    def _ignore_copy_of_self(self, lease: LockHandle, found: list[holders.Holder]) -> None:
-        """Raise Ignore if the lock is held under this run's own task id: another delivery of
-        this very message (visibility timeout, acks_late) met the original run, its retry or
-        its release delay. The original's result is the one, so this copy stores nothing."""
-        request = self.request
-        if any(
-            sends.same_call(holder.task_id, holder.send, request) and not holder.waiting
-            for holder in found
-        ):
-            log.info(
-                "%s[%s] ignored: a copy of the same task id holds %r",
-                self.name,
-                request.id,
-                lease.name,
-            )
-            raise Ignore()
-
-    def _meet_own_hold(
-        self, lease: LockHandle, found: list[holders.Holder], node: str | None
-    ) -> bool:
-        """When the lease is held under this run's own task id (see own_holds.py): take a
-        dead or earlier attempt's hold over (True: the lease is now held), or raise Ignore,
-        for a later attempt's hold, or once this copy of a live original is re-queued.
-        False when the lease is not held under this task id."""
-        request = self.request
-        if not any(sends.same_call(holder.task_id, holder.send, request) for holder in found):
-            return False
-        # The release delay of this very call (it ran): nothing more to do, unless this copy
-        # is to run the call again (its outcome was never stored), once the delay is over.
-        delays = [holder for holder in found if holder.release_delay_until_ms is not None]
-        own_delays = [
-            until
-            for holder in delays
-            if sends.same_call(holder.task_id, holder.send, request)
-            and (until := holder.release_delay_until_ms)
-        ]
-        if own_delays and self._runs_again():
-            self._requeue_or_ignore(own_holds.delay_verdict(self, max(own_delays)))
-        verdict: own_holds.Verdict | None
-        if isinstance(lease, Lease):
-            hold, verdict = own_holds.assess(self, lease, node)
-            if hold is not None and verdict is not None and verdict.action == own_holds.TAKE_OVER:
-                lease.take_over = hold.owner
-                if self._acquire(lease, 0.0):
-                    log.warning("%s[%s] %s on %r", self.name, request.id, verdict.why, lease.name)
-                    return True
-                verdict = None
-        else:
-            # No take-over for the other kinds: the copy looks again once a dead holder's
-            # lease could have run out, until the hold is gone or its task finished.
-            self._ignore_copy_of_self(lease, delays)
-            verdict = own_holds.requeue_verdict(self)
-        if verdict is None:
-            self._ignore_copy_of_self(lease, delays)
-            # Changed hands meanwhile (let go, or another copy took it over): look again soon.
-            verdict = own_holds.Verdict(
-                own_holds.REQUEUE, "re-queued: its hold changed hands", own_holds.MARGIN_S
-            )
-        self._requeue_or_ignore(verdict)
-
-    def _requeue_or_ignore(self, verdict: own_holds.Verdict) -> NoReturn:
-        """Act on ``verdict`` for this copy of a message: re-queue it (REQUEUE) or not,
-        and ignore this delivery (raise Ignore)."""
-        request = self.request
-        if verdict.action == own_holds.REQUEUE:
-            own_holds.requeue(self, verdict.countdown, verdict.counted_in)
-            log.info(
-                "%s[%s] %s; looks again in %.1f s",
-                self.name,
-                request.id,
-                verdict.why,
-                verdict.countdown,
-            )
-        else:
-            log.info("%s[%s] ignored: %s", self.name, request.id, verdict.why)
-        raise Ignore()
-
-    def _wait_unless_copy(self, lease: LockHandle, wait: float, node: str | None) -> bool:
-        """Wait up to ``wait`` seconds for the lock, under a mark saying this delivery of
-        the message waits (waiting_marks.py), removed when the wait ends. A copy of a
-        delivery that waits already does not wait behind it (it would run the body a second
-        time once its original ran): it is re-queued, as a copy of a live original is, and
-        this delivery ignored."""
-        request = self.request
-        connection = self.lock_client.connection
-        try:
-            mark = waiting_marks.claim(
-                connection,
-                waiting_marks.mark_key(connection, lease, request.id, request.retries or 0),
-                wait=wait,
-                node=node,
-                requeues=own_holds.requeues(request),
-                max_countdown=own_holds.max_countdown(self.app),
-            )
-        except waiting_marks.CopyOfWaiting as copy:
-            verdict = copy.verdict()
-        else:
-            try:
-                return self._acquire(lease, wait)
-            finally:
-                waiting_marks.remove(connection, mark)
-        self._requeue_or_ignore(verdict)
-
-    def _drop_finished_copy(self, request: Any) -> None:
-        """A copy re-queued (behind a live original, own_holds.py, or for a missing outcome)
-        is dropped, storing nothing, once the result backend shows that original finished:
-        its result stands."""
-        if not own_holds.requeued(request):
-            return
-        state = own_holds.finished(self, request.id)
-        if state is not None:
-            log.info("%s[%s] dropped: the original run ended (%s)", self.name, request.id, state)
-            raise Ignore()
 
     def _done_mark(self, lease: LockHandle) -> done_marks.DoneMark | None:
         """The done mark (done_marks.py) of the running attempt, in ``lease``'s slot; None
@@ -527,59 +516,35 @@ class SingletonTask(Task):  # type: ignore[misc]
         """Seconds this task's done marks last (0: none), from the app's settings."""
         return done_marks.mark_ttl(self.app)
 
-    def _acquire(self, lease: LockHandle, wait: float) -> bool:
-        """``lease.acquire(wait)``, reading the done mark in each attempt's round trip: a
-        copy of an attempt that ended already (done_marks.py) gives back what it took and is
-        dropped (raise Ignore), storing nothing, whether or not it got the lock.
-
-        Unless the call's outcome may be missing: the run that ended releases (and marks)
-        before Celery stores its outcome, so a worker killed in between leaves a mark and no
-        outcome. A copy that finds no outcome stored is re-queued once (its original, if
-        alive, stores it meanwhile), and runs if there is still none when it comes back. Only
-        that re-queue counts: a copy re-queued behind its live original before is re-queued
-        once more."""
+    def _acquire(self, lease: LockHandle, wait: float) -> tuple[bool, int]:
+        """``lease.acquire(wait)``, reading the done mark (done_marks.py) in each attempt's
+        round trip: whether it took the lock, and the highest attempt of this send that had
+        ended (done_marks.NONE_ENDED if none, or with marks off)."""
         mark = self._done_mark(lease)
         if mark is None:
-            return lease.acquire(wait)
-        acquired, ended = done_marks.acquire(self.lock_client.connection, lease, wait, mark)
-        if ended < mark.attempt:
-            return acquired
-        request = self.request
-        missing = self._outcome_missing()
-        if missing and own_holds.requeues(request, own_holds.OUTCOME_REQUEUES_HEADER):
-            log.warning(
-                "%s[%s] runs again: attempt %d of this task id ended, but no outcome of it "
-                "was stored (its worker stopped in between)",
-                self.name, request.id, ended,
-            )  # fmt: skip
-            return acquired
-        if acquired:
-            try:
-                lease.release()
-            except LockError as exc:  # it runs out within its lease
-                log.warning("%s[%s] could not give back %r: %s", self.name, request.id,
-                            lease.name, exc)  # fmt: skip
-        if missing:
-            # Its original, if alive, stores the outcome within its lease.
-            countdown = own_holds.look_again_in(self, self.lock_options.lease)
-            why = f"re-queued: attempt {ended} of this task id ended, its outcome not stored yet"
-            self._requeue_or_ignore(
-                own_holds.Verdict(
-                    own_holds.REQUEUE, why, countdown, own_holds.OUTCOME_REQUEUES_HEADER
-                )
-            )
-        log.info("%s[%s] dropped: attempt %d of this task id ended already", self.name,
-                 request.id, ended)  # fmt: skip
-        raise Ignore()
+            return lease.acquire(wait), done_marks.NONE_ENDED
+        return done_marks.acquire(self.lock_client.connection, lease, wait, mark)
 
-    def _runs_again(self) -> bool:
-        """Whether this copy is to run its call again: it was re-queued once for an outcome
-        that is still not stored (:meth:`_acquire`)."""
+    def _mark_wait(
+        self, lease: LockHandle, wait: float, node: str | None
+    ) -> waiting_marks.Mark | own_holds.Verdict:
+        """Mark that this delivery waits up to ``wait`` seconds for the lock
+        (waiting_marks.py): the mark, to remove when the wait ends; or, when another delivery
+        of this message waits already, the verdict re-queueing this copy (it would run the
+        body a second time once its original ran)."""
         request = self.request
-        return (
-            bool(own_holds.requeues(request, own_holds.OUTCOME_REQUEUES_HEADER))
-            and self._outcome_missing()
-        )
+        connection = self.lock_client.connection
+        try:
+            return waiting_marks.claim(
+                connection,
+                waiting_marks.mark_key(connection, lease, request.id, request.retries or 0),
+                wait=wait,
+                node=node,
+                requeues=own_holds.requeues(request),
+                max_countdown=own_holds.max_countdown(self.app),
+            )
+        except waiting_marks.CopyOfWaiting as copy:
+            return copy.verdict()
 
     def _outcome_missing(self) -> bool:
         """Whether this call's outcome should be stored and the result backend has none
@@ -696,23 +661,21 @@ class SingletonTask(Task):  # type: ignore[misc]
         lock_released.send(sender=self, name=lease.name, task_id=self.request.id, lease=lease)
 
     def _conflict(
-        self,
-        lease: LockHandle,
-        options: TaskLockOptions,
-        waited: float,
-        found: list[holders.Holder] | None = None,
+        self, lease: LockHandle, kind: str, waited: float, found: list[holders.Holder] | None
     ) -> Any:
+        """The key is taken by another call: skip (the skipped result), raise LockTimeout or
+        retry, as ``kind`` says; the attempt is marked done (done_marks.py) either way."""
         name = lease.name
         if found is None:
             found = holders.holders_of(lease)
         why = holders.describe(found)
-        if options.conflict != "skip":
+        if kind != run_model.SKIP:
             exc = LockTimeout(f"{self.name}: lock {name!r} is taken ({why})", name=name)
-            if options.conflict == "raise":
+            if kind == run_model.CONFLICT_RAISE:
                 self._record_end(lease)
                 raise exc
             try:
-                raise self.retry(countdown=options.retry_countdown, exc=exc)
+                raise self.retry(countdown=self.lock_options.retry_countdown, exc=exc)
             finally:
                 # Once the retry is sent (or refused: the call failed): a copy of this
                 # attempt must not run beside the retry.
