@@ -16,18 +16,19 @@ from celery_singleton_lock.celery.own_holds import (
     decide,
 )
 from celery_singleton_lock.core.holder import HOSTNAME
+from celery_singleton_lock.core.pid_evidence import ALIVE, GONE, UNKNOWN
 
 NODE = "celery@here"
 LIVE = OwnHold(
     owner="a-run", attempt=0, claimed=False, stale=False, overdue_in=5.0, lease=30.0,
-    host=HOSTNAME, pid=4242, worker="celery@elsewhere",
+    host=HOSTNAME, pid=4242, proc="b00:1:2:3", worker="celery@elsewhere",
 )  # fmt: skip
 
 
 def verdict(
     hold: OwnHold,
     attempt: int = 0,
-    gone: bool = False,
+    process: str = ALIVE,
     requeues: int = 0,
     max_countdown: float | None = None,
 ) -> Verdict:
@@ -35,8 +36,7 @@ def verdict(
         hold,
         attempt=attempt,
         node=NODE,
-        pid=1,
-        pid_gone=lambda _: gone,
+        process=lambda _pid, _proc: process,
         requeues=requeues,
         max_countdown=max_countdown,
     )
@@ -56,11 +56,14 @@ def test_a_later_attempts_hold_makes_this_message_obsolete() -> None:
 def test_same_attempt_dead_by_heartbeat_or_by_its_process_on_this_node() -> None:
     assert verdict(dataclasses.replace(LIVE, stale=True)).action == TAKE_OVER
     mine = dataclasses.replace(LIVE, worker=NODE)
-    assert verdict(mine, gone=True).action == TAKE_OVER
-    # A process of another node, or of this very process (a threads pool), is no evidence.
-    assert verdict(LIVE, gone=True).action == REQUEUE
-    this_process = dataclasses.replace(mine, pid=1)
-    assert verdict(this_process, gone=True).action == REQUEUE
+    assert verdict(mine, process=GONE).action == TAKE_OVER
+    # A process of another node, or of another host, is no evidence.
+    assert verdict(LIVE, process=GONE).action == REQUEUE
+    assert verdict(dataclasses.replace(mine, host="other-host"), process=GONE).action == REQUEUE
+    # Nor is a pid this process cannot judge (another pid namespace or boot, no mark), nor
+    # one that still names a running process (this very one, for a threads pool's copy).
+    assert verdict(mine, process=UNKNOWN).action == REQUEUE
+    assert verdict(mine, process=ALIVE).action == REQUEUE
 
 
 @pytest.mark.parametrize(
