@@ -1,6 +1,6 @@
 """core/pid_evidence.py: when a pid read from a record proves its process gone. The rule
 itself, on given observations; then the marks real processes of this machine make, in this
-pid namespace and in another one."""
+pid namespace and in another one, and the mark every lock kind's holder record keeps."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from celery_singleton_lock import LockClient
 from celery_singleton_lock.core.pid_evidence import (
     ALIVE,
     GONE,
@@ -123,3 +124,26 @@ def test_a_pid_of_another_pid_namespace_is_unknown() -> None:
     assert recorded.boot == here.boot and recorded.pid_ns != here.pid_ns
     # Pid 1 runs here too; its number says nothing of the process that recorded it.
     assert judge(1, recorded, here, look) == UNKNOWN
+
+
+@linux_only
+def test_every_kind_records_the_mark_of_its_holders_process(lock_client: LockClient) -> None:
+    handles = [
+        lock_client.lease("mark-lease", heartbeat=False),
+        lock_client.multi(["mark-m1", "mark-m2"], heartbeat=False),
+        lock_client.rwlock("mark-rw").read(heartbeat=False),
+        lock_client.range_lock("mark-range").write(0, 1, heartbeat=False),
+        lock_client.semaphore("mark-sem", 2).permit(heartbeat=False),
+    ]
+    for handle in handles:
+        assert handle.acquire()
+    try:
+        listed = lock_client.locks("mark-*")
+        assert len(listed) == 6
+        here = this_process()
+        for info in listed:
+            assert info.pid == os.getpid() and ProcessMark.parse(info.proc) == here, info
+            assert judge(info.pid, ProcessMark.parse(info.proc), here, look) == ALIVE
+    finally:
+        for handle in handles:
+            handle.release()
