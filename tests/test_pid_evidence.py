@@ -73,6 +73,7 @@ def test_another_namespace_or_boot_is_unknown_whatever_this_one_sees(
 def test_missing_fields_are_unknown() -> None:
     assert verdict(None, NO_SUCH_PROCESS) == UNKNOWN  # no mark recorded (an older holder)
     assert verdict(RECORDED, NO_SUCH_PROCESS, pid=None) == UNKNOWN  # no pid recorded
+    assert verdict(RECORDED, NO_SUCH_PROCESS, pid=0) == UNKNOWN  # no process's pid
     # This process cannot mark itself (not Linux, a /proc of another namespace).
     assert verdict(RECORDED, NO_SUCH_PROCESS, here=None) == UNKNOWN
     # The process exists and its start time cannot be read (hidepid).

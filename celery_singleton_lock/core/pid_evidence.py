@@ -97,6 +97,8 @@ def judge(
     mark itself) that sees a pid of its namespace as ``look`` says. No I/O of its own."""
     if pid is None or recorded is None or here is None or not recorded.same_place(here):
         return UNKNOWN
+    if pid < 1:  # not a process's pid (kill() would take it for a process group)
+        return UNKNOWN
     seen = look(pid)
     if not seen.exists or seen.zombie:
         return GONE
