@@ -3,6 +3,7 @@ lock, how a copy of the same message meets it, and how a dead delivery's mark is
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -34,8 +35,14 @@ from celery_singleton_lock.celery.waiting_marks import (
 from celery_singleton_lock.core.connection import Connection
 from celery_singleton_lock.core.holder import HOSTNAME
 from celery_singleton_lock.core.keys import key_base
+from celery_singleton_lock.core.pid_evidence import ProcessMark, this_process_text
 
 NODE = "celery@here"
+#: A process that prints its pid and its process mark, and exits.
+MARK_OF_CHILD = (
+    "from celery_singleton_lock.core.pid_evidence import this_process_text\n"
+    "import os; print(os.getpid(), this_process_text())"
+)
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
 
@@ -58,8 +65,9 @@ def test_a_waiting_delivery_marks_its_wait_with_an_expiry_and_removes_the_mark(
     assert key == connection.keys("job:1").base + b"waiting:t-1:0"
     mark = claim_mark(connection, key)
     assert connection.redis.get(key).decode() == mark.value
-    node, pid, host, _nonce = mark.value.split("|")
+    node, pid, host, _nonce, proc = mark.value.split("|")
     assert (node, host) == (NODE, HOSTNAME) and int(pid) > 0
+    assert proc == this_process_text()
     assert 10_000 < connection.redis.pttl(key) <= (10 + MARK_MARGIN_S) * 1000
     remove(connection, mark)
     assert not connection.redis.exists(key)
@@ -85,15 +93,28 @@ def test_a_copy_meeting_the_mark_of_a_live_delivery_is_told_to_requeue(
 def test_the_mark_of_a_delivery_whose_process_is_gone_is_taken_over_on_its_node(
     connection: Connection,
 ) -> None:
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
+    gone = subprocess.run([sys.executable, "-c", MARK_OF_CHILD], check=True,
                           capture_output=True, text=True)  # fmt: skip
-    dead_pid = int(gone.stdout)
+    dead_pid, proc = gone.stdout.split()
     key = mark_key(connection, Lease(connection, "job:3"), "t-3", 0)
-    dead = f"{NODE}|{dead_pid}|{HOSTNAME}|n0"
+    dead = f"{NODE}|{dead_pid}|{HOSTNAME}|n0|{proc}"
     connection.redis.set(key, dead, px=60_000)
     # Another node cannot tell whether that process lives: it re-queues.
     with pytest.raises(CopyOfWaiting):
         claim_mark(connection, key, node="celery@elsewhere")
+    # Nor can this node from a mark that does not say where and when the pid was taken (an
+    # older version's), nor from one of another pid namespace (another container).
+    recorded = ProcessMark.parse(proc)
+    assert recorded is not None
+    elsewhere = dataclasses.replace(recorded, pid_ns=recorded.pid_ns + 1).text()
+    for unproven in (
+        f"{NODE}|{dead_pid}|{HOSTNAME}|n0",
+        f"{NODE}|{dead_pid}|{HOSTNAME}|n0|{elsewhere}",
+    ):
+        connection.redis.set(key, unproven, px=60_000)
+        with pytest.raises(CopyOfWaiting):
+            claim_mark(connection, key)
+    connection.redis.set(key, dead, px=60_000)
     mark = claim_mark(connection, key)
     assert connection.redis.get(key).decode() == mark.value != dead
     assert connection.redis.pttl(key) <= (10 + MARK_MARGIN_S) * 1000

@@ -109,6 +109,10 @@ class LockInfo:
     #: The server time (ms) of the holder's last renewal as listed: a clear of a stale lock
     #: checks that it is unchanged. Not part of ``to_dict``.
     renewed_ms: int | None = dataclasses.field(default=None, repr=False)
+    #: Where and when ``pid`` names the holder (``core.pid_evidence.ProcessMark`` as stored):
+    #: what a worker's start-up reads to know whether that process is gone. Not part of
+    #: ``to_dict``.
+    proc: str | None = dataclasses.field(default=None, repr=False)
 
     @property
     def undecided(self) -> bool:
@@ -122,7 +126,7 @@ class LockInfo:
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``--json`` (documented in docs/admin.md)."""
         document = dataclasses.asdict(self)
-        del document["renewed_ms"]
+        del document["renewed_ms"], document["proc"]
         return document
 
 
@@ -267,6 +271,7 @@ def lock_info(holder: ListedHolder, now_ms: int) -> LockInfo:
         worker=holder.worker,
         limit=holder.limit,
         renewed_ms=renewed,
+        proc=holder.proc,
     )
 
 

@@ -13,8 +13,10 @@ duplicate of a live run:
 - a hold of a LATER attempt: the call goes on in that attempt; this message is obsolete:
   ignore it;
 - a hold of the SAME attempt whose holder is dead (its heartbeat overdue on the Redis clock,
-  by the admin's staleness rule; or its process, on this worker node and host, gone): take it
-  over;
+  by the admin's staleness rule; or its process, of this worker node and host, provably gone:
+  recorded in this boot and pid namespace, and no process with that pid and start time runs
+  now, core/pid_evidence.py): take it over. A pid of another pid namespace or boot proves
+  nothing (a worker of the same node name in another container of this host name);
 - a hold of the same attempt whose holder may be alive: a live original. This delivery is
   re-queued (same task id and attempt, no enqueue claim, the user's retries untouched) to
   look again once the holder's heartbeat could be overdue, and ignored. A re-queued copy
@@ -29,7 +31,6 @@ the rest reads the hold and acts on the verdict.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,7 @@ from ..core.connection import Connection
 from ..core.handle import LockHandle
 from ..core.holder import HOSTNAME
 from ..core.keys import data_key
+from ..core.pid_evidence import GONE, ProcessMark, judge, look, this_process
 from ..exceptions import LockBackendError
 from ..kinds.lease import CLAIM_OWNER_PREFIX, Lease
 from ..kinds.lease_listing import list_holders
@@ -79,6 +81,8 @@ class OwnHold:
     lease: float | None
     host: str | None
     pid: int | None
+    #: Where and when ``pid`` names the holder (``pid_evidence.ProcessMark`` as stored).
+    proc: str | None
     worker: str | None
 
 
@@ -99,15 +103,15 @@ def decide(
     *,
     attempt: int,
     node: str | None,
-    pid: int,
-    pid_gone: Callable[[int], bool],
+    process: Callable[[int | None, str | None], str],
     requeues: int = 0,
     max_countdown: float | None = None,
 ) -> Verdict:
     """The verdict on ``hold`` for attempt ``attempt`` of the same task id, running on worker
-    ``node`` in process ``pid`` of this host; ``pid_gone`` says whether a process of this
-    host no longer exists; ``requeues``: how often this copy was re-queued already;
-    ``max_countdown``: the longest a re-queued copy may wait (see :func:`max_countdown`)."""
+    ``node`` of this host; ``process`` says whether the holder's process is alive, gone or
+    unknown here (:func:`process_state`); ``requeues``: how often this copy was re-queued
+    already; ``max_countdown``: the longest a re-queued copy may wait (see
+    :func:`max_countdown`)."""
     if hold.attempt is not None and hold.attempt < attempt:
         what = "claim" if hold.claimed else "hold"
         return Verdict(TAKE_OVER, f"took over the {what} of earlier attempt {hold.attempt}")
@@ -118,7 +122,7 @@ def decide(
     if hold.stale:
         return Verdict(TAKE_OVER, "took over the hold of a dead earlier delivery (heartbeat)")
     if left_by_dead_process(
-        hold.worker, hold.host, hold.pid, node=node, this_pid=pid, pid_gone=pid_gone
+        hold.worker, hold.host, hold.pid, hold.proc, node=node, process=process
     ):
         return Verdict(TAKE_OVER, f"took over the hold of a dead earlier delivery (pid {hold.pid})")
     base = max(hold.overdue_in, 0.0) + MARGIN_S
@@ -158,44 +162,29 @@ def look_again_in(task: Any, seconds: float) -> float:
     return countdown if cap is None else min(countdown, cap)
 
 
-def pid_gone(pid: int) -> bool:
-    """True if no process ``pid`` runs on this host: none exists, or it is a zombie (it has
-    exited and runs no code; a killed worker's children stay zombies until reaped, which a
-    container's first process may never do)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # it exists, under another user
-        pass
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            # "pid (comm) state ...": comm may hold spaces and parentheses, so after the last ')'.
-            return stat.read().rpartition(b")")[2].split()[:1] == [b"Z"]
-    except OSError:  # no /proc (not Linux), or it exited just now
-        return not os.path.exists(f"/proc/{pid}") and os.path.isdir("/proc")
+def process_state(pid: int | None, proc: str | None) -> str:
+    """Whether the process ``pid`` that recorded mark ``proc`` (a holder's ``proc`` field) is
+    alive, gone or unknown to this process: ``pid_evidence.judge`` on this machine. Only a
+    record of this boot and this pid namespace can be gone; this process itself is alive."""
+    return judge(pid, ProcessMark.parse(proc), this_process(), look)
 
 
 def left_by_dead_process(
     worker: str | None,
     host: str | None,
     pid: int | None,
+    proc: str | None,
     *,
     node: str | None,
-    this_pid: int,
-    pid_gone: Callable[[int], bool] = pid_gone,
+    process: Callable[[int | None, str | None], str] = process_state,
 ) -> bool:
-    """Whether a record made by worker ``worker`` on ``host`` in process ``pid`` (a hold, a
-    wait mark) was left by a process of worker ``node`` on this host that no longer exists;
-    never by ``this_pid``, the process asking (a threads pool runs copies side by side)."""
-    return (
-        node is not None
-        and worker == node
-        and host == HOSTNAME
-        and pid is not None
-        and pid != this_pid
-        and pid_gone(pid)
-    )
+    """Whether a record made by worker ``worker`` on ``host`` in process ``pid`` marked
+    ``proc`` (a hold, a wait mark) was left by a process of worker ``node`` on this host
+    that is provably gone (``process`` says :data:`GONE`). A record of another pid namespace
+    or boot, or without a mark, proves nothing: a worker of the same node name may run it
+    in another container of this host name (and a threads pool's copies run side by side
+    in the asking process itself, which is alive)."""
+    return node is not None and worker == node and host == HOSTNAME and process(pid, proc) == GONE
 
 
 # -- reading the hold --------------------------------------------------------------------------
@@ -228,6 +217,7 @@ def read_own_hold(lease: Lease, client: Any, request: Any) -> OwnHold | None:
             lease=None if not ttl else ttl / 1000,
             host=record.host,
             pid=record.pid,
+            proc=record.proc,
             worker=record.worker,
         )
     return None
@@ -248,8 +238,7 @@ def assess(task: Any, lease: Lease, node: str | None) -> tuple[OwnHold | None, V
         hold,
         attempt=request.retries or 0,
         node=node,
-        pid=os.getpid(),
-        pid_gone=pid_gone,
+        process=process_state,
         requeues=requeues(request),
         max_countdown=max_countdown(task.app),
     )

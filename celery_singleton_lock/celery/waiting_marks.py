@@ -6,12 +6,14 @@ its original still waits for a lock another call holds finds no hold of its own 
 delivery about to wait (``lock_wait``, the first try failed) claims, in one ``SET NX PX``, the
 key ``P{T}:waiting:<task id>:<attempt>`` (in the lock's Cluster slot; for a multi-key lock,
 its first name's; the task id escaped, core/keys.py ``key_part``) with
-``<worker>|<pid>|<host>|<nonce>``, and deletes it, owner-checked, when
+``<worker>|<pid>|<host>|<nonce>|<proc>`` (``proc``: where and when the pid names that process,
+core/pid_evidence.py), and deletes it, owner-checked, when
 the wait ends however it ends. A delivery that finds the mark is a copy of a waiting original:
 it is re-queued (own_holds.requeue) and ignored. The mark expires by itself a margin after the
 wait would end, so a delivery killed while waiting blocks its copies no longer than that; a
-copy on the same worker node and host whose waiting process is gone takes the mark over at
-once (owner-checked).
+copy on the same worker node and host whose waiting process is provably gone (the mark was
+made in this boot and pid namespace, and no process of that pid and start time runs) takes the
+mark over at once (owner-checked).
 
 Only the waiting path pays for this (two round trips around a wait); an uncontended run never
 touches the mark.
@@ -28,6 +30,7 @@ from typing import Any
 from ..core.connection import Connection
 from ..core.handle import LockHandle
 from ..core.holder import HOSTNAME
+from ..core.pid_evidence import this_process_text
 from ..core.replication import Replication
 from ..core.scripts import Script, bound_to, register, source
 from ..exceptions import LockBackendError
@@ -59,21 +62,24 @@ def scripts(connection: Connection) -> MarkScripts:
 
 @dataclass(frozen=True)
 class WaitingDelivery:
-    """Who a mark says waits: the worker node, process and host of that delivery."""
+    """Who a mark says waits: the worker node, process and host of that delivery, and where
+    and when that pid names it (``pid_evidence.ProcessMark`` as stored; None in a mark of an
+    older version)."""
 
     worker: str | None
     pid: int | None
     host: str | None
+    proc: str | None = None
 
     @classmethod
     def parse(cls, value: Any) -> WaitingDelivery:
         text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-        worker, pid, host = ([*text.split("|"), "", "", ""])[:3]
+        worker, pid, host, _nonce, proc = ([*text.split("|"), "", "", "", "", ""])[:5]
         try:
             pid_number: int | None = int(pid)
         except ValueError:
             pid_number = None
-        return cls(worker or None, pid_number, host or None)
+        return cls(worker or None, pid_number, host or None, proc or None)
 
 
 @dataclass(frozen=True)
@@ -127,9 +133,11 @@ def claim(
 ) -> Mark:
     """Claim the mark ``key`` for a wait of ``wait`` seconds by this process on worker
     ``node``. Raises :class:`CopyOfWaiting` if another live delivery holds it; takes over,
-    owner-checked, a mark of this node and host whose process is gone. One round trip, and
-    a second only to take a dead delivery's mark over."""
-    value = f"{node or ''}|{os.getpid()}|{HOSTNAME}|{uuid.uuid4().hex}"
+    owner-checked, a mark of this node and host whose process is provably gone. One round
+    trip, and a second only to take a dead delivery's mark over."""
+    # The process mark last: what a mark of an older version has comes first, as it was.
+    proc = this_process_text() or ""
+    value = f"{node or ''}|{os.getpid()}|{HOSTNAME}|{uuid.uuid4().hex}|{proc}"
     ttl_ms = int((min(wait, MARK_LONGEST_WAIT_S) + MARK_MARGIN_S) * 1000)
     marks = scripts(connection)
     claimed, *found_pttl = connection.call(marks.claim, keys=[key], args=[value, ttl_ms])
@@ -140,7 +148,7 @@ def claim(
         return Mark(key, value)
     waiting = WaitingDelivery.parse(found or b"")
     dead = own_holds.left_by_dead_process(
-        waiting.worker, waiting.host, waiting.pid, node=node, this_pid=os.getpid()
+        waiting.worker, waiting.host, waiting.pid, waiting.proc, node=node
     )
     if dead and connection.call(marks.replace, keys=[key], args=[found, value, ttl_ms]):
         log.warning("took over the wait mark %r of a dead delivery (pid %s)", key, waiting.pid)

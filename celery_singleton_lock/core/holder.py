@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .keys import encode_name
+from .pid_evidence import this_process_text
 
 HOSTNAME = socket.gethostname()
 
@@ -40,6 +41,11 @@ def holder_fields(handle: Any, *, pid: int, thread: str, named: bool = True) -> 
         # Whether a renewal age means anything to the admin listing.
         b"heartbeat", 1 if handle.heartbeat else 0,
     ]  # fmt: skip
+    # Where and when ``pid`` names this process (core/pid_evidence.py): without it the pid
+    # proves nothing about the holder. None where no mark can be made (not Linux).
+    proc = this_process_text()
+    if proc is not None:
+        fields += (b"proc", proc)
     return fields + info_fields(handle.owner_info)
 
 
@@ -142,6 +148,8 @@ class ListedHolder:
     pttl_ms: int | None = None
     host: str | None = None
     pid: int | None = None
+    #: Where and when ``pid`` names the holder: a ``pid_evidence.ProcessMark`` as stored.
+    proc: str | None = None
     thread: str | None = None
     task_name: str | None = None
     task_id: str | None = None

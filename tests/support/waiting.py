@@ -52,11 +52,13 @@ def start_celery_worker(
     concurrency: int = 2,
     pool: str = "prefork",
     args: Sequence[str] = (),
+    wrapper: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     """A ``celery worker`` (``pool``: prefork unless told; ``args``: more of its options) in
     its own session, so the test can kill the whole process group; its output goes to
-    ``log``."""
-    command = [sys.executable, "-m", "celery", "-A", app_module, "worker", "-P", pool]
+    ``log``. ``wrapper``: a command that runs it (``unshare --pid --fork``: in a pid namespace
+    of its own)."""
+    command = [*wrapper, sys.executable, "-m", "celery", "-A", app_module, "worker", "-P", pool]
     command += ["-c", str(concurrency), "-Q", ",".join(queues), "-n", name, "-l", "INFO"]
     command += ["--without-heartbeat", "--without-mingle", "--without-gossip", *args]
     with log.open("wb") as out:

@@ -97,9 +97,11 @@ class WorkerPrograms:
         concurrency: int = 2,
         env: Mapping[str, str] | None = None,
         args: Sequence[str] = (),
+        wrapper: Sequence[str] = (),
     ) -> WorkerProgram:
         """Start a worker consuming ``queues`` (the first is its app's default queue), with
-        ``env`` added to this process's environment and ``args`` to its options."""
+        ``env`` added to this process's environment and ``args`` to its options, run by the
+        command ``wrapper`` if one is given (see ``start_celery_worker``)."""
         log = self.log_dir / f"{label}-{self.tag}.log"
         node = f"{label}-{self.tag}@%h"
         environment = {
@@ -111,7 +113,7 @@ class WorkerPrograms:
         }
         process = start_celery_worker(
             self.app_module, queues=queues, name=node, env=environment, log=log,
-            concurrency=concurrency, pool=pool, args=args,
+            concurrency=concurrency, pool=pool, args=args, wrapper=wrapper,
         )  # fmt: skip
         worker = WorkerProgram(host_format(node), process, log, tuple(queues), pool)
         self.workers.append(worker)
