@@ -18,8 +18,9 @@ from celery.result import allow_join_result
 import celery_singleton_lock
 
 #: ``cluster``, ``client``, ``sentinels`` and ``prefix``: the fixtures of the tests on local
-#: Redis topologies (Cluster, Sentinel); ``proxy``: a proxy that loses a reply on demand.
-pytest_plugins = ["support.topology_fixtures", "support.lost_replies"]
+#: Redis topologies (Cluster, Sentinel); ``proxy``: a proxy that loses a reply on demand;
+#: ``outcomes`` and ``runs``: how a worker's runs of a task ended, and what their bodies logged.
+pytest_plugins = ["support.topology_fixtures", "support.lost_replies", "support.outcomes"]
 
 # Import everything now, in the main thread. CPython 3.11 before 3.11.8 has a parser that is
 # not thread-safe (gh-106905: "AST constructor recursion depth mismatch"): pytest rewrites

@@ -294,22 +294,6 @@ def test_a_run_killed_before_its_result_was_stored_in_its_release_delay_is_compl
 # -- in-process workers ------------------------------------------------------------------------
 
 
-@pytest.fixture
-def outcomes(celery_lock_app: Celery) -> Iterator[Outcomes]:
-    found = Outcomes(celery_lock_app)
-    yield found
-    found.close()
-
-
-@pytest.fixture
-def runs(lock_redis_url: str, lock_prefix: str) -> Iterator[tuple[redis.Redis, str]]:
-    client = redis.Redis.from_url(lock_redis_url)
-    key = f"{lock_prefix}runs"
-    yield client, key
-    client.delete(key)
-    client.close()
-
-
 def test_without_a_result_backend_a_late_copy_is_dropped(
     celery_lock_app: Celery,
     in_process_worker: WorkerFactory,

@@ -7,7 +7,7 @@ Real in-process workers on the test Redis (broker, result backend and locks).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -22,22 +22,6 @@ from celery_singleton_lock.celery.sends import SEND_HEADER
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
 
 TIMEOUT = 60.0
-
-
-@pytest.fixture
-def outcomes(celery_lock_app: Celery) -> Iterator[Outcomes]:
-    found = Outcomes(celery_lock_app)
-    yield found
-    found.close()
-
-
-@pytest.fixture
-def runs(lock_redis_url: str, lock_prefix: str) -> Iterator[tuple[redis.Redis, str]]:
-    client = redis.Redis.from_url(lock_redis_url)
-    key = f"{lock_prefix}runs"
-    yield client, key
-    client.delete(key)
-    client.close()
 
 
 def replacing_task(

@@ -1,11 +1,15 @@
-"""The state each run of an app's tasks ended in, as the worker reported it (``task_postrun``),
-for tests that count runs and their outcomes."""
+"""Fixtures for tests that count the runs of an app's tasks: ``outcomes``, the state each
+run ended in as the worker reported it (``task_postrun``), and ``runs``, a Redis list the
+tasks' bodies log to."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
+import redis
 from celery import Celery
 from celery.signals import task_postrun
 
@@ -34,3 +38,20 @@ class Outcomes:
 
     def close(self) -> None:
         task_postrun.disconnect(self.record)
+
+
+@pytest.fixture
+def outcomes(celery_lock_app: Celery) -> Iterator[Outcomes]:
+    found = Outcomes(celery_lock_app)
+    yield found
+    found.close()
+
+
+@pytest.fixture
+def runs(lock_redis_url: str, lock_prefix: str) -> Iterator[tuple[redis.Redis, str]]:
+    """A client of the test Redis and the key of a list the tasks' bodies log to."""
+    client = redis.Redis.from_url(lock_redis_url)
+    key = f"{lock_prefix}runs"
+    yield client, key
+    client.delete(key)
+    client.close()
