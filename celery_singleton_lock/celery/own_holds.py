@@ -128,6 +128,19 @@ def decide(
     return Verdict(REQUEUE, f"re-queued: a live copy of this task id runs on {where}", countdown)
 
 
+def call_identity(request: Any) -> str:
+    """The call identity (``call``, see ``kinds.intervals.check_call``) the run of
+    ``request`` takes its shared holds under (read, upgradable, range, semaphore permit):
+    Redis refuses such a hold, in the acquire's own script call, while a hold of the same
+    identity stands, and the run then meets that hold as its own (``_meet_own_hold``).
+
+    The task id: every delivery and every attempt of one call share it, so a copy is never
+    let in beside its original, whatever their attempts; which of them goes on is the
+    own-hold rules' to decide (:func:`requeue_verdict` for these kinds). The one place that
+    says which string names a call."""
+    return f"{request.id}"
+
+
 def requeue_verdict(task: Any) -> Verdict:
     """For the lock kinds that cannot take a hold over (reader-writer, range, multi-key): a
     hold of this task id may be a live original, so re-queue and look again once a dead

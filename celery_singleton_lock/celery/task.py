@@ -193,11 +193,14 @@ class SingletonTask(Task):  # type: ignore[misc]
         mode: str | None = None,
         owner_info: dict[str, Any] | None = None,
         on_lost: Any = None,
+        call: str | None = None,
     ) -> LockHandle:
         """The lock handle (not yet acquired) a call with these arguments takes: a lease,
         a read/upgradable/write hold, a range hold, a multi-key lease or a semaphore's
         permit, as the options say.
-        ``mode`` overrides ``lock_mode`` (the ``task_locks`` fixture holds "write")."""
+        ``mode`` overrides ``lock_mode`` (the ``task_locks`` fixture holds "write").
+        ``call``: the call identity of a shared kind's hold (``own_holds.call_identity``),
+        refused while a hold of the same call stands; leases and multi-key locks ignore it."""
         args, kwargs = tuple(args or ()), dict(kwargs or {})
         options = self.lock_options
         mode = mode or options.mode
@@ -214,7 +217,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         else:
             name = naming.name(args, kwargs, exclude=options.range)
             target = Target(name, bounds=naming.bounds(options.range, args, kwargs))
-        return make(target, mode, owner_info, on_lost)
+        return make(target, mode, owner_info, on_lost, call)
 
     def _handle_factory(
         self, client: LockClient, options: TaskLockOptions, mode: str
@@ -295,6 +298,9 @@ class SingletonTask(Task):  # type: ignore[misc]
             on_lost=lambda lost: lock_lost.send(
                 sender=self, name=lost.name, task_id=task_id, lease=lost
             ),
+            # Shared holds are refused to a copy of this call in their acquire's own round
+            # trip (held_by_call): read holds and permits would let it in beside its original.
+            call=own_holds.call_identity(request),
         )
         name = lease.name
         self._drop_finished_copy(request)
@@ -403,12 +409,13 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _meet_own_hold(
         self, lease: LockHandle, found: list[holders.Holder], node: str | None
     ) -> bool:
-        """When the lease is held under this run's own task id (see own_holds.py): take a
-        dead or earlier attempt's hold over (True: the lease is now held), or raise Ignore,
-        for a later attempt's hold, or once this copy of a live original is re-queued.
-        False when the lease is not held under this task id."""
+        """When the lease is held under this run's own task id (see own_holds.py), or a
+        shared hold was refused as held by this very call (``held_by_call``): take a dead
+        or earlier attempt's hold over (True: the lease is now held), or raise Ignore, for a
+        later attempt's hold, or once this copy of a live original is re-queued. False when
+        the lease is not held under this task id."""
         request = self.request
-        if not any(holder.task_id == request.id for holder in found):
+        if not lease.held_by_call and not any(holder.task_id == request.id for holder in found):
             return False
         # The release delay of this very call (it ran): nothing more to do, unless this copy
         # is to run the call again (its outcome was never stored), once the delay is over.
@@ -480,9 +487,13 @@ class SingletonTask(Task):  # type: ignore[misc]
             verdict = copy.verdict()
         else:
             try:
-                return self._acquire(lease, wait)
+                acquired = self._acquire(lease, wait)
             finally:
                 waiting_marks.remove(connection, mark)
+            if acquired or not lease.held_by_call:
+                return acquired
+            # A hold of this very call stood by the time an attempt got in: as before waiting.
+            return self._meet_own_hold(lease, holders.holders_of(lease), node)
         self._requeue_or_ignore(verdict)
 
     def _drop_finished_copy(self, request: Any) -> None:
