@@ -181,3 +181,52 @@ def test_a_bad_call_identity_is_refused_before_any_redis_call(
     ):
         with pytest.raises(ConfigurationError, match="call"):
             make()
+
+
+@pytest.mark.parametrize("kind", list(SHARED))
+def test_a_hold_of_the_call_in_its_release_delay_refuses_nothing(side: Side, kind: str) -> None:
+    make = SHARED[kind]
+
+    async def body(s: Side) -> None:
+        ended = make(s, {"call": "call-1"})
+        assert await ended.acquire()
+        await ended.release(delay=60)  # the call ended; its hold stays for everyone else
+        again = make(s, {"call": "call-1"})
+        assert await again.acquire()
+        assert not again.held_by_call
+        await again.release()
+
+    run_with(side, body)
+
+
+#: The shared holds of a sync client, with the call identity "call-1" and no heartbeat.
+CALLED: dict[str, Callable[[LockClient], Any]] = {
+    "read": lambda c: c.rwlock("trips").read(heartbeat=False, call="call-1"),
+    "range read": lambda c: c.range_lock("trips").read(0, 10, heartbeat=False, call="call-1"),
+    "permit": lambda c: c.semaphore("trips", 2).permit(heartbeat=False, call="call-1"),
+}
+
+
+@pytest.mark.parametrize("refused", [False, True])
+@pytest.mark.parametrize("kind", list(CALLED))
+def test_one_round_trip_per_acquire_with_a_call(
+    lock_client: LockClient, monkeypatch: pytest.MonkeyPatch, kind: str, refused: bool
+) -> None:
+    warm = CALLED[kind](lock_client)
+    assert warm.acquire()  # loads the scripts; refused: the call's hold stays
+    if not refused:
+        warm.release()
+    sent: list[Any] = []
+    execute = lock_client.redis.execute_command
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        sent.append(args[0])
+        return execute(*args, **kwargs)
+
+    monkeypatch.setattr(lock_client.redis, "execute_command", counted)
+    hold = CALLED[kind](lock_client)
+    assert hold.acquire() is not refused
+    assert hold.held_by_call is refused
+    assert sent == ["EVALSHA"]
+    monkeypatch.undo()
+    (warm if refused else hold).release()

@@ -145,3 +145,22 @@ def test_another_call_still_runs_beside_a_shared_run(
         finally:
             gate.set()
         assert first.get(timeout=TIMEOUT) == second.get(timeout=TIMEOUT) == "ran"
+
+
+@pytest.mark.timeout(120)
+def test_a_retry_is_not_held_back_by_its_earlier_attempts_release_delay(
+    celery_lock_app: Celery, in_process_worker: WorkerFactory
+) -> None:
+    # The first attempt's read hold stays a minute in its release delay: its call ended
+    # there, so the retry of that call (same task id) takes its own read hold at once.
+    @celery_lock_app.task(
+        base=SingletonTask, bind=True, shared=False, name="shared.retried",
+        lock_key="retried:{key}", lock_mode="read", lock_release_delay=60, max_retries=1,
+    )  # fmt: skip
+    def retried(self: Any, key: str) -> int:
+        if not self.request.retries:
+            raise self.retry(countdown=0)
+        return int(self.request.retries)
+
+    with in_process_worker(celery_lock_app, concurrency=2):
+        assert retried.delay("k").get(timeout=TIMEOUT) == 1

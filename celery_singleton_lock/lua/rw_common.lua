@@ -89,16 +89,24 @@ local function helpers()
     return nil
   end
 
-  -- The remaining ms of a live hold of call identity `call` (> 0), or nil if none: the
+  -- The remaining ms of a running hold of call identity `call` (> 0), or nil if none: the
   -- writer `w` and the upgradable `u` (their owners as read, nil if none) by their hashes'
-  -- `call`, the readers by their fields' values (no hash read per reader). Read holds met
-  -- dead on the way are dropped. Costs a caller that gives a call identity one HSCAN page
-  -- per 100 read holds, only on a lock someone holds.
+  -- `call`, the readers by their fields' values (no hash read per reader but a match's).
+  -- A hold in its release delay is no running hold: its call ended (a retry of it, or a
+  -- late copy that a done mark drops, may go in). Read holds met dead on the way are
+  -- dropped. Costs a caller that gives a call identity one HSCAN page per 100 read holds,
+  -- only on a lock someone holds.
   call_hold = function(call, w, u)
+    local function running(owner, field)
+      if redis.call('HGET', base .. 'h:' .. owner, 'state') == 'cooldown' then
+        return nil
+      end
+      return live(owner, field)
+    end
     for _, held in ipairs({{'w', w}, {'u', u}}) do
       local owner = held[2]
       if owner and redis.call('HGET', base .. 'h:' .. owner, 'call') == call then
-        local ms = live(owner, held[1])
+        local ms = running(owner, held[1])
         if ms then
           return ms
         end
@@ -112,7 +120,7 @@ local function helpers()
       local fields = page[2]
       for i = 1, #fields, 2 do
         if fields[i + 1] == value then
-          local ms = live(string.sub(fields[i], 3), fields[i])
+          local ms = running(string.sub(fields[i], 3), fields[i])
           if ms then
             return ms
           end
