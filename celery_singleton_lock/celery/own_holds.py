@@ -21,6 +21,11 @@ duplicate of a live run:
   whose task the result backend shows finished is dropped; otherwise it runs once the
   original's hold is gone or dead.
 
+Shared holds (read, upgradable, read ranges, semaphore permits) would let a copy in beside
+its original, so a run takes them under its :func:`call_identity`: Redis refuses such a hold
+while one of the same call stands, in the acquire's own script call (``held_by_call``), and
+the run meets that hold here as it meets its own exclusive lease held.
+
 A take-over replaces exactly the owner token that was read (owner-checked, atomic), so a
 holder that changed meanwhile is not touched. :func:`decide` holds the rules, without I/O;
 the rest reads the hold and acts on the verdict.
