@@ -15,6 +15,7 @@ import pytest
 from support.async_sides import Side, eventually, run_with, side_fixture  # noqa: F401
 
 from celery_singleton_lock import ConfigurationError, LockClient
+from celery_singleton_lock.kinds import rangelock, rwlock, semaphore
 
 #: Makes a not yet acquired shared hold on one name, with these handle options, on a side.
 Make = Callable[[Side, dict[str, Any]], Any]
@@ -155,15 +156,16 @@ def test_holders_of_a_refused_hold_name_the_calls_hold(lock_client: LockClient) 
         other.release()
 
 
-def test_the_call_is_stored_in_the_holds_hash(lock_client: LockClient) -> None:
-    for hold in (
-        lock_client.rwlock("doc").read(call="call-1"),
-        lock_client.range_lock("doc").read(0, 10, call="call-1"),
-        lock_client.semaphore("doc", 3).permit(call="call-1"),
+def test_the_call_is_stored_in_the_holds_hash_and_listed(lock_client: LockClient) -> None:
+    for hold, listed in (
+        (lock_client.rwlock("doc").read(call="call-1"), rwlock.list_holders),
+        (lock_client.range_lock("doc").read(0, 10, call="call-1"), rangelock.list_holders),
+        (lock_client.semaphore("doc", 3).permit(call="call-1"), semaphore.list_holders),
     ):
         with hold:
             assert hold.call == "call-1"
             assert lock_client.redis.hget(hold.keys.holder(hold.owner), "call") == b"call-1"
+            assert [holder.get("call") for holder in listed(lock_client)] == ["call-1"]
     plain = lock_client.rwlock("doc").read()
     with plain:
         assert plain.call is None
