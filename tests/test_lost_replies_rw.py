@@ -560,3 +560,37 @@ def test_a_delayed_release_sent_again_leaves_the_delay_where_it_was(
         assert not free(lock_client, kind)
     finally:
         client.close()
+
+
+# -- a hold with a call identity (the ``call`` option) -------------------------------------------
+
+CALLED: dict[str, Callable[[Any], Any]] = {
+    "read": lambda c: c.rwlock("n").read(ttl=30, heartbeat=False, call="call-1"),
+    "semaphore": lambda c: c.semaphore("n", 2).permit(ttl=30, heartbeat=False, call="call-1"),
+    "range": lambda c: c.range_lock("n").read(0, 10, ttl=30, heartbeat=False, call="call-1"),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", list(CALLED))
+def test_an_acquire_with_a_call_sent_again_is_not_refused_by_its_own_hold(
+    lock_client: LockClient, proxy: HoldingProxy, kind: str
+) -> None:
+    client = proxied_client(lock_client, proxy, retries=1)
+    try:
+        warm_up = CALLED[kind](client)
+        assert warm_up.acquire()
+        warm_up.release()
+        handle = CALLED[kind](client)
+        proxy.hold_next_reply()
+        # The first send took the hold under the call; the second is that attempt again,
+        # answered with its token, not refused as another delivery of the call.
+        assert handle.acquire()
+        assert proxy.holding.is_set()
+        assert handle.held and not handle.held_by_call
+        assert handle.token == fence(lock_client, "n")
+        copy = CALLED[kind](lock_client)
+        assert not copy.acquire() and copy.held_by_call
+        handle.release()
+    finally:
+        client.close()

@@ -126,6 +126,17 @@ def test_a_copy_of_a_shared_hold_is_requeued_or_ignored_never_taken_over() -> No
     assert decide(delayed).kind == m.DROP
 
 
+def test_a_shared_hold_refused_to_its_own_call_meets_that_hold() -> None:
+    """A read hold, range or permit is refused in its acquire's own script call while a hold
+    of the same call stands (held_by_call): the copy is re-queued, also when the refusal
+    comes at the end of its wait."""
+    refused = S(attempt=0, acquired=False, held_by_call=True, takes_over=False, holds_read=True)
+    assert decide(refused).kind == m.REQUEUE
+    after_wait = dataclasses.replace(MET, takes_over=False, wait=2.0, waited=True,
+                                     held_by_call=True)  # fmt: skip
+    assert decide(after_wait).kind == m.REQUEUE
+
+
 def test_a_hold_that_changed_hands_is_looked_at_again_soon() -> None:
     took = dataclasses.replace(MET, own_hold=True, own_assessed=True, own_verdict=DEAD)
     failed = dataclasses.replace(took, took_over=False)

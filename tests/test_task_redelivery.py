@@ -5,7 +5,8 @@ and a visibility timeout shorter than the task's lease, on the Redis transport).
 A whole worker is SIGKILLed mid-run, children and all: its message comes back while the dead
 run's lease still stands. The call must still run, and never beside another run of its key.
 A message delivered again while its first delivery still waits for the lock must not run the
-body a second time once that delivery ran.
+body a second time once that delivery ran. Nor may one delivered again while its first
+delivery runs under a read hold, which other calls share.
 """
 
 from __future__ import annotations
@@ -169,3 +170,29 @@ def test_copy_of_a_delivery_waiting_for_the_lock_is_requeued_and_dropped_not_run
     assert len(events(pool, event="start", task_id=result.id)) == 1
     assert len(events(pool, event="end", task_id=result.id)) == 1
     assert not lock.redis.exists(mark)  # removed when the wait ended
+
+
+@pytest.mark.timeout(180)
+def test_message_delivered_again_beside_its_running_read_hold_is_requeued_not_run(
+    pool: Workers,
+) -> None:
+    worker = pool.start(concurrency=2)  # room for the copy beside the run
+    pool.wait_ready(worker)
+    result = pool.app.tasks["fault.gated_read"].apply_async(("k4", TIMEOUT))
+    wait_for(lambda: events(pool, event="start", task_id=result.id), TIMEOUT, "a run")
+    # The run outlasts the broker's visibility timeout (8 s, acks_late): the broker delivers
+    # its message again while it runs. A read hold would share with the copy's.
+    wait_for(
+        lambda: (
+            "re-queued: a hold of this task id stands" in worker.log_tail(200)
+            or len(events(pool, event="start", task_id=result.id)) > 1
+        ),
+        TIMEOUT,
+        "the broker's copy to be dealt with",
+    )
+    assert len(events(pool, event="start", task_id=result.id)) == 1
+    open_gate(pool, "k4")
+    assert result.get(timeout=TIMEOUT)["locked"]
+    assert result.state == "SUCCESS"
+    assert len(events(pool, event="start", task_id=result.id)) == 1
+    assert len(events(pool, event="end", task_id=result.id)) == 1

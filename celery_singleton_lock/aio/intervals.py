@@ -26,10 +26,11 @@ class AsyncIntervalHandle(IntervalHold, AsyncLockHandle):
         hi: float,
         *,
         parent: AsyncIntervalHandle | None = None,
+        call: str | None = None,
         **options: Any,
     ) -> None:
         super().__init__(client, name, **options)
-        self._set_interval(self._conn.prefix, mode, lo, hi, parent)
+        self._set_interval(self._conn.prefix, mode, lo, hi, parent, call)
 
 
 class AsyncRWLockHandle(RWLockHold, AsyncLockHandle):
@@ -37,10 +38,16 @@ class AsyncRWLockHandle(RWLockHold, AsyncLockHandle):
     An upgradable hold can :meth:`upgrade` to the writer and :meth:`downgrade` back."""
 
     def __init__(
-        self, client: AsyncConnection | HasAsyncConnection, name: str, mode: str, **options: Any
+        self,
+        client: AsyncConnection | HasAsyncConnection,
+        name: str,
+        mode: str,
+        *,
+        call: str | None = None,
+        **options: Any,
     ) -> None:
         super().__init__(client, name, **options)
-        self._set_mode(self._conn.prefix, mode)
+        self._set_mode(self._conn.prefix, mode, call)
 
     async def upgrade(self, wait: float | None = None) -> bool:
         """Become the writer without letting go; True once upgraded, False if ``wait``

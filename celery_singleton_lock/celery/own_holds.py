@@ -23,6 +23,11 @@ duplicate of a live run:
   whose task the result backend shows finished is dropped; otherwise it runs once the
   original's hold is gone or dead.
 
+Shared holds (read, upgradable, read ranges, semaphore permits) would let a copy in beside
+its original, so a run takes them under its :func:`call_identity`: Redis refuses such a hold
+while one of the same call stands, in the acquire's own script call (``held_by_call``), and
+the run meets that hold here as it meets its own exclusive lease held.
+
 A take-over replaces exactly the owner token that was read (owner-checked, atomic), so a
 holder that changed meanwhile is not touched. :func:`decide` holds the rules, without I/O;
 the rest reads the hold and acts on the verdict.
@@ -42,7 +47,7 @@ from ..admin.inspect import MISSED_TICKS, TICKS_PER_TTL, escape, heartbeat_stopp
 from ..core.connection import Connection
 from ..core.handle import LockHandle
 from ..core.holder import HOSTNAME
-from ..core.keys import data_key
+from ..core.keys import data_key, key_part
 from ..core.pid_evidence import GONE, ProcessMark, judge, look, this_process
 from ..exceptions import LockBackendError
 from ..kinds.lease import CLAIM_OWNER_PREFIX, Lease
@@ -132,6 +137,21 @@ def decide(
         countdown = min(countdown, max_countdown)
     where = hold.worker or hold.host or "an unknown worker"
     return Verdict(REQUEUE, f"re-queued: a live copy of this task id runs on {where}", countdown)
+
+
+def call_identity(request: Any) -> str:
+    """The call identity (``call``, see ``kinds.intervals.check_call``) the run of
+    ``request`` takes its shared holds under (read, upgradable, range, semaphore permit):
+    Redis refuses such a hold, in the acquire's own script call, while a hold of the same
+    identity stands, and the run then meets that hold as its own (run_model.py).
+
+    The task id and the send (sends.py): every delivery and every attempt of one send share
+    it, so a copy is never let in beside its original, whatever their attempts; a
+    replacement or a re-send under the same task id is another call. The one place that
+    says which string names a call."""
+    send = send_of(request)
+    # The task id escaped (no ':' left in it), so no id can spell another call's identity.
+    return f"{key_part(request.id)}:{send}" if send else key_part(request.id)
 
 
 def requeue_verdict(task: Any) -> Verdict:

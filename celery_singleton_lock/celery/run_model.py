@@ -98,6 +98,9 @@ class Snapshot:
     acquired: bool | None = None
     #: ``debounce``: the acquire found a later call holding the queue claim and did not try.
     replaced_at_acquire: bool = False
+    #: A shared hold (read, upgradable, range, permit) was refused in the acquire's own
+    #: script call: a live hold of this very call stands (kinds' ``call=``).
+    held_by_call: bool = False
     #: The highest attempt of this send that ended, read with the last acquire (-1: none).
     ended: int = -1
     #: The result backend has no outcome of this call (nothing, PENDING, STARTED).
@@ -146,7 +149,7 @@ def decide(s: Snapshot) -> Action:
         if s.own_hold:
             return Action(DROP, "ignored: a copy of the same task id holds the lock")
         return Action(REPLACED)
-    if s.own_hold and s.took_over is None and not s.waited:
+    if (s.own_hold or s.held_by_call) and s.took_over is None:
         return _own_hold(s)
     if s.took_over is False:
         return _changed_hands(s)

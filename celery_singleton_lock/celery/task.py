@@ -213,11 +213,14 @@ class SingletonTask(Task):  # type: ignore[misc]
         mode: str | None = None,
         owner_info: dict[str, Any] | None = None,
         on_lost: Any = None,
+        call: str | None = None,
     ) -> LockHandle:
         """The lock handle (not yet acquired) a call with these arguments takes: a lease,
         a read/upgradable/write hold, a range hold, a multi-key lease or a semaphore's
         permit, as the options say.
-        ``mode`` overrides ``lock_mode`` (the ``task_locks`` fixture holds "write")."""
+        ``mode`` overrides ``lock_mode`` (the ``task_locks`` fixture holds "write").
+        ``call``: the call identity of a shared kind's hold (``own_holds.call_identity``),
+        refused while a hold of the same call stands; leases and multi-key locks ignore it."""
         args, kwargs = tuple(args or ()), dict(kwargs or {})
         options = self.lock_options
         mode = mode or options.mode
@@ -234,7 +237,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         else:
             name = naming.name(args, kwargs, exclude=options.range)
             target = Target(name, bounds=naming.bounds(options.range, args, kwargs))
-        return make(target, mode, owner_info, on_lost)
+        return make(target, mode, owner_info, on_lost, call)
 
     def _handle_factory(
         self, client: LockClient, options: TaskLockOptions, mode: str
@@ -318,6 +321,9 @@ class SingletonTask(Task):  # type: ignore[misc]
             on_lost=lambda lost: lock_lost.send(
                 sender=self, name=lost.name, task_id=task_id, lease=lost
             ),
+            # Shared holds are refused to a copy of this call in their acquire's own round
+            # trip (held_by_call): read holds and permits would let it in beside its original.
+            call=own_holds.call_identity(request),
         )
         if isinstance(lease, Lease):
             claims.take_over_at_run(lease, task_id, attempt)
@@ -364,7 +370,13 @@ class SingletonTask(Task):  # type: ignore[misc]
         if kind == run_model.ACQUIRE:
             acquired, ended = self._acquire(lease, 0.0)  # a float: check_wait's quick case
             replaced = not acquired and self._replaced_at_acquire(lease)
-            return replace(s, acquired=acquired, ended=ended, replaced_at_acquire=replaced)
+            return replace(
+                s,
+                acquired=acquired,
+                ended=ended,
+                replaced_at_acquire=replaced,
+                held_by_call=lease.held_by_call,
+            )
         if kind == run_model.READ_HOLDS:
             run.found = found = holders.holders_of(lease)
             own = [h for h in found if sends.same_call(h.task_id, h.send, request)]
@@ -396,7 +408,9 @@ class SingletonTask(Task):  # type: ignore[misc]
                 acquired, ended = self._acquire(lease, s.wait)
             finally:
                 waiting_marks.remove(self.lock_client.connection, copy)
-            return replace(s, waited=True, acquired=acquired, ended=ended)
+            return replace(
+                s, waited=True, acquired=acquired, ended=ended, held_by_call=lease.held_by_call
+            )
         raise AssertionError(f"not an observation: {action}")
 
     def _act(

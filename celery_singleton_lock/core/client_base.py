@@ -92,18 +92,21 @@ class ClientBase(Generic[ConnT, RWLockT, RangeLockT, SemaphoreT, MultiT]):
 
     def rwlock(self, name: str) -> RWLockT:
         """A reader-writer lock on ``name``: ``.read()``, ``.upgradable()`` and ``.write()``
-        make handles with the options of :meth:`lease`. See :class:`RWLock`."""
+        make handles with the options of :meth:`lease`, and ``call`` (a call identity: no
+        two holds of one call at once). See :class:`RWLock`."""
         return self._rwlock_type(self.connection, name)
 
     def range_lock(self, name: str) -> RangeLockT:
         """A range lock on ``name``: ``.read(lo, hi)``, ``.upgradable(lo, hi)`` and
-        ``.write(lo, hi)`` make handles on closed intervals. See :class:`RangeLock`."""
+        ``.write(lo, hi)`` make handles on closed intervals (options: those of :meth:`lease`,
+        and ``call``, a call identity). See :class:`RangeLock`."""
         return self._range_lock_type(self.connection, name)
 
     def semaphore(self, name: str, limit: int) -> SemaphoreT:
         """A counting semaphore on ``name``: at most ``limit`` (an int >= 1) permits held at
         once, shared by the sync and the asyncio clients; ``.permit()`` makes one with the
-        options of :meth:`lease`. See :class:`Semaphore`."""
+        options of :meth:`lease`, and ``call`` (a call identity: no call holds two permits).
+        See :class:`Semaphore`."""
         return self._semaphore_type(self.connection, name, limit)
 
     def multi(

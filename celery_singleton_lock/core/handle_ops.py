@@ -140,7 +140,8 @@ class HandleOps(HandleState, ABC):
         try:
             taken, value = yield from self._try_acquire(owner, wait > 0)
             if not taken:
-                if wait <= 0:
+                # A hold of this very call is not waited for: it is no other caller's.
+                if wait <= 0 or self._held_by_call:
                     return False
 
                 def attempt() -> Steps[tuple[bool, int]]:
@@ -199,6 +200,8 @@ class HandleOps(HandleState, ABC):
                 if taken:
                     done = True
                     return True, value
+                if self._held_by_call:  # a hold of this very call: see _acquire_steps
+                    return False, value
                 sleep = retry_in(deadline, value)
                 if sleep is None:
                     return False, value

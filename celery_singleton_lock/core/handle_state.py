@@ -181,6 +181,7 @@ class HandleState:
         "name", "ttl", "heartbeat", "max_hold", "wait", "owner_info", "on_lost",
         "_max_hold_ms", "_gen", "_ttl_ms", "_renewal", "_first_lease",
         "_owner", "_pid", "_token", "_lost", "_expires_at", "_hold_ends_at", "_release_unanswered",
+        "_held_by_call",
         "__weakref__",  # the heartbeats hold handles by weak reference
     )  # fmt: skip
 
@@ -226,6 +227,8 @@ class HandleState:
         self._hold_ends_at = math.inf
         # A release round trip failed: it may have run with its reply lost.
         self._release_unanswered = False
+        # The last acquire met a hold of this handle's call identity (see held_by_call).
+        self._held_by_call = False
 
     # -- what a driver provides --------------------------------------------------------------
 
@@ -270,6 +273,21 @@ class HandleState:
     def held(self) -> bool:
         """True while this handle holds the lock, as far as this process can tell."""
         return self._mine() and self._lost is None and time.monotonic() < self._expires_at
+
+    @property
+    def held_by_call(self) -> bool:
+        """True when the last ``acquire`` returned False because a hold of this handle's
+        call identity (the ``call`` option of the shared kinds: read, upgradable and
+        range holds, permits) stands on the lock: another acquire of the very same call
+        holds it. Such a hold is never waited for. Always False for kinds with no call
+        identity."""
+        return self._held_by_call
+
+    def _refused_for_call(self, hint_ms: int) -> tuple[bool, int]:
+        """An acquire attempt answered ``IntervalReply.HELD_BY_CALL`` (a hold of this
+        handle's call identity has ``hint_ms`` left): the attempt's outcome, not taken."""
+        self._held_by_call = True
+        return False, hint_ms
 
     @property
     def lost(self) -> bool:
@@ -320,6 +338,7 @@ class HandleState:
         # _mine() inlined here and in _forget: both are on every acquire and release.
         if self._owner is not None and self._pid == _Process.pid and self._lost is None:
             raise LockError(f"lock {self.name!r} is already held by this handle", name=self.name)
+        self._held_by_call = False
         return wait, self._new_owner()
 
     def _took(self, owner: str, token: int, sent_at: float) -> None:

@@ -171,6 +171,8 @@ class ListedHolder:
     names: str | None = None
     #: A semaphore's permit: the limit of the call that took it.
     limit: int | None = None
+    #: A shared hold's call identity (the ``call`` option), if it was given one.
+    call: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The fields the hash has, by name (the kinds' ``list_holders``)."""

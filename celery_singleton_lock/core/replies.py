@@ -61,7 +61,8 @@ class AcquireReply(IntEnum):
 
 
 class IntervalReply(IntEnum):
-    """The first item of interval_acquire.lua's and interval_change.lua's replies."""
+    """The first item of the replies of interval_acquire.lua, interval_change.lua,
+    rw_acquire.lua, rw_change.lua and semaphore_acquire.lua."""
 
     #: Taken, or the change (shrink, upgrade, downgrade, unreserve) done.
     DONE = 1
@@ -72,6 +73,11 @@ class IntervalReply(IntEnum):
     PARENT_GONE = -3
     #: A shrink whose new interval is not inside the held one.
     NOT_INSIDE = -4
+    #: An acquire given a call identity (rw_acquire.lua, interval_acquire.lua,
+    #: semaphore_acquire.lua) met a hold of that same call identity on the lock: nothing
+    #: granted; the second item is the ms that hold has left. Another delivery of one call
+    #: must not hold beside it, even where holds share.
+    HELD_BY_CALL = -5
 
 
 class UndoReply(IntEnum):

@@ -163,6 +163,22 @@ def score(value: float) -> str:
     return repr(value)
 
 
+def check_call(call: object) -> str | None:
+    """A hold's *call identity*: None (none), or a non-empty str naming one call of the
+    caller's, opaque to the lock. Its acquire (read, upgradable, write or range hold,
+    semaphore permit) is refused while a hold of the same call identity stands on the lock,
+    in the same script call that would grant it: ``acquire`` returns False and
+    ``held_by_call`` is True (``IntervalReply.HELD_BY_CALL``), even where holds would share.
+    For a caller whose one call may be started twice (a message delivered again) and must
+    never hold beside itself. Stored in the hold's hash as ``call``."""
+    return None if call is None else validate.check_text(call, "call")
+
+
+def same_call(call: str | None, stored: bytes | None) -> bool:
+    """Whether a hold hash's ``call`` field (as read; None: none) is call identity ``call``."""
+    return call is not None and stored is not None and stored == call.encode()
+
+
 def wait_hint(hint_ms: int, queued: bool) -> int:
     """How long a waiter whose interval acquire or upgrade failed may sleep: a queued
     writer wakes in time to renew its reservation."""
@@ -182,10 +198,19 @@ class IntervalHold(HandleOps):
     keys: IntervalKeys
     #: The last ``_describe_holder()`` list and its packed bytes (``_packed_holder``).
     _packed: tuple[list[Any], bytes] | None = None
+    #: The call identity this hold is taken for (None: none); see :func:`check_call`.
+    call: str | None = None
 
     def _set_interval(
-        self, prefix: str, mode: str, lo: float, hi: float, parent: IntervalHold | None
+        self,
+        prefix: str,
+        mode: str,
+        lo: float,
+        hi: float,
+        parent: IntervalHold | None,
+        call: object = None,
     ) -> None:
+        self.call = check_call(call)
         self.mode = mode
         self.lo, self.hi = lo, hi
         self._parent = parent
@@ -256,7 +281,7 @@ class IntervalHold(HandleOps):
         args = [
             owner, self.mode, score(self.lo), score(self.hi), self._ttl_ms, self._max_hold_ms,
             FENCE_TTL_MS, RESERVATION_MS if queued else 0, parent, self.keys.channel,
-            "1" if reserve else "", self._packed_holder(),
+            "1" if reserve else "", self._packed_holder(), self.call or "",
         ]  # fmt: skip
         return self.keys.all(owner), args, queued
 
@@ -280,6 +305,8 @@ class IntervalHold(HandleOps):
             )
         if code == IntervalReply.DONE:
             return True, value
+        if code == IntervalReply.HELD_BY_CALL:
+            return self._refused_for_call(value)
         return False, wait_hint(value, queued)
 
     def _change_call(
@@ -319,10 +346,11 @@ class IntervalHandle(IntervalHold, LockHandle):
         hi: float,
         *,
         parent: IntervalHandle | None = None,
+        call: str | None = None,
         **options: Any,
     ) -> None:
         super().__init__(client, name, **options)
-        self._set_interval(self._conn.prefix, mode, lo, hi, parent)
+        self._set_interval(self._conn.prefix, mode, lo, hi, parent, call)
 
     def holders(self) -> list[HolderRecord]:
         conn, keys = self._conn, self.keys
@@ -339,9 +367,9 @@ class IntervalHandle(IntervalHold, LockHandle):
                 pipe.hgetall(keys.holder(owner))
             # A hold released since its owner was read left a trace: read as gone.
             return [
-                [flat.get(field) for field in (b"task_id", b"mode", b"lo", b"hi", b"send")]
+                [flat.get(field) for field in (b"task_id", b"mode", b"lo", b"hi", b"send", b"call")]
                 if not released(flat)
-                else [None] * 5
+                else [None] * 6
                 for flat in map(flatten, pipe.execute())
             ]
 
@@ -350,7 +378,8 @@ class IntervalHandle(IntervalHold, LockHandle):
         holds = conn.call(read_holds, owners) if owners else []
         # Asked by a handle that does not hold (a conflict's reason): only the holds in its
         # way; a range lock's holders of disjoint ranges, and holds whose mode shares with
-        # its own, are no reason it could not take it.
+        # its own, are no reason it could not take it, unless they are of its own call
+        # identity (HELD_BY_CALL).
         blocked = self._owner is None
         holders = [
             HolderRecord(
@@ -358,8 +387,8 @@ class IntervalHandle(IntervalHold, LockHandle):
                 task_id=None if task_id is None else text(task_id),
                 send=None if send is None else text(send),
             )
-            for owner, (task_id, mode, lo, hi, send) in zip(owners, holds, strict=True)
-            if not blocked or self._in_the_way(mode, lo, hi)
+            for owner, (task_id, mode, lo, hi, send, call) in zip(owners, holds, strict=True)
+            if not blocked or self._in_the_way(mode, lo, hi) or same_call(self.call, call)
         ]
         # A writer waiting for its turn holds new readers back without holding anything yet.
         holders += [

@@ -123,7 +123,8 @@ class RangeLock(RangeLockMaker[RangeLockHandle]):
     """A range lock on one name; makes handles (not yet acquired) on closed intervals.
 
     Options of every handle are those of :meth:`LockClient.lease`: ``ttl``, ``heartbeat``,
-    ``max_hold``, ``wait``, ``owner_info``, ``on_lost``.
+    ``max_hold``, ``wait``, ``owner_info``, ``on_lost``; and ``call``, the hold's call
+    identity (see :func:`.intervals.check_call`).
     """
 
     def __init__(self, client: Connection | HasConnection, name: str) -> None:

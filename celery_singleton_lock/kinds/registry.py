@@ -58,8 +58,10 @@ class Target(NamedTuple):
 
 class HandleFactory(Protocol):
     """Makes handles (not yet acquired) of one family, with the ttl and max-hold it was made
-    for: a handle in ``mode`` (one of the family's ``modes``) on ``target``. Positional only,
-    so that a task run pays for no keywords."""
+    for: a handle in ``mode`` (one of the family's ``modes``) on ``target``, with the call
+    identity ``call`` where the family's holds take one (the shared kinds: reader-writer,
+    range, semaphore; see ``intervals.check_call``); leases and multi-key locks, exclusive,
+    have none and go without. Positional only, so that a task run pays for no keywords."""
 
     def __call__(
         self,
@@ -67,6 +69,7 @@ class HandleFactory(Protocol):
         mode: str,
         owner_info: dict[str, Any] | None,
         on_lost: Callable[[Any], object] | None,
+        call: str | None,
         /,
     ) -> LockHandle: ...
 
@@ -101,25 +104,35 @@ def _lease_handles(conn: Connection, ttl: float, max_hold: float | None) -> Hand
     """Leases through a LeaseTemplate: the ttl and max-hold are checked here, not per lease
     (a default task makes one lease per run)."""
     make = lease.LeaseTemplate(conn, ttl=ttl, max_hold=max_hold).lease
-    return lambda target, mode, owner_info, on_lost: make(
+    # An exclusive lease has no call identity: a copy of a call is kept out by the lease
+    # itself, and meets its own hold on the conflict path.
+    return lambda target, mode, owner_info, on_lost, call: make(
         target.name, owner_info=owner_info, on_lost=on_lost
     )
 
 
 #: Makes one handle of a family (as a :class:`HandleFactory` does, on a connection), with the
-#: handle keywords ``ttl``, ``max_hold``, ``owner_info`` and ``on_lost`` in a dict.
+#: handle keywords ``ttl``, ``max_hold``, ``owner_info`` and ``on_lost`` (and ``call``, for
+#: the families whose holds take one) in a dict.
 MakeHandle = Callable[[Connection, Target, str, dict[str, Any]], LockHandle]
 
 
-def _handles(make: MakeHandle) -> Callable[[Connection, float, float | None], HandleFactory]:
-    """A family's ``handles`` from its ``make``: the handle checks its own options."""
+def _handles(
+    make: MakeHandle, *, calls: bool = True
+) -> Callable[[Connection, float, float | None], HandleFactory]:
+    """A family's ``handles`` from its ``make``: the handle checks its own options. With
+    ``calls`` the handles get the factory's call identity (``call``); without, it is
+    dropped (an exclusive kind has none)."""
 
     def handles(conn: Connection, ttl: float, max_hold: float | None) -> HandleFactory:
-        def options(owner_info: Any, on_lost: Any) -> dict[str, Any]:
-            return {"ttl": ttl, "max_hold": max_hold, "owner_info": owner_info, "on_lost": on_lost}
+        def options(owner_info: Any, on_lost: Any, call: str | None) -> dict[str, Any]:
+            made = {"ttl": ttl, "max_hold": max_hold, "owner_info": owner_info, "on_lost": on_lost}
+            if calls:
+                made["call"] = call
+            return made
 
-        return lambda target, mode, owner_info, on_lost: make(
-            conn, target, mode, options(owner_info, on_lost)
+        return lambda target, mode, owner_info, on_lost, call: make(
+            conn, target, mode, options(owner_info, on_lost, call)
         )
 
     return handles
@@ -236,7 +249,7 @@ FAMILIES: tuple[KindFamily, ...] = (
         clear_call=lease_listing.clear_call,
         release_holder=multi.release_holder,
         modes=("exclusive",),
-        handles=_handles(_multi_handle),
+        handles=_handles(_multi_handle, calls=False),
     ),
     SEMAPHORES,
 )

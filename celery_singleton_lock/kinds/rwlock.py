@@ -143,8 +143,11 @@ class RWLockHold(HandleOps):
     _upgraded: bool | None
     #: The last ``_describe_holder()`` list and its packed bytes (``_packed_holder``).
     _packed: tuple[list[Any], bytes] | None = None
+    #: The call identity this hold is taken for (None: none); see :func:`.intervals.check_call`.
+    call: str | None = None
 
-    def _set_mode(self, prefix: str, mode: str) -> None:
+    def _set_mode(self, prefix: str, mode: str, call: object = None) -> None:
+        self.call = intervals.check_call(call)
         self.mode = mode
         self.kind = MODE_NAMES[mode]
         self._upgraded = False
@@ -167,6 +170,7 @@ class RWLockHold(HandleOps):
         args = [
             owner, self.mode, self._ttl_ms, self._max_hold_ms,
             RESERVATION_MS if queued else 0, "1" if reserve else "", self._packed_holder(),
+            self.call or "",
         ]  # fmt: skip
         try:
             reply = yield scripts(self._conn).acquire, keys, args
@@ -177,6 +181,8 @@ class RWLockHold(HandleOps):
         code, value = acquire_outcome(reply)
         if code == IntervalReply.DONE:
             return True, value
+        if code == IntervalReply.HELD_BY_CALL:
+            return self._refused_for_call(value)
         return False, wait_hint(value, queued)
 
     def _abandon(self, owner: str) -> Steps[None]:
@@ -321,10 +327,16 @@ class RWLockHandle(RWLockHold, LockHandle):
     """
 
     def __init__(
-        self, client: Connection | HasConnection, name: str, mode: str, **options: Any
+        self,
+        client: Connection | HasConnection,
+        name: str,
+        mode: str,
+        *,
+        call: str | None = None,
+        **options: Any,
     ) -> None:
         super().__init__(client, name, **options)
-        self._set_mode(self._conn.prefix, mode)
+        self._set_mode(self._conn.prefix, mode, call)
 
     def upgrade(self, wait: float | None = None) -> bool:
         """Become the writer without letting go; True once upgraded, False if ``wait``
@@ -359,7 +371,8 @@ class RWLockHandle(RWLockHold, LockHandle):
         owners = lock_owners(fields)
         holds = conn.call(read_holds, owners) if owners else []
         # Asked by a handle that does not hold (a conflict's reason): only the holds in its
-        # way; holds whose mode shares with its own are no reason it could not take it.
+        # way; holds whose mode shares with its own are no reason it could not take it,
+        # unless they are of its own call identity (HELD_BY_CALL).
         blocked = self._owner is None
         holders = [
             HolderRecord(
@@ -368,7 +381,12 @@ class RWLockHandle(RWLockHold, LockHandle):
                 send=_opt_text(hold.get(b"send")),
             )
             for owner, hold in zip(owners, holds, strict=True)
-            if hold and (not blocked or self._in_the_way(hold.get(b"mode")))
+            if hold
+            and (
+                not blocked
+                or self._in_the_way(hold.get(b"mode"))
+                or intervals.same_call(self.call, hold.get(b"call"))
+            )
         ]
         # A writer waiting for its turn holds new readers back without holding anything yet.
         holders += [
@@ -419,7 +437,8 @@ class RWLock(RWLockMaker[RWLockHandle]):
     """A reader-writer lock on one name; makes handles (not yet acquired).
 
     Options of every handle are those of :meth:`LockClient.lease`: ``ttl``, ``heartbeat``,
-    ``max_hold``, ``wait``, ``owner_info``, ``on_lost``.
+    ``max_hold``, ``wait``, ``owner_info``, ``on_lost``; and ``call``, the hold's call
+    identity (see :func:`.intervals.check_call`).
     """
 
     def __init__(self, client: Connection | HasConnection, name: str) -> None:

@@ -69,10 +69,12 @@ class PermitHold(IntervalHold):
     def _try_acquire(self, owner: str, reserve: bool) -> Steps[tuple[bool, int]]:
         args = [
             owner, self.limit, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS,
-            "1" if reserve else "", *self._describe_holder(),
+            "1" if reserve else "", self.call or "", *self._describe_holder(),
         ]  # fmt: skip
         reply = yield scripts(self._conn).acquire, self.keys.all(owner), args
         code, value = acquire_outcome(reply)
+        if code == IntervalReply.HELD_BY_CALL:
+            return self._refused_for_call(value)
         return code == IntervalReply.DONE, value
 
     def _in_the_way(self, mode: bytes | None, lo: bytes | None, hi: bytes | None) -> bool:
@@ -122,7 +124,8 @@ class Semaphore(SemaphoreMaker[Permit]):
     permits (not yet acquired).
 
     Options of :meth:`permit` are those of :meth:`LockClient.lease`: ``ttl``, ``heartbeat``,
-    ``max_hold``, ``wait``, ``owner_info``, ``on_lost``.
+    ``max_hold``, ``wait``, ``owner_info``, ``on_lost``; and ``call``, the permit's call
+    identity: no call holds two permits at once (see :func:`.intervals.check_call`).
     """
 
     def __init__(self, client: Connection | HasConnection, name: str, limit: int) -> None:

@@ -8,10 +8,13 @@
 -- ARGV[10]: publish channel    ARGV[11]: '1' the caller will wait if blocked ('' it will not)
 -- ARGV[12]: the field, value pairs describing the holder, packed as a lease's are
 --           (acquire.lua's ARGV[7]), stored as they come in the one field `holder`
+-- ARGV[13]: the call identity of the new hold ('' none): an opaque string, stored in the
+--           holder's hash as `call`; while a hold of the same call identity stands on the
+--           lock (any mode, any interval; not the parent), nothing is granted
 --
 -- The holder's hash (layout 2, as a lease's): owner, token, acquired_ms, ttl_ms, mode, lo,
 -- hi, holder; deadline_ms only with a max-hold, parent only for a write nested in an
--- upgradable hold, renewed_ms once renewed.
+-- upgradable hold, call only with a call identity, renewed_ms once renewed.
 -- Reply codes: IntervalReply in core/replies.py (keep the two in step).
 -- returns fencing token         taken, or held by this owner already: a re-sent attempt whose
 --                               first run's reply was lost gets the token it has, unchanged; the
@@ -19,12 +22,16 @@
 --                               in core/replies.py
 --         {0, ms}                blocked; ms until a conflicting holder could run out
 --         {-3, 0}                the parent upgradable hold is gone or does not cover [lo, hi]
+--         {-5, ms}               a hold of the call identity ARGV[13] stands (another delivery
+--                                of the same call): ms it has left. Nothing granted, queued
+--                                or marked: a call is never let in beside itself
 --
 -- A lock with no key at all (no holder, no reservation, not even an expired one: the common
 -- uncontended case) takes one EXISTS to know it: nothing to prune, nothing to overlap, and
 -- the new hold's expiry is the lock's latest.
 local owner, mode, lo, hi = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local parent = ARGV[9]
+local call = ARGV[13] or ''
 local latest = 0  -- ms: the latest expiry of the holders already there
 if parent ~= '' or redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
     KEYS[7], KEYS[11]) > 0 then
@@ -43,6 +50,13 @@ if parent ~= '' or redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS
     -- interval_common.lua), and nothing else could prune it.
     redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
     prune_queue()
+  end
+  if call ~= '' then
+    -- Before the conflicts: whatever else holds, this call must not hold twice.
+    local ms = call_hold(call, parent)
+    if ms then
+      return {-5, ms}
+    end
   end
   if parent ~= '' then
     local plo = redis.call('ZSCORE', KEYS[4], parent)
@@ -86,6 +100,9 @@ if with_hi then
 end
 redis.call('HSET', KEYS[8], 'owner', owner, 'token', token, 'acquired_ms', now_ms,
   'ttl_ms', ARGV[5], 'mode', mode, 'lo', lo, 'hi', hi, 'holder', ARGV[12])
+if call ~= '' then
+  redis.call('HSET', KEYS[8], 'call', call)
+end
 if max_hold > 0 then
   redis.call('HSET', KEYS[8], 'deadline_ms', now_ms + max_hold)
 end

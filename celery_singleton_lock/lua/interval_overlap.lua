@@ -4,6 +4,7 @@
 -- For the same reason they are made only by a call that needs them, overlap_helpers():
 -- an acquire of a lock with no key at all (the uncontended case) decides nothing either.
 local zrem_all, prune_queue, prune, overlapping, earliest, mark_waiting, blocked, hint
+local call_hold
 -- Slack a waiter's mark keeps beyond its wait hint: time for the failed attempt's reply to
 -- reach the waiter and its retry to come back.
 local MARK_SLACK_MS = 1000
@@ -93,6 +94,28 @@ local function overlap_helpers()
       return overlapping(KEYS[9], KEYS[10], lo, hi) > 0
     end
     return overlapping(KEYS[2], KEYS[3], lo, hi) > 0
+  end
+
+  -- The ms left of a running hold of call identity `call` on this lock (> 0), other than
+  -- owner `except`'s (a nested write's parent), or nil if none. After prune(): every holder
+  -- in B exp is live. A hold in its release delay is no running hold: its call ended (a
+  -- retry of it, or a late copy that a done mark drops, may go in). Reads each holder's
+  -- hash (its `call`): O(n) in the holders, paid only by a caller that gives a call
+  -- identity, on a lock someone holds (a semaphore: about its limit).
+  call_hold = function(call, except)
+    local base = string.sub(KEYS[1], 1, -4)  -- B exp -> B
+    now()
+    local held = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+    for i = 1, #held, 2 do
+      local owner = held[i]
+      if owner ~= except then
+        local hold = redis.call('HMGET', base .. 'h:' .. owner, 'call', 'state')
+        if hold[1] == call and hold[2] ~= 'cooldown' then
+          return math.max(1, tonumber(held[i + 1]) - now_ms)
+        end
+      end
+    end
+    return nil
   end
 
   -- The wait hint of a blocked request: ms until the earliest holder (or reservation, which a

@@ -7,6 +7,8 @@
 -- ARGV[6]: '1' the caller will wait if blocked ('' it will not)
 -- ARGV[7]: the field, value pairs describing the holder, packed as a lease's are
 --          (acquire.lua's ARGV[7]), stored as they come in the one field `holder`
+-- ARGV[8]: the call identity of the new hold ('' none): an opaque string; while a hold of
+--          the same call identity stands on the lock (in any mode), nothing is granted
 -- FENCE_TTL_MS (defined before this text by scripts.py): the fencing counter's ttl, ms
 -- Reply codes: IntervalReply in core/replies.py (keep the two in step).
 -- returns fencing token        taken, or held by this owner already: a re-sent attempt whose
@@ -14,12 +16,15 @@
 --                              token alone (a string), not a table: see acquire_outcome()
 --                              in core/replies.py
 --         {0, ms}              blocked; ms until a conflicting hold could run out
+--         {-5, ms}             a hold of the call identity ARGV[8] stands (another delivery
+--                              of the same call): ms it has left. Nothing granted, queued
+--                              or marked: a call is never let in beside itself
 --
 -- Read is compatible with read and upgradable; upgradable with read (one at a time); write
 -- with nothing. Writers ignore reservations (two waiting writers must not block each
 -- other); readers and upgradables respect them, which keeps a reader stream from starving
 -- a writer. A free lock (no B exp: the uncontended case) costs one PTTL to know it.
-local owner, mode = ARGV[1], ARGV[2]
+local owner, mode, call = ARGV[1], ARGV[2], ARGV[8] or ''
 local field = mode
 if mode == 'r' then
   field = 'r:' .. owner
@@ -36,6 +41,13 @@ if pttl ~= -2 then
     end
   end
   helpers()
+  if call ~= '' then
+    -- Before the conflicts: whatever else holds, this call must not hold twice.
+    local ms = call_hold(call, state[1], state[2])
+    if ms then
+      return {-5, ms}
+    end
+  end
   now()
   local hint = nil
   local function block(ms)
@@ -80,13 +92,21 @@ end
 local acquired = t[1] .. string.sub(us, 1, 3)
 local lease = tonumber(ARGV[3])
 local max_hold = tonumber(ARGV[4])
-if mode == 'r' then
+if mode ~= 'r' then
+  redis.call('HSET', KEYS[1], field, owner)
+elseif call == '' then
   redis.call('HSET', KEYS[1], field, 1)
 else
-  redis.call('HSET', KEYS[1], field, owner)
+  -- The reader's call identity in its field, where call_hold() finds it.
+  redis.call('HSET', KEYS[1], field, '=' .. call)
 end
-redis.call('HSET', KEYS[2], 'owner', owner, 'token', token, 'acquired_ms', acquired,
-  'ttl_ms', ARGV[3], 'mode', mode, 'holder', ARGV[7])
+if call == '' then
+  redis.call('HSET', KEYS[2], 'owner', owner, 'token', token, 'acquired_ms', acquired,
+    'ttl_ms', ARGV[3], 'mode', mode, 'holder', ARGV[7])
+else
+  redis.call('HSET', KEYS[2], 'owner', owner, 'token', token, 'acquired_ms', acquired,
+    'ttl_ms', ARGV[3], 'mode', mode, 'holder', ARGV[7], 'call', call)
+end
 if max_hold > 0 then
   redis.call('HSET', KEYS[2], 'deadline_ms', tonumber(acquired) + max_hold)
   lease = math.min(lease, max_hold)

@@ -3,12 +3,14 @@
 --
 -- Key layout of one reader-writer lock (layout 2 of reader-writer locks; B = P{T}:rw:):
 --   B exp        hash  the lock: `w` the owner of the write hold (an upgraded hold too), `u`
---                the owner of the upgradable hold, `r:<owner>` one field per read hold,
+--                the owner of the upgradable hold, `r:<owner>` one field per read hold
+--                (its value `1`, or `=` and the hold's call identity when it has one),
 --                `q` server ms until which a waiting writer's reservation may hold new
 --                readers back (the latest of B wq). Its expiry is at least the latest of its
 --                holds' and reservations'.
 --   B h:<owner>  hash  one hold: owner, token, acquired_ms, ttl_ms, mode (r|u|w), holder (the
---                packed holder fields); deadline_ms with a max-hold, renewed_ms once
+--                packed holder fields); call (its call identity) when it has one;
+--                deadline_ms with a max-hold, renewed_ms once
 --                renewed, gen, state and released_ms in a release delay. Its own expiry is
 --                the hold's lease: a hold is held exactly while its hash exists (and is named
 --                by B exp), so a crashed reader frees its share within its lease. Released
@@ -34,7 +36,7 @@
 -- Every helper is made by helpers(), only by a call that needs one: each function defined
 -- costs every call a closure, and the uncontended acquire and release need none.
 local base, t, now_ms
-local now, live, live_reader, requeue, reserve, mark_waiting, keep, wake, unreserve
+local now, live, live_reader, call_hold, requeue, reserve, mark_waiting, keep, wake, unreserve
 -- Slack a waiter's mark keeps beyond its wait hint: time for the failed attempt's reply to
 -- reach the waiter and its retry to come back.
 local MARK_SLACK_MS = 1000
@@ -78,6 +80,47 @@ local function helpers()
         local owner = string.sub(fields[i], 3)
         if owner ~= except then
           local ms = live(owner, fields[i])
+          if ms then
+            return ms
+          end
+        end
+      end
+    until cursor == '0'
+    return nil
+  end
+
+  -- The remaining ms of a running hold of call identity `call` (> 0), or nil if none: the
+  -- writer `w` and the upgradable `u` (their owners as read, nil if none) by their hashes'
+  -- `call`, the readers by their fields' values (no hash read per reader but a match's).
+  -- A hold in its release delay is no running hold: its call ended (a retry of it, or a
+  -- late copy that a done mark drops, may go in). Read holds met dead on the way are
+  -- dropped. Costs a caller that gives a call identity one HSCAN page per 100 read holds,
+  -- only on a lock someone holds.
+  call_hold = function(call, w, u)
+    local function running(owner, field)
+      if redis.call('HGET', base .. 'h:' .. owner, 'state') == 'cooldown' then
+        return nil
+      end
+      return live(owner, field)
+    end
+    for _, held in ipairs({{'w', w}, {'u', u}}) do
+      local owner = held[2]
+      if owner and redis.call('HGET', base .. 'h:' .. owner, 'call') == call then
+        local ms = running(owner, held[1])
+        if ms then
+          return ms
+        end
+      end
+    end
+    local value = '=' .. call
+    local cursor = '0'
+    repeat
+      local page = redis.call('HSCAN', KEYS[1], cursor, 'MATCH', 'r:*', 'COUNT', 100)
+      cursor = page[1]
+      local fields = page[2]
+      for i = 1, #fields, 2 do
+        if fields[i + 1] == value then
+          local ms = running(string.sub(fields[i], 3), fields[i])
           if ms then
             return ms
           end

@@ -7,17 +7,23 @@
 -- ARGV[1]: owner token    ARGV[2]: limit (int >= 1)    ARGV[3]: lease, ms
 -- ARGV[4]: max-hold, ms (0: no cap)    ARGV[5]: fence ttl, ms
 -- ARGV[6]: '1' the caller will wait if blocked ('' it will not)
--- ARGV[7..]: field, value pairs describing the holder
+-- ARGV[7]: the call identity of the new permit ('' none): an opaque string, stored in the
+--          holder's hash as `call`; while a permit of the same call identity is held,
+--          nothing is granted
+-- ARGV[8..]: field, value pairs describing the holder
 -- returns fencing token        taken, or held by this owner already: a re-sent attempt whose
 --                              first run's reply was lost gets the token it has, unchanged; the
 --                              token alone (a string), not a table: see acquire_outcome()
 --                              in core/replies.py
 --         {0, ms}              `limit` permits are held; ms until the first could run out
+--         {-5, ms}             a permit of the call identity ARGV[7] is held (another
+--                              delivery of the same call): ms it has left. Nothing granted
+--                              or marked: a call never holds two permits
 --
 -- The limit is the acquiring call's: holders that were let in under a higher limit keep
 -- their permits, and a call with a lower one waits until fewer than it are held.
 -- A permit in delay-after (released with a delay) still counts until its delay ends.
-local owner, limit = ARGV[1], tonumber(ARGV[2])
+local owner, limit, call = ARGV[1], tonumber(ARGV[2]), ARGV[7]
 local latest = 0  -- ms: the latest expiry of the permits already held
 if redis.call('EXISTS', KEYS[1]) == 1 then
   overlap_helpers()
@@ -28,6 +34,13 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   end
   latest = tonumber(redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')[2])
   prune(0, false)
+  if call ~= '' then
+    -- Before the limit: with a permit free or not, this call must not hold two.
+    local ms = call_hold(call, '')
+    if ms then
+      return {-5, ms}
+    end
+  end
   if redis.call('ZCARD', KEYS[1]) >= limit then
     local ms = earliest(KEYS[1]) or 0
     if ARGV[6] == '1' then
@@ -48,7 +61,10 @@ local expiry = now_ms + lease
 redis.call('ZADD', KEYS[1], expiry, owner)
 redis.call('HSET', KEYS[8], 'owner', owner, 'token', token, 'acquired_ms', now_ms,
   'renewed_ms', now_ms, 'ttl_ms', ARGV[3], 'deadline_ms', deadline, 'mode', 'r',
-  'lo', '-inf', 'hi', 'inf', 'parent', '', 'limit', limit, unpack(ARGV, 7))
+  'lo', '-inf', 'hi', 'inf', 'parent', '', 'limit', limit, unpack(ARGV, 8))
+if call ~= '' then
+  redis.call('HSET', KEYS[8], 'call', call)
+end
 redis.call('PEXPIRE', KEYS[8], lease)
 redis.call('PEXPIRE', KEYS[1], math.max(latest, expiry) - now_ms)
 return token

@@ -181,6 +181,15 @@ def make_app(lock_url: str, broker_url: str, prefix: str, queue: str = "celery")
         """Lock Redis down: retried (autoretry_for) until it is back."""
         return {**hold_until_lost(self, key, seconds), "retries": self.request.retries}
 
+    def gated_run(task: Any, key: str, seconds: float) -> dict[str, Any]:
+        """Run until the test opens the gate of ``key`` (or ``seconds`` pass)."""
+        task_record(task, "start", key)
+        deadline = time.monotonic() + seconds
+        while not records.exists(gate_key(prefix, key)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        task_record(task, "end", key)
+        return {"locked": task.lock is not None, "pid": os.getpid()}
+
     @app.task(
         base=SingletonTask, bind=True, shared=False, name="fault.gated",
         lock_key="gated:{key}", lock_lease=30, lock_ttl=600,
@@ -189,12 +198,17 @@ def make_app(lock_url: str, broker_url: str, prefix: str, queue: str = "celery")
         """Runs until the test opens the gate of ``key`` (or ``seconds`` pass), on a lease
         longer than the broker's visibility timeout: a killed run's message comes back while
         its hold still stands."""
-        task_record(self, "start", key)
-        deadline = time.monotonic() + seconds
-        while not records.exists(gate_key(prefix, key)) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        task_record(self, "end", key)
-        return {"locked": self.lock is not None, "pid": os.getpid()}
+        return gated_run(self, key, seconds)
+
+    @app.task(
+        base=SingletonTask, bind=True, shared=False, name="fault.gated_read",
+        lock_key="gated_read:{key}", lock_lease=30, lock_ttl=600, lock_mode="read",
+    )  # fmt: skip
+    def gated_read(self: Any, key: str, seconds: float) -> dict[str, Any]:
+        """``fault.gated`` under a read hold, which other calls share: the broker delivers
+        a run's message again (its visibility timeout passed), and that copy must still not
+        run beside it."""
+        return gated_run(self, key, seconds)
 
     class DiesBeforeStoring(RedisBackend):  # type: ignore[misc]
         """Kills its process the first time it is asked to store a call's result: the body
