@@ -87,6 +87,12 @@ ROWS: list[tuple[int, Snapshot, str, str]] = [
     ),  # fmt: skip
     (18, S(attempt=0, backend_error="no answer"), m.FAIL, "no answer"),
     (18, S(attempt=0, backend_error="no answer", backend_down="run"), m.RUN_UNLOCKED, ""),
+    (
+        23,
+        S(attempt=0, acquired=False, held_by_call=True, takes_over=False, holds_read=True),
+        m.REQUEUE,
+        "hold of this task id",
+    ),  # fmt: skip
 ]
 
 
