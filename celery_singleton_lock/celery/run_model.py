@@ -67,10 +67,11 @@ class Action:
     look_again: str = GIVEN
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Snapshot:
     """What one delivery of a task message knows when it decides. The first group is set as
-    the run starts; the rest is observed (None: not yet)."""
+    the run starts; the rest is observed (None: not yet), recorded by the task as it
+    observes (decide() only reads a snapshot)."""
 
     #: ``request.retries``.
     attempt: int

@@ -10,7 +10,6 @@ redelivered messages and retries all go through it), renewed by the heartbeat ev
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import logging
 import threading
@@ -86,8 +85,18 @@ class _Run:
     what its observations found that acting needs (the holders in its way, the owner token
     of its own hold to take over, the lock Redis's error)."""
 
-    def __init__(self, lease: LockHandle, node: str | None, args: Any, kwargs: Any) -> None:
+    def __init__(
+        self,
+        lease: LockHandle,
+        node: str | None,
+        args: Any,
+        kwargs: Any,
+        mark: done_marks.DoneMark | None,
+    ) -> None:
         self.lease, self.node, self.args, self.kwargs = lease, node, args, kwargs
+        #: The done mark of the attempt (None: marks off), read with each acquire and
+        #: written with the release.
+        self.mark = mark
         self.found: list[holders.Holder] | None = None
         self.own_owner: str | None = None
         self.error: LockBackendError | None = None
@@ -327,15 +336,15 @@ class SingletonTask(Task):  # type: ignore[misc]
         )
         if isinstance(lease, Lease):
             claims.take_over_at_run(lease, task_id, attempt)
-        run = _Run(lease, node, args, kwargs)
+        run = _Run(lease, node, args, kwargs, self._done_mark(lease))
         snapshot = self._first_snapshot(lease)
         started = time.monotonic()
         while (action := run_model.decide(snapshot)).kind not in run_model.ENDS:
             try:
-                snapshot = self._observe(action, snapshot, run)
+                self._observe(action, snapshot, run)
             except LockBackendError as exc:
                 run.error = exc
-                snapshot = dataclasses.replace(snapshot, backend_error=str(exc))
+                snapshot.backend_error = str(exc)
         return self._act(action, snapshot, run, time.monotonic() - started)
 
     # -- the run: observe, then act on what run_model.decide() answers ------------------------
@@ -355,62 +364,59 @@ class SingletonTask(Task):  # type: ignore[misc]
             leaves_queue_first=leaves_queue and not self._leave_queue_at_acquire(lease),
         )
 
-    def _observe(
-        self, action: run_model.Action, s: run_model.Snapshot, run: _Run
-    ) -> run_model.Snapshot:
-        """Make the observation (or the step) ``action`` asks for; the snapshot with it."""
+    def _observe(self, action: run_model.Action, s: run_model.Snapshot, run: _Run) -> None:
+        """Make the observation (or the step) ``action`` asks for, and record what it found
+        in ``s`` (the snapshot grows; decide() only reads it)."""
         request, lease, kind = self.request, run.lease, action.kind
-        replace = dataclasses.replace
         if kind == run_model.READ_FINISHED:
-            return replace(s, finished=own_holds.finished(self, request.id) or "")
+            s.finished = own_holds.finished(self, request.id) or ""
+            return
         if kind == run_model.LEAVE_QUEUE:
-            return replace(s, left_queue=self._leave_queue(run.args, run.kwargs))
+            s.left_queue = self._leave_queue(run.args, run.kwargs)
+            return
         if kind == run_model.READ_OUTCOME:
-            return replace(s, outcome_missing=self._outcome_missing())
+            s.outcome_missing = self._outcome_missing()
+            return
         if kind == run_model.ACQUIRE:
-            acquired, ended = self._acquire(lease, 0.0)  # a float: check_wait's quick case
-            replaced = not acquired and self._replaced_at_acquire(lease)
-            return replace(
-                s,
-                acquired=acquired,
-                ended=ended,
-                replaced_at_acquire=replaced,
-                held_by_call=lease.held_by_call,
-            )
+            # A float: check_wait's quick case.
+            s.acquired, s.ended = self._acquire(lease, 0.0, run.mark)
+            s.replaced_at_acquire = not s.acquired and self._replaced_at_acquire(lease)
+            s.held_by_call = lease.held_by_call
+            return
         if kind == run_model.READ_HOLDS:
             run.found = found = holders.holders_of(lease)
             own = [h for h in found if sends.same_call(h.task_id, h.send, request)]
             delays = [h.release_delay_until_ms for h in own if h.release_delay_until_ms]
-            return replace(
-                s,
-                holds_read=True,
-                own_hold=any(not h.waiting for h in own),
-                own_delay_until_ms=max(delays) if delays else None,
-            )
+            s.holds_read = True
+            s.own_hold = any(not h.waiting for h in own)
+            s.own_delay_until_ms = max(delays) if delays else None
+            return
         if kind == run_model.READ_OWN_HOLD:
             assert isinstance(lease, Lease)
             hold, verdict = own_holds.assess(self, lease, run.node)
             run.own_owner = None if hold is None else hold.owner
-            return replace(s, own_assessed=True, own_verdict=verdict)
+            s.own_assessed, s.own_verdict = True, verdict
+            return
         if kind == run_model.TAKE_OVER:
             assert isinstance(lease, Lease) and run.own_owner is not None
             lease.take_over = run.own_owner
-            acquired, ended = self._acquire(lease, 0.0)
-            if acquired:
+            s.acquired, s.ended = self._acquire(lease, 0.0, run.mark)
+            s.took_over = s.acquired
+            if s.acquired:
                 log.warning("%s[%s] %s on %r", self.name, request.id, action.why, lease.name)
-            return replace(s, took_over=acquired, acquired=acquired, ended=ended)
+            return
         if kind == run_model.WAIT:
             run.found = None  # read again if the wait ends without the lock
             copy = self._mark_wait(lease, s.wait, run.node)
             if isinstance(copy, own_holds.Verdict):
-                return replace(s, waited=True, copy_waiting=copy)
+                s.waited, s.copy_waiting = True, copy
+                return
             try:
-                acquired, ended = self._acquire(lease, s.wait)
+                s.acquired, s.ended = self._acquire(lease, s.wait, run.mark)
             finally:
                 waiting_marks.remove(self.lock_client.connection, copy)
-            return replace(
-                s, waited=True, acquired=acquired, ended=ended, held_by_call=lease.held_by_call
-            )
+            s.waited, s.held_by_call = True, lease.held_by_call
+            return
         raise AssertionError(f"not an observation: {action}")
 
     def _act(
@@ -425,7 +431,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             lock_acquired.send(
                 sender=self, name=lease.name, task_id=request.id, lease=lease, wait=waited
             )
-            return self._run_holding(lease, run.args, run.kwargs)
+            return self._run_holding(lease, run.args, run.kwargs, run.mark)
         if kind == run_model.RUN_UNLOCKED:
             log.warning("running %s[%s] UNLOCKED: %s", self.name, request.id, run.error)
             return self._run_holding(None, run.args, run.kwargs)
@@ -530,11 +536,12 @@ class SingletonTask(Task):  # type: ignore[misc]
         """Seconds this task's done marks last (0: none), from the app's settings."""
         return done_marks.mark_ttl(self.app)
 
-    def _acquire(self, lease: LockHandle, wait: float) -> tuple[bool, int]:
-        """``lease.acquire(wait)``, reading the done mark (done_marks.py) in each attempt's
-        round trip: whether it took the lock, and the highest attempt of this send that had
-        ended (done_marks.NONE_ENDED if none, or with marks off)."""
-        mark = self._done_mark(lease)
+    def _acquire(
+        self, lease: LockHandle, wait: float, mark: done_marks.DoneMark | None
+    ) -> tuple[bool, int]:
+        """``lease.acquire(wait)``, reading the done ``mark`` (done_marks.py; None: marks
+        off) in each attempt's round trip: whether it took the lock, and the highest attempt
+        of this send that had ended (done_marks.NONE_ENDED if none)."""
         if mark is None:
             return lease.acquire(wait), done_marks.NONE_ENDED
         return done_marks.acquire(self.lock_client.connection, lease, wait, mark)
@@ -597,7 +604,13 @@ class SingletonTask(Task):  # type: ignore[misc]
             )
         raise self.retry(exc=exc, **retry_kwargs)
 
-    def _run_holding(self, lease: LockHandle | None, args: Any, kwargs: Any) -> Any:
+    def _run_holding(
+        self,
+        lease: LockHandle | None,
+        args: Any,
+        kwargs: Any,
+        mark: done_marks.DoneMark | None = None,
+    ) -> Any:
         runs: _RunLocks | None = self.__dict__.get("_lock_stack")
         if runs is None:
             # Not setdefault(name, _RunLocks()) alone: that would make a new local per run.
@@ -628,7 +641,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             if sends:
                 self._send_deferred_retries(lease, sends, ended=ended)
             elif lease is not None and (lease.held or lease.lost):
-                self._release(lease, ended=ended)
+                self._release(lease, ended=ended, mark=mark)
 
     def _called_by_tracer(self) -> bool:
         """Whether this call is the run Celery's tracer (a worker, ``apply``) started, whose
@@ -646,11 +659,16 @@ class SingletonTask(Task):  # type: ignore[misc]
         request._protected = 1
         return True
 
-    def _release(self, lease: LockHandle, *, ended: bool = True) -> None:
+    def _release(
+        self, lease: LockHandle, *, ended: bool = True, mark: done_marks.DoneMark | None = None
+    ) -> None:
         """Release the run's lock; if its call ``ended``, with the attempt's done mark
-        written first in the same round trip (done_marks.py)."""
+        (``mark``, else made here) written first in the same round trip (done_marks.py)."""
         try:
-            mark = self._done_mark(lease) if ended else None
+            if not ended:
+                mark = None
+            elif mark is None:
+                mark = self._done_mark(lease)
             if mark is not None:
                 connection = self.lock_client.connection
                 done_marks.release(connection, lease, self.lock_options.release_delay, mark)
