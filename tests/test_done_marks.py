@@ -28,7 +28,7 @@ from support.proxies import HoldingProxy
 from support.waiting import wait_for
 
 from celery_singleton_lock import LockClient, SingletonTask
-from celery_singleton_lock.celery.own_holds import REQUEUES_HEADER
+from celery_singleton_lock.celery.sends import REQUEUES_HEADER
 from celery_singleton_lock.embedded import RedisServer
 from celery_singleton_lock.exceptions import ConfigurationError
 

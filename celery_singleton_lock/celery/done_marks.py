@@ -36,6 +36,7 @@ from typing import Any
 from ..core import validate
 from ..core.connection import Connection
 from ..core.handle import LockHandle
+from ..core.keys import data_key
 from ..core.replication import Replication
 from ..core.scripts import Script, ScriptCall, bound_to, register, source
 from ..exceptions import LockBackendError
@@ -105,7 +106,7 @@ class DoneMark:
     ) -> DoneMark:
         """The mark of attempt ``attempt`` of send ``send`` of ``task_id``, in the slot of
         ``handle``'s name (a multi-key lock: its first name), lasting ``ttl`` seconds."""
-        key = own_holds.key_beside(connection, handle, "done", task_id)
+        key = key_beside(connection, handle, "done", task_id)
         return cls(key, attempt, validate.seconds_to_ms(ttl), send)
 
     def set_call(self, connection: Connection) -> ScriptCall:
@@ -152,3 +153,14 @@ def read_ended(connection: Connection, mark: DoneMark) -> int:
     """The highest attempt of ``mark``'s task id that ended (:data:`NONE_ENDED` if none)."""
     script, keys, args = mark.get_call(connection)
     return int(connection.call(script, keys=keys, args=args))
+
+
+def key_beside(connection: Connection, handle: LockHandle, kind: str, *parts: str | int) -> bytes:
+    """A key of the Celery layer's own (a wait or done mark) of ``kind`` about ``parts``
+    (a task id, an attempt) in the Cluster slot of ``handle``'s lock: its name's, a multi-key
+    lock's first name's. The parts are data (a task id is whatever the caller or broker
+    chose): :func:`..core.keys.data_key` escapes them, so no task id makes the mark's key
+    look like a lock's to a listing."""
+    names = getattr(handle, "names", None)
+    name = names[0] if names else handle.name
+    return data_key(connection.keys(name).base, kind, *parts)

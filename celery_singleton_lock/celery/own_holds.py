@@ -44,24 +44,24 @@ from celery import Task
 from celery.exceptions import Reject
 
 from ..admin.inspect import MISSED_TICKS, TICKS_PER_TTL, escape, heartbeat_stopped, server_ms
-from ..core.connection import Connection
-from ..core.handle import LockHandle
 from ..core.holder import HOSTNAME
-from ..core.keys import data_key, key_part
 from ..core.pid_evidence import GONE, ProcessMark, judge, look, this_process
 from ..exceptions import LockBackendError
 from ..kinds.lease import CLAIM_OWNER_PREFIX, Lease
 from ..kinds.lease_listing import list_holders
 from .claims import FINISHED_STATES, claim_owner, has_result_backend, result_state
-from .sends import SEND_HEADER, same_call, send_of
+from .sends import (
+    OUTCOME_REQUEUES_HEADER,
+    REQUEUE_HEADERS,
+    REQUEUES_HEADER,
+    SEND_HEADER,
+    requeues,
+    same_call,
+    send_of,
+)
 
 log = logging.getLogger("celery_singleton_lock.task")
 
-#: The message header counting how often a copy was re-queued behind a live original.
-REQUEUES_HEADER = "singleton_lock_requeues"
-#: The message header counting how often a copy was re-queued because its attempt had ended
-#: with no outcome stored yet (done_marks.py): the copy runs once that count is one.
-OUTCOME_REQUEUES_HEADER = "singleton_lock_outcome_requeues"
 
 TAKE_OVER, IGNORE, REQUEUE = "take over", "ignore", "requeue"
 
@@ -137,21 +137,6 @@ def decide(
         countdown = min(countdown, max_countdown)
     where = hold.worker or hold.host or "an unknown worker"
     return Verdict(REQUEUE, f"re-queued: a live copy of this task id runs on {where}", countdown)
-
-
-def call_identity(request: Any) -> str:
-    """The call identity (``call``, see ``kinds.intervals.check_call``) the run of
-    ``request`` takes its shared holds under (read, upgradable, range, semaphore permit):
-    Redis refuses such a hold, in the acquire's own script call, while a hold of the same
-    identity stands, and the run then meets that hold as its own (run_model.py).
-
-    The task id and the send (sends.py): every delivery and every attempt of one send share
-    it, so a copy is never let in beside its original, whatever their attempts; a
-    replacement or a re-send under the same task id is another call. The one place that
-    says which string names a call."""
-    send = send_of(request)
-    # The task id escaped (no ':' left in it), so no id can spell another call's identity.
-    return f"{key_part(request.id)}:{send}" if send else key_part(request.id)
 
 
 def requeue_verdict(task: Any) -> Verdict:
@@ -281,24 +266,6 @@ def _int(value: Any) -> int | None:
 # -- re-queued copies --------------------------------------------------------------------------
 
 
-def requeues(request: Any, header: str = REQUEUES_HEADER) -> int:
-    """How often the message of ``request`` was re-queued behind a live original (or, by
-    ``header``, for another reason)."""
-    count = getattr(request, header, None)
-    if count is None and isinstance(request.headers, dict):
-        count = request.headers.get(header)
-    return _int(count) or 0
-
-
-#: Every re-queue count a re-queued message carries on.
-REQUEUE_HEADERS = (REQUEUES_HEADER, OUTCOME_REQUEUES_HEADER)
-
-
-def requeued(request: Any) -> bool:
-    """Whether the message of ``request`` was re-queued, for whatever reason."""
-    return any(requeues(request, header) for header in REQUEUE_HEADERS)
-
-
 def finished(task: Any, task_id: str) -> str | None:
     """The finished state (SUCCESS, FAILURE, REVOKED) the result backend has for ``task_id``,
     None if it has none, or there is no backend to ask."""
@@ -324,17 +291,6 @@ def max_countdown(app: Any) -> float | None:
     a second time, and each copy would then re-queue itself again. None if there is none."""
     timeout = visibility_timeout(app)
     return None if timeout is None else max(0.1, timeout / 2)
-
-
-def key_beside(connection: Connection, handle: LockHandle, kind: str, *parts: str | int) -> bytes:
-    """A key of the Celery layer's own (a wait or done mark) of ``kind`` about ``parts``
-    (a task id, an attempt) in the Cluster slot of ``handle``'s lock: its name's, a multi-key
-    lock's first name's. The parts are data (a task id is whatever the caller or broker
-    chose): :func:`..core.keys.data_key` escapes them, so no task id makes the mark's key
-    look like a lock's to a listing."""
-    names = getattr(handle, "names", None)
-    name = names[0] if names else handle.name
-    return data_key(connection.keys(name).base, kind, *parts)
 
 
 def requeue(task: Any, countdown: float, counted_in: str = REQUEUES_HEADER) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import own_holds
+from . import own_holds, sends
 
 #: Observations and steps: decide() asks for them, the task makes them.
 ACQUIRE = "acquire"
@@ -63,7 +63,7 @@ class Action:
     kind: str
     why: str = ""
     countdown: float = 0.0
-    counted_in: str = own_holds.REQUEUES_HEADER
+    counted_in: str = sends.REQUEUES_HEADER
     look_again: str = GIVEN
 
 
@@ -178,7 +178,7 @@ def _ended(s: Snapshot) -> Action | None:
         return None  # runs again
     if s.outcome_missing:
         why = f"re-queued: attempt {s.ended} of this task id ended, its outcome not stored yet"
-        return Action(REQUEUE, why, 0.0, own_holds.OUTCOME_REQUEUES_HEADER, AFTER_LEASE)
+        return Action(REQUEUE, why, 0.0, sends.OUTCOME_REQUEUES_HEADER, AFTER_LEASE)
     return Action(DROP, f"dropped: attempt {s.ended} of this task id ended already")
 
 
@@ -189,13 +189,13 @@ def _own_hold(s: Snapshot) -> Action:
     if s.own_delay_until_ms is not None and s.outcome_requeued and s.outcome_missing:
         # Its call ended with no outcome stored: run again once the delay is over.
         why = "re-queued: runs again once the release delay of its call that ended is over"
-        return Action(REQUEUE, why, 0.0, own_holds.OUTCOME_REQUEUES_HEADER, AFTER_DELAY)
+        return Action(REQUEUE, why, 0.0, sends.OUTCOME_REQUEUES_HEADER, AFTER_DELAY)
     if not s.takes_over:
         if s.own_delay_until_ms is not None:
             return Action(DROP, "ignored: a copy of the same task id holds the lock")
         # Nothing to take over: look again once a dead holder's lease could have run out.
         why = "re-queued: a hold of this task id stands"
-        return Action(REQUEUE, why, 0.0, own_holds.REQUEUES_HEADER, AFTER_LEASE)
+        return Action(REQUEUE, why, 0.0, sends.REQUEUES_HEADER, AFTER_LEASE)
     if not s.own_assessed:
         return Action(READ_OWN_HOLD)
     verdict = s.own_verdict

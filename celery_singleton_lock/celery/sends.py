@@ -16,6 +16,9 @@ attempt): done marks (done_marks.py), copies and take-overs of holds (own_holds.
 A message sent by another client (``send_task`` from a process without the task class, a
 message of an older version of the app) carries no send id: for it the task id stands for the
 send, as every send of that task id might be its original.
+
+The other headers this package reads from a message live here too: the counts of its own
+re-queues of a copy (own_holds.py), and the call identity its shared holds are taken under.
 """
 
 from __future__ import annotations
@@ -23,10 +26,19 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from ..core.keys import key_part
+
 #: The message header holding a message's send id (:func:`new_send_id`).
 SEND_HEADER = "singleton_lock_send"
 #: The send id of a message that carries none: the task id stands for the send.
 NO_SEND = ""
+#: The message header counting how often a copy was re-queued behind a live original.
+REQUEUES_HEADER = "singleton_lock_requeues"
+#: The message header counting how often a copy was re-queued because its attempt had ended
+#: with no outcome stored yet (done_marks.py): the copy runs once that count is one.
+OUTCOME_REQUEUES_HEADER = "singleton_lock_outcome_requeues"
+#: Every re-queue count a re-queued message carries on.
+REQUEUE_HEADERS = (REQUEUES_HEADER, OUTCOME_REQUEUES_HEADER)
 
 
 def new_send_id() -> str:
@@ -70,3 +82,35 @@ def same_call(task_id: str | None, send: str | None, request: Any) -> bool:
         return False
     mine = send_of(request)
     return not send or not mine or send == mine
+
+
+def call_identity(request: Any) -> str:
+    """The call identity (``call``, see ``kinds.intervals.check_call``) the run of
+    ``request`` takes its shared holds under (read, upgradable, range, semaphore permit):
+    Redis refuses such a hold, in the acquire's own script call, while a hold of the same
+    identity stands, and the run then meets that hold as its own (run_model.py).
+
+    The task id and the send (sends.py): every delivery and every attempt of one send share
+    it, so a copy is never let in beside its original, whatever their attempts; a
+    replacement or a re-send under the same task id is another call. The one place that
+    says which string names a call."""
+    send = send_of(request)
+    # The task id escaped (no ':' left in it), so no id can spell another call's identity.
+    return f"{key_part(request.id)}:{send}" if send else key_part(request.id)
+
+
+def requeues(request: Any, header: str = REQUEUES_HEADER) -> int:
+    """How often the message of ``request`` was re-queued behind a live original (or, by
+    ``header``, for another reason)."""
+    count = getattr(request, header, None)
+    if count is None and isinstance(request.headers, dict):
+        count = request.headers.get(header)
+    try:
+        return int(count or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def requeued(request: Any) -> bool:
+    """Whether the message of ``request`` was re-queued, for whatever reason."""
+    return any(requeues(request, header) for header in REQUEUE_HEADERS)

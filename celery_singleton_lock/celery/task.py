@@ -228,7 +228,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         a read/upgradable/write hold, a range hold, a multi-key lease or a semaphore's
         permit, as the options say.
         ``mode`` overrides ``lock_mode`` (the ``task_locks`` fixture holds "write").
-        ``call``: the call identity of a shared kind's hold (``own_holds.call_identity``),
+        ``call``: the call identity of a shared kind's hold (``sends.call_identity``),
         refused while a hold of the same call stands; leases and multi-key locks ignore it."""
         args, kwargs = tuple(args or ()), dict(kwargs or {})
         options = self.lock_options
@@ -332,7 +332,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             ),
             # Shared holds are refused to a copy of this call in their acquire's own round
             # trip (held_by_call): read holds and permits would let it in beside its original.
-            call=own_holds.call_identity(request),
+            call=sends.call_identity(request),
         )
         if isinstance(lease, Lease):
             claims.take_over_at_run(lease, task_id, attempt)
@@ -359,8 +359,8 @@ class SingletonTask(Task):  # type: ignore[misc]
             conflict=options.conflict,
             backend_down=options.backend_down,
             takes_over=isinstance(lease, Lease),
-            requeued=own_holds.requeued(request),
-            outcome_requeued=bool(own_holds.requeues(request, own_holds.OUTCOME_REQUEUES_HEADER)),
+            requeued=sends.requeued(request),
+            outcome_requeued=bool(sends.requeues(request, sends.OUTCOME_REQUEUES_HEADER)),
             leaves_queue_first=leaves_queue and not self._leave_queue_at_acquire(lease),
         )
 
@@ -561,7 +561,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 waiting_marks.mark_key(connection, lease, request.id, request.retries or 0),
                 wait=wait,
                 node=node,
-                requeues=own_holds.requeues(request),
+                requeues=sends.requeues(request),
                 max_countdown=own_holds.max_countdown(self.app),
             )
         except waiting_marks.CopyOfWaiting as copy:

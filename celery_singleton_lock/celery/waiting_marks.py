@@ -34,7 +34,7 @@ from ..core.pid_evidence import this_process_text
 from ..core.replication import Replication
 from ..core.scripts import Script, bound_to, register, source
 from ..exceptions import LockBackendError
-from . import own_holds
+from . import done_marks, own_holds
 
 log = logging.getLogger("celery_singleton_lock.task")
 
@@ -108,7 +108,7 @@ class CopyOfWaiting(Exception):
 def mark_key(connection: Connection, handle: LockHandle, task_id: str, attempt: int) -> bytes:
     """The mark's key: in the Cluster slot of ``handle``'s name (a multi-key lock: its first
     name)."""
-    return own_holds.key_beside(connection, handle, "waiting", task_id, attempt)
+    return done_marks.key_beside(connection, handle, "waiting", task_id, attempt)
 
 
 def requeue_countdown(remaining_s: float, requeues: int, max_countdown: float | None) -> float:
