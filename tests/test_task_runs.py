@@ -332,3 +332,38 @@ def test_retry_after_the_lock_was_lost_still_retries(
 
     assert task_locks.assert_ran(job.apply()) == 1  # retried (eagerly), not failed
     assert not task_locks.is_held(job)
+
+
+def test_an_uncontended_run_calls_no_conflict_path_module(celery_lock_app: Celery) -> None:
+    """The run observes what decide() asks for and no more: a run that gets its lock at once
+    never reaches the modules of a hold in its way (own holds, waits, holders, evidence,
+    enqueue), and calls into at most the modules listed here."""
+    import sys
+
+    @celery_lock_app.task(base=SingletonTask, shared=False)
+    def job(key: int) -> int:
+        return key
+
+    assert job.apply((0,)).get(timeout=TIMEOUT) == 0  # the client and scripts made
+    called: set[str] = set()
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        path = frame.f_code.co_filename
+        if event == "call" and "celery_singleton_lock/celery/" in path:
+            called.add(path.rsplit("/", 1)[1])
+
+    sys.setprofile(profile)
+    try:
+        job.apply((1,))
+    finally:
+        sys.setprofile(None)
+    assert called.isdisjoint(
+        {"own_holds.py", "waiting_marks.py", "holders.py", "evidence.py", "enqueue.py"}
+    ), called
+    # The run (task, run_model, sends, done_marks, claims' take-over token), the lock client
+    # and settings it looks up (app_client, options), its key (task_keys), the worker's
+    # record of held locks (worker) and the signals it sends with their receivers.
+    assert called <= {
+        "task.py", "run_model.py", "sends.py", "done_marks.py", "claims.py", "app_client.py",
+        "options.py", "task_keys.py", "worker.py", "signals.py", "events.py",
+    }, called  # fmt: skip
