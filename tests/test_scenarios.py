@@ -25,20 +25,29 @@ from support.scenarios import (
     check,
     pairwise,
     replay_hint,
+    spread,
     uncovered_pairs,
 )
 
 #: The seed of the suite's scenarios: fixed, so that the known holes below mark the same
 #: scenarios on every run.
 CI_SEED = 34
-#: How many of that seed's pairwise scenarios the suite runs (the greedy order puts the
-#: scenarios covering the most pairs first); see CI_BUDGET.
-CI_COUNT = 12
+#: How many of that seed's pairwise scenarios the suite runs: chosen by ``spread`` so that
+#: every kind, feature, fault and transport appears (the whole pairwise set takes about 15
+#: minutes: tests/scenarios.py); see CI_BUDGET.
+CI_COUNT = 15
 #: Seconds the suite's scenarios may take in all; one started later is skipped.
 CI_BUDGET = 85.0
 
 #: Scenarios of the suite that fail on today's code, by the known hole they hit (issue 34).
-KNOWN_HOLES: dict[str, str] = {}
+KNOWN_HOLES: dict[str, str] = {
+    # The re-send under the failed call's own task id is dropped (IGNORED) by the done mark
+    # of that failed attempt; the backend keeps the old FAILURE.
+    "enqueue/resend_failed/redis_restart/redis": "issue 34 case 6",
+    "read/resend_failed/late_reply/amqp": "issue 34 case 6",
+    # The task converted by singleton_lock_tasks runs its body without its class's __call__.
+    "named/redelivery/pause/amqp": "issue 34 case 4",
+}
 
 
 # -- the short run on real workers ---------------------------------------------------------------
@@ -54,7 +63,7 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Runner, f
 
 def _ci_params() -> list[Any]:
     params = []
-    for index, scenario in list(enumerate(pairwise(CI_SEED)))[:CI_COUNT]:
+    for index, scenario in spread(pairwise(CI_SEED), CI_COUNT):
         marks = []
         if scenario.label() in KNOWN_HOLES:
             marks.append(pytest.mark.xfail(strict=False, reason=KNOWN_HOLES[scenario.label()]))
@@ -99,6 +108,13 @@ def test_pairwise_differs_by_seed_and_a_prefix_covers_many_pairs() -> None:
     covered = everything - len(uncovered_pairs(scenarios[:CI_COUNT]))
     # Each of the first scenarios covers all six of its pairs, or nearly.
     assert covered >= CI_COUNT * 5, (covered, everything)
+
+
+def test_the_short_run_meets_every_value_of_every_dimension() -> None:
+    chosen = spread(pairwise(CI_SEED), CI_COUNT)
+    assert len(chosen) == CI_COUNT
+    for name, values in DIMENSIONS.items():
+        assert {getattr(scenario, name) for _, scenario in chosen} == set(values), name
 
 
 def test_uncovered_pairs_names_what_is_missing() -> None:

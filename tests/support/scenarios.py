@@ -203,6 +203,25 @@ def uncovered_pairs(scenarios: Sequence[Scenario]) -> set[tuple[tuple[str, str],
     return wanted
 
 
+def spread(scenarios: Sequence[Scenario], count: int) -> list[tuple[int, Scenario]]:
+    """``count`` of ``scenarios`` (with their indices), chosen so that every value of every
+    dimension appears as early as it can: each next one has the most values not chosen yet
+    (the earliest of equals), so a short run still meets every kind, feature and fault."""
+    pool = list(enumerate(scenarios))
+    chosen: list[tuple[int, Scenario]] = []
+    seen: set[tuple[str, str]] = set()
+    while pool and len(chosen) < count:
+        best = max(pool, key=lambda item: len(_values(item[1]) - seen))
+        pool.remove(best)
+        chosen.append(best)
+        seen |= _values(best[1])
+    return sorted(chosen)
+
+
+def _values(scenario: Scenario) -> set[tuple[str, str]]:
+    return {(name, getattr(scenario, name)) for name in DIMENSIONS}
+
+
 def replay_hint(seed: int, index: int, scenario: Scenario) -> str:
     return (
         f"seed {seed} scenario #{index} {scenario.label()} (replay: .venv/bin/python"
