@@ -36,11 +36,16 @@ CI_SEED = 34
 #: every kind, feature, fault and transport appears (the whole pairwise set takes about 15
 #: minutes: tests/scenarios.py); see CI_BUDGET.
 CI_COUNT = 15
+#: Scenarios run besides the seed's: a hole of the matrix the spread set does not reach.
+PINNED = ["read/redelivery/none/redis"]
 #: Seconds the suite's scenarios may take in all; one started later is skipped.
 CI_BUDGET = 85.0
 
 #: Scenarios of the suite that fail on today's code, by the known hole they hit (issue 34).
 KNOWN_HOLES: dict[str, str] = {
+    # A copy delivered again (visibility timeout) runs beside its live original: the read
+    # hold lets it in.
+    "read/redelivery/none/redis": "issue 34 case 1",
     # The re-send under the failed call's own task id is dropped (IGNORED) by the done mark
     # of that failed attempt; the backend keeps the old FAILURE.
     "enqueue/resend_failed/redis_restart/redis": "issue 34 case 6",
@@ -63,7 +68,8 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Runner, f
 
 def _ci_params() -> list[Any]:
     params = []
-    for index, scenario in spread(pairwise(CI_SEED), CI_COUNT):
+    pinned = [(-1, Scenario.parse(label)) for label in PINNED]
+    for index, scenario in spread(pairwise(CI_SEED), CI_COUNT) + pinned:
         marks = []
         if scenario.label() in KNOWN_HOLES:
             marks.append(pytest.mark.xfail(strict=False, reason=KNOWN_HOLES[scenario.label()]))
@@ -199,6 +205,13 @@ def test_check_flags_overlapping_ranges_only() -> None:
     assert _check(events, [sends[0], sends[2]]) == []
     [violation] = _check(events + ranged("b", 12, 5, 15), sends)
     assert "(W(0, 10) beside W(5, 15))" in violation
+    # Shared ranges overlap freely, not beside an exclusive one.
+    shared = [
+        {**e, "task": "sc.range_read"} for e in ranged("a", 11, 0, 10) + ranged("b", 12, 5, 15)
+    ]
+    assert _check(shared, sends[:2]) == []
+    first, second = _check(shared + ranged("c", 13, 8, 20), sends)
+    assert "(R(0, 10) beside W(8, 20))" in first and "(R(5, 15) beside W(8, 20))" in second
 
 
 def test_check_flags_a_multi_key_run_beside_a_run_on_one_of_its_keys() -> None:

@@ -74,10 +74,16 @@ KIND_OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "until_start": ("sc.until_start", {"lock_key": KEY, "lock_on_enqueue": "until_start"}),
     "debounce": ("sc.debounce", {"lock_key": KEY, "lock_on_enqueue": "debounce"}),
 }
+#: Tasks a kind's scenario sends beside its own: shared range holds beside the range kind's
+#: exclusive ones.
+EXTRA_TASKS: dict[str, tuple[str, dict[str, Any]]] = {
+    "sc.range_read": ("range", {"lock_key": KEY, "lock_range": ("lo", "hi"), "lock_mode": "read"}),
+}
 #: The task converted by ``singleton_lock_tasks`` (not a SingletonTask in its declaration).
 NAMED_TASK = "sc.named"
 NAMED_OPTIONS: dict[str, Any] = {"lock_key": KEY, "lock_lease": LEASE, "lock_ttl": 600}
 TASK_KINDS = {name: kind for kind, (name, _) in KIND_OPTIONS.items()} | {NAMED_TASK: "named"}
+TASK_KINDS |= {name: kind for name, (kind, _) in EXTRA_TASKS.items()}
 
 
 class ThroughCall(Task):  # type: ignore[misc]
@@ -175,7 +181,8 @@ def make_app(
         ) -> dict[str, Any]:  # fmt: skip
             return body(self, key, send, seconds, plan, lo, hi, other)
 
-    for name, options in KIND_OPTIONS.values():
+    tasks = [*KIND_OPTIONS.values(), *((name, opts) for name, (_, opts) in EXTRA_TASKS.items())]
+    for name, options in tasks:
         declare(name, {"lock_lease": LEASE, "lock_ttl": 600, **options}, SingletonTask)
     declare(NAMED_TASK, {}, ThroughCall)
 

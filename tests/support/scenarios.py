@@ -223,9 +223,11 @@ def _values(scenario: Scenario) -> set[tuple[str, str]]:
 
 
 def replay_hint(seed: int, index: int, scenario: Scenario) -> str:
+    """``index`` -1: a scenario named on its own, not one of the seed's set."""
+    how = f"--seed {seed} --only {index}" if index >= 0 else f"--scenario {scenario.label()}"
     return (
         f"seed {seed} scenario #{index} {scenario.label()} (replay: .venv/bin/python"
-        f" tests/scenarios.py --seed {seed} --only {index})"
+        f" tests/scenarios.py {how})"
     )
 
 
@@ -286,7 +288,8 @@ def _holds(e: dict[str, Any]) -> list[tuple[str, str, tuple[int, int] | None]]:
     if kind in ("read", "write"):
         return [(key, "R" if e["task"] == "sc.read" else "W", None)]
     if kind == "range":
-        return [(key, "W", (int(e["lo"]), int(e["hi"])))]
+        mode = "R" if e["task"] == "sc.range_read" else "W"
+        return [(key, mode, (int(e["lo"]), int(e["hi"])))]
     if kind == "keys":
         return [(key, "W", None), (e["other"], "W", None)]
     if kind == "limit2":
@@ -757,12 +760,14 @@ class _Drive:
         if kind in ("read", "write"):
             first, other = ("sc.read", "sc.write") if kind == "read" else ("sc.write", "sc.read")
             return other if index == 2 else first
+        if kind == "range":  # two shared ranges that overlap, and an exclusive one over both
+            return "sc.range" if index == 2 else "sc.range_read"
         return KIND_OPTIONS[kind][0]
 
     def _kwargs(self, index: int, seconds: float, plan: dict[str, Any]) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"seconds": seconds, "plan": plan}
         if self.scenario.kind == "range":
-            kwargs["lo"], kwargs["hi"] = [(0, 10), (5, 15), (20, 30)][index]
+            kwargs["lo"], kwargs["hi"] = [(0, 10), (5, 15), (8, 20)][index]
         if self.scenario.kind == "keys":
             names = [self.key, f"{self.key}b", f"{self.key}c", f"{self.key}d"]
             kwargs["other"] = names[index + 1]
