@@ -750,6 +750,7 @@ class _Drive:
         self.notes: list[str] = []
         self.violations: list[str] = []
         self._count = 0
+        self._delayed = 0
 
     # -- sends --------------------------------------------------------------------------------
 
@@ -880,6 +881,7 @@ class _Drive:
         if fault == "none":
             return
         if fault == "late_reply":
+            self._delayed = runner.proxy.delayed
             runner.proxy.delay_next_script(REPLY_DELAY)
             return
         pid = self._wait(self._running_pid, RUN_START_TIMEOUT, "a run to start", fail=False)
@@ -980,6 +982,9 @@ class _Drive:
             return quiet[0] >= 2
 
         self._wait(calm, OUTCOME_TIMEOUT, "nothing left running or queued")
+        if self.scenario.fault == "late_reply":
+            held = self.runner.proxy.delayed - self._delayed
+            self.notes.append(f"{held} script repl{'y' if held == 1 else 'ies'} held back")
         self.violations += check(self.history())
 
 
