@@ -309,3 +309,13 @@ def test_check_flags_a_converted_task_run_without_its_class_call() -> None:
     events = _run("a", 11, 100.0, 101.0, task="sc.named", kind="named", through_call=False)
     [violation] = _check(events, _sends("a", task="sc.named"))
     assert violation.endswith("ran without its task class's __call__")
+
+
+def test_check_takes_a_call_deduplicated_onto_an_earlier_one_as_its_outcome() -> None:
+    first, duplicate = _sends("a", "b", task="sc.enqueue")
+    duplicate.dedup_of = "t-a"
+    events = _run("a", 11, 100.0, 101.0, task="sc.enqueue", kind="enqueue")
+    assert _check(events, [first, duplicate], states={"t-a": ("SUCCESS", {"send": "a"})}) == []
+    duplicate.dedup_of = "t-elsewhere"
+    [violation] = _check(events, [first, duplicate], states={"t-a": ("SUCCESS", {"send": "a"})})
+    assert "deduplicated at enqueue onto t-elsewhere" in violation

@@ -454,7 +454,12 @@ def _check_outcomes(
         if s.refused is not None:
             verdict = "refused"
         elif s.dedup_of is not None:
-            verdict = "dedup"
+            # The queued or running call's result (docs/tasks.md, Enqueue-time locking):
+            # a call of this scenario, sent before it, whose own outcome is checked.
+            if s.dedup_of in {o.task_id for o in history.sends[: history.sends.index(s)]}:
+                verdict = "dedup"
+            else:
+                problem = f"was deduplicated at enqueue onto {s.dedup_of}, no call sent before it"
         elif s.members:
             if any(e["event"] == "collected" for e in evs):
                 verdict = "ran"
