@@ -46,12 +46,11 @@ KNOWN_HOLES: dict[str, str] = {
     # A copy delivered again (visibility timeout) runs beside its live original: the read
     # hold lets it in.
     "read/redelivery/none/redis": "issue 34 case 1",
+    # The task converted by singleton_lock_tasks runs its body without its class's __call__.
+    "named/group/restart_same_name/amqp": "issue 34 case 4",
     # The re-send under the failed call's own task id is dropped (IGNORED) by the done mark
     # of that failed attempt; the backend keeps the old FAILURE.
-    "enqueue/resend_failed/redis_restart/redis": "issue 34 case 6",
-    "read/resend_failed/late_reply/amqp": "issue 34 case 6",
-    # The task converted by singleton_lock_tasks runs its body without its class's __call__.
-    "named/redelivery/pause/amqp": "issue 34 case 4",
+    "conflict_raise/resend_failed/kill_worker/amqp": "issue 34 case 6",
 }
 
 

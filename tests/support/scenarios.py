@@ -5,7 +5,8 @@ A **scenario** combines one value of each dimension (:data:`DIMENSIONS`):
 
 - ``kind``: how the task locks (tests/apps/scenario_app.py has one task per kind);
 - ``feature``: the Celery feature that re-sends or reuses a task id (retries, replace,
-  canvases, revoke, countdown/ETA, visibility-timeout redelivery, a re-send of a task id);
+  canvases, revoke, countdown/ETA, visibility-timeout redelivery, a re-send of a task id),
+  or task ids of an odd spelling (ending in ``}:lock``, as a lock key does);
 - ``fault``: what the driver does to the worker or the lock Redis while the calls run;
 - ``transport``: the broker, Redis or RabbitMQ.
 
@@ -97,7 +98,7 @@ DIMENSIONS: dict[str, tuple[str, ...]] = {
     "kind": (*KIND_OPTIONS, "named"),
     "feature": (
         "none", "retry", "autoretry", "retry_nothrow", "replace", "chain", "group", "chord",
-        "revoke", "countdown", "redelivery", "resend_ok", "resend_failed",
+        "revoke", "countdown", "redelivery", "resend_ok", "resend_failed", "odd_task_id",
     ),
     "fault": (
         "none", "kill_child", "kill_worker", "restart_same_name", "pause", "late_reply",
@@ -782,7 +783,10 @@ class _Drive:
 
     def _new_send(self, index: int, seconds: float, plan: dict[str, Any]) -> tuple[Send, Any]:
         self._count += 1
-        send = Send(f"{self.tag}.{self._count}", str(uuid.uuid4()), self._task_name(index), plan)
+        task_id = str(uuid.uuid4())
+        if self.scenario.feature == "odd_task_id":
+            task_id += "}:lock"  # a task id that looks like the end of a lock key
+        send = Send(f"{self.tag}.{self._count}", task_id, self._task_name(index), plan)
         task = self.transport.app.tasks[send.task]
         kwargs = self._kwargs(index, seconds, plan)
         key = kwargs.pop("key")
