@@ -1023,6 +1023,7 @@ def run_scenarios(
     outcomes = []
     began = time.monotonic()
     with Runner(seed, log_dir, out) as runner:
+        out(f"worker logs in {runner.log_dir}")
         for index, scenario in scenarios:
             if budget is not None and time.monotonic() - began > budget:
                 out(f"budget of {budget:.0f} s spent: {len(outcomes)} scenarios run")
