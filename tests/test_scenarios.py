@@ -318,3 +318,46 @@ def test_check_takes_a_call_deduplicated_onto_an_earlier_one_as_its_outcome() ->
     duplicate.dedup_of = "t-elsewhere"
     [violation] = _check(events, [first, duplicate], states={"t-a": ("SUCCESS", {"send": "a"})})
     assert "deduplicated at enqueue onto t-elsewhere" in violation
+
+
+def test_check_takes_a_stored_result_whose_process_died_before_its_outcome_record() -> None:
+    # Skipped, its result stored, its worker killed before the outcome record: the copy of
+    # its message delivered again is dropped, the stored skip is the call's outcome.
+    skipped = {"__singleton_lock__": "skipped", "lock": "sc:k", "holder_task_id": "t-a"}
+    events = _run("a", 11, 100.0, 102.0) + [
+        {"event": "received", "time": 100.5, "pid": 12, "task_id": "t-b", "send": "b"},
+        {"event": "skipped", "time": 100.6, "pid": 12, "task_id": "t-b", "send": "b",
+         "holder": "t-a"},
+        {"event": "received", "time": 103.0, "pid": 13, "task_id": "t-b", "send": "b"},
+        {"event": "outcome", "time": 103.1, "pid": 13, "task_id": "t-b", "send": "b",
+         "state": "IGNORED"},
+    ]  # fmt: skip
+    killed = Faults(kills=[(100.7, 100.8, {12})])
+    states = {"t-a": ("SUCCESS", {"send": "a"}), "t-b": ("SUCCESS", skipped)}
+    assert _check(events, _sends("a", "b"), killed, states) == []
+    # Nothing stored: the call has no outcome.
+    states["t-b"] = ("PENDING", None)
+    [violation] = _check(events, _sends("a", "b"), killed, states)
+    assert violation.startswith("send b (task t-b") and "has no outcome" in violation
+
+
+def test_check_lets_a_resend_be_dropped_when_the_first_send_was_skipped() -> None:
+    # The first send (planned to fail) was skipped: its task id SUCCEEDED, so a re-send of
+    # it may be dropped as a copy (the documented gap), whatever its plan was.
+    first, again = (
+        Send("a", "t-a", "sc.exclusive", {"fail": True}),
+        Send("b", "t-a", "sc.exclusive"),
+    )
+    again.resend_of = "a"
+    skipped = {"__singleton_lock__": "skipped", "lock": "sc:k", "holder_task_id": "t-z"}
+    events = [
+        {"event": "received", "time": 100.0, "pid": 11, "task_id": "t-a", "send": "a"},
+        {"event": "skipped", "time": 100.1, "pid": 11, "task_id": "t-a", "send": "a",
+         "holder": "t-z"},
+        {"event": "outcome", "time": 100.2, "pid": 11, "task_id": "t-a", "send": "a",
+         "state": "SUCCESS"},
+        {"event": "received", "time": 101.0, "pid": 11, "task_id": "t-a", "send": "b"},
+        {"event": "outcome", "time": 101.1, "pid": 11, "task_id": "t-a", "send": "b",
+         "state": "IGNORED"},
+    ]  # fmt: skip
+    assert _check(events, [first, again], states={"t-a": ("SUCCESS", skipped)}) == []

@@ -432,7 +432,6 @@ def _check_outcomes(
     """(send, what is wrong) for each send whose outcome the docs do not allow; a send
     with no outcome at all says "has no outcome"."""
     out: list[tuple[str, str]] = []
-    sends = {s.send: s for s in history.sends}
     by_send: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for e in history.events:
         if e.get("send"):
@@ -468,7 +467,17 @@ def _check_outcomes(
                 verdicts.get(m) in ("failed", "revoked") for m in s.members
             ):
                 verdict = "failed"
-        elif "SUCCESS" in outcomes:
+        elif "SUCCESS" in outcomes or (
+            # Its result stored, its process killed before the outcome record (a copy of its
+            # message then dropped).
+            state == "SUCCESS"
+            and last_send_of[s.task_id] == s.send
+            and isinstance(result, dict)
+            and (
+                result.get("send") == s.send
+                or (result.get("__singleton_lock__") == "skipped" and s.resend_of is None)
+            )
+        ):
             if skips:
                 verdict = "skipped"
                 own = [k for k in skips if k.get("holder") == s.task_id]
@@ -493,7 +502,7 @@ def _check_outcomes(
             verdict = "revoked"
         elif s.resend_of is not None and "IGNORED" in outcomes:
             earlier = verdicts.get(s.resend_of)
-            if earlier in ("ran", "skipped") and not sends[s.resend_of].plan.get("fail"):
+            if earlier in ("ran", "skipped"):  # it SUCCEEDED
                 verdict = "dropped"
             else:
                 problem = (
