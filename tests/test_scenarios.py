@@ -42,6 +42,11 @@ PINNED = ["read/redelivery/none/redis"]
 CI_BUDGET = 85.0
 
 #: Scenarios of the suite that fail on today's code, by the known hole they hit (issue 34).
+#: Not marked, as it is none of those: "debounce/retry_nothrow/pause/redis" fails most runs
+#: on a hole of its own. Its holder is SIGSTOPped past its lease, a copy of its message
+#: (visibility timeout) takes the dead hold over and runs; the paused run, continued, ends
+#: and sends its retry; attempt 1 takes the live copy's hold over as an earlier attempt's
+#: and runs beside it (with retry, retry(throw=False) and autoretry_for alike, any kind).
 KNOWN_HOLES: dict[str, str] = {
     # A copy delivered again (visibility timeout) runs beside its live original: the read
     # hold lets it in.
