@@ -46,7 +46,7 @@ CI_BUDGET = 85.0
 #: on a hole of its own. Its holder is SIGSTOPped past its lease, a copy of its message
 #: (visibility timeout) takes the dead hold over and runs; the paused run, continued, ends
 #: and sends its retry; attempt 1 takes the live copy's hold over as an earlier attempt's
-#: and runs beside it (with retry, retry(throw=False) and autoretry_for alike, any kind).
+#: and runs beside it (retry, retry(throw=False) and autoretry_for alike; exclusive too).
 KNOWN_HOLES: dict[str, str] = {
     # A copy delivered again (visibility timeout) runs beside its live original: the read
     # hold lets it in.
