@@ -366,3 +366,26 @@ def test_check_lets_a_resend_be_dropped_when_the_first_send_was_skipped() -> Non
          "state": "IGNORED"},
     ]  # fmt: skip
     assert _check(events, [first, again], states={"t-a": ("SUCCESS", skipped)}) == []
+
+
+def test_check_takes_a_chain_member_after_a_failed_one_as_never_sent() -> None:
+    first, second = _sends("a", "b", task="sc.conflict_raise")
+    second.after = "a"
+    events = [
+        {"event": "received", "time": 100.0, "pid": 11, "task_id": "t-a", "send": "a"},
+        {"event": "failure", "time": 100.1, "pid": 11, "task_id": "t-a", "send": "a",
+         "exception": "LockTimeout", "message": "taken"},
+        {"event": "outcome", "time": 100.2, "pid": 11, "task_id": "t-a", "send": "a",
+         "state": "FAILURE"},
+    ]  # fmt: skip
+    # Celery stores the failed member's FAILURE for the rest of the chain, or nothing.
+    for state in ("FAILURE", "PENDING"):
+        states = {"t-a": ("FAILURE", None), "t-b": (state, None)}
+        assert _check(events, [first, second], states=states) == []
+    # After a member that succeeded, the next one must run.
+    ok = [{**events[0]}, {**events[2], "state": "SUCCESS"}]
+    ok.insert(1, {"event": "skipped", "time": 100.1, "pid": 11, "task_id": "t-a", "send": "a",
+                  "holder": "t-z"})  # fmt: skip
+    states = {"t-a": ("SUCCESS", {"__singleton_lock__": "skipped"}), "t-b": ("PENDING", None)}
+    [violation] = _check(ok, [first, second], states=states)
+    assert violation.startswith("send b (task t-b") and "has no outcome" in violation

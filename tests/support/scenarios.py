@@ -467,6 +467,14 @@ def _check_outcomes(
                 verdicts.get(m) in ("failed", "revoked") for m in s.members
             ):
                 verdict = "failed"
+        elif (
+            s.after is not None
+            and not outcomes
+            and verdicts.get(s.after) in ("failed", "revoked", "never sent")
+        ):
+            # Never run: the chain stopped at a member before it (Celery stores that
+            # member's FAILURE for the rest of the chain too).
+            verdict = "never sent"
         elif "SUCCESS" in outcomes or (
             # Its result stored, its process killed before the outcome record (a copy of its
             # message then dropped).
@@ -510,8 +518,6 @@ def _check_outcomes(
                     f" {s.resend_of} ended {earlier}: dropped (IGNORED), the backend keeps"
                     f" {state}"
                 )
-        elif s.after is not None and verdicts.get(s.after) in ("failed", "revoked"):
-            verdict = "never sent"
         if verdict is None and problem is None:
             problem = "has no outcome"
         if verdict in ("ran", "skipped") and last_send_of.get(s.task_id) == s.send:
