@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import signal
 import sys
 
 from support.scenarios import Scenario, pairwise, run_scenarios, uncovered_pairs
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         missing = uncovered_pairs([s for _, s in scenarios])
         print(f"pairs not covered: {len(missing)}")
         return 0
+    # A SIGTERM unwinds as an exit does, so the workers and servers are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     budget = None if args.minutes is None else args.minutes * 60
     outcomes = run_scenarios(
         seed, scenarios, budget=budget, out=lambda line: print(line, flush=True)
