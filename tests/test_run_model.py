@@ -153,9 +153,20 @@ def test_a_hold_that_changed_hands_is_looked_at_again_soon() -> None:
     assert decide(dataclasses.replace(gone, own_delay_until_ms=9)).kind == m.DROP
 
 
-def test_a_replaced_call_whose_own_copy_holds_stores_nothing() -> None:
+def test_a_copy_of_a_started_call_that_a_later_call_replaced_in_the_queue_is_not_lost() -> None:
+    """``debounce``: the call left the queue and started, a later call queued; a copy of the
+    started call (its worker killed, RabbitMQ redelivering at once) meets its own hold: taken
+    over when dead, re-queued when alive, dropped only in its call's own release delay."""
     replaced = S(attempt=0, acquired=False, replaced_at_acquire=True, holds_read=True)
-    assert decide(dataclasses.replace(replaced, own_hold=True)).kind == m.DROP
+    own = dataclasses.replace(replaced, own_hold=True)
+    assert decide(own).kind == m.READ_OWN_HOLD
+    dead = dataclasses.replace(own, own_assessed=True, own_verdict=DEAD)
+    assert decide(dead).kind == m.TAKE_OVER
+    assert decide(dataclasses.replace(dead, took_over=True, acquired=True)).kind == m.RUN
+    live = dataclasses.replace(own, own_assessed=True, own_verdict=LIVE)
+    assert decide(live).kind == m.REQUEUE
+    delayed = dataclasses.replace(own, own_assessed=True, own_delay_until_ms=5)
+    assert decide(delayed).kind == m.DROP
 
 
 def test_the_done_mark_wins_over_the_lock_taken() -> None:

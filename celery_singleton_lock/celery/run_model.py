@@ -145,10 +145,10 @@ def decide(s: Snapshot) -> Action:
         return Action(RUN)
     if not s.holds_read:
         return Action(READ_HOLDS)
-    if s.left_queue is False or s.replaced_at_acquire:
-        # Replaced in the queue (debounce); a copy of a delivery that left it stores nothing.
-        if s.own_hold:
-            return Action(DROP, "ignored: a copy of the same task id holds the lock")
+    if (s.left_queue is False or s.replaced_at_acquire) and not s.own_hold:
+        # Replaced in the queue (debounce). A hold of this very call means it left the queue
+        # and started before a later call queued: a copy of a started call, which the own
+        # hold's rules below decide (take a dead original's hold over, or look again).
         return Action(REPLACED)
     if (s.own_hold or s.held_by_call) and s.took_over is None:
         return _own_hold(s)

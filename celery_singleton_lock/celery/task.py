@@ -748,6 +748,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         lease = self.lock
         call = dict(args=args, kwargs=kwargs, exc=exc, throw=throw, eta=eta, countdown=countdown)
         call.update(max_retries=max_retries, **options)
+        if lease is not None and self._superseded(lease):
+            raise Ignore()
         if lease is None or not lease.held:
             return super().retry(**call)
         if not throw:
@@ -802,6 +804,29 @@ class SingletonTask(Task):  # type: ignore[misc]
             )
             raise
 
+    def _superseded(self, lease: LockHandle) -> bool:
+        """Whether this run lost its lock to a copy of its own message (the same send: a
+        broker's copy took its dead-looking hold over while it was paused past its lease).
+        The copy carries the call on; a retry sent from here would take the copy's hold over
+        as an earlier attempt's and run beside it, so none is sent. One read, on a lost
+        lock's retry only."""
+        if not lease.lost:
+            return False
+        request, owner = self.request, lease.owner
+        superseded = any(
+            holder.owner != owner
+            and not holder.waiting
+            and holder.release_delay_until_ms is None
+            and sends.same_call(holder.task_id, holder.send, request)
+            for holder in holders.holders_of(lease)
+        )
+        if superseded:
+            log.warning(
+                "%s[%s] sends no retry: it lost %r to a copy of its own message, which goes on",
+                self.name, request.id, lease.name,
+            )  # fmt: skip
+        return superseded
+
     def _send_deferred_retries(
         self, lease: LockHandle | None, sends: list[_RetrySend], *, ended: bool = True
     ) -> None:
@@ -817,6 +842,8 @@ class SingletonTask(Task):  # type: ignore[misc]
                     0.0, float(options["countdown"]) - (time.monotonic() - called_at)
                 )
             next_owner, handed = None, False
+            if lease is not None and self._superseded(lease):
+                continue
             if lease is not None and lease.held:
                 next_owner, handed = self._hand_over(
                     lease,
