@@ -157,6 +157,16 @@ LABELS: dict[str, str] = {
 
 #: Rows whose first use's key names the table shows.
 EXAMPLES = ("lease", "task-on-enqueue", "python-redis-lock")
+#: What each kind of key of ours is kept for, and what bounds its life (docs/lease.md,
+#: docs/locks.md, docs/tasks.md).
+PURPOSES = {
+    "fencing counter": "the name's last token, so a later one is higher; 1 h after it",
+    "release trace": "the freed hold, for a release re-sent after a lost reply; the hold's"
+    " time left",
+    "done mark": "drops a copy of a finished call's message; 2 visibility timeouts",
+    "undo record": "puts back the claim an acquire took over, if its reply was lost;"
+    " the claim's time left",
+}
 
 
 def add_arguments(group: argparse._ArgumentGroup) -> None:
@@ -180,9 +190,12 @@ def lock_prefix(ctx: Context) -> str:
     return DEFAULT_PREFIX if ctx.embedded else ctx.prefix("memory")
 
 
-def use_name(key: str, i: int) -> str:
-    """The name of use ``i`` of row ``key``, the length of a task's name and argument."""
-    return f"tasks.{key.replace('-', '_')}({i:06d})"
+def use_name(i: int) -> str:
+    """The name of use ``i``: the name a ``SingletonTask`` gives its call (its name and
+    arguments as JSON), so its keys are as long as a task call's (the braces make the hash
+    tag a digest). The same in every row (a use's keys are gone before the next use), so
+    the rows differ by their kind of lock alone, not by names one byte longer."""
+    return f'tasks.sync_account:{{"account_id":{100000 + i}}}'
 
 
 def measure_our_hold(ctx: Context, key: str, use: OurUse, count: int) -> Row:
@@ -192,7 +205,7 @@ def measure_our_hold(ctx: Context, key: str, use: OurUse, count: int) -> Row:
     row = Row(key)
     try:
         for i in range(count):
-            use(client, use_name(key, i))
+            use(client, use_name(i))
             row.uses.append(weigh(probe, glob(prefix) + "*", time.monotonic()))
     finally:
         client.close()
@@ -206,7 +219,7 @@ def measure_anchor_hold(ctx: Context, key: str, use: AnchorUse, count: int) -> R
     row = Row(key)
     try:
         for i in range(count):
-            use(client, prefix + use_name(key, i))
+            use(client, prefix + use_name(i))
             # python-redis-lock puts its own prefixes ("lock:", "lock-signal:") first.
             row.uses.append(weigh(client, f"*{glob(prefix)}*", time.monotonic()))
     finally:
@@ -295,8 +308,8 @@ def make_task_app(ctx: Context, key: str) -> TaskApp:
         lock_pattern = f"qo_{glob(name)}_*"
 
     @app.task(**options)  # type: ignore[untyped-decorator]
-    def body(i: int) -> int:
-        return i
+    def body(account_id: int) -> int:
+        return account_id
 
     app.finalize()
     return TaskApp(app, body, lock_pattern, glob(results) + "*")
@@ -325,7 +338,7 @@ def measure_task(ctx: Context, key: str, count: int, ends: Ends) -> Row:
     try:
         with worker(made.app):
             for i in range(count):
-                task_id = made.task.apply_async((i,)).id
+                task_id = made.task.apply_async((100000 + i,)).id
                 ended = ends.wait(task_id, CALL_TIMEOUT)
                 row.uses.append(weigh(probe, made.lock_pattern, ended))
                 row.results.append(weigh(probe, made.result_pattern, ended))
@@ -454,6 +467,49 @@ def figures_table(rows: dict[str, Row], count: int) -> Table:
     return out
 
 
+def kinds_table(rows: dict[str, Row]) -> Table:
+    """Where ours' byte-seconds go: every kind of key our rows left, weighed per key."""
+    out = Table(
+        "Ours, by kind of key left (per key)",
+        ["kind of key", "rows", "bytes", "seconds left", "MB·s per key", "kept for"],
+        numeric=frozenset({1, 2, 3, 4}),
+    )
+    per_row: dict[str, dict[str, list[KeyLeft]]] = {}
+    for key, row in rows.items():
+        if key in OUR_HOLDS or key in OUR_TASKS:
+            for use in row.uses:
+                for left in use:
+                    per_row.setdefault(left.kind, {}).setdefault(key, []).append(left)
+
+    def per_life(by_row: dict[str, list[KeyLeft]]) -> list[float]:
+        return [median([k.left_s for k in keys]) for keys in by_row.values()]
+
+    def spread(values: list[float], show: Callable[[float], str]) -> str:
+        low, high = show(min(values)), show(max(values))
+        return low if low == high else f"{low}–{high}"
+
+    # The kinds most rows leave first, then the longest-lived.
+    order = sorted(per_row, key=lambda k: (-len(per_row[k]), -max(per_life(per_row[k]))))
+    for kind in order:
+        by_row = per_row[kind]
+        sizes = [median([k.bytes for k in keys]) for keys in by_row.values()]
+        lives = per_life(by_row)
+        costs = [median([k.byte_seconds for k in keys]) for keys in by_row.values()]
+        out.add(
+            kind,
+            f"{len(by_row)}",
+            spread(sizes, lambda v: f"{v:,.0f}"),
+            spread(lives, seconds),
+            spread(costs, mb_s),
+            PURPOSES.get(kind, ""),
+        )
+    out.notes.append(
+        "bytes, seconds left and MB·s: the median key of each row, from the least to the most"
+        " among the rows that leave that kind"
+    )
+    return out
+
+
 def results_table(rows: dict[str, Row]) -> Table:
     out = Table(
         "For context, not counted above: the result backend's key per task call",
@@ -516,4 +572,9 @@ def run(ctx: Context) -> list[Table]:
             rows[key] = measure_task(ctx, key, count, ends)
     finally:
         ends.close()
-    return [figures_table(rows, count), results_table(rows), targets_table(rows)]
+    return [
+        figures_table(rows, count),
+        kinds_table(rows),
+        results_table(rows),
+        targets_table(rows),
+    ]
