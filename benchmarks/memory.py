@@ -2,11 +2,12 @@
 
 The measurement of issue 35 ("Redis memory per call"). Every row makes N uses of one kind of
 lock, each on a name of its own (as a ``SingletonTask`` with its arguments in its key makes
-them), one after the other. Right after each use ends, every key under the row's own prefix
-is found (SCAN), weighed (``MEMORY USAGE key SAMPLES 0``), aged (``PTTL``, counted from the
-use's end) and deleted (leftovers.py), so each use finds only its own keys. A use's
-*byte-seconds* are the sum over those keys of bytes x seconds left; at a steady rate of r
-distinct uses a second, Redis holds r x that many bytes of them (Little's law).
+them), one after the other. Right after each use ends, every lock key (ours under the lock
+prefix, the anchors' by their own naming) is found (SCAN), weighed (``MEMORY USAGE key
+SAMPLES 0``), aged (``PTTL``, counted from the use's end) and deleted (leftovers.py), so
+each use finds only its own keys. A use's *byte-seconds* are the sum over those keys of
+bytes x seconds left; at a steady rate of r distinct uses a second, Redis holds r x that
+many bytes of them (Little's law).
 
 Rows:
 
@@ -133,7 +134,7 @@ ANCHOR_HOLDS: dict[str, tuple[str, AnchorUse]] = {
     "redis-py": ("redis-py `Lock` (`with client.lock(k)`)", use_redis_py),
     "python-redis-lock": ("python-redis-lock `redis_lock.Lock`", use_python_redis_lock),
 }
-#: row key -> (label, task options); None: an anchor's base, set up in ``make_task_app``.
+#: row key -> (label, the SingletonTask's options); the anchors' bases: ``make_task_app``.
 OUR_TASKS: dict[str, tuple[str, dict[str, Any]]] = {
     "task": ("**ours** `SingletonTask` call, default options", {}),
     "task-acks-late": ("**ours** `SingletonTask` call, `acks_late=True`", {"acks_late": True}),
@@ -261,8 +262,8 @@ class TaskApp:
 
 
 def make_task_app(ctx: Context, key: str) -> TaskApp:
-    """An app of its own for row ``key``: broker, results and locks under three prefixes of
-    the row's, so only the lock keys are counted."""
+    """An app of its own for row ``key``, its broker, result and lock keys under three
+    distinct prefixes, so that only the lock keys are counted."""
     locks = lock_prefix(ctx)
     # Neither contains ``locks``: no lock pattern matches them.
     results = f"{ctx.prefix('memory-results')}{key}:"
@@ -450,7 +451,7 @@ def figures_table(rows: dict[str, Row], count: int) -> Table:
                 f"FAIL: {LABELS[key]} left {forever} key(s) with NO EXPIRY over {count} uses"
             )
     out.notes.append(
-        "after each use, every key under the row's prefix: MEMORY USAGE key SAMPLES 0 (bytes)"
+        "after each use, every lock key it left: MEMORY USAGE key SAMPLES 0 (bytes)"
         " and PTTL counted from the use's end (seconds left); MB·s per use: the sum of bytes x"
         " seconds left over the use's keys (MB = 10^6 bytes); held at r/s: r x MB·s per use,"
         " what a steady r distinct uses a second keep in Redis"
