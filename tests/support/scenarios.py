@@ -39,9 +39,10 @@ running or queued, then :func:`check` judges the scenario's history.
    - **deduplicated at enqueue** (``lock_on_enqueue``): ``apply_async`` returned the queued
      or running call's result (that call's own outcome is checked), or raised
      ``DuplicateTask``;
-   - **dropped as a copy**: the re-send of a task id that SUCCEEDED before, IGNORED by its
-     done mark (a documented gap: "a task id reused on purpose for a new call within the
-     mark's life is dropped as a copy"). A re-send of a task id that FAILED must run;
+   - **a re-send of a task id** is a new send (docs/tasks.md, *A call is a send*): it runs
+     as any call. After a SUCCESS of that task id, Celery's result backend keeps the first
+     SUCCESS and ignores later results (its own rule against duplicates), so the backend may
+     hold the earlier send's result; a re-send dropped as a copy (IGNORED) is a violation;
    - **never sent**: a chain member after a member that failed; a chord's callback fails
      when a member failed.
    Also, where a send ran, the result backend must hold a final state for its task id.
@@ -510,14 +511,11 @@ def _check_outcomes(
             verdict = "revoked"
         elif s.resend_of is not None and "IGNORED" in outcomes:
             earlier = verdicts.get(s.resend_of)
-            if earlier in ("ran", "skipped"):  # it SUCCEEDED
-                verdict = "dropped"
-            else:
-                problem = (
-                    f"a re-send of task id {s.task_id} after its earlier send"
-                    f" {s.resend_of} ended {earlier}: dropped (IGNORED), the backend keeps"
-                    f" {state}"
-                )
+            problem = (
+                f"a re-send of task id {s.task_id} after its earlier send"
+                f" {s.resend_of} ended {earlier}: dropped (IGNORED) as a copy, the backend"
+                f" keeps {state}"
+            )
         if verdict is None and problem is None:
             problem = "has no outcome"
         if verdict in ("ran", "skipped") and last_send_of.get(s.task_id) == s.send:
@@ -527,6 +525,8 @@ def _check_outcomes(
                 state == "SUCCESS"
                 and isinstance(result, dict)
                 and result.get("send") not in (None, s.send)
+                # Celery keeps a task id's first SUCCESS: a re-send after it stores nothing.
+                and verdicts.get(s.resend_of or "") not in ("ran", "skipped")
             ):
                 problem = f"ended {verdict} but the backend holds send {result['send']}'s result"
         verdicts[s.send] = verdict or "lost"
