@@ -457,7 +457,9 @@ def _decoded(reply: Mapping[Any, Any]) -> dict[str, str]:
 
 
 def _fields(reply: Any) -> dict[str, str]:
-    """``CLUSTER INFO``'s ``name:value`` lines as a dict."""
+    """``CLUSTER INFO``'s ``name:value`` lines as a dict (redis-py may have parsed them)."""
+    if isinstance(reply, Mapping):
+        return _decoded(reply)
     lines = _text(reply).splitlines()
     return dict(line.strip().partition(":")[::2] for line in lines if ":" in line)
 
