@@ -163,6 +163,38 @@ def test_worker_is_quiet_on_a_redis_that_never_evicts(
     assert not [r for r in caplog.records if r.name == "celery_singleton_lock.worker"]
 
 
+def test_a_starting_worker_logs_the_eviction_warning(
+    server: RedisServer,
+    conn: redis.Redis,
+    in_process_worker: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The worker step's start reads the policy once and warns once."""
+    make_evicting(conn)
+    app = Celery(f"csltest-{uuid.uuid4().hex[:8]}", set_as_current=False)
+    app.conf.update(broker_url=server.url, worker_hijack_root_logger=False)
+
+    @app.task(base=SingletonTask, name="doctor.locked", shared=False)
+    def locked() -> None:
+        """Binding a SingletonTask installs the worker step."""
+
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger="celery_singleton_lock.worker"),
+            in_process_worker(app, pool="solo", concurrency=1),
+        ):
+            pass
+    finally:
+        app._singleton_lock_client.close()
+        app.close()
+    warnings = [
+        r
+        for r in caplog.records
+        if r.name == "celery_singleton_lock.worker" and "volatile-lru" in r.getMessage()
+    ]
+    assert len(warnings) == 1
+
+
 # -- restarts and failover ---------------------------------------------------------------------
 
 
