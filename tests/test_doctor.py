@@ -238,9 +238,9 @@ def test_replica_without_singleton_lock_replicas_is_a_warning(
         attach_replica(server, replica)
         facts = doctor.read_server(conn, server.url)
     assert facts.connected_replicas == 1
-    found = doctor.check_failover(facts, AppFacts(replicas=0))
+    found = doctor.check_failover(facts, AppFacts(from_app=True, replicas=0))
     assert found.level == WARNING and "singleton_lock_replicas=0" in found.found
-    assert doctor.check_failover(facts, AppFacts(replicas=1)).level == OK
+    assert doctor.check_failover(facts, AppFacts(from_app=True, replicas=1)).level == OK
     # Without an app the setting is unknown: said, not guessed.
     assert doctor.check_failover(facts, AppFacts()).level == INFO
     # A replica keeps the locks across the loss of the server.
@@ -249,43 +249,52 @@ def test_replica_without_singleton_lock_replicas_is_a_warning(
 
 def test_sentinel_without_replicas_setting_is_a_warning() -> None:
     facts = ServerFacts(version="7.0.15", mode="sentinel", connected_replicas=0)
-    assert doctor.check_failover(facts, AppFacts(replicas=0)).level == WARNING
+    assert doctor.check_failover(facts, AppFacts(from_app=True, replicas=0)).level == WARNING
 
 
 def test_no_replica_passes_failover() -> None:
     facts = ServerFacts(version="7.0.15", connected_replicas=0)
-    assert doctor.check_failover(facts, AppFacts(replicas=0)).level == OK
+    assert doctor.check_failover(facts, AppFacts(from_app=True, replicas=0)).level == OK
 
 
 # -- timeouts ----------------------------------------------------------------------------------
 
 
 def test_socket_timeout_above_a_third_of_the_shortest_lease_is_an_error() -> None:
-    facts = AppFacts(socket_timeout=5.0, leases={"a": 30.0, "b": 12.0})
+    facts = AppFacts(from_app=True, socket_timeout=5.0, leases={"a": 30.0, "b": 12.0})
     found = doctor.check_socket_timeout(facts)
     assert found.level == ERROR
     assert "b: 12 s" in found.found
     assert found.fix and "4 s" in found.fix
-    assert doctor.check_socket_timeout(AppFacts(socket_timeout=4.0, leases={"b": 12.0})).level == OK
+    assert (
+        doctor.check_socket_timeout(
+            AppFacts(from_app=True, socket_timeout=4.0, leases={"b": 12.0})
+        ).level
+        == OK
+    )
     # No timeout at all waits for ever.
-    infinite = AppFacts(socket_timeout=float("inf"), leases={"b": 12.0})
+    infinite = AppFacts(from_app=True, socket_timeout=float("inf"), leases={"b": 12.0})
     assert doctor.check_socket_timeout(infinite).level == ERROR
-    assert doctor.check_socket_timeout(AppFacts()).level == INFO
+    assert doctor.check_socket_timeout(AppFacts(from_app=True)).level == INFO
 
 
 def test_visibility_timeout_below_an_acks_late_lease_is_a_warning() -> None:
     leases = {"tasks.late": 30.0, "tasks.early": 30.0}
-    facts = AppFacts(leases=leases, acks_late=("tasks.late",), visibility_timeout=20.0)
+    facts = AppFacts(
+        from_app=True, leases=leases, acks_late=("tasks.late",), visibility_timeout=20.0
+    )
     found = doctor.check_visibility(facts)
     assert found.level == WARNING
     assert "tasks.late" in found.found and "tasks.early" not in found.found
     assert found.breaks and "re-queued" in found.breaks and "done mark" in found.breaks
     # Without acks_late the message is acknowledged at start: no copy while it runs.
-    facts = AppFacts(leases={"tasks.early": 30.0}, acks_late=(), visibility_timeout=20.0)
+    facts = AppFacts(
+        from_app=True, leases={"tasks.early": 30.0}, acks_late=(), visibility_timeout=20.0
+    )
     assert doctor.check_visibility(facts).level == OK
-    countdown = AppFacts(visibility_timeout=20.0, longest_countdown=60.0)
+    countdown = AppFacts(from_app=True, visibility_timeout=20.0, longest_countdown=60.0)
     assert doctor.check_visibility(countdown).level == WARNING
-    assert doctor.check_visibility(AppFacts()).level == INFO
+    assert doctor.check_visibility(AppFacts(from_app=True)).level == INFO
 
 
 @pytest.fixture
@@ -429,15 +438,24 @@ def test_key_usage_stops_at_max_keys_and_says_so(lock_client: LockClient, lock_p
 
 
 def test_a_node_name_used_twice_is_an_error() -> None:
-    found = doctor.check_workers(AppFacts(workers=["celery@a", "celery@b", "celery@a"]))
+    found = doctor.check_workers(
+        AppFacts(from_app=True, workers=["celery@a", "celery@b", "celery@a"])
+    )
     assert found.level == ERROR and "celery@a" in found.found and "celery@b" not in found.found
-    assert doctor.check_workers(AppFacts(workers=["celery@a", "celery@b"])).level == OK
+    assert (
+        doctor.check_workers(AppFacts(from_app=True, workers=["celery@a", "celery@b"])).level == OK
+    )
 
 
 def test_remote_control_off_is_a_warning() -> None:
-    assert doctor.check_workers(AppFacts(workers=[], remote_control=False)).level == WARNING
-    assert doctor.check_workers(AppFacts(workers=[], remote_control=True)).level == INFO
-    assert doctor.check_workers(AppFacts()).level == INFO
+    assert (
+        doctor.check_workers(AppFacts(from_app=True, workers=[], remote_control=False)).level
+        == WARNING
+    )
+    assert (
+        doctor.check_workers(AppFacts(from_app=True, workers=[], remote_control=True)).level == INFO
+    )
+    assert doctor.check_workers(AppFacts(from_app=True)).level == INFO
 
 
 def test_workers_that_answer_are_listed(app: Celery, in_process_worker: Any) -> None:
@@ -516,6 +534,12 @@ def test_celery_locks_doctor_reads_the_app(app: Celery) -> None:
     assert finding_level(document, "socket-timeout") == ERROR
     assert finding_level(document, "visibility-timeout") == WARNING
     assert finding_level(document, "workers") == INFO  # --timeout 0: not asked
+
+
+def test_without_an_app_the_app_checks_say_what_they_need() -> None:
+    for check in (doctor.check_socket_timeout, doctor.check_visibility, doctor.check_workers):
+        found = check(AppFacts())
+        assert (found.level, found.found) == (INFO, doctor.NEEDS_APP)
 
 
 def test_the_max_keys_default_is_the_readers() -> None:

@@ -44,6 +44,8 @@ CLUSTER_SLOTS = 16384
 TICKS = 3
 #: kombu's Redis transport default ``visibility_timeout`` (seconds).
 DEFAULT_VISIBILITY_TIMEOUT = 3600.0
+#: What a check that reads the Celery app says without one.
+NEEDS_APP = "needs celery -A proj"
 #: Keys the key-usage report reads at most by default (a SCAN plus one pipeline per page).
 DEFAULT_MAX_KEYS = 100_000
 
@@ -89,6 +91,8 @@ class AppFacts:
     """What the Celery app says (``celery -A proj locks doctor``); ``None`` everywhere
     without an app."""
 
+    #: Whether an app was read at all (False: ``python -m celery_singleton_lock``).
+    from_app: bool = False
     #: ``singleton_lock_replicas``.
     replicas: int | None = None
     #: The app's lock client's ``socket_timeout`` (seconds; ``math.inf``: none set).
@@ -205,7 +209,7 @@ def check_failover(server: ServerFacts, app: AppFacts) -> Finding:
         return Finding(
             "failover",
             INFO,
-            f"{where}; singleton_lock_replicas unknown without an app",
+            f"{where}; singleton_lock_replicas unknown: {NEEDS_APP}",
             fix="run celery -A proj locks doctor to check the app's setting",
         )
     if app.replicas > 0:
@@ -223,14 +227,11 @@ def check_failover(server: ServerFacts, app: AppFacts) -> Finding:
 
 def check_socket_timeout(app: AppFacts) -> Finding:
     """One slow reply must not outlast the lease: at most a third of the shortest one."""
+    if not app.from_app:
+        return Finding("socket-timeout", INFO, NEEDS_APP)
     if not app.leases or app.socket_timeout is None:
-        return Finding(
-            "socket-timeout",
-            INFO,
-            "no SingletonTask known (needs celery -A proj)"
-            if not app.leases
-            else "socket_timeout unknown",
-        )
+        found = "the app has no SingletonTask" if not app.leases else "socket_timeout unknown"
+        return Finding("socket-timeout", INFO, found)
     task, lease = min(app.leases.items(), key=lambda item: item[1])
     limit = lease / TICKS
     shown = "none" if math.isinf(app.socket_timeout) else f"{app.socket_timeout:g} s"
@@ -253,8 +254,10 @@ def check_socket_timeout(app: AppFacts) -> Finding:
 
 def check_visibility(app: AppFacts) -> Finding:
     """A Redis broker redelivers a message not acknowledged within ``visibility_timeout``."""
+    if not app.from_app:
+        return Finding("visibility-timeout", INFO, NEEDS_APP)
     if app.visibility_timeout is None:
-        return Finding("visibility-timeout", INFO, "not a Redis broker, or no app")
+        return Finding("visibility-timeout", INFO, "the broker is not Redis: not checked")
     vt = app.visibility_timeout
     late = {name: app.leases[name] for name in app.acks_late if name in app.leases}
     short = sorted(name for name, lease in late.items() if vt < lease)
@@ -353,8 +356,10 @@ def check_key_usage(usage: KeyUsage) -> Finding:
 def check_workers(app: AppFacts) -> Finding:
     """Worker node names must be unique: a restarted worker frees the holds its previous
     life left under its name, so two live workers of one name would free each other's."""
+    if not app.from_app:
+        return Finding("workers", INFO, NEEDS_APP)
     if app.workers is None:
-        return Finding("workers", INFO, "workers not asked (needs celery -A proj)")
+        return Finding("workers", INFO, "workers not asked (--timeout 0)")
     if not app.workers:
         if app.remote_control is False:
             return Finding(

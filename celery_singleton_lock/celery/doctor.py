@@ -38,6 +38,7 @@ def app_facts(app: Any, *, timeout: float) -> AppFacts:
         visibility = float(options.get("visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT))
     remote_control = bool(app.conf.worker_enable_remote_control)
     return AppFacts(
+        from_app=True,
         replicas=settings.replicas,
         socket_timeout=_socket_timeout(lock_client_for(app).redis),
         leases=leases,
