@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,6 +37,9 @@ from celery_singleton_lock.celery.worker import warn_if_evicting
 from celery_singleton_lock.cli import commands
 from celery_singleton_lock.embedded import RedisServer
 from celery_singleton_lock.kinds.lease import CLAIM_OWNER_PREFIX
+
+TESTS = Path(__file__).parent
+CELERY = Path(sys.executable).with_name("celery")
 
 
 @pytest.fixture
@@ -534,6 +539,53 @@ def test_celery_locks_doctor_reads_the_app(app: Celery) -> None:
     assert finding_level(document, "socket-timeout") == ERROR
     assert finding_level(document, "visibility-timeout") == WARNING
     assert finding_level(document, "workers") == INFO  # --timeout 0: not asked
+
+
+def test_two_workers_of_one_name_fail_celery_locks_doctor(
+    server: RedisServer, conn: redis.Redis
+) -> None:
+    """Two real worker processes started with the same -n: both answer the ping under it."""
+    make_clean(conn)
+    env = dict(os.environ, PYTHONPATH=str(TESTS), CSL_TEST_BROKER_URL=server.url)
+    worker = [str(CELERY), "-A", "apps.doctor_app", "worker", "-P", "solo", "-n", "dup@%h"]
+    workers = [
+        subprocess.Popen(
+            [*worker, "--without-mingle", "--without-gossip", "-l", "WARNING"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(2)
+    ]
+    try:
+        probe = Celery("probe", broker=server.url, set_as_current=False)
+        deadline = time.monotonic() + 60
+        while len(probe.control.ping(timeout=0.5)) < 2:
+            assert time.monotonic() < deadline, "the workers did not start"
+        probe.close()
+        result = subprocess.run(
+            [str(CELERY), "-A", "apps.doctor_app", "locks", "doctor", "--json", "--timeout", "2"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        for process in workers:
+            process.terminate()
+        for process in workers:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    assert result.returncode == 1, result.stderr
+    document = json.loads(result.stdout)
+    workers_found = next(item for item in document["findings"] if item["check"] == "workers")
+    assert workers_found["level"] == ERROR
+    assert "dup@" in workers_found["found"]
+    assert [item["check"] for item in document["findings"] if item["level"] == ERROR] == ["workers"]
 
 
 def test_without_an_app_the_app_checks_say_what_they_need() -> None:
