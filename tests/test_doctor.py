@@ -22,7 +22,7 @@ from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner
 
-from celery_singleton_lock import LockClient, SingletonTask
+from celery_singleton_lock import LockClient, SingletonTask, admin
 from celery_singleton_lock.admin import doctor
 from celery_singleton_lock.admin.doctor import (
     ERROR,
@@ -416,8 +416,14 @@ def test_key_usage_by_kind(lock_client: LockClient, lock_prefix: str) -> None:
     redis_client.set(f"{lock_prefix}{{report}}:done:some-task-id", "1", px=60_000)
     redis_client.set(f"{lock_prefix}{{report}}:waiting:some-task-id:0", "1", px=60_000)
     redis_client.set(f"{lock_prefix}unrelated", "1")  # not of the package's layout
-    usage = doctor.read_key_usage(redis_client, lock_prefix)
+    time.sleep(0.2)  # an age to measure, on the server's clock
+    now_ms = admin.server_ms(lock_client)
+    usage = doctor.read_key_usage(redis_client, lock_prefix, now_ms=now_ms)
     kinds = {kind.kind: kind for kind in usage.kinds}
+    for held_kind in ("holds", "claims"):
+        age = kinds[held_kind].oldest_age_s
+        assert age is not None and 0.2 <= age < 30
+    assert kinds["done marks"].oldest_age_s is None  # a mark records no time of its own
     assert kinds["holds"].keys == 1
     assert kinds["claims"].keys == 1
     assert kinds["done marks"].keys == 1

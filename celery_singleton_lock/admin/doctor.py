@@ -116,13 +116,17 @@ class AppFacts:
 class KindUsage:
     """Keys of one kind under the prefix: how many, their bytes (``MEMORY USAGE``), the
     longest idle (``OBJECT IDLETIME``: seconds since last touched, None when the eviction
-    policy is LFU and Redis keeps no idle time) and how many have no expiry."""
+    policy is LFU and Redis keeps no idle time), how many have no expiry and, for holds and
+    claims, the age of the oldest."""
 
     kind: str
     keys: int = 0
     bytes: int = 0
     oldest_idle_s: int | None = None
     no_expiry: int = 0
+    #: Holds and claims: seconds since the oldest was acquired (its ``acquired_ms``, on the
+    #: server's clock); None for the other kinds, which record no time of their own.
+    oldest_age_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -497,10 +501,13 @@ def key_kind(suffix: bytes) -> str:
     return KEY_KINDS.get(head, f"{head} (reader-writer, range, semaphore)")
 
 
-def read_key_usage(redis: Any, prefix: str, *, max_keys: int = DEFAULT_MAX_KEYS) -> KeyUsage:
+def read_key_usage(
+    redis: Any, prefix: str, *, max_keys: int = DEFAULT_MAX_KEYS, now_ms: int | None = None
+) -> KeyUsage:
     """Count the keys under ``prefix`` by kind (at most ``max_keys``: a SCAN, then one
     pipeline of MEMORY USAGE, OBJECT IDLETIME, PTTL per page of keys). A lease hash whose
-    owner is a claim's counts as a claim."""
+    owner is a claim's counts as a claim; with ``now_ms`` (the server's clock), the age of
+    the oldest hold and claim is given too."""
     pattern = escape_glob(prefix.encode()) + b"{*}:*"
     keys: list[bytes] = []
     capped = False
@@ -527,11 +534,26 @@ def read_key_usage(redis: Any, prefix: str, *, max_keys: int = DEFAULT_MAX_KEYS)
         for n, key in enumerate(page):
             size, idle, pttl, owner = replies[4 * n : 4 * n + 4]
             kind = key_kind(_suffix(prefix, key))
-            if kind == "holds" and _is_claim(owner):
-                kind = CLAIMS
+            age = None
+            if kind == "holds" and isinstance(owner, dict):
+                fields = flatten(owner)
+                if _is_claim(fields):
+                    kind = CLAIMS
+                acquired = fields.get(b"acquired_ms")
+                if now_ms is not None and isinstance(acquired, bytes) and acquired.isdigit():
+                    age = max(0.0, (now_ms - int(acquired)) / 1000)
             total = totals.setdefault(
-                kind, {"keys": 0, "bytes": 0, "oldest_idle_s": None, "no_expiry": 0}
+                kind,
+                {
+                    "keys": 0,
+                    "bytes": 0,
+                    "oldest_idle_s": None,
+                    "no_expiry": 0,
+                    "oldest_age_s": None,
+                },
             )
+            if age is not None:
+                total["oldest_age_s"] = max(age, total["oldest_age_s"] or 0.0)
             total["keys"] += 1
             total["bytes"] += size if isinstance(size, int) else 0
             if isinstance(idle, int):
@@ -547,10 +569,8 @@ def _suffix(prefix: str, key: bytes) -> bytes:
     return key[len(prefix.encode()) :].partition(b"}:")[2]
 
 
-def _is_claim(fields: Any) -> bool:
-    """Whether the HGETALL ``fields`` of a lease hash are a claim's (its owner, packed in
-    the ``holder`` field or not, starts with ``claim:``)."""
-    if not isinstance(fields, dict):
-        return False
-    owner = flatten(fields).get(b"owner")
+def _is_claim(fields: dict[bytes, Any]) -> bool:
+    """Whether the fields of a lease hash (flattened: core/holder.py) are a claim's (its
+    owner starts with ``claim:``)."""
+    owner = fields.get(b"owner")
     return isinstance(owner, bytes) and owner.startswith(CLAIM_OWNER_PREFIX.encode())

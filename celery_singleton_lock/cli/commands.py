@@ -412,13 +412,17 @@ def doctor(ctx: click.Context, as_json: bool, max_keys: int, timeout: float | No
     Exit 0 when no check found an error, 1 when one did (a deploy gate), 2 when Redis
     could not be reached.
     """
+    from .. import admin
     from ..admin import doctor as checks
     from . import output
 
     with _connected(ctx) as (session, client):
         call = client.connection.call
         server = call(checks.read_server, client.redis, client.url)
-        usage = call(checks.read_key_usage, client.redis, client.prefix, max_keys=max_keys)
+        now_ms = admin.server_ms(client)
+        usage = call(
+            checks.read_key_usage, client.redis, client.prefix, max_keys=max_keys, now_ms=now_ms
+        )
         facts = session.app_facts()
     findings = checks.diagnose(server, facts, usage)
     output.show_findings(

@@ -28,7 +28,7 @@ LEVEL_STYLES = {
     INFO: (None, False),
 }
 #: Columns of the doctor's key-usage table.
-KEY_HEADERS = ("KIND", "KEYS", "BYTES", "OLDEST IDLE", "NO EXPIRY")
+KEY_HEADERS = ("KIND", "KEYS", "BYTES", "OLDEST", "OLDEST IDLE", "NO EXPIRY")
 #: Width the doctor's text wraps at.
 DOCTOR_WIDTH = 100
 HEADERS = ("NAME", "KIND", "STATE", "AGE", "EXPIRES", "HEARTBEAT", "HOLDER", "TASK", "EVIDENCE")
@@ -176,6 +176,7 @@ def _key_table(kinds: Sequence[dict[str, object]]) -> None:
             str(kind["kind"]),
             str(kind["keys"]),
             str(kind["bytes"]),
+            _seconds(kind["oldest_age_s"]),
             _seconds(kind["oldest_idle_s"]),
             str(kind["no_expiry"]),
         )
