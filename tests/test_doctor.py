@@ -637,3 +637,33 @@ def test_doctor_on_a_cluster(cluster: Any, client: LockClient) -> None:
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert finding_level(document, "cluster") == OK
+
+
+def test_sentinel_without_singleton_lock_replicas_warns(sentinels: Any) -> None:
+    """A real master, replica and sentinel: the failover check reads the app's setting."""
+
+    def doctor_of(replicas: int) -> dict[str, Any]:
+        app = Celery(f"csltest-{uuid.uuid4().hex[:8]}", set_as_current=False)
+        app.conf.update(
+            broker_url="memory://",
+            singleton_lock_url=sentinels.url,
+            singleton_lock_replicas=replicas,
+        )
+        obj = CLIContext(app=app, no_color=True, workdir=None)
+        try:
+            result = CliRunner().invoke(
+                commands.locks, ["doctor", "--json", "--timeout", "0"], obj=obj
+            )
+        finally:
+            client = getattr(app, "_singleton_lock_client", None)
+            if client is not None:
+                client.close()
+            app.close()
+        assert result.exit_code == 0, result.output  # warnings alone pass
+        return dict(json.loads(result.stdout))
+
+    unreplicated = doctor_of(0)
+    assert finding_level(unreplicated, "failover") == WARNING
+    # The replica also keeps the locks across the loss of the master.
+    assert finding_level(unreplicated, "restarts") == OK
+    assert finding_level(doctor_of(1), "failover") == OK
