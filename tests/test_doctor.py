@@ -667,3 +667,18 @@ def test_sentinel_without_singleton_lock_replicas_warns(sentinels: Any) -> None:
     # The replica also keeps the locks across the loss of the master.
     assert finding_level(unreplicated, "restarts") == OK
     assert finding_level(doctor_of(1), "failover") == OK
+
+
+def test_one_evicting_primary_fails_the_cluster(cluster: Any, client: LockClient) -> None:
+    """Every primary is read: the one that evicts is the one reported."""
+    last = client.redis.get_primaries()[-1].redis_connection
+    last.config_set("maxmemory", "64mb")
+    last.config_set("maxmemory-policy", "volatile-lru")
+    try:
+        facts = doctor.read_server(client.redis, cluster.url)
+    finally:
+        last.config_set("maxmemory", "0")
+        last.config_set("maxmemory-policy", "noeviction")
+    assert facts.maxmemory_policy == "volatile-lru"
+    assert doctor.check_eviction(facts).level == ERROR
+    assert facts.cluster_state == "ok"

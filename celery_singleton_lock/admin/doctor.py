@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -70,7 +70,7 @@ class Finding:
 
 @dataclass(frozen=True)
 class ServerFacts:
-    """What the lock Redis says of itself (on a Cluster: the first primary, plus
+    """What the lock Redis says of itself (on a Cluster: its worst primary, plus
     ``CLUSTER INFO``). ``None``: unknown."""
 
     version: str | None = None
@@ -418,35 +418,37 @@ def failed(findings: Sequence[Finding]) -> bool:
 # -- reading the facts -------------------------------------------------------------------------
 
 
-def _server_of(redis: Any) -> Any:
-    """The client of one server to read ``INFO``/``CONFIG`` from: on a Cluster, the first
-    primary (the others are configured alike in any sane deployment)."""
-    primaries = getattr(redis, "get_primaries", None)
-    if primaries is None:
-        return redis
-    return primaries()[0].redis_connection
-
-
 def read_server(redis: Any, url: str) -> ServerFacts:
     """The :class:`ServerFacts` of the lock Redis behind ``redis`` (a redis-py client) at
-    ``url``. ``CONFIG`` may be renamed away or refused by ACLs (managed Redis often does):
+    ``url``. On a Cluster every primary is read and the worst one's facts are given (one
+    that evicts, else one that would forget its locks on a restart), with ``CLUSTER
+    INFO``. ``CONFIG`` may be renamed away or refused by ACLs (managed Redis often does):
     its facts are then None, never an error."""
-    cluster = hasattr(redis, "get_primaries")
-    server = _server_of(redis)
+    primaries = getattr(redis, "get_primaries", None)
+    if primaries is None:
+        scheme = url.partition("://")[0]
+        return _read_node(redis, "sentinel" if "sentinel" in scheme else "standalone")
+    nodes = [_read_node(node.redis_connection, "cluster") for node in primaries()]
+    worst = next(
+        (facts for facts in nodes if check_eviction(facts).level == ERROR),
+        next((facts for facts in nodes if check_restarts(facts).level == WARNING), nodes[0]),
+    )
+    cluster_info = _fields(primaries()[0].redis_connection.execute_command("CLUSTER INFO"))
+    return replace(
+        worst,
+        cluster_state=cluster_info.get("cluster_state"),
+        cluster_slots_ok=int(cluster_info.get("cluster_slots_ok", 0)),
+    )
+
+
+def _read_node(server: Any, mode: str) -> ServerFacts:
+    """The facts of one server: ``INFO`` and one ``CONFIG GET``."""
     info = server.info()
-    config: dict[str, str] = {}
     try:
         # One call, every server version (several patterns in one CONFIG GET need 7.0).
         config = _decoded(server.config_get("*"))
     except ResponseError:
         config = {}
-    scheme = url.partition("://")[0]
-    mode = "cluster" if cluster else "sentinel" if "sentinel" in scheme else "standalone"
-    state = slots = None
-    if cluster:
-        cluster_info = _fields(server.execute_command("CLUSTER INFO"))
-        state = cluster_info.get("cluster_state")
-        slots = int(cluster_info.get("cluster_slots_ok", 0))
     maxmemory = config.get("maxmemory")
     return ServerFacts(
         version=str(info.get("redis_version")) if info.get("redis_version") else None,
@@ -456,8 +458,6 @@ def read_server(redis: Any, url: str) -> ServerFacts:
         appendonly=config.get("appendonly"),
         save=config.get("save"),
         connected_replicas=int(info.get("connected_slaves", 0)),
-        cluster_state=state,
-        cluster_slots_ok=slots,
     )
 
 
