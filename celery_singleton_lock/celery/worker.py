@@ -31,6 +31,7 @@ from celery.worker.components import Pool
 from celery.worker.request import Request
 from kombu.asynchronous import get_event_loop
 
+from ..admin.doctor import ERROR, OK, check_eviction, read_server
 from ..core.holder import HOSTNAME
 from ..exceptions import ConfigurationError, LockError
 from .app_client import lock_client_for
@@ -171,6 +172,8 @@ class SingletonLockStep(bootsteps.StartStopStep):  # type: ignore[misc]
             step_log.warning("singleton locks: Redis not reachable at start: %s", exc)
             return
         step_log.info("singleton locks on %s (prefix %r)", client.url, client.prefix)
+        # An evicting Redis breaks every lock silently: say so once, where operators look.
+        warn_if_evicting(client)
         try:
             free_previous_life(client, worker.hostname)
         except LockError as exc:
@@ -189,6 +192,22 @@ class SingletonLockStep(bootsteps.StartStopStep):  # type: ignore[misc]
         out; a thread cannot be cut off, so its run goes on to its end holding its lock, and
         releasing that here would let another run in beside it. A lock whose holder dies
         without a word runs out within its lease."""
+
+
+def warn_if_evicting(client: Any) -> None:
+    """At worker start: one WARNING when the lock Redis may evict lock keys (one INFO and
+    CONFIG GET; a CONFIG refused or disabled is logged as unknown, never an error)."""
+    try:
+        finding = check_eviction(read_server(client.redis, client.url))
+    except Exception as exc:  # a worker starts whatever this read meets
+        step_log.warning("singleton locks: could not read the eviction policy: %s", exc)
+        return
+    if finding.level == ERROR:
+        step_log.warning(
+            "singleton locks: %s: %s; fix: %s", finding.found, finding.breaks, finding.fix
+        )
+    elif finding.level != OK:
+        step_log.warning("singleton locks: eviction policy unknown: %s", finding.found)
 
 
 def install(app: Any) -> None:

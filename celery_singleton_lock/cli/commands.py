@@ -1,7 +1,7 @@
 """``celery -A proj locks ...`` and ``python -m celery_singleton_lock ...``: list, show and
-clear locks (see docs/admin.md).
+clear locks, and check the deployment (``doctor``; see docs/admin.md).
 
-Both front ends run the same three commands; they differ only in where the Redis URL comes
+Both front ends run the same four commands; they differ only in where the Redis URL comes
 from and in the evidence available (only ``celery locks`` has an app whose workers and result
 backend can be asked). Celery imports every plugin's CLI module at start, so this one imports
 only click and celery.bin.base at module level; the lock core loads inside the commands.
@@ -23,8 +23,13 @@ from celery.signals import worker_init
 
 from ..core.keys import DEFAULT_PREFIX
 
+#: ``doctor --max-keys`` default (admin/doctor.py's DEFAULT_MAX_KEYS, which this module
+#: does not import at start: Celery imports it in every ``celery`` program).
+DEFAULT_MAX_KEYS = 100_000
+
 if TYPE_CHECKING:
     from ..admin import Check, LockInfo
+    from ..admin.doctor import AppFacts
     from ..client import LockClient
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -35,6 +40,9 @@ preload_options: Callable[[F], F] = handle_preload_options
 
 #: Exit codes (docs/admin.md).
 EXIT_OK, EXIT_NOTHING, EXIT_ERROR = 0, 1, 2
+#: ``doctor``: a check found something that breaks a guarantee (the code of "nothing
+#: matched" for the other commands: both say "not what you hoped", neither is a usage error).
+EXIT_FAILED = 1
 #: Seconds ``celery locks`` waits for workers to say which tasks they run.
 DEFAULT_TIMEOUT = 1.0
 #: Seconds between two listings of ``list --watch`` without a value.
@@ -88,6 +96,16 @@ class Session:
             queue_check(self.app, timeout=self.timeout, purged=purged),
         ]
         return [check for check in found if check is not None]
+
+    def app_facts(self) -> AppFacts:
+        """What the app says for ``doctor`` (nothing without an app)."""
+        from ..admin.doctor import AppFacts
+
+        if self.app is None:
+            return AppFacts()
+        from ..celery.doctor import app_facts
+
+        return app_facts(self.app, timeout=self.timeout)
 
 
 def app_session(app: Any, *, timeout: float, no_color: bool) -> Session:
@@ -368,6 +386,51 @@ def clear_locks(
     ctx.exit(EXIT_OK if cleared else EXIT_NOTHING)
 
 
+@click.command("doctor", cls=CeleryCommand)
+@_option(
+    "Doctor Options",
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON object (every finding) instead of text.",
+)
+@_option(
+    "Doctor Options",
+    "--max-keys",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_KEYS,
+    show_default=True,
+    help="Read at most this many keys under the prefix for the key-usage report.",
+)
+@_timeout_option("Doctor Options")
+@click.pass_context
+def doctor(ctx: click.Context, as_json: bool, max_keys: int, timeout: float | None) -> None:
+    """Check that the deployment gives the guarantees the docs promise: eviction,
+    persistence, failover, timeouts, Redis version and Cluster, what the package keeps in
+    Redis, and (celery locks) the workers. Each finding says what breaks and the fix.
+
+    Exit 0 when no check found an error, 1 when one did (a deploy gate), 2 when Redis
+    could not be reached.
+    """
+    from .. import admin
+    from ..admin import doctor as checks
+    from . import output
+
+    with _connected(ctx) as (session, client):
+        call = client.connection.call
+        server = call(checks.read_server, client.redis, client.url)
+        now_ms = admin.server_ms(client)
+        usage = call(
+            checks.read_key_usage, client.redis, client.prefix, max_keys=max_keys, now_ms=now_ms
+        )
+        facts = session.app_facts()
+    findings = checks.diagnose(server, facts, usage)
+    output.show_findings(
+        findings, url=client.url, prefix=client.prefix, as_json=as_json, color=_color(session)
+    )
+    ctx.exit(EXIT_FAILED if checks.failed(findings) else EXIT_OK)
+
+
 def _named(
     client: LockClient, names: tuple[str, ...] | list[str], checks: list[Check]
 ) -> list[LockInfo]:
@@ -424,7 +487,8 @@ def _color(session: Session) -> bool:
 @click.pass_context
 @preload_options
 def locks(ctx: click.Context, /, timeout: float, **kwargs: Any) -> None:
-    """Inspect and clear the app's singleton locks (who holds what, live or stale)."""
+    """Inspect and clear the app's singleton locks (who holds what, live or stale), and
+    check the deployment (doctor)."""
     obj = ctx.obj
     ctx.meta[_SESSION] = lambda: app_session(
         obj.app, timeout=timeout, no_color=bool(getattr(obj, "no_color", False))
@@ -445,11 +509,12 @@ def locks(ctx: click.Context, /, timeout: float, **kwargs: Any) -> None:
 )
 @click.pass_context
 def main(ctx: click.Context, url: str | None, prefix: str) -> None:
-    """Inspect and clear celery_singleton_lock locks in one Redis (no Celery app needed)."""
+    """Inspect and clear celery_singleton_lock locks in one Redis, and check that Redis
+    (doctor); no Celery app needed."""
     ctx.meta[_SESSION] = lambda: Session(url=url, prefix=prefix)
 
 
-for _command in (list_locks, show_lock, clear_locks):
+for _command in (list_locks, show_lock, clear_locks, doctor):
     locks.add_command(_command)
     main.add_command(_command)
 

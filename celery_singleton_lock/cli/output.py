@@ -1,4 +1,5 @@
-"""How the lock commands print: an aligned table (colored for a person) or JSON."""
+"""How the lock commands print: an aligned table (colored for a person) or JSON; the
+doctor's findings as text or one JSON object."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from datetime import datetime, timezone
 import click
 
 from ..admin import CLEARED, LIVE, QUEUED, RELEASE_DELAY, RESUMED, STALE, LockInfo, skipped_note
+from ..admin.doctor import ERROR, INFO, LEVELS, OK, WARNING, Finding
 
 #: Color and boldness of each state.
 STATE_STYLES = {
@@ -18,6 +20,17 @@ STATE_STYLES = {
     STALE: ("red", True),
     RELEASE_DELAY: ("yellow", False),
 }
+#: Color of each level of a doctor's finding.
+LEVEL_STYLES = {
+    ERROR: ("red", True),
+    WARNING: ("yellow", True),
+    OK: ("green", False),
+    INFO: (None, False),
+}
+#: Columns of the doctor's key-usage table.
+KEY_HEADERS = ("KIND", "KEYS", "BYTES", "OLDEST", "OLDEST IDLE", "NO EXPIRY")
+#: Width the doctor's text wraps at.
+DOCTOR_WIDTH = 100
 HEADERS = ("NAME", "KIND", "STATE", "AGE", "EXPIRES", "HEARTBEAT", "HOLDER", "TASK", "EVIDENCE")
 
 
@@ -106,6 +119,73 @@ def clear_line(info: LockInfo, outcome: int) -> str:
     if outcome == RESUMED:
         return f"left {what} alone: heartbeat resumed since it was listed stale"
     return f"left {what} alone: released, expired or taken again since it was listed"
+
+
+def doctor_json(findings: Sequence[Finding], *, url: str, prefix: str) -> str:
+    """The ``doctor --json`` document (docs/admin.md): ``ok`` is what the exit status says."""
+    return json.dumps(
+        {
+            "ok": not any(finding.level == ERROR for finding in findings),
+            "url": url,
+            "prefix": prefix,
+            "counts": {level: sum(f.level == level for f in findings) for level in LEVELS},
+            "findings": [finding.to_dict() for finding in findings],
+        },
+        indent=2,
+        ensure_ascii=False,
+        allow_nan=False,
+    )
+
+
+def show_findings(
+    findings: Sequence[Finding], *, url: str, prefix: str, as_json: bool, color: bool
+) -> None:
+    """Print the doctor's findings: per finding its level, check and what was found, then
+    what breaks and the fix; last, a count of each level."""
+    if as_json:
+        click.echo(doctor_json(findings, url=url, prefix=prefix))
+        return
+    click.echo(f"Redis {url}, prefix {prefix!r}")
+    for finding in findings:
+        level = finding.level.upper().ljust(8)
+        if color:
+            fg, bold = LEVEL_STYLES.get(finding.level, (None, False))
+            level = click.style(level, fg=fg, bold=bold)
+        click.echo(f"{level}{finding.check}: {finding.found}", color=color)
+        for label, text in (("breaks", finding.breaks), ("fix", finding.fix)):
+            if text:
+                indent = " " * 8
+                click.echo(
+                    click.wrap_text(
+                        f"{label}: {text}",
+                        DOCTOR_WIDTH,
+                        initial_indent=indent,
+                        subsequent_indent=indent + "  ",
+                    )
+                )
+        if finding.check == "keys" and finding.data and finding.data["kinds"]:
+            _key_table(finding.data["kinds"])
+    counts = Counter(finding.level for finding in findings)
+    summary = ", ".join(f"{counts[level]} {level}" for level in LEVELS)
+    click.echo(f"\n{summary}" + (": a guarantee is broken" if counts[ERROR] else ""))
+
+
+def _key_table(kinds: Sequence[dict[str, object]]) -> None:
+    rows = [KEY_HEADERS] + [
+        (
+            str(kind["kind"]),
+            str(kind["keys"]),
+            str(kind["bytes"]),
+            _seconds(kind["oldest_age_s"]),
+            _seconds(kind["oldest_idle_s"]),
+            str(kind["no_expiry"]),
+        )
+        for kind in kinds
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(KEY_HEADERS))]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+        click.echo(" " * 8 + "  ".join(cells).rstrip())
 
 
 def _row(info: LockInfo) -> tuple[str, ...]:
