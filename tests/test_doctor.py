@@ -332,7 +332,10 @@ def app(lock_redis_url: str, lock_prefix: str) -> Iterator[Celery]:
 
 def test_app_facts_read_the_tasks_and_settings(app: Celery) -> None:
     facts = app_facts(app, timeout=0)
-    assert facts.leases == {"doctor.plain": 30.0, "doctor.short": 12.0}
+    # Only this app's two tasks: an in-process worker started earlier in this process (a
+    # test of its own) makes its app Celery's default, whose tasks a later app may list too.
+    mine = {name: facts.leases.get(name) for name in ("doctor.plain", "doctor.short")}
+    assert mine == {"doctor.plain": 30.0, "doctor.short": 12.0}
     assert facts.acks_late == ("doctor.short",)
     assert facts.socket_timeout == 5.0
     assert facts.visibility_timeout == 10.0
@@ -368,7 +371,7 @@ def test_the_default_socket_timeout_fits_the_default_lease(
 
 @pytest.mark.parametrize(
     ("version", "level"),
-    [("4.0.14", ERROR), ("3.2.12", ERROR), ("5.0.0", OK), ("6.2.14", OK), ("7.2.4", OK)],
+    [("4.0.14", ERROR), ("5.0.0", ERROR), ("6.0.20", ERROR), ("6.2.0", OK), ("7.2.4", OK)],
 )
 def test_version_against_what_the_scripts_need(version: str, level: str) -> None:
     assert doctor.check_version(ServerFacts(version=version)).level == level

@@ -31,10 +31,10 @@ ERROR, WARNING, OK, INFO = "error", "warning", "ok", "info"
 #: Levels, worst first.
 LEVELS = (ERROR, WARNING, INFO, OK)
 
-#: The oldest Redis the scripts run on: they read ``TIME`` and then write, which needs
-#: script effects replication, the default only from Redis 5.0 (before it, such a write is
-#: refused: "Write commands not allowed after non deterministic commands").
-MIN_REDIS = (5, 0)
+#: The oldest Redis the scripts run on: the fencing counter's ``SET ... PX ... GET``
+#: (lua/fencing.lua) is Redis 6.2's; they also read ``TIME`` and then write, which needs
+#: script effects replication (the default from 5.0).
+MIN_REDIS = (6, 2)
 #: Sharded pub/sub (``SPUBLISH``), which a Cluster's waiters use (docs/deployment.md).
 SHARDED_PUBSUB_REDIS = (7, 0)
 #: Hash slots of a Redis Cluster.
