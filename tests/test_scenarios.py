@@ -38,8 +38,9 @@ CI_SEED = 34
 CI_COUNT = 15
 #: Scenarios run besides the seed's: a hole of the matrix the spread set does not reach.
 PINNED = ["read/redelivery/none/redis"]
-#: Seconds the suite's scenarios may take in all; one started later is skipped.
-CI_BUDGET = 85.0
+#: Seconds the suite's scenarios may take in all (about 70 s here); one started later is
+#: skipped, so that a machine far slower than this one still ends the run in time.
+CI_BUDGET = 240.0
 
 #: Scenarios of the suite that fail on today's code, by the known hole they hit: none. A hole
 #: the check finds goes here with its reason only while its fix is under way.
