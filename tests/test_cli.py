@@ -227,6 +227,10 @@ def test_clear_typed_confirmation(
     make_stale(lock_client, hold(lock_client, "dead", heartbeat=False))
     declined = run_plain(lock_redis_url, lock_prefix, "clear", "dead", input="y\n")
     assert declined.exit_code == 1 and "Type 'yes'" in declined.output
+    # The prompt line ends at its colon: click shows an empty default as a stray "[]".
+    prompt = next(line for line in declined.output.splitlines() if "Type 'yes'" in line)
+    assert prompt.startswith("Type 'yes' to clear these 1 lock(s): "), prompt
+    assert "[]" not in declined.output, declined.output
     assert [info.name for info in lock_client.locks()] == ["dead"]
     confirmed = run_plain(lock_redis_url, lock_prefix, "clear", "dead", input="yes\n")
     assert confirmed.exit_code == 0 and lock_client.locks() == []

@@ -461,7 +461,11 @@ def _confirm(ctx: click.Context, infos: list[LockInfo], *, yes: bool, color: boo
     if not _interactive():
         _fail(ctx, "not clearing without confirmation: no terminal to ask on; pass --yes")
     output.show_list(infos, as_json=False, color=color)
-    answer = click.prompt(f"Type 'yes' to clear these {len(infos)} lock(s)", default="")
+    # default="" lets a bare Enter decline instead of asking again; show_default=False keeps
+    # click from printing that empty default as "[]" after the question.
+    answer = click.prompt(
+        f"Type 'yes' to clear these {len(infos)} lock(s)", default="", show_default=False
+    )
     if answer.strip().lower() != "yes":
         click.echo("not confirmed; nothing cleared", err=True)
         ctx.exit(EXIT_NOTHING)
