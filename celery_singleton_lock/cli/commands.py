@@ -62,6 +62,8 @@ class Session:
     #: Keyword arguments for the redis-py client, as the app's tasks connect (TLS options
     #: taken from ``broker_use_ssl``, ``singleton_lock_client_kwargs``).
     client_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: Where the URL came from, named by errors that mean the URL must change (a password).
+    url_source: str = "--url (or $REDIS_URL)"
 
     def __repr__(self) -> str:
         from ..client import mask_password
@@ -81,7 +83,9 @@ class Session:
         # the app's own client settings say otherwise).
         options: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 10}
         options.update(self.client_kwargs)
-        return LockClient.from_url(self.url, prefix=self.prefix, **options)
+        client = LockClient.from_url(self.url, prefix=self.prefix, **options)
+        client.connection.url_argument = self.url_source
+        return client
 
     def checks(self, *, purged: bool = False) -> list[Check]:
         """What the app's workers, result backend and broker say of the holders (in this
@@ -125,6 +129,7 @@ def app_session(app: Any, *, timeout: float, no_color: bool) -> Session:
         timeout=timeout,
         no_color=no_color,
         client_kwargs=dict(settings.client_kwargs),
+        url_source=settings.url_setting,
     )
 
 
