@@ -244,8 +244,17 @@ def list_locks(
             _watch(lambda: listed(session, client), watch, as_json, _color(session))
             ctx.exit(EXIT_OK)
         infos = listed(session, client)
+        # Only an empty, unfiltered listing looks further: the common path costs nothing, and
+        # a filter that matched nothing is no sign of a wrong prefix.
+        elsewhere = None
+        if not infos and pattern is None and not stale:
+            from ..admin.prefixes import find_prefixes
+
+            elsewhere = find_prefixes(client)
     output.show_list(infos, as_json=as_json, color=_color(session))
     output.show_skipped(infos)
+    if elsewhere is not None:
+        output.show_other_prefixes(elsewhere, session.prefix, app=session.app is not None)
     ctx.exit(EXIT_OK if infos else EXIT_NOTHING)
 
 
