@@ -5,6 +5,7 @@ command's output."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -17,11 +18,12 @@ from celery import Celery
 from click.testing import CliRunner, Result
 from support.redis_topologies import ACLServer, TLSServer, running
 
-from celery_singleton_lock import LockClient
+from celery_singleton_lock import AsyncLockClient, LockClient
 from celery_singleton_lock.celery.options import AppSettings
 from celery_singleton_lock.celery.task import lock_client_for
 from celery_singleton_lock.cli import commands
 from celery_singleton_lock.core import redis_urls
+from celery_singleton_lock.embedded import RedisServer
 from celery_singleton_lock.exceptions import ConfigurationError, LockBackendError
 
 PASSWORD = "pw-" + uuid.uuid4().hex  # unique: found nowhere unless leaked
@@ -130,6 +132,71 @@ def test_password_never_shows_in_errors(acl: ACLServer, prefix: str) -> None:
     with pytest.raises(LockBackendError) as unreachable:
         LockClient.from_url(cluster_down, socket_connect_timeout=1)
     assert PASSWORD not in str(unreachable.value)
+
+
+@pytest.fixture(scope="module")
+def needs_password() -> Iterator[RedisServer]:
+    """A plain server started with ``--requirepass``."""
+    with RedisServer(password=PASSWORD) as server:
+        yield server
+
+
+def test_a_server_needing_a_password_says_where_it_goes(
+    needs_password: RedisServer, prefix: str
+) -> None:
+    bare = f"redis://127.0.0.1:{needs_password.port}/0"
+    client = LockClient.from_url(bare, prefix=prefix)
+    try:
+        with pytest.raises(LockBackendError) as refused:
+            client.ping()
+    finally:
+        client.close()
+    message = str(refused.value)
+    assert "HELLO" not in message and "NOAUTH" not in message, message
+    assert "needs a password" in message, message
+    assert f"redis://:PASSWORD@127.0.0.1:{needs_password.port}/0" in message, message
+    assert message.endswith("the URL comes from url"), message
+    # The CLI: one line naming the option, no traceback, exit 2.
+    result = run_cli(bare, prefix, "list")
+    assert result.exit_code == 2, result.output
+    assert result.output.count("\n") == 1 and "Traceback" not in result.output, result.output
+    assert "needs a password" in result.output and "--url (or $REDIS_URL)" in result.output
+    # A wrong password (with or without an ACL user) is told apart from a missing one.
+    for login, example in ((":wrong", ":PASSWORD"), ("bob:wrong", "bob:PASSWORD")):
+        result = run_cli(f"redis://{login}@127.0.0.1:{needs_password.port}/0", prefix, "list")
+        assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+        assert "refused the login" in result.output and "WRONGPASS" not in result.output
+        assert f"redis://{example}@127.0.0.1:{needs_password.port}/0" in result.output
+        assert "wrong" not in result.output.replace("(wrong password", ""), result.output
+    # A Celery app's client names the setting the URL came from.
+    app = Celery(f"csltest-{uuid.uuid4().hex[:8]}", set_as_current=False)
+    app.conf.update(broker_url="memory://", singleton_lock_url=bare, singleton_lock_prefix=prefix)
+    app_client = lock_client_for(app)
+    try:
+        with pytest.raises(LockBackendError) as from_app:
+            app_client.lease("x", ttl=5, heartbeat=False).acquire()
+    finally:
+        app_client.close()
+    assert "needs a password" in str(from_app.value)
+    assert str(from_app.value).endswith("the URL comes from singleton_lock_url")
+    assert PASSWORD not in str(from_app.value)
+
+
+def test_the_asyncio_client_says_where_the_password_goes(
+    needs_password: RedisServer, prefix: str
+) -> None:
+    async def ping() -> None:
+        client = AsyncLockClient.from_url(
+            f"redis://127.0.0.1:{needs_password.port}/0", prefix=prefix
+        )
+        try:
+            await client.ping()
+        finally:
+            await client.close()
+
+    with pytest.raises(LockBackendError, match="needs a password") as refused:
+        asyncio.run(ping())
+    assert "HELLO" not in str(refused.value)
 
 
 def test_celery_setting_with_acl_login(acl: ACLServer, prefix: str) -> None:

@@ -98,6 +98,62 @@ def test_plain_list_json_table_and_exit_codes(
     assert none.exit_code == 1 and "no locks" in none.stderr
 
 
+@pytest.fixture
+def own_server() -> Iterator[RedisServer]:
+    """A server of this test's own: what other prefixes hold must be only what it puts."""
+    with RedisServer() as server:
+        yield server
+
+
+def test_an_empty_listing_names_the_prefixes_that_hold_locks(own_server: RedisServer) -> None:
+    url = own_server.url
+    client = LockClient.from_url(url, prefix="myapp:")
+    try:
+        hold(client, "job")
+        reader = client.rwlock("doc").read(ttl=30)
+        assert reader.acquire()
+        # The layout's names holding another type are not this package's holds.
+        client.redis.set("junk{x}:lock", "a string")
+        client.redis.set("plain-key", "1")
+
+        empty = run_plain(url, "csl:", "list")
+        assert empty.exit_code == 1 and "no locks" in empty.stderr, empty.output
+        assert "under prefix 'myapp:' (2 key(s)), not 'csl:'" in empty.stderr, empty.stderr
+        assert "pass --prefix myapp:" in empty.stderr and "junk" not in empty.stderr
+        as_json = run_plain(url, "csl:", "list", "--json")  # stdout stays the JSON list
+        assert json.loads(as_json.stdout) == [] and "--prefix myapp:" in as_json.stderr
+        # A filter that matched nothing says nothing more; nor does a listing that found locks.
+        filtered = run_plain(url, "csl:", "list", "--pattern", "nope*")
+        assert filtered.exit_code == 1 and "--prefix" not in filtered.output
+        listed = run_plain(url, "myapp:", "list")
+        assert listed.exit_code == 0 and "--prefix" not in listed.output
+        # `celery locks` reads the prefix from the app: it names the setting.
+        app = Celery(f"csltest-{uuid.uuid4().hex[:8]}", set_as_current=False)
+        app.conf.update(broker_url="memory://", singleton_lock_url=url)
+        via_app = run_celery(app, "--timeout", "0", "list")
+        assert via_app.exit_code == 1, via_app.output
+        assert "set singleton_lock_prefix = 'myapp:'" in via_app.stderr, via_app.stderr
+        app.close()
+        reader.release()
+    finally:
+        client.close()
+
+
+def test_the_prefix_search_reads_a_bounded_number_of_keys(own_server: RedisServer) -> None:
+    from celery_singleton_lock.admin.prefixes import find_prefixes
+
+    client = LockClient.from_url(own_server.url, prefix="myapp:")
+    try:
+        client.redis.mset({f"filler-{n}": n for n in range(200)})
+        hold(client, "job")
+        bounded = find_prefixes(client, max_keys=50)
+        assert (bounded.scanned, bounded.capped) == (50, True)
+        whole = find_prefixes(client)
+        assert whole == ([("myapp:", 1)], 202, False)  # the fillers, the lock and its fence
+    finally:
+        client.close()
+
+
 def test_plain_reads_redis_url_from_the_environment(
     lock_client: LockClient, lock_redis_url: str, lock_prefix: str
 ) -> None:
@@ -227,6 +283,10 @@ def test_clear_typed_confirmation(
     make_stale(lock_client, hold(lock_client, "dead", heartbeat=False))
     declined = run_plain(lock_redis_url, lock_prefix, "clear", "dead", input="y\n")
     assert declined.exit_code == 1 and "Type 'yes'" in declined.output
+    # The prompt line ends at its colon: click shows an empty default as a stray "[]".
+    prompt = next(line for line in declined.output.splitlines() if "Type 'yes'" in line)
+    assert prompt.startswith("Type 'yes' to clear these 1 lock(s): "), prompt
+    assert "[]" not in declined.output, declined.output
     assert [info.name for info in lock_client.locks()] == ["dead"]
     confirmed = run_plain(lock_redis_url, lock_prefix, "clear", "dead", input="yes\n")
     assert confirmed.exit_code == 0 and lock_client.locks() == []

@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from celery_singleton_lock import LockClient
+from celery_singleton_lock.admin.inspect import KINDS, STATES
 from celery_singleton_lock.celery.prometheus import (
     LockMetrics,
     LockStates,
@@ -40,7 +41,10 @@ def holders(registry: CollectorRegistry, kind: str, state: str) -> float | None:
 def test_holders_are_counted_by_kind_and_state(
     lock_client: LockClient, states: CollectorRegistry
 ) -> None:
-    assert holders(states, "lease", "live") is None  # nothing held: no series
+    # Nothing held: a zero for every kind and state, so a dashboard panel reads 0, not "No data".
+    for kind in KINDS:
+        for state in STATES:
+            assert holders(states, kind, state) == 0.0, (kind, state)
     assert states.get_sample_value("celery_singleton_lock_listing_up") == 1.0
 
     live = [lock_client.lease(f"live-{n}", ttl=30) for n in range(3)]
@@ -64,7 +68,8 @@ def test_holders_are_counted_by_kind_and_state(
     for lease in live:
         lease.release()
     reader.release()
-    assert holders(states, "lease", "live") is None  # read again at the next scrape
+    assert holders(states, "lease", "live") == 0  # read again at the next scrape
+    assert holders(states, "read", "live") == 0
     assert holders(states, "lease", "stale") == 1
 
 
@@ -81,10 +86,11 @@ def test_a_redis_that_does_not_answer_is_listing_up_0_not_a_failed_scrape() -> N
             assert holders(registry, "lease", "live") == 1
             server.stop()
             assert registry.get_sample_value("celery_singleton_lock_listing_up") == 0.0
+            # Unknown is no sample, not a zero: a zero would say nothing is held.
             assert holders(registry, "lease", "live") is None
             server.start()  # back, empty: nothing persisted
             assert registry.get_sample_value("celery_singleton_lock_listing_up") == 1.0
-            assert holders(registry, "lease", "live") is None
+            assert holders(registry, "lease", "live") == 0
         finally:
             metrics.close()
             client.close()

@@ -37,7 +37,7 @@ from ..kinds.registry import FAMILIES, LEASES, KindFamily
 __all__ = [
     "BATCH", "CLAIMED", "CLAIM_OWNER_PREFIX", "HEARTBEAT_FRESH", "HEARTBEAT_STOPPED", "KINDS",
     "LEASES", "LIVE", "MISSED_TICKS", "NO_EVIDENCE", "QUEUED", "RELEASED_WITH_DELAY",
-    "RELEASE_DELAY", "STALE", "TICKS_PER_TTL", "Check", "Listing", "LockInfo", "Lister",
+    "RELEASE_DELAY", "STALE", "STATES", "TICKS_PER_TTL", "Check", "Listing", "LockInfo", "Lister",
     "escape", "heartbeat_stopped", "list_locks", "listed", "listers",
     "literal_name", "lock_info", "server_ms", "skipped_note",
 ]  # fmt: skip
@@ -51,6 +51,8 @@ LIVE, STALE = "live", "stale"
 RELEASE_DELAY = "release-delay"
 #: A claim (celery/claims.py): held for a message waiting in the queue, not by a process.
 QUEUED = "queued"
+#: Every ``state`` a listed holder may have (the lock core's and the Celery layer's checks').
+STATES = (LIVE, STALE, QUEUED, RELEASE_DELAY)
 
 #: Evidence the lock core decides on; the Celery layer adds its own (see celery/evidence.py).
 RELEASED_WITH_DELAY = "released with a delay"

@@ -23,7 +23,7 @@ from ..core.connection import ConnectionBase, clock_ms, clock_seconds
 from ..core.keys import DEFAULT_PREFIX
 from ..core.replication import Replication
 from ..core.scripts import ScriptCall, Scripts
-from ..exceptions import ConfigurationError, LockBackendError
+from ..exceptions import ConfigurationError
 from .notifier import AsyncClusterNotifier, AsyncNotifier, async_notifier
 from .scripts import run_batch, run_script
 
@@ -75,7 +75,7 @@ class AsyncConnection(ConnectionBase):
         try:
             return await function(*args)
         except (redis.RedisError, RedisClusterException, OSError) as exc:
-            raise LockBackendError(f"Redis at {self.url}: {exc}") from exc
+            raise self.backend_error(exc) from exc
 
     async def script(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """One script call by SHA (loaded on NOSCRIPT); with ``replication``, followed by its

@@ -23,7 +23,8 @@ What is held now is read from Redis at each scrape, in the one process that serv
     register_lock_states(app)       # or a LockClient; and a registry
 
 - ``celery_singleton_lock_holders``: holders by ``kind`` and ``state`` (live, stale, queued,
-  the admin listing's states), as ``celery -A proj locks list`` shows them;
+  the admin listing's states), as ``celery -A proj locks list`` shows them; every kind and
+  state has a sample, 0 when none is held, so a panel or an alert reads 0, not "No data";
 - ``celery_singleton_lock_listing_up``: 1 if the last scrape could read the locks, else 0.
 """
 
@@ -39,6 +40,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..admin.inspect import KINDS, STATES
 from ..client import LockClient
 from ..exceptions import LockBackendError
 from .app_client import lock_client_for
@@ -144,7 +146,13 @@ class LockStates(Collector):
             up = 0.0
         else:
             up = 1.0
-            for (kind, state), count in sorted(tally.items()):
+            # Zeros too: a series that appears only while something is held leaves panels
+            # reading "No data" and absent() alerts firing when nothing is. A failed listing
+            # adds none: unknown is not zero.
+            for kind in KINDS:
+                for state in STATES:
+                    holders.add_metric([kind, state], tally.pop((kind, state), 0))
+            for (kind, state), count in sorted(tally.items()):  # a kind or state added later
                 holders.add_metric([kind, state], count)
         yield holders
         yield GaugeMetricFamily(

@@ -62,6 +62,8 @@ class Session:
     #: Keyword arguments for the redis-py client, as the app's tasks connect (TLS options
     #: taken from ``broker_use_ssl``, ``singleton_lock_client_kwargs``).
     client_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: Where the URL came from, named by errors that mean the URL must change (a password).
+    url_source: str = "--url (or $REDIS_URL)"
 
     def __repr__(self) -> str:
         from ..client import mask_password
@@ -81,7 +83,9 @@ class Session:
         # the app's own client settings say otherwise).
         options: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 10}
         options.update(self.client_kwargs)
-        return LockClient.from_url(self.url, prefix=self.prefix, **options)
+        client = LockClient.from_url(self.url, prefix=self.prefix, **options)
+        client.connection.url_argument = self.url_source
+        return client
 
     def checks(self, *, purged: bool = False) -> list[Check]:
         """What the app's workers, result backend and broker say of the holders (in this
@@ -125,6 +129,7 @@ def app_session(app: Any, *, timeout: float, no_color: bool) -> Session:
         timeout=timeout,
         no_color=no_color,
         client_kwargs=dict(settings.client_kwargs),
+        url_source=settings.url_setting,
     )
 
 
@@ -239,8 +244,17 @@ def list_locks(
             _watch(lambda: listed(session, client), watch, as_json, _color(session))
             ctx.exit(EXIT_OK)
         infos = listed(session, client)
+        # Only an empty, unfiltered listing looks further: the common path costs nothing, and
+        # a filter that matched nothing is no sign of a wrong prefix.
+        elsewhere = None
+        if not infos and pattern is None and not stale:
+            from ..admin.prefixes import find_prefixes
+
+            elsewhere = find_prefixes(client)
     output.show_list(infos, as_json=as_json, color=_color(session))
     output.show_skipped(infos)
+    if elsewhere is not None:
+        output.show_other_prefixes(elsewhere, session.prefix, app=session.app is not None)
     ctx.exit(EXIT_OK if infos else EXIT_NOTHING)
 
 
@@ -461,7 +475,11 @@ def _confirm(ctx: click.Context, infos: list[LockInfo], *, yes: bool, color: boo
     if not _interactive():
         _fail(ctx, "not clearing without confirmation: no terminal to ask on; pass --yes")
     output.show_list(infos, as_json=False, color=color)
-    answer = click.prompt(f"Type 'yes' to clear these {len(infos)} lock(s)", default="")
+    # default="" lets a bare Enter decline instead of asking again; show_default=False keeps
+    # click from printing that empty default as "[]" after the question.
+    answer = click.prompt(
+        f"Type 'yes' to clear these {len(infos)} lock(s)", default="", show_default=False
+    )
     if answer.strip().lower() != "yes":
         click.echo("not confirmed; nothing cleared", err=True)
         ctx.exit(EXIT_NOTHING)

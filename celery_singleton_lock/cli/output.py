@@ -4,6 +4,7 @@ doctor's findings as text or one JSON object."""
 from __future__ import annotations
 
 import json
+import shlex
 from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -12,6 +13,7 @@ import click
 
 from ..admin import CLEARED, LIVE, QUEUED, RELEASE_DELAY, RESUMED, STALE, LockInfo, skipped_note
 from ..admin.doctor import ERROR, INFO, LEVELS, OK, WARNING, Finding
+from ..admin.prefixes import Prefixes
 
 #: Color and boldness of each state.
 STATE_STYLES = {
@@ -67,6 +69,28 @@ def show_skipped(infos: Sequence[LockInfo]) -> None:
     skipped = getattr(infos, "skipped", 0)
     if skipped:
         click.echo(skipped_note(skipped), err=True)
+
+
+def show_other_prefixes(prefixes: Prefixes, prefix: str, *, app: bool) -> None:
+    """After an empty listing, say on stderr which other prefixes hold this package's locks
+    and how to list them: ``--prefix``, or with ``app`` (``celery locks``, which reads the
+    prefix from the app) the ``singleton_lock_prefix`` setting. Nothing if there are none."""
+    others = [(found, count) for found, count in prefixes.found if found != prefix]
+    if not others:
+        return
+    where = ", ".join(f"{found!r} ({count} key(s))" for found, count in others)
+    bound = f" (among the first {prefixes.scanned} keys)" if prefixes.capped else ""
+    first = others[0][0]
+    how = (
+        f"set singleton_lock_prefix = {first!r} in the app's configuration"
+        if app
+        else f"pass --prefix {shlex.quote(first)}"
+    )
+    click.echo(
+        f"this package's locks are under prefix {where}{bound}, not {prefix!r}: to list "
+        f"them, {how}",
+        err=True,
+    )
 
 
 def show_round(infos: Sequence[LockInfo], *, as_json: bool, color: bool) -> None:

@@ -17,6 +17,7 @@ from redis.exceptions import RedisClusterException
 
 from ..exceptions import ConfigurationError, LockBackendError
 from . import redis_urls, validate
+from .auth_errors import auth_message, is_auth_error
 from .keys import LockKeys, lock_keys
 from .notifier import notifier_for
 from .replication import Replication
@@ -52,6 +53,16 @@ class ConnectionBase:
         self.prefix = prefix
         #: The server(s), with no password: what error messages name.
         self.url = redis_urls.safe_url(redis_client)
+        #: What a configuration error calls the URL: the argument, or the setting it came
+        #: from (a Celery app's ``singleton_lock_url``), so the message names what to fix.
+        self.url_argument = "url"
+
+    def backend_error(self, exc: BaseException) -> LockBackendError:
+        """The :class:`LockBackendError` for a Redis failure: one that names the server; a
+        refused login says where the password goes instead of Redis's protocol words."""
+        if is_auth_error(exc):
+            return LockBackendError(auth_message(self.url, self.url_argument, exc))
+        return LockBackendError(f"Redis at {self.url}: {exc}")
 
     @staticmethod
     def check_client(redis_client: Any) -> None:
@@ -89,9 +100,6 @@ class Connection(ConnectionBase):
         self, redis_client: Any, prefix: str, replication: Replication | None = None
     ) -> None:
         super().__init__(redis_client, prefix)
-        #: What a configuration error calls the URL: the argument, or the setting it came
-        #: from (a Celery app's ``singleton_lock_url``), so the message names what to fix.
-        self.url_argument = "url"
         self.replication = replication
         self.scripts = Scripts(redis_client, replication)
         #: Shared by every Connection on the same pool (one pub/sub connection).
@@ -117,9 +125,9 @@ class Connection(ConnectionBase):
                     f"bad configuration: {self.url}: the server has no such database "
                     "(its 'databases' setting is lower); use a database number it has",
                 ) from exc
-            raise LockBackendError(f"Redis at {self.url}: {exc}") from exc
+            raise self.backend_error(exc) from exc
         except (redis.RedisError, RedisClusterException) as exc:
-            raise LockBackendError(f"Redis at {self.url}: {exc}") from exc
+            raise self.backend_error(exc) from exc
 
     def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""
