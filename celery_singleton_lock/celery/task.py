@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
@@ -154,16 +154,31 @@ class SingletonTask(Task):  # type: ignore[misc]
     #: the options' (tests/test_task_config.py).
     _plain_call_after = True
 
+    #: The error of an option declared by ``@app.task`` that can never work, raised by
+    #: :meth:`check_lock_configuration` (see ``__init_subclass__``); None when the options
+    #: are good. Not annotated, as above (the cast gives mypy its type).
+    _lock_class_error = cast("ConfigurationError | None", None)
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._plain_call_after = _plain_call_after(cls)
         name = cls.__dict__.get("name") or cls.__name__
-        check_task_options(name, dict(cls.__dict__))
-        # An explicit lease and ttl may come from different classes of the hierarchy.
-        if cls.lock_ttl is not None and cls.lock_lease is not None:
-            check_lease_within_ttl(
-                f"{name}.lock_lease", float(cls.lock_lease), f"{name}.lock_ttl", cls.lock_ttl
-            )
+        try:
+            check_task_options(name, dict(cls.__dict__))
+            # An explicit lease and ttl may come from different classes of the hierarchy.
+            if cls.lock_ttl is not None and cls.lock_lease is not None:
+                check_lease_within_ttl(
+                    f"{name}.lock_lease", float(cls.lock_lease), f"{name}.lock_ttl", cls.lock_ttl
+                )
+        except ConfigurationError as exc:
+            # A class statement raises where it stands. A class @app.task makes (Celery
+            # marks it ``_decorated``) is made inside ``app.finalize()``, which a worker calls
+            # before its steps: raised there, the error would escape as a traceback through
+            # Celery's start-up. It is kept for check_lock_configuration instead, which the
+            # worker step (one line, then exit), delay() and apply() call before anything.
+            if not cls.__dict__.get("_decorated"):
+                raise
+            cls._lock_class_error = exc
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -175,6 +190,8 @@ class SingletonTask(Task):  # type: ignore[misc]
     def check_lock_configuration(self) -> None:
         """Raise :class:`ConfigurationError` if the app's lock settings or this task's
         options can never work; checked once per app and task, no Redis call."""
+        if self._lock_class_error is not None:
+            raise self._lock_class_error.with_traceback(None)
         AppSettings.for_app(self.app)
         self.lock_naming  # noqa: B018 (resolving the options and key templates is the check)
 
