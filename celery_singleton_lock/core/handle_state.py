@@ -354,8 +354,14 @@ class HandleState:
         if self.heartbeat:
             self._start_renewing()
 
-    def _withdraw_failed(self) -> None:
-        """A waiter that gave up could not withdraw its wait (Redis did not answer)."""
+    def _withdraw_failed(self, raising: BaseException | None) -> None:
+        """A waiter that gave up could not withdraw its wait (Redis did not answer);
+        ``raising`` is the error the acquire goes on to raise (None: it returns)."""
+        if isinstance(raising, LockBackendError):
+            # The caller hears that Redis does not answer from the acquire's own error: a
+            # second message, with the client's internals, would only bury it.
+            log.debug("could not withdraw the wait of %r", self.name, exc_info=True)
+            return
         log.warning("could not withdraw the wait of %r", self.name, exc_info=True)
 
     # -- release -----------------------------------------------------------------------------
