@@ -23,6 +23,7 @@ from celery_singleton_lock import (
     LockBackendError,
     LockClient,
     LockExpired,
+    LockLost,
     SingletonTask,
 )
 from celery_singleton_lock.celery.options import AppSettings
@@ -198,6 +199,24 @@ def test_a_lease_past_its_max_hold_says_so_not_that_it_expired(lock_client: Lock
     assert info.value.reason == "expired" and "nobody holds it" in str(info.value)
 
 
+def test_check_reports_a_lease_past_its_max_hold_as_the_heartbeat_does(
+    lock_client: LockClient,
+) -> None:
+    # With max_hold not a whole number of renewals the heartbeat hears "max_hold reached",
+    # stops renewing and never finds the lease gone: check() is the first to see it.
+    capped = lock_client.lease("checked-cap", ttl=1, max_hold=1.5)
+    assert capped.acquire()
+    wait_gone(lock_client, capped.keys.lock)
+    with pytest.raises(LockExpired) as info:
+        capped.check()
+    assert info.value.reason == "max_hold", str(info.value)
+    assert "ran out at its max_hold (1.5 s)" in str(info.value)
+    assert capped.lost
+    with pytest.raises(LockExpired) as released:
+        capped.release()
+    assert released.value.reason == "max_hold"
+
+
 def test_a_run_past_lock_ttl_is_reported_as_lock_ttl_reached(
     celery_lock_app: Celery,
     in_process_worker: WorkerFactory,
@@ -205,18 +224,38 @@ def test_a_run_past_lock_ttl_is_reported_as_lock_ttl_reached(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     @celery_lock_app.task(
-        base=SingletonTask, shared=False, lock_key="long-report", lock_ttl=2, lock_lease=1
+        base=SingletonTask,
+        bind=True,
+        shared=False,
+        lock_key="long-report",
+        lock_ttl=2,
+        lock_lease=1,
     )
-    def long_report() -> str:
+    def long_report(self: Any) -> dict[str, str]:
         wait_gone(lock_client, lock_client.connection.keys("long-report").lock)
-        return "done"
+        # The run's own look at its lock says what the heartbeat or the release would.
+        try:
+            self.lock.check()
+        except LockLost as exc:
+            return {"reason": str(exc.reason), "message": str(exc)}
+        return {"reason": "", "message": "check() found it held"}
 
     long_report.lock_key = "long-report"
     with (
-        caplog.at_level(logging.ERROR),
+        caplog.at_level(logging.INFO, logger="celery_singleton_lock"),
         in_process_worker(celery_lock_app, pool="solo", concurrency=1),
     ):
-        assert long_report.delay().get(timeout=30) == "done"
+        checked = long_report.delay().get(timeout=30)
+    assert checked["reason"] == "max_hold", checked
+    assert "ran out at its lock_ttl (2 s)" in checked["message"], checked
+    assert "raise lock_ttl" in checked["message"], checked
     assert "ran past lock_ttl (2 s)" in caplog.text
     assert "lock_ttl reached" in caplog.text and "raise lock_ttl" in caplog.text
     assert "nobody holds it" not in caplog.text
+    # Every line of the package speaks the task's options: the cap is lock_ttl and the
+    # lease lock_lease; a task user never set a max_hold or a ttl.
+    ours = [r for r in caplog.records if r.name.startswith("celery_singleton_lock")]
+    lost = [r.getMessage() for r in ours if "lost (" in r.getMessage()]
+    assert lost and all("lost (lock_ttl)" in line for line in lost), lost
+    spoken = "\n".join(r.getMessage() for r in ours)
+    assert "max_hold" not in spoken and " ttl" not in spoken, spoken

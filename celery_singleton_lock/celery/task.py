@@ -23,6 +23,7 @@ from celery.worker import state as worker_state
 
 from ..client import LockClient
 from ..core.handle import LockHandle
+from ..core.handle_state import OptionNames
 from ..exceptions import ConfigurationError, LockBackendError, LockError, LockLost, LockTimeout
 from ..kinds import registry
 from ..kinds.lease import Lease, ReleaseResult
@@ -52,6 +53,9 @@ from .task_keys import TaskKey
 from .worker import install, track_run_lock
 
 log = logging.getLogger("celery_singleton_lock.task")
+
+#: What a run's lock handle calls its ttl and max_hold (see :meth:`SingletonTask.make_lock`).
+TASK_OPTION_NAMES = OptionNames(ttl="lock_lease", max_hold="lock_ttl")
 
 #: A retry message kept back: its args, kwargs, task id, ``apply_async`` options and the
 #: ``time.monotonic()`` of the ``retry()`` call.
@@ -263,7 +267,11 @@ class SingletonTask(Task):  # type: ignore[misc]
         else:
             name = naming.name(args, kwargs, exclude=options.range)
             target = Target(name, bounds=naming.bounds(options.range, args, kwargs))
-        return make(target, mode, owner_info, on_lost, call)
+        handle = make(target, mode, owner_info, on_lost, call)
+        # The handle's ttl is the run's lease and its max_hold the run's cap: its messages
+        # (the heartbeat's, check()'s, the release's) name the options the task set.
+        handle.option_names = TASK_OPTION_NAMES
+        return handle
 
     def _handle_factory(
         self, client: LockClient, options: TaskLockOptions, mode: str
