@@ -141,3 +141,33 @@ def test_lock_redis_restarted_empty_is_found_at_the_next_heartbeat_tick(lock_up:
     # The key is free for the next run, with a larger fencing token.
     again = o.task("hold").apply_async(("empty", 0)).get(timeout=TIMEOUT)
     assert again["locked"] and again["token"] > started["token"]
+
+
+@pytest.mark.timeout(120)
+def test_a_run_with_the_lock_redis_down_logs_one_error_without_the_clean_up_noise(
+    lock_up: Outage,
+) -> None:
+    o = lock_up
+    o.lock.stop()
+    logged_before = len(o.worker.log.read_text(errors="replace").splitlines())
+    run = o.task("hold").apply_async(("quiet", 0))  # no lock_wait: one try
+    with pytest.raises(LockBackendError):
+        run.get(timeout=TIMEOUT, propagate=True)
+
+    def logged() -> list[str]:
+        return o.worker.log.read_text(errors="replace").splitlines()[logged_before:]
+
+    # Celery logs the failure after it stored it: wait for its line.
+    wait_for(
+        lambda: any(run.id in line and "ERROR/" in line for line in logged()),
+        TIMEOUT,
+        "the run's failure",
+    )
+    lines = logged()
+    # One message, the run's ERROR (Celery's, with the package's advice): nothing from the
+    # clean-up of the failed attempt, which met the same dead server.
+    messages = [line for line in lines if "WARNING/" in line or "ERROR/" in line]
+    assert len(messages) == 1, "\n".join(lines)
+    assert "raised unexpected: LockBackendError" in messages[0], messages
+    assert "fault.hold did not run" in messages[0], messages
+    assert not any("could not withdraw" in line for line in lines), "\n".join(lines)

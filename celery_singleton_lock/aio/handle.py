@@ -51,7 +51,7 @@ class AsyncLockHandle(HandleOps):
 
     __slots__ = ("_conn", "_beat")
 
-    _stall_causes = "event loop blocked or stopped, Redis unreachable or max_hold reached"
+    _stall_causes = "event loop blocked or stopped, or Redis unreachable"
     #: Every state change runs on the handle's event loop: no lock needed.
     _state = NO_LOCK
     _conn: AsyncConnection

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
@@ -23,6 +23,7 @@ from celery.worker import state as worker_state
 
 from ..client import LockClient
 from ..core.handle import LockHandle
+from ..core.handle_state import OptionNames
 from ..exceptions import ConfigurationError, LockBackendError, LockError, LockLost, LockTimeout
 from ..kinds import registry
 from ..kinds.lease import Lease, ReleaseResult
@@ -52,6 +53,9 @@ from .task_keys import TaskKey
 from .worker import install, track_run_lock
 
 log = logging.getLogger("celery_singleton_lock.task")
+
+#: What a run's lock handle calls its ttl and max_hold (see :meth:`SingletonTask.make_lock`).
+TASK_OPTION_NAMES = OptionNames(ttl="lock_lease", max_hold="lock_ttl")
 
 #: A retry message kept back: its args, kwargs, task id, ``apply_async`` options and the
 #: ``time.monotonic()`` of the ``retry()`` call.
@@ -154,16 +158,31 @@ class SingletonTask(Task):  # type: ignore[misc]
     #: the options' (tests/test_task_config.py).
     _plain_call_after = True
 
+    #: The error of an option declared by ``@app.task`` that can never work, raised by
+    #: :meth:`check_lock_configuration` (see ``__init_subclass__``); None when the options
+    #: are good. Not annotated, as above (the cast gives mypy its type).
+    _lock_class_error = cast("ConfigurationError | None", None)
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._plain_call_after = _plain_call_after(cls)
         name = cls.__dict__.get("name") or cls.__name__
-        check_task_options(name, dict(cls.__dict__))
-        # An explicit lease and ttl may come from different classes of the hierarchy.
-        if cls.lock_ttl is not None and cls.lock_lease is not None:
-            check_lease_within_ttl(
-                f"{name}.lock_lease", float(cls.lock_lease), f"{name}.lock_ttl", cls.lock_ttl
-            )
+        try:
+            check_task_options(name, dict(cls.__dict__))
+            # An explicit lease and ttl may come from different classes of the hierarchy.
+            if cls.lock_ttl is not None and cls.lock_lease is not None:
+                check_lease_within_ttl(
+                    f"{name}.lock_lease", float(cls.lock_lease), f"{name}.lock_ttl", cls.lock_ttl
+                )
+        except ConfigurationError as exc:
+            # A class statement raises where it stands. A class @app.task makes (Celery
+            # marks it ``_decorated``) is made inside ``app.finalize()``, which a worker calls
+            # before its steps: raised there, the error would escape as a traceback through
+            # Celery's start-up. It is kept for check_lock_configuration instead, which the
+            # worker step (one line, then exit), delay() and apply() call before anything.
+            if not cls.__dict__.get("_decorated"):
+                raise
+            cls._lock_class_error = exc
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -175,6 +194,8 @@ class SingletonTask(Task):  # type: ignore[misc]
     def check_lock_configuration(self) -> None:
         """Raise :class:`ConfigurationError` if the app's lock settings or this task's
         options can never work; checked once per app and task, no Redis call."""
+        if self._lock_class_error is not None:
+            raise self._lock_class_error.with_traceback(None)
         AppSettings.for_app(self.app)
         self.lock_naming  # noqa: B018 (resolving the options and key templates is the check)
 
@@ -246,7 +267,11 @@ class SingletonTask(Task):  # type: ignore[misc]
         else:
             name = naming.name(args, kwargs, exclude=options.range)
             target = Target(name, bounds=naming.bounds(options.range, args, kwargs))
-        return make(target, mode, owner_info, on_lost, call)
+        handle = make(target, mode, owner_info, on_lost, call)
+        # The handle's ttl is the run's lease and its max_hold the run's cap: its messages
+        # (the heartbeat's, check()'s, the release's) name the options the task set.
+        handle.option_names = TASK_OPTION_NAMES
+        return handle
 
     def _handle_factory(
         self, client: LockClient, options: TaskLockOptions, mode: str

@@ -151,8 +151,19 @@ class SingletonLockStep(bootsteps.StartStopStep):  # type: ignore[misc]
         return bool(included)
 
     def start(self, worker: Any) -> None:
-        """Stop the worker (by raising :class:`ConfigurationError`) on settings or task
-        options that can never work; only warn when Redis is merely down right now."""
+        """Stop the worker (status 1) on settings or task options that can never work, with
+        one CRITICAL line naming the bad one; only warn when Redis is merely down right now."""
+        try:
+            self._start(worker)
+        except ConfigurationError as exc:
+            # Celery logs an error out of a step with its traceback, which says nothing
+            # about a bad setting the message does not; one line, and SystemExit, which
+            # Celery's start turns into a stop with its status and no traceback.
+            step_log.critical("Unrecoverable error: %r", exc)
+            raise SystemExit(1) from None
+
+    def _start(self, worker: Any) -> None:
+        """Check the configuration (raising :class:`ConfigurationError`), then greet Redis."""
         app = worker.app
         AppSettings.for_app(app)  # refuses bad or unknown singleton_lock_* settings first
         named_tasks_error = getattr(app, "_singleton_lock_named_tasks_error", None)

@@ -158,24 +158,24 @@ class HandleOps(HandleState, ABC):
             raise
         except BaseException as exc:
             if may_have_run(exc):
-                yield from self._undo_attempts(owner)
+                yield from self._undo_attempts(owner, exc)
             raise
         self._took(owner, value, sent_at)
         return True
 
-    def _undo_attempts(self, owner: str) -> Steps[None]:
+    def _undo_attempts(self, owner: str, raising: BaseException) -> Steps[None]:
         """An attempt of this acquire call failed after its send (a timeout, a dropped
         connection: the script may have run with its reply lost) or the call was
-        interrupted (cancelled). Give back whatever ``owner`` holds or reserved, so that a
-        caller who got an error holds nothing, rather than the lock staying taken,
-        unrenewed, until its ttl runs out. The owner token is unique to this call, so
-        whatever it holds, this call took (a lease with a fixed owner token narrows this
-        down)."""
+        interrupted (cancelled); ``raising`` is the error the call goes on to raise. Give
+        back whatever ``owner`` holds or reserved, so that a caller who got an error holds
+        nothing, rather than the lock staying taken, unrenewed, until its ttl runs out.
+        The owner token is unique to this call, so whatever it holds, this call took (a
+        lease with a fixed owner token narrows this down)."""
         try:
             yield from on_master_only(self._abandon(owner))
             yield from on_master_only(self._release(owner, 0))
         except LockBackendError:
-            self._withdraw_failed()
+            self._withdraw_failed(raising)
 
     def _wait_for(
         self,
@@ -187,6 +187,7 @@ class HandleOps(HandleState, ABC):
         until it succeeds or ``wait`` seconds pass; ``abandon`` runs when giving up."""
         deadline = time.monotonic() + wait
         done = False
+        raising: BaseException | None = None  # what the wait ends with, if not an answer
         outage = Outage(deadline)
         yield Listen(self._channels)
         try:
@@ -206,12 +207,15 @@ class HandleOps(HandleState, ABC):
                 if sleep is None:
                     return False, value
                 yield Pause(sleep)
+        except BaseException as exc:
+            raising = exc
+            raise
         finally:
             if not done:
                 try:
                     yield from on_master_only(abandon())
                 except LockBackendError:
-                    self._withdraw_failed()
+                    self._withdraw_failed(raising)
 
     # -- release / extend --------------------------------------------------------------------
 

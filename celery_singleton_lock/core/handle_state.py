@@ -101,6 +101,20 @@ def check_options(
     )
 
 
+class OptionNames(NamedTuple):
+    """What a handle's messages call its ``ttl`` and ``max_hold``: the words of whoever
+    set them. A layer that makes handles from options of its own (SingletonTask: a run's
+    lease is ``lock_lease``, its cap ``lock_ttl``) sets the handle's ``option_names``, so
+    that a user reads, and is told to raise, the option they wrote."""
+
+    ttl: str = "ttl"
+    max_hold: str = "max_hold"
+
+
+#: The names of a handle made from ``ttl=`` and ``max_hold=`` arguments.
+ARGUMENT_NAMES = OptionNames()
+
+
 class _Process:
     """This process's id, kept current across fork: ``os.getpid()`` is a system call, and
     every acquire and release asks whether the handle belongs to this process."""
@@ -181,13 +195,14 @@ class HandleState:
         "name", "ttl", "heartbeat", "max_hold", "wait", "owner_info", "on_lost",
         "_max_hold_ms", "_gen", "_ttl_ms", "_renewal", "_first_lease",
         "_owner", "_pid", "_token", "_lost", "_expires_at", "_hold_ends_at", "_release_unanswered",
-        "_held_by_call",
+        "_held_by_call", "option_names", "_cap_reached",
         "__weakref__",  # the heartbeats hold handles by weak reference
     )  # fmt: skip
 
     kind = "lease"
-    #: Why a lease ran out unrenewed, in the error check() raises (where renewals stall).
-    _stall_causes = "process paused, Redis unreachable or max_hold reached"
+    #: Why a lease ran out unrenewed, in the error check() raises (where renewals stall;
+    #: the cap, max_hold, is said apart, in the handle's option_names).
+    _stall_causes = "process paused or Redis unreachable"
 
     _state: AbstractContextManager[Any]
     name: str
@@ -212,6 +227,8 @@ class HandleState:
         self.owner_info = options.owner_info
         #: Called with this handle when it is found lost (see the driver's docstring).
         self.on_lost = options.on_lost
+        #: What messages call ``ttl`` and ``max_hold`` (see :class:`OptionNames`).
+        self.option_names = ARGUMENT_NAMES
         self._max_hold_ms = timing.max_hold_ms
         # The generation of the renewals: raised by each extend, so that a renewal read
         # before an extend and answered after it is told apart (see _renewed).
@@ -225,6 +242,8 @@ class HandleState:
         # Monotonic time from which max_hold may have ended the hold (math.inf: no max_hold):
         # a lease found gone from then on ran out at its max_hold, and says so.
         self._hold_ends_at = math.inf
+        # A renewal answered that max_hold was reached: the lease runs out at the cap.
+        self._cap_reached = False
         # A release round trip failed: it may have run with its reply lost.
         self._release_unanswered = False
         # The last acquire met a hold of this handle's call identity (see held_by_call).
@@ -306,13 +325,17 @@ class HandleState:
         if not self._mine():
             raise LockNotHeld(f"lock {self.name!r} is not held", name=self.name)
         if time.monotonic() >= self._expires_at:
-            self._mark_lost(
-                self._owner,
-                LockExpired(
-                    f"lease on {self.name!r} ran out before it was renewed ({self._stall_causes})",
+            if self._past_cap():
+                # As the heartbeat or the release would find it: the cap, not a stall.
+                error = self._lost_error(HolderReply.GONE, "check")
+            else:
+                cap = self.option_names.max_hold
+                error = LockExpired(
+                    f"lease on {self.name!r} ran out before it was renewed "
+                    f"({self._stall_causes}, or {cap} reached)",
                     name=self.name,
-                ),
-            )
+                )
+            self._mark_lost(self._owner, error)
             assert self._lost is not None
             raise self._lost.with_traceback(None)
 
@@ -351,11 +374,18 @@ class HandleState:
             self._expires_at = sent_at + self._first_lease
             # From the send: the server's deadline (acquired + max_hold) is no earlier.
             self._hold_ends_at = sent_at + (self.max_hold or math.inf)
+            self._cap_reached = False
         if self.heartbeat:
             self._start_renewing()
 
-    def _withdraw_failed(self) -> None:
-        """A waiter that gave up could not withdraw its wait (Redis did not answer)."""
+    def _withdraw_failed(self, raising: BaseException | None) -> None:
+        """A waiter that gave up could not withdraw its wait (Redis did not answer);
+        ``raising`` is the error the acquire goes on to raise (None: it returns)."""
+        if isinstance(raising, LockBackendError):
+            # The caller hears that Redis does not answer from the acquire's own error: a
+            # second message, with the client's internals, would only bury it.
+            log.debug("could not withdraw the wait of %r", self.name, exc_info=True)
+            return
         log.warning("could not withdraw the wait of %r", self.name, exc_info=True)
 
     # -- release -----------------------------------------------------------------------------
@@ -475,8 +505,13 @@ class HandleState:
                 if self._owner == owner and gen == self._gen:
                     self._expires_at = max(self._expires_at, sent_at + code / 1000)
         elif code == HolderReply.MAX_HOLD_REACHED:
+            self._cap_reached = True
             self._stop_renewing()
-            log.info("lock %r reached max_hold; it runs out within its ttl", self.name)
+            names = self.option_names
+            log.info(
+                "lock %r reached %s; it runs out within its %s",
+                self.name, names.max_hold, names.ttl,
+            )  # fmt: skip
         else:
             self._mark_lost(owner, self._lost_error(code, "heartbeat"))
 
@@ -502,7 +537,10 @@ class HandleState:
     def _announce_lost(self, error: LockLost) -> None:
         """Stop renewing, log, and call ``on_lost`` (the handle was just marked lost)."""
         self._stop_renewing()
-        lost_log.warning("lock %r lost (%s): %s", self.name, error.reason, error)
+        # The reason's value stays "max_hold" (the signal's, the error's); the line says it
+        # in the words of whoever set the cap.
+        reason = self.option_names.max_hold if error.reason == "max_hold" else error.reason
+        lost_log.warning("lock %r lost (%s): %s", self.name, reason, error)
         if self.on_lost is not None:
             self._call_on_lost()
 
@@ -525,11 +563,16 @@ class HandleState:
     def _mine(self) -> bool:
         return self._owner is not None and self._pid == _Process.pid
 
+    def _past_cap(self) -> bool:
+        """Whether max_hold may have ended the hold: a lease gone now ran out at its cap."""
+        return self._cap_reached or time.monotonic() >= self._hold_ends_at
+
     def _lost_error(self, code: int, during: str) -> LockLost:
-        if code == HolderReply.GONE and time.monotonic() >= self._hold_ends_at:
+        if code == HolderReply.GONE and self._past_cap():
+            cap = self.option_names.max_hold
             error = LockExpired(
-                f"{during}: lease on {self.name!r} ran out at its max_hold ({self.max_hold:g} s):"
-                " it is not renewed past it; raise max_hold for longer holds",
+                f"{during}: lease on {self.name!r} ran out at its {cap} ({self.max_hold:g} s):"
+                f" it is not renewed past it; raise {cap} for longer holds",
                 name=self.name,
             )
             error.reason = "max_hold"

@@ -128,7 +128,7 @@ class LeaseOps(HandleOps):
         self._attempt = os.urandom(8).hex() if self._fixed_owner else ""
         return owner
 
-    def _undo_attempts(self, owner: str) -> Steps[None]:
+    def _undo_attempts(self, owner: str, raising: BaseException) -> Steps[None]:
         """Undo what this acquire call took, and only that (see the base class).
 
         The rule, for each way the name can be held by ``owner`` after the failed call:
@@ -151,14 +151,14 @@ class LeaseOps(HandleOps):
         scripts = self._conn.scripts
         try:
             if self.fair:
-                yield from self._leave_queue(owner)
+                yield from self._leave_queue(owner, raising)
             undone = yield from on_master(
                 scripts.acquire_undo_call(self.keys.lock, owner, self._attempt)
             )
             if undone == UndoReply.HELD:
                 yield from on_master(scripts.release_call(self.keys.lock, owner, 0))
         except LockBackendError:
-            self._withdraw_failed()
+            self._withdraw_failed(raising)
 
     def _try_acquire(self, owner: str, reserve: bool) -> Steps[tuple[bool, int]]:
         scripts = self._conn.scripts
@@ -226,8 +226,8 @@ class LeaseOps(HandleOps):
                 if taken:
                     return True, value
                 hint = hint_seconds(value)
-        except LockBackendError:
-            if (yield from self._leave_queue(owner)):
+        except LockBackendError as error:
+            if (yield from self._leave_queue(owner, error)):
                 # A release handed the lease over, and the reply that said so was lost:
                 # nothing would renew it, and the caller gets an error, not the lease.
                 yield from self._give_back(owner)
@@ -247,13 +247,14 @@ class LeaseOps(HandleOps):
         # reply is a lease this waiter now holds there.
         return (yield from on_master(self._conn.scripts.fair_abandon_call(self.keys.lock, owner)))
 
-    def _leave_queue(self, owner: str) -> Steps[int]:
+    def _leave_queue(self, owner: str, raising: BaseException) -> Steps[int]:
         """:meth:`_withdraw_from_queue`, or 0 if Redis does not answer (logged): for the
-        clean-up of a wait that failed, which gives back what the owner holds after it."""
+        clean-up of a wait that failed with ``raising``, which gives back what the owner
+        holds after it."""
         try:
             return (yield from self._withdraw_from_queue(owner))
         except LockBackendError:
-            self._withdraw_failed()
+            self._withdraw_failed(raising)
             return 0
 
     def _give_back(self, owner: str) -> Steps[None]:
