@@ -51,7 +51,6 @@ from ..kinds.lease import CLAIM_OWNER_PREFIX, Lease
 from ..kinds.lease_listing import list_holders
 from .claims import FINISHED_STATES, claim_owner, has_result_backend, result_state
 from .sends import (
-    OUTCOME_REQUEUES_HEADER,
     REQUEUE_HEADERS,
     REQUEUES_HEADER,
     SEND_HEADER,
@@ -139,24 +138,16 @@ def decide(
     return Verdict(REQUEUE, f"re-queued: a live copy of this task id runs on {where}", countdown)
 
 
-def requeue_verdict(task: Any) -> Verdict:
-    """For the lock kinds that cannot take a hold over (reader-writer, range, multi-key): a
-    hold of this task id may be a live original, so re-queue and look again once a dead
-    holder's lease (``lock_lease``) could have run out."""
-    countdown = look_again_in(task, task.lock_options.lease)
-    return Verdict(REQUEUE, "re-queued: a hold of this task id stands", countdown)
-
-
-def delay_verdict(task: Any, until_ms: int) -> Verdict:
-    """For a copy that is to run its call again (its attempt ended, no outcome of it was
-    stored: done_marks.py) but meets that call's own release delay, ending at ``until_ms``
-    on the Redis server's clock: re-queue it to look again once the delay is over."""
+def after_delay_in(task: Any, until_ms: int) -> float:
+    """The countdown of a copy of ``task`` that is to run its call again (its attempt ended,
+    no outcome of it was stored: done_marks.py) but meets that call's own release delay,
+    ending at ``until_ms`` on the Redis server's clock: it looks again once the delay is
+    over (:func:`look_again_in`)."""
     try:
         left = max(0.0, until_ms - server_ms(task.lock_client)) / 1000
     except LockBackendError:
         left = task.lock_options.lease  # Redis did not answer: not long, look again
-    why = "re-queued: runs again once the release delay of its call that ended is over"
-    return Verdict(REQUEUE, why, look_again_in(task, left), OUTCOME_REQUEUES_HEADER)
+    return look_again_in(task, left)
 
 
 def look_again_in(task: Any, seconds: float) -> float:

@@ -50,9 +50,6 @@ ENDS = frozenset(
 #: dead holder's lease could have run out, or once this call's release delay is over.
 GIVEN, AFTER_LEASE, AFTER_DELAY = "given", "after lease", "after delay"
 
-#: The result backend states of a task that will not run again under its id.
-FINISHED_STATES = frozenset(("SUCCESS", "FAILURE", "REVOKED"))
-
 
 @dataclass(frozen=True)
 class Action:
@@ -91,7 +88,8 @@ class Snapshot:
 
     #: The lock Redis did not answer (its error, for the message).
     backend_error: str | None = None
-    #: For a re-queued copy: the result backend's state of the task ("" if none).
+    #: For a re-queued copy: the finished state (SUCCESS, FAILURE, REVOKED) the result backend
+    #: has for the task ("" if none: not finished, or no backend to ask).
     finished: str | None = None
     #: The call left the queue (False: a later call replaced it, ``debounce``).
     left_queue: bool | None = None
@@ -128,7 +126,7 @@ def decide(s: Snapshot) -> Action:
         return Action(RUN_UNLOCKED if s.backend_down == "run" else FAIL, s.backend_error)
     if s.requeued and s.finished is None:
         return Action(READ_FINISHED)
-    if s.requeued and s.finished in FINISHED_STATES:
+    if s.requeued and s.finished:
         return Action(DROP, f"dropped: the original run ended ({s.finished})")
     if s.leaves_queue_first and s.left_queue is None:
         return Action(LEAVE_QUEUE)

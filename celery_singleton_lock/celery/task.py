@@ -481,7 +481,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 countdown = own_holds.look_again_in(self, self.lock_options.lease)
             elif action.look_again == run_model.AFTER_DELAY:
                 assert s.own_delay_until_ms is not None
-                countdown = own_holds.delay_verdict(self, s.own_delay_until_ms).countdown
+                countdown = own_holds.after_delay_in(self, s.own_delay_until_ms)
             own_holds.requeue(self, countdown, action.counted_in)
             log.info("%s[%s] %s; looks again in %.1f s", self.name, request.id, action.why,
                      countdown)  # fmt: skip
