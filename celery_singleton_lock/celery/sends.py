@@ -46,22 +46,28 @@ def new_send_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
+def message_header(request: Any, name: str) -> Any:
+    """The value of message header ``name`` of ``request``'s message (None if it has none):
+    Celery puts a message's custom headers on the request, or, by protocol and pool, in
+    ``request.headers``."""
+    value = getattr(request, name, None)
+    if value is None and isinstance(getattr(request, "headers", None), dict):
+        value = request.headers.get(name)
+    return value
+
+
 def send_of(request: Any) -> str:
     """The send id the message of ``request`` carries (:data:`NO_SEND` if none)."""
-    value = getattr(request, SEND_HEADER, None)
-    if value is None and isinstance(getattr(request, "headers", None), dict):
-        value = request.headers.get(SEND_HEADER)
+    value = message_header(request, SEND_HEADER)
     return str(value) if value else NO_SEND
 
 
-def stamp(options: dict[str, Any], send: str | None = None) -> dict[str, Any]:
-    """``apply_async`` options with the send id ``send`` (None: a new one) in their headers,
-    the caller's other headers kept. A message whose options carry a send id already keeps
-    it when ``send`` is None: a retry built from its running request continues that send."""
+def stamp(options: dict[str, Any]) -> dict[str, Any]:
+    """``apply_async`` options with a send id in their headers, the caller's other headers
+    kept: a new one, unless the options carry one already (a retry built from its running
+    request continues that send)."""
     headers = dict(options.get("headers") or {})
-    if send is None:
-        send = headers.get(SEND_HEADER) or new_send_id()
-    headers[SEND_HEADER] = send
+    headers[SEND_HEADER] = headers.get(SEND_HEADER) or new_send_id()
     return {**options, "headers": headers}
 
 
@@ -102,9 +108,7 @@ def call_identity(request: Any) -> str:
 def requeues(request: Any, header: str = REQUEUES_HEADER) -> int:
     """How often the message of ``request`` was re-queued behind a live original (or, by
     ``header``, for another reason)."""
-    count = getattr(request, header, None)
-    if count is None and isinstance(request.headers, dict):
-        count = request.headers.get(header)
+    count = message_header(request, header)
     try:
         return int(count or 0)
     except (TypeError, ValueError):

@@ -662,9 +662,9 @@ class SingletonTask(Task):  # type: ignore[misc]
             raise
         finally:
             runs.leases.pop()
-            sends = _take_deferred(lease)
-            if sends:
-                self._send_deferred_retries(lease, sends, ended=ended)
+            retries = _take_deferred(lease)
+            if retries:
+                self._send_deferred_retries(lease, retries, ended=ended)
             elif lease is not None and (lease.held or lease.lost):
                 self._release(lease, ended=ended, mark=mark)
 
@@ -853,13 +853,13 @@ class SingletonTask(Task):  # type: ignore[misc]
         return superseded
 
     def _send_deferred_retries(
-        self, lease: LockHandle | None, sends: list[_RetrySend], *, ended: bool = True
+        self, lease: LockHandle | None, retries: list[_RetrySend], *, ended: bool = True
     ) -> None:
         """The body ended: pass the run's lock to the retry kept back by
         ``retry(throw=False)`` (or release it: another key, another kind), then send it;
         then mark the attempt done if the body ``ended`` by itself."""
         request = self.request
-        for args, kwargs, task_id, options, called_at in sends:
+        for args, kwargs, task_id, options, called_at in retries:
             options = dict(options)
             if options.get("countdown") is not None:
                 # Counted from the retry() call, as Celery would have sent it then.
