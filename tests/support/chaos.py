@@ -84,8 +84,10 @@ class Worker:
         return self.process.poll() is None
 
     def kill(self) -> None:
-        """SIGKILL the process group: the main process and its pool children."""
+        """SIGKILL the process group: the main process and its pool children, continued
+        first where a fault paused them (SIGSTOP)."""
         with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGCONT)
             os.killpg(self.pid, signal.SIGKILL)
         self.process.wait(30)
 

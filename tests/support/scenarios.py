@@ -64,7 +64,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import tempfile
 import time
 import uuid
@@ -89,6 +88,7 @@ from celery import chain, chord, group
 
 from celery_singleton_lock import DuplicateTask
 from celery_singleton_lock.embedded import RedisServer
+from support.chaos import Worker
 from support.history import Faults
 from support.proxies import DelayingProxy
 from support.waiting import start_celery_worker
@@ -573,39 +573,6 @@ def amqp_answers(url: str = AMQP_URL) -> str | None:
     return None
 
 
-@dataclass
-class Worker:
-    name: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def children(self) -> list[int]:
-        try:
-            text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
-        except OSError:
-            return []
-        return [int(pid) for pid in text.split()]
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGCONT)
-            os.killpg(self.pid, signal.SIGKILL)
-        self.process.wait(30)
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return ""
-
-
 class Transport:
     """One broker's worker (restarted as the faults need) and the twin app that sends."""
 
@@ -650,7 +617,7 @@ class Transport:
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             if not worker.alive():
-                raise RuntimeError(f"worker {worker.name} exited:\n{worker.log_tail()}")
+                raise RuntimeError(f"worker {worker.name} exited:\n{worker.log_tail(40)}")
             if self.app.control.ping(destination=[worker.name], timeout=0.5):
                 return
             if time.monotonic() > deadline:
