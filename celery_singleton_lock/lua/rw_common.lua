@@ -67,26 +67,33 @@ local function helpers()
     return math.max(ms, 1)
   end
 
-  -- The remaining ms of some live read hold (other than `except`), or nil if there is
-  -- none; read holds met dead on the way are dropped. Stops at the first live one, so a
-  -- blocked writer pays for the dead, each once, and one live reader.
-  live_reader = function(except)
+  -- The first answer other than nil of `visit(owner, field, value)` over the read holds'
+  -- fields of B exp (HSCAN pages of 100), or nil.
+  local function first_reader(visit)
     local cursor = '0'
     repeat
       local page = redis.call('HSCAN', KEYS[1], cursor, 'MATCH', 'r:*', 'COUNT', 100)
       cursor = page[1]
       local fields = page[2]
       for i = 1, #fields, 2 do
-        local owner = string.sub(fields[i], 3)
-        if owner ~= except then
-          local ms = live(owner, fields[i])
-          if ms then
-            return ms
-          end
+        local ms = visit(string.sub(fields[i], 3), fields[i], fields[i + 1])
+        if ms then
+          return ms
         end
       end
     until cursor == '0'
     return nil
+  end
+
+  -- The remaining ms of some live read hold (other than `except`), or nil if there is
+  -- none; read holds met dead on the way are dropped. Stops at the first live one, so a
+  -- blocked writer pays for the dead, each once, and one live reader.
+  live_reader = function(except)
+    return first_reader(function(owner, field)
+      if owner ~= except then
+        return live(owner, field)
+      end
+    end)
   end
 
   -- The remaining ms of a running hold of call identity `call` (> 0), or nil if none: the
@@ -113,21 +120,11 @@ local function helpers()
       end
     end
     local value = '=' .. call
-    local cursor = '0'
-    repeat
-      local page = redis.call('HSCAN', KEYS[1], cursor, 'MATCH', 'r:*', 'COUNT', 100)
-      cursor = page[1]
-      local fields = page[2]
-      for i = 1, #fields, 2 do
-        if fields[i + 1] == value then
-          local ms = running(string.sub(fields[i], 3), fields[i])
-          if ms then
-            return ms
-          end
-        end
+    return first_reader(function(owner, field, stored)
+      if stored == value then
+        return running(owner, field)
       end
-    until cursor == '0'
-    return nil
+    end)
   end
 
   -- Drop expired reservations and set `q` to the latest left (none: no `q`). Returns the
