@@ -125,17 +125,22 @@ def test_config_refused_makes_facts_unknown_not_an_error(
 # -- the worker's start-up warning -------------------------------------------------------------
 
 
-def test_worker_warns_once_at_start_on_an_evicting_redis(
-    server: RedisServer, conn: redis.Redis, caplog: pytest.LogCaptureFixture
-) -> None:
-    make_evicting(conn)
-    client = LockClient.from_url(server.url)
+def start_up_warnings(url: str, caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """What the worker's start-up check logs at WARNING and above for the Redis at ``url``."""
+    client = LockClient.from_url(url)
     try:
         with caplog.at_level(logging.WARNING, logger="celery_singleton_lock.worker"):
             warn_if_evicting(client)
     finally:
         client.close()
-    warnings = [r for r in caplog.records if r.name == "celery_singleton_lock.worker"]
+    return [r for r in caplog.records if r.name == "celery_singleton_lock.worker"]
+
+
+def test_worker_warns_once_at_start_on_an_evicting_redis(
+    server: RedisServer, conn: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    make_evicting(conn)
+    warnings = start_up_warnings(server.url, caplog)
     assert len(warnings) == 1
     assert "volatile-lru" in warnings[0].getMessage()
     assert "noeviction" in warnings[0].getMessage()
@@ -145,13 +150,7 @@ def test_worker_says_unknown_when_config_is_refused(
     server: RedisServer, conn: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     conn.execute_command("ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all", "-config")
-    client = LockClient.from_url(f"redis://app:pw@127.0.0.1:{server.port}/0")
-    try:
-        with caplog.at_level(logging.WARNING, logger="celery_singleton_lock.worker"):
-            warn_if_evicting(client)
-    finally:
-        client.close()
-    [record] = [r for r in caplog.records if r.name == "celery_singleton_lock.worker"]
+    [record] = start_up_warnings(f"redis://app:pw@127.0.0.1:{server.port}/0", caplog)
     assert "unknown" in record.getMessage()
 
 
@@ -159,13 +158,7 @@ def test_worker_is_quiet_on_a_redis_that_never_evicts(
     server: RedisServer, conn: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     make_clean(conn)
-    client = LockClient.from_url(server.url)
-    try:
-        with caplog.at_level(logging.WARNING, logger="celery_singleton_lock.worker"):
-            warn_if_evicting(client)
-    finally:
-        client.close()
-    assert not [r for r in caplog.records if r.name == "celery_singleton_lock.worker"]
+    assert not start_up_warnings(server.url, caplog)
 
 
 def test_a_starting_worker_logs_the_eviction_warning(
