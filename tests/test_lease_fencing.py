@@ -1,11 +1,10 @@
-"""The fencing counter: tokens strictly increase per name whatever the server clock and the
-counter key do (fencing.lua: one ``SET ... PX ... GET`` records the clock's token, with the
-counter's expiry, and reads the last one)."""
+"""The fencing counter: tokens strictly increase per name whatever the counter key does
+(fencing.lua: one ``SET ... PXAT ... GET`` records the clock's token, with the counter's
+expiry, and reads the last one). A real clock stepped back: test_fencing_clock.py."""
 
 from __future__ import annotations
 
 from celery_singleton_lock import LockClient
-from celery_singleton_lock.core.keys import FENCE_TTL_MS
 from celery_singleton_lock.core.replies import AcquireReply, acquire_outcome
 from celery_singleton_lock.core.scripts import fair_keys
 from celery_singleton_lock.embedded import RedisServer
@@ -16,8 +15,18 @@ def server_us(client: LockClient) -> int:
     return int(seconds) * 1_000_000 + int(micros)
 
 
+#: fencing.lua's FENCE_SLACK_MS: how long past the time its token stands for a counter lives.
+SLACK_MS = 10_000
+
+
 def assert_counter_expires(client: LockClient, fence_key: bytes) -> None:
-    assert 0 < client.redis.pttl(fence_key) <= FENCE_TTL_MS
+    """The counter expires SLACK_MS after the server time its token stands for."""
+    pipe = client.redis.pipeline()
+    pipe.get(fence_key).pttl(fence_key).time()
+    token, pttl, (seconds, micros) = pipe.execute()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    assert 0 < pttl <= int(token) // 1000 + SLACK_MS - now_ms + 1
+    assert pttl > int(token) // 1000 + SLACK_MS - now_ms - 1000
 
 
 def test_counter_ahead_of_the_clock_is_followed(lock_client: LockClient) -> None:
@@ -46,20 +55,23 @@ def test_counter_behind_the_clock_is_overtaken_and_keeps_an_expiry(
         assert_counter_expires(lock_client, lease.keys.fence)
 
 
-def test_every_token_sets_the_counters_expiry_again(lock_client: LockClient) -> None:
-    """The counter outlives the name's LAST token by FENCE_TTL (not its first), and a name
-    used once leaves it no longer than that."""
+def test_a_name_keeps_its_counter_for_the_slack_only(lock_client: LockClient) -> None:
+    """The counter outlives the name's LAST token by the slack (not its first), also when it
+    is ahead of the clock (then by the slack after the time that token stands for)."""
     lease = lock_client.lease("refreshed", heartbeat=False)
     with lease:
-        assert FENCE_TTL_MS - 60_000 < lock_client.redis.pttl(lease.keys.fence) <= FENCE_TTL_MS
-    lock_client.redis.pexpire(lease.keys.fence, 5_000)  # as an hour after it was made
-    ahead = lock_client.lease("refreshed", heartbeat=False)
-    with ahead:
-        assert FENCE_TTL_MS - 60_000 < lock_client.redis.pttl(lease.keys.fence) <= FENCE_TTL_MS
-    # The same when the counter is ahead of the clock (the token is its last one plus one).
-    lock_client.redis.set(lease.keys.fence, server_us(lock_client) + 10**9, px=5_000)
-    with ahead:
-        assert FENCE_TTL_MS - 60_000 < lock_client.redis.pttl(lease.keys.fence) <= FENCE_TTL_MS
+        pass
+    assert_counter_expires(lock_client, lease.keys.fence)
+    assert lock_client.redis.pttl(lease.keys.fence) <= SLACK_MS
+    lock_client.redis.pexpire(lease.keys.fence, 5)
+    with lease:
+        assert_counter_expires(lock_client, lease.keys.fence)
+    ahead = server_us(lock_client) + 10**9  # 1000 s ahead
+    lock_client.redis.set(lease.keys.fence, ahead, px=5_000)
+    with lease:
+        assert lease.token == ahead + 1
+        assert_counter_expires(lock_client, lease.keys.fence)
+    assert lock_client.redis.pttl(lease.keys.fence) > 1000 * 1000
 
 
 def test_many_acquisitions_within_one_millisecond_get_increasing_tokens(

@@ -6,8 +6,8 @@ Layout for a lock named N under prefix P (default ``csl:``)::
                          in one field: core/holder.py);
                          expires with the lease; during a release delay it has no owner
                          and its ``state`` is RELEASE_DELAY_STATE
-    P{T}:fence    string the last fencing token handed out; expires FENCE_TTL after it
-                         (set again by every token)
+    P{T}:fence    string the last fencing token handed out; expires when the server
+                         clock passes it (fencing.lua)
     P{T}:chan     pub/sub channel that wakes waiters on release (not a key)
     P{T}:queue    list   owner tokens of fair waiters, oldest first; expires unless one of
                          them refreshes it
@@ -69,15 +69,6 @@ DEFAULT_PREFIX = "csl:"
 
 #: Names longer than this (in UTF-8 bytes) are hashed into the key.
 MAX_PLAIN_NAME = 200
-
-#: How long the fencing counter outlives a name's last token (ms; set again by every token).
-#: Tokens follow the Redis server clock in microseconds, so they keep increasing after this
-#: key expires; the counter guards acquisitions within one microsecond and a server clock
-#: stepped back by less than this. Every name ever locked keeps its counter this long after
-#: its last lock (about 250 bytes for a 60-character name: with a new lock name per task
-#: call, 100 calls a second keep about 90 MB of counters), which is why it is an hour and
-#: not a day (2 GB).
-FENCE_TTL_MS = 3600 * 1000
 
 
 def encode_name(name: str) -> bytes:

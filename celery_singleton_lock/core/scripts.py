@@ -18,7 +18,7 @@ from redis.commands.core import Script as RedisScript
 from redis.exceptions import ClusterError, NoScriptError, TryAgainError
 from redis.typing import EncodableT, KeyT
 
-from .keys import FENCE_TTL_MS, key_base
+from .keys import key_base
 from .redis_urls import is_async_cluster, is_cluster
 from .replication import Replication
 
@@ -263,13 +263,6 @@ def source_after(*names: str) -> str:
 FENCING = "fencing"
 
 
-def with_fence_ttl(name: str, *preludes: str) -> str:
-    """``lua/<name>.lua`` after a line defining ``FENCE_TTL_MS`` (a constant of the script
-    rather than an argument sent with every call), the fencing-token function and the other
-    ``preludes``."""
-    return f"local FENCE_TTL_MS = {FENCE_TTL_MS}\n" + source_after(FENCING, *preludes, name)
-
-
 def pack_holder(fields: Sequence[Any]) -> bytes:
     """The holder's field, value pairs (bytes, str or int) as the one argument acquire.lua
     unpacks into hash fields: a MessagePack array of strings (``cmsgpack`` in Redis's Lua).
@@ -340,8 +333,9 @@ class Scripts:
     (renewals: the heartbeat's :func:`run_batch` adds the WAIT)."""
 
     def __init__(self, redis: Any, replication: Replication | None = None) -> None:
-        self._acquire: Script = register(redis, with_fence_ttl("acquire", ADVISORY), replication)
-        self._release: Script = register(redis, with_fence_ttl("release", ADVISORY), replication)
+        fenced = source_after(FENCING, ADVISORY)
+        self._acquire: Script = register(redis, fenced + "\n" + source("acquire"), replication)
+        self._release: Script = register(redis, fenced + "\n" + source("release"), replication)
         self._renew: Script = register(redis, source("renew"))
         self._handover: Script = register(redis, source("handover"), replication)
         self._release_holder: Script = register(

@@ -40,7 +40,7 @@ from ..core.handle_ops import (
 )
 from ..core.heartbeat import RenewEntry
 from ..core.holder import HOSTNAME, ListedHolder, decode, flatten, text
-from ..core.keys import FENCE_TTL_MS, RELEASE_DELAY_STATE, RELEASED_STATE, escape_glob, name_tag
+from ..core.keys import RELEASE_DELAY_STATE, RELEASED_STATE, escape_glob, name_tag
 from ..core.replication import Replication
 from ..core.replies import ClearReply, HolderReply, IntervalReply, acquire_outcome
 from ..core.scan import Record, read_query
@@ -280,7 +280,7 @@ class IntervalHold(HandleOps):
         queued = reserve and self.mode == "w"
         args = [
             owner, self.mode, score(self.lo), score(self.hi), self._ttl_ms, self._max_hold_ms,
-            FENCE_TTL_MS, RESERVATION_MS if queued else 0, parent, self.keys.channel,
+            RESERVATION_MS if queued else 0, parent, self.keys.channel,
             "1" if reserve else "", self._packed_holder(), self.call or "",
         ]  # fmt: skip
         return self.keys.all(owner), args, queued

@@ -24,7 +24,7 @@ from ..core.handle import HolderRecord, LockHandle
 from ..core.handle_ops import HandleOps, released_unreplicated
 from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.holder import HOSTNAME, ListedHolder, decode
-from ..core.keys import FENCE_TTL_MS, LockKeys, encode_name, lock_keys
+from ..core.keys import LockKeys, encode_name, lock_keys
 from ..core.redis_urls import is_cluster
 from ..core.replication import Replication
 from ..core.replies import AcquireReply, ClearReply, HolderReply, acquire_outcome
@@ -93,10 +93,10 @@ def acquire_args(
     ordered: Sequence[str],
     holder: Sequence[Any],
 ) -> list[Any]:
-    """ARGV of multi_acquire.lua: owner, ttl, max-hold, fence ttl, wait mode ('1': mark the
+    """ARGV of multi_acquire.lua: owner, ttl, max-hold, wait mode ('1': mark the
     busy holders so their release publishes), the names in key order, the holder fields."""
     return [
-        owner, ttl_ms, max_hold_ms, FENCE_TTL_MS, "1" if reserve else "",
+        owner, ttl_ms, max_hold_ms, "1" if reserve else "",
         *(encode_name(name) for name in ordered), *holder,
     ]  # fmt: skip
 

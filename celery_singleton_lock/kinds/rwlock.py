@@ -36,7 +36,7 @@ from ..core.handle import HolderRecord, LockHandle
 from ..core.handle_ops import HandleOps, changed_unreplicated, may_have_run, with_reply
 from ..core.heartbeat import RenewEntry
 from ..core.holder import HOSTNAME, ListedHolder, flatten, text
-from ..core.keys import FENCE_TTL_MS, name_tag
+from ..core.keys import name_tag
 from ..core.replication import Replication
 from ..core.replies import ClearReply, IntervalReply, acquire_outcome
 from ..core.scripts import (
@@ -101,10 +101,9 @@ class RWScripts:
         def load(waits: Replication | None, *names: str) -> Script:
             return register(redis, source_after(ADVISORY, "rw_common", *names), waits)
 
-        fenced = f"local FENCE_TTL_MS = {FENCE_TTL_MS}\n" + source_after(
-            FENCING, ADVISORY, "rw_common"
+        self.acquire = register(
+            redis, source_after(FENCING, ADVISORY, "rw_common", "rw_acquire"), replication
         )
-        self.acquire = register(redis, fenced + "\n" + source_after("rw_acquire"), replication)
         self.release = load(replication, "rw_release")
         self.change = load(replication, "rw_change")
         self.renew = load(None, "rw_renew")

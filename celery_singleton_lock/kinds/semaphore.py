@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.holder import ListedHolder
-from ..core.keys import FENCE_TTL_MS
 from ..core.replication import Replication
 from ..core.replies import IntervalReply, acquire_outcome
 from ..core.scan import Record, read_query
@@ -68,7 +67,7 @@ class PermitHold(IntervalHold):
 
     def _try_acquire(self, owner: str, reserve: bool) -> Steps[tuple[bool, int]]:
         args = [
-            owner, self.limit, self._ttl_ms, self._max_hold_ms, FENCE_TTL_MS,
+            owner, self.limit, self._ttl_ms, self._max_hold_ms,
             "1" if reserve else "", self.call or "", *self._describe_holder(),
         ]  # fmt: skip
         reply = yield scripts(self._conn).acquire, self.keys.all(owner), args

@@ -22,7 +22,6 @@
 -- ARGV[8]: the acquire call's own id, stored as `attempt` with what it takes ('' none): for
 --          an owner token that is not unique per acquire call (a claim's), it tells what
 --          this call took from what that owner held already (acquire_undo.lua)
--- FENCE_TTL_MS (defined before this text by scripts.py): the fencing counter's ttl, ms
 -- Reply codes: AcquireReply in core/replies.py (keep the two in step).
 -- returns fencing token           taken, or held by this owner already: a re-sent attempt
 --                                 whose first run's reply was lost (or, for a fair waiter,
@@ -118,7 +117,7 @@ if #us < 6 then
   us = string.sub('00000' .. us, -6)
 end
 local now_ms = t[1] .. string.sub(us, 1, 3)
-local token = next_fencing_token(KEYS[2], t, FENCE_TTL_MS)
+local token = next_fencing_token(KEYS[2], t)
 if owner then
   -- A claim taken over: kept aside (see above); this hold starts a hash of its own. While
   -- the slot migrates, the node may refuse the new key (advisory.lua): the take-over is

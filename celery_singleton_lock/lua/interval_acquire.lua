@@ -1,14 +1,14 @@
 -- Take a read ('r'), upgradable ('u') or write ('w') hold on the closed interval [lo, hi].
 -- KEYS: see interval_common.lua (1..13; KEYS[8] is the new holder's hash)
 -- ARGV[1]: owner token    ARGV[2]: mode r|u|w    ARGV[3], ARGV[4]: lo, hi (strtod syntax)
--- ARGV[5]: lease, ms      ARGV[6]: max-hold, ms (0: no cap)    ARGV[7]: fence ttl, ms
--- ARGV[8]: reservation, ms: a blocked writer that will wait queues one (0: do not; only
+-- ARGV[5]: lease, ms      ARGV[6]: max-hold, ms (0: no cap)
+-- ARGV[7]: reservation, ms: a blocked writer that will wait queues one (0: do not; only
 --          write requests queue)
--- ARGV[9]: owner of the upgradable hold a write nests in ('' none)
--- ARGV[10]: publish channel    ARGV[11]: '1' the caller will wait if blocked ('' it will not)
--- ARGV[12]: the field, value pairs describing the holder, packed as a lease's are
+-- ARGV[8]: owner of the upgradable hold a write nests in ('' none)
+-- ARGV[9]: publish channel    ARGV[10]: '1' the caller will wait if blocked ('' it will not)
+-- ARGV[11]: the field, value pairs describing the holder, packed as a lease's are
 --           (acquire.lua's ARGV[7]), stored as they come in the one field `holder`
--- ARGV[13]: the call identity of the new hold ('' none): an opaque string, stored in the
+-- ARGV[12]: the call identity of the new hold ('' none): an opaque string, stored in the
 --           holder's hash as `call`; while a hold of the same call identity stands on the
 --           lock (any mode, any interval; not the parent), nothing is granted
 --
@@ -22,7 +22,7 @@
 --                               in core/replies.py
 --         {0, ms}                blocked; ms until a conflicting holder could run out
 --         {-3, 0}                the parent upgradable hold is gone or does not cover [lo, hi]
---         {-5, ms}               a hold of the call identity ARGV[13] stands (another delivery
+--         {-5, ms}               a hold of the call identity ARGV[12] stands (another delivery
 --                                of the same call): ms it has left. Nothing granted, queued
 --                                or marked: a call is never let in beside itself
 --
@@ -30,8 +30,8 @@
 -- uncontended case) takes one EXISTS to know it: nothing to prune, nothing to overlap, and
 -- the new hold's expiry is the lock's latest.
 local owner, mode, lo, hi = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local parent = ARGV[9]
-local call = ARGV[13] or ''
+local parent = ARGV[8]
+local call = ARGV[12] or ''
 local latest = 0  -- ms: the latest expiry of the holders already there
 if parent ~= '' or redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
     KEYS[7], KEYS[11]) > 0 then
@@ -66,7 +66,7 @@ if parent ~= '' or redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS
     end
   end
   if blocked(mode, lo, hi, parent) then
-    local reserve = tonumber(ARGV[8])
+    local reserve = tonumber(ARGV[7])
     if reserve > 0 and mode == 'w' then
       redis.call('ZADD', KEYS[9], lo, owner)
       redis.call('ZADD', KEYS[10], hi, owner)
@@ -74,7 +74,7 @@ if parent ~= '' or redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS
       refresh_queue()
     end
     local ms = hint(mode)
-    if ARGV[11] == '1' then
+    if ARGV[10] == '1' then
       mark_waiting(ms)
     end
     return {0, ms}
@@ -84,7 +84,7 @@ if parent ~= '' or redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS
     refresh_queue()
   end
 end
-local token = next_token(KEYS[13], ARGV[7])
+local token = next_token(KEYS[13])
 local lease = tonumber(ARGV[5])
 local max_hold = tonumber(ARGV[6])
 if max_hold > 0 then
@@ -99,7 +99,7 @@ if with_hi then
   redis.call('ZADD', KEYS[m + 1], hi, owner)
 end
 redis.call('HSET', KEYS[8], 'owner', owner, 'token', token, 'acquired_ms', now_ms,
-  'ttl_ms', ARGV[5], 'mode', mode, 'lo', lo, 'hi', hi, 'holder', ARGV[12])
+  'ttl_ms', ARGV[5], 'mode', mode, 'lo', lo, 'hi', hi, 'holder', ARGV[11])
 if call ~= '' then
   redis.call('HSET', KEYS[8], 'call', call)
 end

@@ -133,7 +133,7 @@ local function overlap_helpers()
 end
 
 -- The new holder's fencing token, as a lease's (fencing.lua).
-local function next_token(fence_key, fence_ttl)
+local function next_token(fence_key)
   now()
-  return next_fencing_token(fence_key, t, fence_ttl)
+  return next_fencing_token(fence_key, t)
 end

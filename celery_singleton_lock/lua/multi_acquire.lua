@@ -2,9 +2,9 @@
 -- KEYS[1..n]: the lock hashes of the names (the very keys a lease on each name uses)
 -- KEYS[n+1..2n]: their fencing counters
 -- ARGV[1]: owner token   ARGV[2]: lease, ms   ARGV[3]: max-hold, ms (0: no cap)
--- ARGV[4]: fence ttl, ms   ARGV[5]: '1' if the caller will wait for a release, else ''
--- ARGV[6..5+n]: the names (stored as each hash's `name`)
--- ARGV[6+n..]: field, value pairs describing the holder (kind, host, pid, ...)
+-- ARGV[4]: '1' if the caller will wait for a release, else ''
+-- ARGV[5..4+n]: the names (stored as each hash's `name`)
+-- ARGV[5+n..]: field, value pairs describing the holder (kind, host, pid, ...)
 -- Reply codes: AcquireReply in core/replies.py (keep the two in step).
 -- returns {1, token 1, ..., token n}   all taken, one fencing token per name; or all held by
 --                                       this owner already (a re-sent attempt whose first
@@ -26,7 +26,7 @@ for i = 1, n do
     if hint == nil or hint < 0 or (remaining >= 0 and remaining < hint) then
       hint = remaining
     end
-    if ARGV[5] == '1' then
+    if ARGV[4] == '1' then
       redis.call('HSET', KEYS[i], 'waiting', 1)
     end
   end
@@ -49,10 +49,10 @@ if max_hold > 0 then
 end
 local result = {1}
 for i = 1, n do
-  local token = next_fencing_token(KEYS[n + i], t, ARGV[4])
+  local token = next_fencing_token(KEYS[n + i], t)
   redis.call('HSET', KEYS[i], 'owner', ARGV[1], 'token', token, 'acquired_ms', now_ms,
-    'renewed_ms', now_ms, 'ttl_ms', ARGV[2], 'deadline_ms', deadline, 'name', ARGV[5 + i],
-    'names', n, unpack(ARGV, 6 + n))
+    'renewed_ms', now_ms, 'ttl_ms', ARGV[2], 'deadline_ms', deadline, 'name', ARGV[4 + i],
+    'names', n, unpack(ARGV, 5 + n))
   redis.call('PEXPIRE', KEYS[i], lease)
   result[i + 1] = token
 end

@@ -3,7 +3,6 @@
 -- ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)
 -- ARGV[3]: the fencing token of the hold released ('' not known: a claim's release by its
 --          owner token, which is unique per claim, not per hold)
--- FENCE_TTL_MS (defined before this text by scripts.py): the fencing counter's ttl, ms
 -- Reply codes: HolderReply in core/replies.py (keep the two in step).
 -- returns 1   released (or handed to the oldest live fair waiter); also for a release sent
 --             again after its reply was lost (see below)
@@ -81,7 +80,7 @@ while handing do
     end
     local t = redis.call('TIME')
     local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
-    local token = next_fencing_token(fence, t, FENCE_TTL_MS)
+    local token = next_fencing_token(fence, t)
     local lease = tonumber(wanted['ttl_ms'])
     local max_hold = tonumber(wanted['max_hold_ms'])
     local deadline = 0

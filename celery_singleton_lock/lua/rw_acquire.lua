@@ -9,7 +9,6 @@
 --          (acquire.lua's ARGV[7]), stored as they come in the one field `holder`
 -- ARGV[8]: the call identity of the new hold ('' none): an opaque string; while a hold of
 --          the same call identity stands on the lock (in any mode), nothing is granted
--- FENCE_TTL_MS (defined before this text by scripts.py): the fencing counter's ttl, ms
 -- Reply codes: IntervalReply in core/replies.py (keep the two in step).
 -- returns fencing token        taken, or held by this owner already: a re-sent attempt whose
 --                              first run's reply was lost gets the token it has, unchanged; the
@@ -83,7 +82,7 @@ if pttl ~= -2 then
 else
   t = redis.call('TIME')
 end
-local token = next_fencing_token(KEYS[3], t, FENCE_TTL_MS)
+local token = next_fencing_token(KEYS[3], t)
 -- Server ms as text, cut from TIME's two parts (cheaper than arithmetic and a format).
 local us = t[2]
 if #us < 6 then

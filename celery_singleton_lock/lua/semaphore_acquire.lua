@@ -5,25 +5,25 @@
 -- permits unchanged. Permits index nothing else; the cap is the number of B exp entries.
 -- KEYS: see interval_common.lua (1..13; KEYS[8] is the new holder's hash)
 -- ARGV[1]: owner token    ARGV[2]: limit (int >= 1)    ARGV[3]: lease, ms
--- ARGV[4]: max-hold, ms (0: no cap)    ARGV[5]: fence ttl, ms
--- ARGV[6]: '1' the caller will wait if blocked ('' it will not)
--- ARGV[7]: the call identity of the new permit ('' none): an opaque string, stored in the
+-- ARGV[4]: max-hold, ms (0: no cap)
+-- ARGV[5]: '1' the caller will wait if blocked ('' it will not)
+-- ARGV[6]: the call identity of the new permit ('' none): an opaque string, stored in the
 --          holder's hash as `call`; while a permit of the same call identity is held,
 --          nothing is granted
--- ARGV[8..]: field, value pairs describing the holder
+-- ARGV[7..]: field, value pairs describing the holder
 -- returns fencing token        taken, or held by this owner already: a re-sent attempt whose
 --                              first run's reply was lost gets the token it has, unchanged; the
 --                              token alone (a string), not a table: see acquire_outcome()
 --                              in core/replies.py
 --         {0, ms}              `limit` permits are held; ms until the first could run out
---         {-5, ms}             a permit of the call identity ARGV[7] is held (another
+--         {-5, ms}             a permit of the call identity ARGV[6] is held (another
 --                              delivery of the same call): ms it has left. Nothing granted
 --                              or marked: a call never holds two permits
 --
 -- The limit is the acquiring call's: holders that were let in under a higher limit keep
 -- their permits, and a call with a lower one waits until fewer than it are held.
 -- A permit in delay-after (released with a delay) still counts until its delay ends.
-local owner, limit, call = ARGV[1], tonumber(ARGV[2]), ARGV[7]
+local owner, limit, call = ARGV[1], tonumber(ARGV[2]), ARGV[6]
 local latest = 0  -- ms: the latest expiry of the permits already held
 if redis.call('EXISTS', KEYS[1]) == 1 then
   overlap_helpers()
@@ -43,13 +43,13 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   end
   if redis.call('ZCARD', KEYS[1]) >= limit then
     local ms = earliest(KEYS[1]) or 0
-    if ARGV[6] == '1' then
+    if ARGV[5] == '1' then
       mark_waiting(ms)
     end
     return {0, ms}
   end
 end
-local token = next_token(KEYS[13], ARGV[5])
+local token = next_token(KEYS[13])
 local lease = tonumber(ARGV[3])
 local max_hold = tonumber(ARGV[4])
 local deadline = 0
@@ -61,7 +61,7 @@ local expiry = now_ms + lease
 redis.call('ZADD', KEYS[1], expiry, owner)
 redis.call('HSET', KEYS[8], 'owner', owner, 'token', token, 'acquired_ms', now_ms,
   'renewed_ms', now_ms, 'ttl_ms', ARGV[3], 'deadline_ms', deadline, 'mode', 'r',
-  'lo', '-inf', 'hi', 'inf', 'parent', '', 'limit', limit, unpack(ARGV, 8))
+  'lo', '-inf', 'hi', 'inf', 'parent', '', 'limit', limit, unpack(ARGV, 7))
 if call ~= '' then
   redis.call('HSET', KEYS[8], 'call', call)
 end

@@ -74,8 +74,19 @@ LISTENING_LINES = ("Ready to accept connections", "Sentinel ID is")
 class Server:
     """One ``redis-server`` (or sentinel) child process with its own directory."""
 
-    def __init__(self, args: list[str], *, port: int | None = None, config: str = "") -> None:
+    def __init__(
+        self,
+        args: list[str],
+        *,
+        port: int | None = None,
+        config: str = "",
+        binary: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port = port or free_port()
+        #: The executable (default: redis_server_binary()) and extra environment variables.
+        self.binary = binary or redis_server_binary()
+        self.env = env
         self.dir = tempfile.mkdtemp(prefix="csl-topo-")
         self.args = args
         self.config = config
@@ -119,7 +130,7 @@ class Server:
 
     def _spawn(self) -> None:
         log = Path(self.dir, "server.log").open("ab")  # noqa: SIM115 - handed to the child
-        command = [redis_server_binary()]
+        command = [self.binary]
         if self.config:
             conf = Path(self.dir, "server.conf")
             conf.write_text(self.config)
@@ -130,8 +141,9 @@ class Server:
             "--dir", self.dir,
             *self.args,
         ]  # fmt: skip
+        env = {**os.environ, **self.env} if self.env else None
         self.process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
         log.close()
 
