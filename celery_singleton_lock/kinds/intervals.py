@@ -45,7 +45,9 @@ from ..core.replication import Replication
 from ..core.replies import ClearReply, HolderReply, IntervalReply, acquire_outcome
 from ..core.scan import Record, read_query
 from ..core.scripts import (
+    ADVISORY,
     FENCING,
+    TRACE,
     ScriptCall,
     ScriptHost,
     bound_to,
@@ -117,7 +119,7 @@ class IntervalScripts:
         self.acquire = load("interval_acquire", replication)
         # The release decides nothing on overlaps: it goes without their helpers.
         self.release = register(
-            redis, source_after("interval_common", "interval_release"), replication
+            redis, source_after(ADVISORY, TRACE, "interval_common", "interval_release"), replication
         )
         self.change = load("interval_change", replication)
         self.renew = load("interval_renew", None)

@@ -31,6 +31,7 @@ from ..core.replies import AcquireReply, ClearReply, HolderReply, acquire_outcom
 from ..core.scan import Record, read_query
 from ..core.scripts import (
     FENCING,
+    TRACE,
     WAKE_FAIR_WAITER,
     ScriptCall,
     ScriptHost,
@@ -59,7 +60,7 @@ class MultiScripts:
     def __init__(self, redis: Any, replication: Replication | None = None) -> None:
         self.acquire: Script = register(redis, source_after(FENCING, "multi_acquire"), replication)
         self.release: Script = register(
-            redis, source_after(*WAKE_FAIR_WAITER, "multi_release"), replication
+            redis, source_after(*WAKE_FAIR_WAITER, TRACE, "multi_release"), replication
         )
         self.renew: Script = register(redis, source("multi_renew"))
 

@@ -42,6 +42,7 @@ from ..core.replies import ClearReply, IntervalReply, acquire_outcome
 from ..core.scripts import (
     ADVISORY,
     FENCING,
+    TRACE,
     ScriptCall,
     ScriptHost,
     bound_to,
@@ -104,7 +105,7 @@ class RWScripts:
         self.acquire = register(
             redis, source_after(FENCING, ADVISORY, "rw_common", "rw_acquire"), replication
         )
-        self.release = load(replication, "rw_release")
+        self.release = load(replication, TRACE, "rw_release")
         self.change = load(replication, "rw_change")
         self.renew = load(None, "rw_renew")
 

@@ -37,9 +37,9 @@
 -- B exp entry (both are set together). A holder whose hash and B exp entry are both there
 -- still holds, even a moment past its expiry: an acquire that could conflict with it prunes
 -- that entry first. So the release needs no prune and no clock. A hold its holder released
--- (or a clear freed: also `cleared=1`) leaves its hash, with `state=released`, until the
--- hash's own expiry (what the hold had left): the trace that answers that release (or
--- clear) sent again (interval_release.lua). No index names it, so nothing that goes by
+-- (or a clear freed: also `cleared=1`) leaves in its hash's place a trace (trace.lua),
+-- `state=released` and its token, for the time the hold had left: what answers that
+-- release (or clear) sent again (interval_release.lua). No index names it, so nothing that goes by
 -- B exp meets it; listings pass it by.
 local t, now_ms
 -- Server time, ms; read once per call, and only by a call that needs it.

@@ -9,9 +9,9 @@
 --          '' for the holder's own release: the holder of a hold cleared finds it lost
 -- Reply codes: ClearReply in core/replies.py (keep the two in step).
 -- returns 1   released (or, for a waiter, its reservation withdrawn); also for a call sent
---             again after its reply was lost: a release or clear that freed the hold left its
---             hash as a trace, `state=released` (with the hold's token; `cleared=1` if a clear
---             freed it), for the time the hold had left (its hash's own expiry), and one that
+--             again after its reply was lost: a release or clear that freed the hold left in
+--             its hash's place a trace (trace.lua), `state=released` with the hold's token
+--             (`cleared=1` if a clear freed it), for the time the hold had left, and one that
 --             began a release delay left `state=cooldown`, whose end it does not move; so
 --             does the holder's release of a hold in its delay, with a delay or without
 --         0   not held: the hold expired (or was cleared, or, for a clear, released)
@@ -81,13 +81,14 @@ if m then
     if tonumber(holder[4]) ~= math.huge then
       redis.call('ZREM', KEYS[m + 1], owner)
     end
-    -- Its hash stays, until its own expiry (what the hold had left), as the trace that
-    -- answers this call sent again; a clear's says so, and its holder's own release then
-    -- finds the hold gone (lost), not released.
+    -- Its hash gives way to the trace that answers this call sent again, for the time
+    -- the hold had left; a clear's says so, and its holder's own release then finds the
+    -- hold gone (lost), not released.
+    local left = redis.call('PTTL', KEYS[8])
     if clear then
-      redis.call('HSET', KEYS[8], 'state', 'released', 'cleared', 1)
+      leave_trace(KEYS[8], KEYS[8], left, 'state', 'released', 'token', holder[2], 'cleared', 1)
     else
-      redis.call('HSET', KEYS[8], 'state', 'released')
+      leave_trace(KEYS[8], KEYS[8], left, 'state', 'released', 'token', holder[2])
     end
     result = 1
     woke = true

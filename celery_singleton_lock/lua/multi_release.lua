@@ -3,21 +3,20 @@
 -- KEYS[1..n]: lock hashes   ARGV[1]: owner token   ARGV[2]: delay, ms (0: free now)
 -- ARGV[3..2+n]: the wake-up channel of each name
 -- ARGV[3+n..2+2n]: the fencing token of each name's hold (absent: not known): a name freed
--- now leaves its hash renamed to P{T}:freed, as release.lua does (it keeps the time the hold
--- had left)
+-- now leaves its owner and token in P{T}:freed, as release.lua does (trace.lua)
 -- Waiters mark the hash (acquire.lua): only a marked one is published, and its oldest live
 -- fair waiter is woken to take the freed name itself (wake_fair_waiter.lua, prepended).
 -- Reply codes: HolderReply in core/replies.py (keep the two in step).
 -- returns 1 all released; else -1 if some name is held by another owner, 0 if some expired
 -- A release sent again after its reply was lost (redis-py's retry, or the caller's) finds
 -- its names released, not lost or held by another: a release delay left names its owner
--- (`released_by`), a name freed now its hash, with its hold's token, in P{T}:freed.
+-- (`released_by`), a name freed now its hold's owner and token in P{T}:freed.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local delay = tonumber(ARGV[2])
 local result = 1
 for i, key in ipairs(KEYS) do
-  local holder = redis.call('HMGET', key, 'owner', 'waiting', 'released_by')
+  local holder = redis.call('HMGET', key, 'owner', 'waiting', 'released_by', 'token')
   local owner = holder[1]
   local token = ARGV[2 + #KEYS + i]
   local freed = string.sub(key, 1, -5) .. 'freed'
@@ -27,9 +26,7 @@ for i, key in ipairs(KEYS) do
         'released_by', ARGV[1])
       redis.call('PEXPIRE', key, delay)
     else
-      if not (token and advisory('RENAME', key, freed)) then
-        redis.call('DEL', key)
-      end
+      leave_trace(key, freed, redis.call('PTTL', key), 'owner', ARGV[1], 'token', holder[4])
       if holder[2] then
         redis.call('PUBLISH', ARGV[2 + i], 'released')
         wake_fair_waiter(string.sub(key, 1, -5))

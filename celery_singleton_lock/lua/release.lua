@@ -9,15 +9,14 @@
 --         0   not held: the lease expired and nobody holds the name
 --        -1   another owner holds the name (or it is in another holder's release delay)
 --
--- A release that frees the name now renames the hash to P{T}:freed, which keeps the expiry
--- the hold had left: one call leaves the trace that tells the same release sent again after
--- its reply was lost (redis-py's retry, or the caller's own) that it was done. That release
--- finds its owner there, and its fencing token when it passes one (fencing tokens are
--- unique per name). The next release that frees the name replaces the trace. A release
--- delay names its owner as `released_by` instead. A multi-key lock's release leaves the
--- same trace (multi_release.lua); the admin's calls that free a lease key leave a string,
--- P{T}:released (clear.lua, release_holder.lua): a holder whose lease was cleared must find
--- it lost, not released.
+-- A release that frees the name now leaves P{T}:freed, the hold's owner and fencing token
+-- for the time the hold had left (trace.lua): what tells the same release sent again after
+-- its reply was lost that it was done. That release finds its owner there, and its fencing
+-- token when it passes one (fencing tokens are unique per name). The next release that
+-- frees the name replaces the trace. A release delay names its owner as `released_by`
+-- instead. A multi-key lock's release leaves the same trace (multi_release.lua); the
+-- admin's calls that free a lease key leave a string, P{T}:released (clear.lua,
+-- release_holder.lua): a holder whose lease was cleared must find it lost, not released.
 --
 -- Only a hash a waiter marked (see acquire.lua) is handed over or published: an uncontended
 -- release pays for neither, nor for the keys only a hand-off needs. Those are named here from
@@ -27,7 +26,7 @@
 -- neither: waiters look again when it ends. A hand-off makes the waiter the holder at once,
 -- with its own ttl, max-hold and holder fields, and a fresh fencing token; the waiter's
 -- blocked BLPOP returns that token.
-local holder = redis.call('HMGET', KEYS[1], 'owner', 'waiting')
+local holder = redis.call('HMGET', KEYS[1], 'owner', 'waiting', 'token')
 local owner = holder[1]
 local base = string.sub(KEYS[1], 1, -5)
 local token = ARGV[3] or ''
@@ -53,9 +52,8 @@ if delay > 0 then
   redis.call('PEXPIRE', KEYS[1], delay)
   return 1
 end
-if not advisory('RENAME', KEYS[1], base .. 'freed') then
-  redis.call('DEL', KEYS[1])  -- freed without its trace (advisory.lua)
-end
+leave_trace(KEYS[1], base .. 'freed', redis.call('PTTL', KEYS[1]), 'owner', ARGV[1], 'token',
+  holder[3])
 if not holder[2] then
   return 1
 end

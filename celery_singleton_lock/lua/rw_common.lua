@@ -14,10 +14,10 @@
 --                renewed, gen, state and released_ms in a release delay. Its own expiry is
 --                the hold's lease: a hold is held exactly while its hash exists (and is named
 --                by B exp), so a crashed reader frees its share within its lease. Released
---                by its holder (or cleared: also `cleared=1`), it stays until that expiry
---                with `state=released`, the trace that answers the release (or clear) sent
---                again (rw_release.lua); B exp no longer names it, and renewals, changes,
---                and listings pass it by.
+--                by its holder (or cleared: also `cleared=1`), it gives way until that
+--                expiry to its trace (trace.lua), `state=released` and its token, which
+--                answers the release (or clear) sent again (rw_release.lua); B exp no longer
+--                names it, and renewals, changes, and listings pass it by.
 --   B wq         zset  owner -> expiry (server ms) of each waiting writer's reservation
 --   B waiting    string: a waiter sleeps on this lock; releases publish only while it is
 --                there. B exp's field `waiting` says a waiter marked it (a release takes both)

@@ -11,9 +11,9 @@
 --          '' for the holder's own release: the holder of a hold cleared finds it lost
 -- Reply codes: ClearReply in core/replies.py (keep the two in step).
 -- returns 1   released (or, for a waiter, its reservation withdrawn); also for a call sent
---             again after its reply was lost: a release or clear that freed the hold left its
---             hash as a trace, `state=released` (with the hold's token; `cleared=1` if a clear
---             freed it), for the time the hold had left, and one that began a release delay
+--             again after its reply was lost: a release or clear that freed the hold left in
+--             its hash's place a trace (trace.lua), `state=released` with the hold's token
+--             (`cleared=1` if a clear freed it), for the time the hold had left, and one that began a release delay
 --             left `state=cooldown`, whose end it does not move; so does the holder's
 --             release of a hold in its delay, with a delay or without
 --         0   not held: the hold expired (or was cleared, or, for a clear, released)
@@ -30,8 +30,8 @@ then
   -- The holder's own release: the hash is named by its owner, so finding it is the owner
   -- check. Its field goes (while the hash was there no other hold could have it; the
   -- `waiting` field goes with it and says whether a waiter marked the lock), and the hash
-  -- stays as the trace of this release: `state=released`, with its own expiry (what the
-  -- hold had left), so that this release sent again answers released. Nothing reads it as
+  -- gives way to the trace of this release: `state=released`, for the time the hold had
+  -- left, so that this release sent again answers released. Nothing reads it as
   -- a hold: the lock hash no longer names it, renewals and changes refuse that state.
   local mine = redis.call('HMGET', KEYS[2], 'token', 'state', 'cleared')
   if mine[2] == 'released' then
@@ -51,7 +51,8 @@ then
       field = 'r:' .. owner
     end
     local marked = redis.call('HDEL', KEYS[1], field, 'waiting') == 2
-    redis.call('HSET', KEYS[2], 'state', 'released')
+    leave_trace(KEYS[2], KEYS[2], redis.call('PTTL', KEYS[2]), 'state', 'released', 'token',
+      mine[1])
     if marked then
       helpers()
       wake('released')
@@ -124,10 +125,11 @@ end
 local marked = redis.call('HDEL', KEYS[1], field, 'waiting') == 2
 -- A trace, as above; a clear's says so, and its holder's own release then finds the hold
 -- gone (lost), not released.
+local left = redis.call('PTTL', KEYS[2])
 if not clear then
-  redis.call('HSET', KEYS[2], 'state', 'released')
+  leave_trace(KEYS[2], KEYS[2], left, 'state', 'released', 'token', holder[2])
 else
-  redis.call('HSET', KEYS[2], 'state', 'released', 'cleared', 1)
+  leave_trace(KEYS[2], KEYS[2], left, 'state', 'released', 'token', holder[2], 'cleared', 1)
 end
 if marked or woke == 1 then
   wake('released')
