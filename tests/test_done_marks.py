@@ -40,13 +40,14 @@ DROPPED = "dropped: attempt 0 of this task id ended already"
 
 def done_mark(task: Any, args: tuple[Any, ...], task_id: str) -> tuple[bytes | None, int]:
     """The done mark of ``task_id`` in the slot of ``task``'s lock for ``args``: the highest
-    attempt any send of it ended (None if none did) and its remaining ms, as the lock Redis
-    has it."""
+    attempt any send of it ended (None if none did; a delivery's note, ``?<id>``, is no
+    attempt) and its remaining ms, as the lock Redis has it."""
     from celery_singleton_lock.celery.done_marks import DoneMark
 
     connection = task.lock_client.connection
     key = DoneMark.of(connection, task.make_lock(args), task_id, 0, 1.0).key
-    ended = connection.redis.hvals(key)
+    fields = connection.redis.hgetall(key)
+    ended = [value for field, value in fields.items() if not field.startswith(b"?")]
     highest = max(ended, key=int) if ended else None
     return highest, connection.redis.pttl(key)
 
@@ -300,6 +301,8 @@ def test_without_a_result_backend_a_late_copy_is_dropped(
     outcomes: Outcomes,
     runs: tuple[redis.Redis, str],
 ) -> None:
+    # The copies below are sent by hand: no setting of this app makes them.
+    celery_lock_app.conf.singleton_lock_done_marks = "always"
     celery_lock_app.conf.result_backend = None
     client, runs_key = runs
 
@@ -348,6 +351,8 @@ def test_a_copy_of_an_attempt_that_retried_is_dropped_and_the_retry_runs_once(
     outcomes: Outcomes,
     runs: tuple[redis.Redis, str],
 ) -> None:
+    # The copies below are sent by hand: no setting of this app makes them.
+    celery_lock_app.conf.singleton_lock_done_marks = "always"
     """``lock_conflict="retry"``: attempt 0 met another holder and retried as attempt 1; a
     copy of attempt 0 (re-queued earlier, or redelivered) that comes once the lock is free
     must not run beside attempt 1."""
@@ -384,6 +389,8 @@ def test_a_copy_of_an_attempt_that_retried_from_its_body_is_dropped_after_the_re
     outcomes: Outcomes,
     runs: tuple[redis.Redis, str],
 ) -> None:
+    # The copies below are sent by hand: no setting of this app makes them.
+    celery_lock_app.conf.singleton_lock_done_marks = "always"
     """Attempt 0 handed its lock to attempt 1 (``self.retry``), which ran and let it go: a
     late copy of attempt 0 finds attempt 1's mark (a later attempt ended) and is dropped."""
     client, runs_key = runs
@@ -414,6 +421,8 @@ def test_a_copy_requeued_behind_its_original_before_is_requeued_once_more_for_it
     outcomes: Outcomes,
     runs: tuple[redis.Redis, str],
 ) -> None:
+    # The copies below are sent by hand: no setting of this app makes them.
+    celery_lock_app.conf.singleton_lock_done_marks = "always"
     """A copy re-queued earlier behind its live original (one re-queue counted) comes back
     between the original's release and the storing of its result: it is re-queued for the
     missing outcome, not run at once, and dropped once the outcome is there."""
@@ -451,3 +460,41 @@ def test_a_copy_requeued_behind_its_original_before_is_requeued_once_more_for_it
     finally:
         store.set()
     assert client.lrange(runs_key, 0, -1) == [b"0"]
+
+
+# -- where a mark is written -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "send", "marked"),
+    [
+        ({}, {}, False),
+        ({"acks_late": True}, {}, True),
+        ({}, {"countdown": 0.1}, True),
+        ({}, {"headers": {REQUEUES_HEADER: 1}}, True),
+    ],
+    ids=["acked-at-start", "acks-late", "countdown", "requeued"],
+)
+def test_a_mark_is_written_only_where_a_copy_can_come(
+    celery_lock_app: Celery,
+    in_process_worker: WorkerFactory,
+    options: dict[str, Any],
+    send: dict[str, Any],
+    marked: bool,
+) -> None:
+    """Acknowledged as its run starts, with no eta and not a copy, a call leaves no key once
+    it ended (not even its delivery's note); where a copy of its message can still come, its
+    mark stays for the mark's life."""
+
+    @celery_lock_app.task(base=SingletonTask, shared=False, **options)
+    def job(day: str) -> str:
+        return day
+
+    with in_process_worker(celery_lock_app):
+        result = job.apply_async(("d",), **send)
+        assert result.get(timeout=TIMEOUT) == "d"
+    value, pttl = done_mark(job, ("d",), result.id)
+    if marked:
+        assert value == b"0" and pttl > 0
+    else:
+        assert value is None and pttl == -2  # no key at all

@@ -154,6 +154,8 @@ def test_tasks_run_under_hostile_ids_and_every_listing_still_works(
     lock_redis_url: str,
     lock_prefix: str,
 ) -> None:
+    app.conf.singleton_lock_done_marks = "always"  # the marks' keys are escaped too
+
     @app.task(base=SingletonTask, shared=False, lock_key="job:{key}")
     def job(key: str) -> str:
         return key

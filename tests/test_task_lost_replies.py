@@ -61,6 +61,7 @@ def test_a_release_whose_reply_was_lost_frees_the_lock_once_and_marks_the_call_d
     again, the run logs a WARNING and goes on. Either way the lock is free, the call is
     marked done, and a copy of its message is dropped."""
     caplog.set_level(logging.INFO, logger="celery_singleton_lock.task")
+    celery_lock_app.conf.singleton_lock_done_marks = "always"  # the copy below is by hand
     client = proxied_client(lock_client, proxy, retries=retries)
     celery_lock_app._singleton_lock_client = client
     signals: list[str] = []

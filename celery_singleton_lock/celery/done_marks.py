@@ -22,6 +22,14 @@ message is sent (a lock handed over to attempt N+1 keeps attempt N's copies out 
 and a run that never got its lock (skipped, ``lock_conflict="raise"`` or ``"retry"``) is marked
 as it ends, so a copy of an attempt that retried does not run beside the retry.
 
+A mark is written where a copy of the message can still come after its run ended
+(:func:`copies_can_come`: ``acks_late``, an eta or countdown, a delivery that is itself a copy
+or was re-queued; every call with ``singleton_lock_done_marks = "always"``), and where a copy
+did come while the run held its lock: every acquire notes its delivery in the mark's hash, in
+the same script call, and the run's end drops its own note and records the attempt if another
+delivery's note is there (that copy, re-queued behind its original, comes back later). A call
+acknowledged as it starts, with no eta and no copy, leaves nothing once it ended.
+
 The mark is advisory, like the wait mark: a lost mark (a failover, an expiry) lets a copy run
 as it did before. Only task runs pay for it (a few commands in the acquire's and the release's
 script calls, no call of its own); the lock primitives never touch it.
@@ -30,6 +38,7 @@ script calls, no call of its own); the lock primitives never touch it.
 from __future__ import annotations
 
 import logging
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +49,8 @@ from ..core.keys import data_key
 from ..core.replication import Replication
 from ..core.scripts import Script, ScriptCall, bound_to, register, source
 from ..exceptions import LockBackendError
-from . import own_holds
-from .options import DONE_MARK_TTL_SETTING, check_done_mark_ttl
+from . import own_holds, sends
+from .options import DONE_MARK_TTL_SETTING, DONE_MARKS_SETTING, check_done_mark_ttl
 from .sends import NO_SEND
 
 log = logging.getLogger("celery_singleton_lock.task")
@@ -53,6 +62,8 @@ DEFAULT_VISIBILITY_TIMEOUT_S = 3600.0
 #: may still wait in the queue, or be re-queued behind its original (own_holds.py) for up to
 #: half a timeout, before it runs.
 VISIBILITY_TIMEOUTS = 2.0
+#: The attribute of a task's request that keeps its delivery's id (:func:`delivery_id`).
+DELIVERY_ATTRIBUTE = "singleton_lock_delivery"
 #: What :func:`read_ended` answers when no attempt ended.
 NONE_ENDED = -1
 
@@ -84,15 +95,50 @@ def mark_ttl(app: Any) -> float:
     return VISIBILITY_TIMEOUTS * timeout
 
 
+def copies_can_come(task: Any, request: Any) -> bool:
+    """Whether a copy of the message ``request`` runs from can still come after this run
+    ended, so that the run writes its done mark. A message acknowledged as its run starts
+    (Celery's default) comes back only if it was restored before that: one that waited for
+    an eta or countdown (Redis and SQS restore it after their visibility timeout, RabbitMQ's
+    consumer timeout closes the channel), or was itself delivered again or re-queued (then
+    other copies of it may be out). ``acks_late`` messages come back after a crash past the
+    release. A worker's prefetched message that waited past the visibility timeout is the one
+    copy this cannot see: ``singleton_lock_done_marks = "always"`` covers it."""
+    if task.app.conf.get(DONE_MARKS_SETTING, None) == "always":
+        return True
+    if getattr(request, "is_eager", False):
+        return False
+    if task.acks_late or request.eta is not None:
+        return True
+    delivery = getattr(request, "delivery_info", None) or {}
+    return bool(delivery.get("redelivered")) or sends.requeued(request)
+
+
+def delivery_id(request: Any) -> str:
+    """An id of the delivery ``request`` runs (kept on the request, so every mark call of
+    the run notes the same one): random, as no broker's delivery tag is unique across
+    workers."""
+    found = getattr(request, DELIVERY_ATTRIBUTE, None)
+    if found is None:
+        found = secrets.token_hex(6)
+        setattr(request, DELIVERY_ATTRIBUTE, found)
+    return str(found)
+
+
 @dataclass(frozen=True)
 class DoneMark:
     """The done mark of attempt ``attempt`` of one send of a task id: its key, its expiry
-    (ms) and the send id (sends.NO_SEND: a message that carries none)."""
+    (ms), the send id (sends.NO_SEND: a message that carries none), the id of the delivery
+    that reads and writes it ('' none: it notes nothing) and whether a copy of that delivery's
+    message can come later (:func:`copies_can_come`: then its end is always recorded, else
+    only when another delivery noted itself while it ran)."""
 
     key: bytes
     attempt: int
     ttl_ms: int
     send: str = NO_SEND
+    delivery: str = ""
+    copies_can_come: bool = True
 
     @classmethod
     def of(
@@ -103,17 +149,22 @@ class DoneMark:
         attempt: int,
         ttl: float,
         send: str = NO_SEND,
+        delivery: str = "",
+        copies_can_come: bool = True,
     ) -> DoneMark:
         """The mark of attempt ``attempt`` of send ``send`` of ``task_id``, in the slot of
         ``handle``'s name (a multi-key lock: its first name), lasting ``ttl`` seconds."""
         key = key_beside(connection, handle, "done", task_id)
-        return cls(key, attempt, validate.seconds_to_ms(ttl), send)
+        ttl_ms = validate.seconds_to_ms(ttl)
+        return cls(key, attempt, ttl_ms, send, delivery, copies_can_come)
 
     def set_call(self, connection: Connection) -> ScriptCall:
-        return (scripts(connection).mark, [self.key], [self.attempt, self.ttl_ms, self.send])
+        always = "1" if self.copies_can_come else ""
+        args = [self.attempt, self.ttl_ms, self.send, self.delivery, always]
+        return (scripts(connection).mark, [self.key], args)
 
     def get_call(self, connection: Connection) -> ScriptCall:
-        return (scripts(connection).mark, [self.key], ["", 0, self.send])
+        return (scripts(connection).mark, [self.key], ["", self.ttl_ms, self.send, self.delivery])
 
 
 def acquire(

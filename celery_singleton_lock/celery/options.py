@@ -244,6 +244,8 @@ APP_SETTINGS = (
     "singleton_lock_tasks",
     # How long a call's done mark lasts (celery/done_marks.py).
     "singleton_lock_done_mark_ttl",
+    # Where a call writes its done mark: "copies" (default) or "always".
+    "singleton_lock_done_marks",
     *(setting_name(option.name) for option in OPTIONS if not option.per_task_only),
 )
 
@@ -516,6 +518,23 @@ def check_done_mark_ttl(value: Any) -> float:
         raise ConfigurationError(DONE_MARK_TTL_SETTING, f"bad configuration: {problem}") from None
 
 
+#: Where a call writes its done mark (celery/done_marks.py): "copies" (the default) only
+#: where a copy of its message can still come after it ended, "always" for every call.
+DONE_MARKS_SETTING = "singleton_lock_done_marks"
+DONE_MARKS_VALUES = ("copies", "always")
+
+
+def check_done_marks(value: Any) -> str:
+    """``singleton_lock_done_marks`` checked: one of :data:`DONE_MARKS_VALUES`."""
+    if value not in DONE_MARKS_VALUES:
+        raise ConfigurationError(
+            DONE_MARKS_SETTING,
+            f"bad configuration: must be one of {', '.join(map(repr, DONE_MARKS_VALUES))},"
+            f" got {value!r}",
+        )
+    return str(value)
+
+
 def check_setting_values(conf: Any) -> None:
     """Check every task-option setting the app sets, and that an app-wide lease fits in
     the app-wide ttl, so a bad value stops the worker at start rather than failing runs."""
@@ -534,6 +553,9 @@ def check_setting_values(conf: Any) -> None:
     done_mark_ttl = conf.get(DONE_MARK_TTL_SETTING, None)
     if done_mark_ttl is not None:
         check_done_mark_ttl(done_mark_ttl)
+    done_marks = conf.get(DONE_MARKS_SETTING, None)
+    if done_marks is not None:
+        check_done_marks(done_marks)
     if "lock_lease" in values:
         ttl = values.get("lock_ttl", TASK_OPTIONS["lock_ttl"][0])
         ttl_from = "singleton_lock_ttl" if "lock_ttl" in values else _BUILT_IN

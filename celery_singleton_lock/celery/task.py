@@ -553,7 +553,14 @@ class SingletonTask(Task):  # type: ignore[misc]
             return None
         request, connection = self.request, self.lock_client.connection
         return done_marks.DoneMark.of(
-            connection, lease, request.id, request.retries or 0, ttl, sends.send_of(request)
+            connection,
+            lease,
+            request.id,
+            request.retries or 0,
+            ttl,
+            sends.send_of(request),
+            done_marks.delivery_id(request),
+            done_marks.copies_can_come(self, request),
         )
 
     @cached_property
