@@ -159,12 +159,14 @@ LABELS: dict[str, str] = {
 #: Rows whose first use's key names the table shows.
 EXAMPLES = ("lease", "task-on-enqueue", "python-redis-lock")
 #: What each kind of key of ours is kept for, and what bounds its life (docs/lease.md,
-#: docs/locks.md, docs/tasks.md).
+#: docs/locks.md, docs/tasks.md, docs/fencing.md).
 PURPOSES = {
-    "fencing counter": "the name's last token, so a later one is higher; 1 h after it",
-    "release trace": "the freed hold, for a release re-sent after a lost reply; the hold's"
-    " time left",
-    "done mark": "drops a copy of a finished call's message; 2 visibility timeouts",
+    "fencing counter": "the name's last token, for a token in the same µs or after a clock"
+    " step back; until the clock passes it, + 10 s",
+    "release trace": "the freed hold's owner and token, for a release re-sent after a lost"
+    " reply; the hold's time left",
+    "done mark": "drops a copy of a finished call's message (only where one can come);"
+    " 2 visibility timeouts",
     "undo record": "puts back the claim an acquire took over, if its reply was lost;"
     " the claim's time left",
 }
