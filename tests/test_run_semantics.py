@@ -1,4 +1,4 @@
-"""docs/tasks.md's run-semantics table: every row names a test that exists, so the table
+"""docs/run-semantics.md's outcome table: every row names a test that exists, so the table
 cannot drift from the tests that hold it."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ NAMED = re.compile(r"`(test_[\w]+\.py)::(test_\w+)`")
 
 
 def table_rows() -> list[tuple[int, list[tuple[str, str]]]]:
-    text = (ROOT / "docs" / "tasks.md").read_text()
-    start = text.index("### Run semantics")
+    text = (ROOT / "docs" / "run-semantics.md").read_text()
+    start = text.index("## The outcome table")
     rows = []
     for line in text[start:].splitlines():
         match = ROW.match(line)
