@@ -127,7 +127,7 @@ def test_this_releases_hold_is_excluded_and_freed_by_layout1_and_tokens_keep_inc
 
 def test_layout1_release_holder_leaves_a_layout2_hold_alone(lock_client: LockClient) -> None:
     """What the previous release cannot do with this one's holds: find the task id in them
-    (it reads its own fields). Such a hold then runs out by its expiry (docs/deployment.md)."""
+    (it reads its own fields). Such a hold then runs out by its expiry."""
     old = Layout1(lock_client)
     lease = lock_client.lease("supervised", owner_info={"task_id": "t-3"}, heartbeat=False)
     with lease:

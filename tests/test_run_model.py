@@ -1,4 +1,4 @@
-"""celery/run_model.py: every row of the run-semantics table (docs/tasks.md) as a snapshot
+"""celery/run_model.py: every row of the run-semantics table (docs/run-semantics.md) as a snapshot
 and the action decide() answers, without Redis or a worker; and the whole walk of a run
 through its observations, as task.py drives it."""
 
@@ -201,8 +201,8 @@ OBSERVATIONS = {
 def test_every_row_of_the_docs_table_that_decide_holds_has_a_case_here() -> None:
     """Rows 1 and 19-22 are decided before or after the run (a direct call, the send id, the
     retry and the replacement: task.py and sends.py); every other row has a case above."""
-    docs = (Path(__file__).resolve().parent.parent / "docs" / "tasks.md").read_text()
-    table = docs[docs.index("### Run semantics") :]
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "run-semantics.md").read_text()
+    table = docs[docs.index("## The outcome table") :]
     numbers = {int(n) for n in re.findall(r"^\| (\d+) \|", table, re.M)}
     covered = {row for row, *_ in ROWS}
     assert numbers - covered == {1, 19, 20, 21, 22}

@@ -1,5 +1,5 @@
-"""docs/tasks.md's run-semantics table: every row names a test that exists, so the table
-cannot drift from the tests that hold it."""
+"""docs/run-semantics.md's outcome table and docs/reliability.md's fault tables: every row
+names a test that exists, so the tables cannot drift from the tests that hold them."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ NAMED = re.compile(r"`(test_[\w]+\.py)::(test_\w+)`")
 
 
 def table_rows() -> list[tuple[int, list[tuple[str, str]]]]:
-    text = (ROOT / "docs" / "tasks.md").read_text()
-    start = text.index("### Run semantics")
+    text = (ROOT / "docs" / "run-semantics.md").read_text()
+    start = text.index("## The outcome table")
     rows = []
     for line in text[start:].splitlines():
         match = ROW.match(line)
@@ -27,7 +27,8 @@ def table_rows() -> list[tuple[int, list[tuple[str, str]]]]:
 
 def functions_in(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
-    return {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    return {node.name for node in tree.body if isinstance(node, functions)}
 
 
 def test_every_row_of_the_run_semantics_table_names_a_test_that_exists() -> None:
@@ -38,3 +39,11 @@ def test_every_row_of_the_run_semantics_table_names_a_test_that_exists() -> None
         assert named, f"row {number} names no test"
         for file, name in named:
             assert name in functions_in(ROOT / "tests" / file), f"row {number}: {file}::{name}"
+
+
+def test_every_test_the_reliability_page_names_exists() -> None:
+    text = (ROOT / "docs" / "reliability.md").read_text()
+    named = NAMED.findall(text)
+    assert len(named) >= 40
+    for file, name in named:
+        assert name in functions_in(ROOT / "tests" / file), f"docs/reliability.md: {file}::{name}"

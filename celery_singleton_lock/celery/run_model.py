@@ -9,7 +9,7 @@ observes its own outcome (``TAKE_OVER``, ``WAIT``), or how the delivery ends (``
 rest). The task (task.py) runs that loop: it makes the observation or the step, records it in
 the snapshot, and asks again, until the answer ends the delivery. No rule lives in the loop,
 and no I/O here: every row of the table is tested without Redis (tests/test_run_model.py), and
-the table is written once more, for users, in docs/tasks.md (*Run semantics*).
+the table is written once more, for users, in docs/run-semantics.md.
 
 The order of the rules is the order of the table: a lock Redis that did not answer first,
 then a re-queued copy whose original finished, the queue claim a call leaves, the acquire and

@@ -19,7 +19,7 @@ the candidates drawn allow, so a prefix of the list covers the most pairs it can
 injects the fault, waits (bounded) until every send has an outcome and nothing is left
 running or queued, then :func:`check` judges the scenario's history.
 
-**What the check fails** (docs/tasks.md, *What a run does*, *Redelivered messages*):
+**What the check fails** (docs/run-semantics.md, *Redelivered messages*):
 
 1. *Two runs of one key beyond the kind's limit at once*: an exclusive (or write) hold beside
    any other run of its key, a read beside a write, ranges that overlap (unless both
@@ -39,7 +39,7 @@ running or queued, then :func:`check` judges the scenario's history.
    - **deduplicated at enqueue** (``lock_on_enqueue``): ``apply_async`` returned the queued
      or running call's result (that call's own outcome is checked), or raised
      ``DuplicateTask``;
-   - **a re-send of a task id** is a new send (docs/tasks.md, *A call is a send*): it runs
+   - **a re-send of a task id** is a new send (docs/run-semantics.md, *A call is a send*): it runs
      as any call. After a SUCCESS of that task id, Celery's result backend keeps the first
      SUCCESS and ignores later results (its own rule against duplicates), so the backend may
      hold the earlier send's result; a re-send dropped as a copy (IGNORED) is a violation;
@@ -455,7 +455,7 @@ def _check_outcomes(
         if s.refused is not None:
             verdict = "refused"
         elif s.dedup_of is not None:
-            # The queued or running call's result (docs/tasks.md, Enqueue-time locking):
+            # The queued or running call's result (docs/run-semantics.md, Enqueue-time locks):
             # a call of this scenario, sent before it, whose own outcome is checked.
             if s.dedup_of in {o.task_id for o in history.sends[: history.sends.index(s)]}:
                 verdict = "dedup"
