@@ -53,12 +53,18 @@ def test_tokens_increase_across_a_clock_stepped_back(
         tokens.append(held.token)
         assert client.clear("n", force=True)  # cleared by the admin, not released
         tokens.append(token_of(client, "n"))
+        expiring = client.lease("n", ttl=1, heartbeat=False)
+        expiring.acquire()
+        tokens.append(expiring.token)
+        stepped.step_to(-58)  # two seconds on: the lease has expired, the counter has not
+        assert client.holders("n") == []
+        tokens.append(token_of(client, "n"))
         stepped.step_to(-30)  # forward again, still behind the host
         tokens.append(token_of(client, "n"))
         stepped.step_to(0)
         tokens.append(token_of(client, "n"))
         assert tokens == sorted(set(tokens))
-        assert tokens[1:5] == [tokens[0] + 1, tokens[0] + 2, tokens[0] + 3, tokens[0] + 4]
+        assert tokens[1:7] == [tokens[0] + i for i in range(1, 7)]
     finally:
         client.close()
 
