@@ -283,7 +283,7 @@ def test_default_lease_adapts_to_a_short_ttl(
     def app_ttl() -> None: ...
 
     assert app_ttl.lock_options.lease == pytest.approx(4)
-    assert app_ttl.lock_options.ttl == 12
+    assert app_ttl.lock_options.max_hold == 12
 
 
 def test_explicit_lease_above_ttl_raises_where_the_task_is_declared() -> None:
@@ -346,7 +346,7 @@ def test_django_namespace_settings_reach_the_locks(
 
     try:
         assert job.apply().get() == job.lock_name()
-        assert job.lock_options.ttl == 120
+        assert job.lock_options.max_hold == 120
         client = lock_client_for(app)
         assert client.prefix == lock_prefix
         assert client.url == lock_client.url

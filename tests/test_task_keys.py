@@ -213,7 +213,7 @@ def test_app_settings_give_defaults_and_task_options_win() -> None:
 
     assert job.lock_options.lease == 5
     assert job.lock_options.conflict == "retry"
-    assert job.lock_options.ttl == 3600
+    assert job.lock_options.max_hold == 3600
 
 
 def test_lock_url_defaults_to_a_redis_broker_and_is_required_otherwise() -> None:

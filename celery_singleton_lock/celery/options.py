@@ -104,11 +104,15 @@ class Option:
     doc: str
     per_task_only: bool = False
     kind: str | None = None
+    #: Its field of :class:`TaskLockOptions` when the option's own word would mislead there.
+    field_name: str | None = None
 
     @property
     def field(self) -> str:
-        """Its field of :class:`TaskLockOptions`: ``lock_ttl`` -> ``ttl``."""
-        return self.name.removeprefix("lock_")
+        """Its field of :class:`TaskLockOptions`: ``lock_lease`` -> ``lease``; ``lock_ttl``
+        -> ``max_hold`` (the public option keeps its name; inside, a lock's ``ttl`` is its
+        renewed lease, and this is the cap on one run's hold)."""
+        return self.field_name or self.name.removeprefix("lock_")
 
 
 #: Every task option, in the order SingletonTask documents them. Every ``lock_*`` attribute
@@ -120,6 +124,7 @@ OPTIONS: tuple[Option, ...] = (
         3600.0,
         validate.check_positive,
         "Hard cap in seconds on how long one run may hold its lock (default 3600).",
+        field_name="max_hold",
     ),
     Option(
         "lock_lease",
@@ -282,7 +287,7 @@ class TaskLockOptions:
     """The resolved lock options of one task: a field per entry of :data:`OPTIONS`, in its
     order (typed here for the type checker; tests/test_task_config.py checks the two agree)."""
 
-    ttl: float
+    max_hold: float
     lease: float
     key: Any
     wait: float
@@ -315,10 +320,10 @@ class TaskLockOptions:
             sources[option.name] = where
             values[option.field] = option.check(value, where) if value is not None else None
         if sources["lock_lease"] == _BUILT_IN:
-            values["lease"] = min(DEFAULT_LEASE, values["ttl"] / 3)
+            values["lease"] = min(DEFAULT_LEASE, values["max_hold"] / 3)
         else:
             check_lease_within_ttl(
-                sources["lock_lease"], values["lease"], sources["lock_ttl"], values["ttl"]
+                sources["lock_lease"], values["lease"], sources["lock_ttl"], values["max_hold"]
             )
         options = cls(**values)
         if options.on_enqueue and options.limit is not None:

@@ -296,10 +296,15 @@ class SingletonTask(Task):  # type: ignore[misc]
             if options.limit is not None:
                 # A semaphore's permits need the task's limit, which a family cannot give.
                 make = registry.permit_handles(
-                    client.connection, options.lease, options.ttl, options.limit
+                    client.connection,
+                    ttl=options.lease,
+                    max_hold=options.max_hold,
+                    limit=options.limit,
                 )
             else:
-                make = family.handles(client.connection, options.lease, options.ttl)
+                make = family.handles(
+                    client.connection, ttl=options.lease, max_hold=options.max_hold
+                )
             factories[mode] = make
         return make
 
@@ -712,7 +717,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 log.error(
                     "%s[%s] ran past lock_ttl (%g s), the cap on one run's hold: lock_ttl "
                     "reached, its lock ran out then; raise lock_ttl for runs this long",
-                    self.name, self.request.id, self.lock_options.ttl,
+                    self.name, self.request.id, self.lock_options.max_hold,
                 )  # fmt: skip
                 return
             log.error("%s[%s] ran without its lock at the end: %s", self.name, self.request.id, exc)
@@ -916,7 +921,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             return None, False
         try:
             owner = claims.hand_over(
-                self, lease, request.id, attempt, until_run + self.lock_options.ttl
+                self, lease, request.id, attempt, until_run + self.lock_options.max_hold
             )
         except LockBackendError as exc:
             # No answer: the hand-over may have run (its reply lost), its claim then waiting

@@ -74,6 +74,13 @@ class HandleFactory(Protocol):
     ) -> LockHandle: ...
 
 
+class HandlesMaker(Protocol):
+    """A family's ``handles``: its handle factory for leases of ``ttl`` seconds capped at
+    ``max_hold`` (passed by keyword where the task's options meet it: both are seconds)."""
+
+    def __call__(self, conn: Connection, ttl: float, max_hold: float | None) -> HandleFactory: ...
+
+
 @dataclass(frozen=True)
 class KindFamily:
     """How one family of lock kinds is listed, cleared and released for a dead holder."""
@@ -97,7 +104,7 @@ class KindFamily:
     modes: tuple[str, ...]
     #: ``handles(conn, ttl, max_hold)``: its handle factory for leases of ``ttl`` seconds
     #: held at most ``max_hold`` seconds (checked here, once, not per handle).
-    handles: Callable[[Connection, float, float | None], HandleFactory]
+    handles: HandlesMaker
 
 
 def _lease_handles(conn: Connection, ttl: float, max_hold: float | None) -> HandleFactory:
@@ -117,9 +124,7 @@ def _lease_handles(conn: Connection, ttl: float, max_hold: float | None) -> Hand
 MakeHandle = Callable[[Connection, Target, str, dict[str, Any]], LockHandle]
 
 
-def _handles(
-    make: MakeHandle, *, calls: bool = True
-) -> Callable[[Connection, float, float | None], HandleFactory]:
+def _handles(make: MakeHandle, *, calls: bool = True) -> HandlesMaker:
     """A family's ``handles`` from its ``make``: the handle checks its own options. With
     ``calls`` the handles get the factory's call identity (``call``); without, it is
     dropped (an exclusive kind has none)."""
@@ -164,7 +169,7 @@ def _interval_family(
     admin: intervals.IntervalFamilyAdmin,
     kinds: tuple[str, ...],
     modes: tuple[str, ...],
-    handles: Callable[[Connection, float, float | None], HandleFactory],
+    handles: HandlesMaker,
     holders: Callable[[list[Record], str | None], list[ListedHolder]] = intervals.holders_of,
 ) -> KindFamily:
     """A family of interval holds (``rw``, ``range``, ``semaphore``): its holder hashes are
