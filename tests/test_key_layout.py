@@ -88,6 +88,30 @@ def test_a_family_laid_out_by_another_release_is_refused_naming_both_versions(
         seeded.close()
 
 
+def test_the_admin_calls_refuse_it_too(lock_redis_url: str, lock_prefix: str) -> None:
+    client = LockClient.from_url(lock_redis_url, prefix=lock_prefix)
+    try:
+        client.redis.hset(layout_key(lock_prefix), "range", LAYOUTS["range"] + 1)
+        calls: list[Callable[[], object]] = [
+            client.locks,
+            lambda: client.clear("n", force=True),
+            lambda: client.release_owner("n", "claim:x:0"),
+            lambda: client.release_holder("n", task_id="t", pid=1),
+        ]
+        for call in calls:
+            with pytest.raises(KeyLayoutError, match="the range keys"):
+                call()
+    finally:
+        client.close()
+
+
+def test_a_listing_reads_the_versions_and_records_none(lock_client: LockClient) -> None:
+    assert lock_client.locks() == []
+    assert recorded(lock_client) == {}
+    assert lock_client.lease("n", ttl=5).acquire()  # what takes a lock records them
+    assert set(recorded(lock_client)) == set(LAYOUTS)
+
+
 def test_a_family_only_another_release_knows_is_not_refused(lock_client: LockClient) -> None:
     lock_client.redis.hset(layout_key(lock_client.prefix), "queues", 7)
     assert lock_client.lease("n", ttl=5).acquire()

@@ -91,13 +91,16 @@ class AsyncConnection(ConnectionBase):
         the round trip ends with the WAIT (:func:`.scripts.run_batch`)."""
         return await self.call(run_batch, self.redis, calls, self.replication)
 
-    async def check_layout(self) -> None:
-        """Record this process's key layout versions under the prefix where none are, and
-        raise :class:`KeyLayoutError` if those recorded differ (core/layout.py)."""
-        script, keys, args = layout_call(self)
+    async def check_layout(self, *, record: bool = True) -> None:
+        """Record this process's key layout versions under the prefix where none are (not
+        without ``record``: a listing's read), and raise :class:`KeyLayoutError` if those
+        recorded differ (core/layout.py); nothing once they were found equal on this
+        connection."""
+        if self.layout_checked:
+            return
+        script, keys, args = layout_call(self, record=record)
         reply = await self.call(run_script, self.redis, script, keys, args)
-        check_reply(reply, self.prefix, self.url)
-        self.layout_checked = True
+        self.layout_checked = check_reply(reply, self.prefix, self.url)
 
     async def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""

@@ -133,12 +133,16 @@ class Connection(ConnectionBase):
         except (redis.RedisError, RedisClusterException) as exc:
             raise self.backend_error(exc) from exc
 
-    def check_layout(self) -> None:
-        """Record this process's key layout versions under the prefix where none are, and
-        raise :class:`KeyLayoutError` if those recorded differ (core/layout.py)."""
-        script, keys, args = layout_call(self)
-        check_reply(self.call(script, keys=keys, args=args), self.prefix, self.url)
-        self.layout_checked = True
+    def check_layout(self, *, record: bool = True) -> None:
+        """Record this process's key layout versions under the prefix where none are (not
+        without ``record``: a listing's read), and raise :class:`KeyLayoutError` if those
+        recorded differ (core/layout.py); nothing once they were found equal on this
+        connection."""
+        if self.layout_checked:
+            return
+        script, keys, args = layout_call(self, record=record)
+        reply = self.call(script, keys=keys, args=args)
+        self.layout_checked = check_reply(reply, self.prefix, self.url)
 
     def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""

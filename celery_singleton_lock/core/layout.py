@@ -4,10 +4,12 @@ package lays out differently, rather than misreading or overlooking the holds th
 Every family of keys the package writes has a layout version (:data:`LAYOUTS`). They are
 recorded once per prefix, in the hash ``P layout`` (outside every lock's hash tag, so no
 listing's pattern matches it; it never expires), by the first process that uses the prefix.
-A connection reads them on its first lock operation, in the script that records them
-(lua/layout.lua): one round trip per connection, none per acquire. If a version recorded
-for a family it writes is not its own, the operation raises :class:`KeyLayoutError` naming
-both, and so does every later one on that connection, until one finds them equal.
+A connection reads them on its first lock operation (a handle's first script call, or an
+admin call: a clear, ``release_owner``, ``release_holder``; a listing only reads them), in
+the script that records them (lua/layout.lua): one round trip per connection, none per
+acquire. If a version recorded for a family it writes is not its own, the operation raises
+:class:`KeyLayoutError` naming both, and so does every later one on that connection, until
+one finds them equal.
 
 A release that changes a family's layout raises its version here, so its processes and those
 of the release before it refuse each other's prefix instead of sharing its locks.
@@ -59,20 +61,26 @@ class LayoutScript:
         self.record = register(redis, source("layout"))
 
 
-def layout_call(conn: Any) -> ScriptCall:
+def layout_call(conn: Any, *, record: bool = True) -> ScriptCall:
     """The call that records :data:`LAYOUTS` under ``conn``'s prefix where nothing is
-    recorded yet, and replies what is recorded there (:func:`check_reply` reads it)."""
+    recorded yet (only reads, without ``record``: a listing writes nothing), and replies what
+    is recorded there (:func:`check_reply` reads it)."""
     script: Script = bound_to(conn, LayoutScript).record
-    return script, (layout_key(conn.prefix),), _ARGS
+    return script, (layout_key(conn.prefix),), _ARGS if record else ()
 
 
-def check_reply(reply: Any, prefix: str, url: str) -> None:
+def check_reply(reply: Any, prefix: str, url: str) -> bool:
     """KeyLayoutError if the recorded versions ``reply`` (the script's) differ from
     :data:`LAYOUTS` for a family (the first such one is named); a family only the other
-    release knows is none of this process's business."""
+    release knows is none of this process's business. True if every family of
+    :data:`LAYOUTS` is recorded (as it is after a call that records)."""
     recorded = dict(zip(reply[::2], reply[1::2], strict=True))
+    complete = True
     for kind, version in LAYOUTS.items():
         raw = recorded.get(kind.encode())
+        if raw is None:
+            complete = False  # not recorded yet: only a read (a listing) meets that
+            continue
         found = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
         if found != str(version):
             raise KeyLayoutError(
@@ -84,3 +92,4 @@ def check_reply(reply: Any, prefix: str, url: str) -> None:
                 found=found,
                 expected=str(version),
             )
+    return complete
