@@ -97,6 +97,10 @@ def test_the_admin_calls_refuse_it_too(lock_redis_url: str, lock_prefix: str) ->
             lambda: client.clear("n", force=True),
             lambda: client.release_owner("n", "claim:x:0"),
             lambda: client.release_holder("n", task_id="t", pid=1),
+            lambda: client.rwlock("n").read().release_holder(task_id="t", pid=1),
+            lambda: client.range_lock("n").write(1, 2).release_holder(task_id="t", pid=1),
+            lambda: client.semaphore("n", 2).permit().release_holder(task_id="t", pid=1),
+            lambda: client.multi(["n", "n2"]).release_holder(task_id="t", pid=1),
         ]
         for call in calls:
             with pytest.raises(KeyLayoutError, match="the range keys"):

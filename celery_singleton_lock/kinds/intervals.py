@@ -566,6 +566,7 @@ def release_holder(
         task_id, pid, host, delay, HOSTNAME
     )
     conn = connection_of(client)
+    conn.check_layout()
     keys = interval_keys(conn.prefix, name, family)
     redis = conn.redis
     owners = [raw.decode() for raw in conn.call(redis.zrange, keys.indexes[0], 0, -1)]

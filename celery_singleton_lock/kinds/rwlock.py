@@ -541,6 +541,7 @@ def release_holder(
         task_id, pid, host, delay, HOSTNAME
     )
     conn = connection_of(client)
+    conn.check_layout()
     keys = rw_keys(conn.prefix, name)
     owners = lock_owners(conn.call(conn.redis.hgetall, keys.lock))
     return intervals.release_holds_of(
