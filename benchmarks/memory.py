@@ -46,6 +46,7 @@ from celery.signals import task_postrun
 
 from celery_singleton_lock import LockClient
 from celery_singleton_lock.core.keys import DEFAULT_PREFIX
+from celery_singleton_lock.core.layout import layout_key
 
 from .context import Context
 from .leftovers import KeyLeft, glob, no_expiry, weigh
@@ -209,9 +210,12 @@ def measure_our_hold(ctx: Context, key: str, use: OurUse, count: int) -> Row:
     try:
         for i in range(count):
             use(client, use_name(i))
-            row.uses.append(weigh(probe, glob(prefix) + "*", time.monotonic()))
+            # The lock's keys (in its hash tag): not the prefix's key layout record, which
+            # the first use writes and no use adds to.
+            row.uses.append(weigh(probe, glob(prefix) + "{*", time.monotonic()))
     finally:
         client.close()
+        probe.delete(layout_key(prefix))  # the next row finds the prefix as this one did
         probe.close()
     return row
 
@@ -300,6 +304,7 @@ def make_task_app(ctx: Context, key: str) -> TaskApp:
 
         options["base"] = SingletonTask
         options.update(OUR_TASKS[key][1])
+        lock_pattern = glob(locks) + "{*"  # not the prefix's key layout record, as above
     elif key == "celery-singleton":
         from celery_singleton import Singleton  # type: ignore[import-untyped]
 
@@ -347,6 +352,7 @@ def measure_task(ctx: Context, key: str, count: int, ends: Ends) -> Row:
                 row.results.append(weigh(probe, made.result_pattern, ended))
     finally:
         close_lock_client(made.app)
+        probe.delete(layout_key(lock_prefix(ctx)))  # ours wrote it; the next row meets none
         probe.close()
     return row
 

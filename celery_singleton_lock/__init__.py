@@ -12,6 +12,7 @@ from .core.handle import HolderRecord
 from .exceptions import (
     ConfigurationError,
     DuplicateTask,
+    KeyLayoutError,
     LockBackendError,
     LockError,
     LockExpired,
@@ -61,6 +62,7 @@ __all__ = [
     "LockTaken",
     "LockNotHeld",
     "DuplicateTask",
+    "KeyLayoutError",
     # the Celery layer (imported lazily: the lock core never imports celery)
     "SingletonTask",
     "is_skipped",

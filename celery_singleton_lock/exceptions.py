@@ -66,6 +66,19 @@ class LockBackendError(LockError):
     (its URL without the password)."""
 
 
+class KeyLayoutError(LockError):
+    """The keys under the client's prefix are laid out by another release of the package: the
+    key layout version recorded there for ``kind`` (``found``) is not the one this process
+    writes (``expected``). Raised by a connection's first lock operation, before it touches a
+    lock (core/layout.py); not a :class:`LockBackendError`, so no wait rides it out."""
+
+    def __init__(self, message: str, *, kind: str = "", found: str = "", expected: str = ""):
+        super().__init__(message)
+        self.kind = kind
+        self.found = found
+        self.expected = expected
+
+
 class LockNotReplicated(LockBackendError):
     """A client made with ``replicas`` N > 0: the script ran on the master, but fewer than N
     replicas acknowledged its write in time (``WAIT``). An acquire is undone before this is

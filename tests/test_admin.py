@@ -221,6 +221,7 @@ def test_stale_when_the_holders_heartbeat_stopped(
     finally:
         child.kill()
         child.wait()
+        child.stdout.close()  # type: ignore[union-attr]
 
 
 def test_lease_without_heartbeat_is_never_stale_by_age(lock_client: LockClient) -> None:

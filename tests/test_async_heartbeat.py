@@ -87,7 +87,7 @@ def test_every_kind_is_renewed_in_the_same_round_trip(
                 assert await handle.acquire()
             await heartbeat().tick()
             # The holds' keys; not the fencing counters, which no renewal touches.
-            holds = [k for k in probe.keys(lock_prefix + "*") if not k.endswith(b":fence")]
+            holds = [k for k in probe.keys(lock_prefix + "{*") if not k.endswith(b":fence")]
             for key in holds:
                 probe.pexpire(key, 5000)
             writes, scripts = CountingConnection.writes, script_calls(probe)

@@ -149,7 +149,8 @@ def test_the_prefix_search_reads_a_bounded_number_of_keys(own_server: RedisServe
         bounded = find_prefixes(client, max_keys=50)
         assert (bounded.scanned, bounded.capped) == (50, True)
         whole = find_prefixes(client)
-        assert whole == ([("myapp:", 1)], 202, False)  # the fillers, the lock and its fence
+        # The fillers, the lock, its fence and the prefix's key layout record.
+        assert whole == ([("myapp:", 1)], 203, False)
     finally:
         client.close()
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.forked import run_in_child
+from support.forked import FORKS_WITH_THREADS, run_in_child
 
 from celery_singleton_lock import LockClient, LockExpired
 from celery_singleton_lock.core.heartbeat import Heartbeat, heartbeat
@@ -175,7 +175,7 @@ def _child(clients: list[LockClient]) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads running
+@FORKS_WITH_THREADS
 def test_a_forked_child_renews_on_two_clients_with_its_own_threads(
     lock_client: LockClient, other_client: LockClient
 ) -> None:

@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 import pytest
-from support.forked import run_in_child
+from support.forked import FORKS_WITH_THREADS, run_in_child
 
 from celery_singleton_lock import LockClient, LockNotHeld
 from celery_singleton_lock.core.heartbeat import heartbeat
@@ -43,7 +43,7 @@ def _child(client: LockClient, parent_lease: Any, ttl: float) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads running
+@FORKS_WITH_THREADS
 def test_forked_child_holds_nothing_and_renews_its_own_leases(lock_client: LockClient) -> None:
     ttl = 0.6
     lease = lock_client.lease("parent", ttl=ttl)

@@ -71,9 +71,10 @@ def hold_of(handle: Any) -> Hold:
 
 
 def assert_every_key_expires(client: LockClient) -> None:
-    """Every key under the client's prefix has an expiry: nothing a lock wrote, whatever
-    happened to its holders, stays in Redis for ever."""
-    keys = list(client.redis.scan_iter(match=client.prefix + "*"))
+    """Every key of a lock under the client's prefix has an expiry: nothing a lock wrote,
+    whatever happened to its holders, stays in Redis for ever (the prefix's key layout record,
+    outside every lock's hash tag, is meant to)."""
+    keys = list(client.redis.scan_iter(match=client.prefix + "{*"))
     assert keys, "no key at all: the check would prove nothing"  # the fencing counter stays
     forever = [key for key in keys if client.redis.pttl(key) == -1]
     assert not forever, forever

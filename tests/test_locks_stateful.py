@@ -159,7 +159,7 @@ def test_heartbeat_renews_every_kind_in_one_round_trip(lock_client: LockClient) 
     heartbeat()._renew(list(handles))  # loads the renew scripts into a fresh server
     redis = lock_client.redis
     # The holds' keys; not the fencing counters, which no renewal touches.
-    holds = [k for k in redis.keys(lock_client.prefix + "*") if not k.endswith(b":fence")]
+    holds = [k for k in redis.keys(lock_client.prefix + "{*") if not k.endswith(b":fence")]
     for key in holds:
         redis.pexpire(key, 5000)  # as if the last renewal was long ago
     stats_before = redis.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)

@@ -78,6 +78,9 @@ class Holders:
                 os.kill(process.pid, signal.SIGCONT)
                 process.kill()
             process.wait(TIMEOUT)
+            for pipe in (process.stdin, process.stdout):
+                if pipe is not None:
+                    pipe.close()
 
 
 @pytest.fixture

@@ -110,7 +110,8 @@ def test_a_tick_landing_after_extend_does_not_shorten_the_lease(
     handle = KINDS[kind](lock_client)
     assert handle.acquire()
     raced = race(monkeypatch, handle, "late", later_ticks_held)
-    threading.Thread(target=heartbeat().tick, daemon=True).start()
+    ticker = threading.Thread(target=heartbeat().tick, daemon=True)
+    ticker.start()
     assert raced.wait(30)
     assert pttl(lock_client, handle) > 50_000  # the extend's, not the stale tick's 1 s
     assert handle.held
@@ -119,6 +120,10 @@ def test_a_tick_landing_after_extend_does_not_shorten_the_lease(
     assert handle.held
     handle.check()
     later_ticks_held.set()
+    # The tick's thread is done before the client closes (a tick held back on a closed
+    # client would fail in its thread).
+    ticker.join(30)
+    assert not ticker.is_alive()
     handle.release()
 
 
@@ -133,13 +138,18 @@ def test_a_tick_read_after_extend_does_not_shorten_the_handles_view(
     handle = KINDS[kind](lock_client)
     assert handle.acquire()
     raced = race(monkeypatch, handle, "read late", later_ticks_held)
-    threading.Thread(target=heartbeat().tick, daemon=True).start()
+    ticker = threading.Thread(target=heartbeat().tick, daemon=True)
+    ticker.start()
     assert raced.wait(30)
     time.sleep(1.5)  # past the stale tick's 1 s, before the extend's 60 s
     assert pttl(lock_client, handle) > 45_000
     assert handle.held
     handle.check()
     later_ticks_held.set()
+    # The tick's thread is done before the client closes (a tick held back on a closed
+    # client would fail in its thread).
+    ticker.join(30)
+    assert not ticker.is_alive()
     handle.release()
 
 

@@ -12,7 +12,7 @@ import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from support.forked import run_in_child
+from support.forked import FORKS_WITH_THREADS, run_in_child
 from support.script_calls import COUNTER, SLOW_COUNTER, call_in_thread, evalsha_postponed
 from support.waiting import wait_for
 
@@ -224,7 +224,7 @@ def test_a_connection_the_server_closed_while_idle_is_replaced_before_the_send(
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads running
+@FORKS_WITH_THREADS
 def test_a_forked_child_calls_on_a_connection_of_its_own(server: RedisServer) -> None:
     client = redis.Redis.from_url(server.url)
     counter = register(client, COUNTER)

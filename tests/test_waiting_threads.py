@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import redis
-from support.forked import run_in_child
+from support.forked import FORKS_WITH_THREADS, run_in_child
 from support.waiting import BackgroundAcquire, wait_for, wait_for_subscriber
 
 from celery_singleton_lock import Lease, LockClient
@@ -228,7 +228,7 @@ def _child_waits(lock_client: LockClient) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads running
+@FORKS_WITH_THREADS
 def test_a_forked_child_waits_through_a_listener_of_its_own(
     lock_client: LockClient, holder: Lease, waiter: Lease, worker: OneThread
 ) -> None:
@@ -245,7 +245,7 @@ def test_a_forked_child_waits_through_a_listener_of_its_own(
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads running
+@FORKS_WITH_THREADS
 def test_a_child_forked_while_the_notifiers_lock_is_held_still_waits(
     lock_client: LockClient, holder: Lease, waiter: Lease, worker: OneThread
 ) -> None:

@@ -44,6 +44,7 @@ def clear_listed(
     call = clear_call(conn, info, force)
     if call is None:
         return GONE
+    conn.check_layout()
     script, keys, args = call
     return ClearReply(int(conn.call(script, keys=keys, args=args)))
 

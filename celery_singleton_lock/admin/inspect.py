@@ -189,6 +189,7 @@ def list_locks(
     """
     pattern = validate.check_pattern(pattern)
     conn = connection_of(client)
+    conn.check_layout(record=False)
     now_ms = server_ms(conn)
     read: dict[str, Read] = {}  # keyspace -> what was read there: each is read once
     holders: list[ListedHolder] = []

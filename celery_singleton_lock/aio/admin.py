@@ -50,6 +50,7 @@ async def list_locks(
     the count of keys of another type skipped."""
     pattern = validate.check_pattern(pattern)
     conn = async_connection_of(client)
+    await conn.check_layout(record=False)
     now_ms = await conn.server_ms()
     read: dict[str, Read] = {}  # keyspace -> what was read there: each is read once
     holders: list[ListedHolder] = []
@@ -73,6 +74,7 @@ async def clear_listed(
     call = clear_call(conn, info, force)
     if call is None:
         return GONE
+    await conn.check_layout()
     return ClearReply(int(await conn.script(*call)))
 
 

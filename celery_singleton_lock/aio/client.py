@@ -87,6 +87,7 @@ class AsyncLockClient(
         keys = conn.keys(name)
         process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
         call = conn.scripts.release_holder_call(keys.lock, *process, keys.channel)
+        await conn.check_layout()
         return int(await conn.script(*call)) == HolderReply.DONE
 
     async def locks(self, pattern: str | None = None) -> Listing:

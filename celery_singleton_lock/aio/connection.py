@@ -21,6 +21,7 @@ from redis.exceptions import RedisClusterException
 
 from ..core.connection import ConnectionBase, clock_ms, clock_seconds
 from ..core.keys import DEFAULT_PREFIX
+from ..core.layout import check_reply, layout_call
 from ..core.replication import Replication
 from ..core.scripts import ScriptCall, Scripts
 from ..exceptions import ConfigurationError
@@ -89,6 +90,17 @@ class AsyncConnection(ConnectionBase):
         """Script calls in one round trip; their replies in order. With ``replication``,
         the round trip ends with the WAIT (:func:`.scripts.run_batch`)."""
         return await self.call(run_batch, self.redis, calls, self.replication)
+
+    async def check_layout(self, *, record: bool = True) -> None:
+        """Record this process's key layout versions under the prefix where none are (not
+        without ``record``: a listing's read), and raise :class:`KeyLayoutError` if those
+        recorded differ (core/layout.py); nothing once they were found equal on this
+        connection."""
+        if self.layout_checked:
+            return
+        script, keys, args = layout_call(self, record=record)
+        reply = await self.call(run_script, self.redis, script, keys, args)
+        self.layout_checked = check_reply(reply, self.prefix, self.url)
 
     async def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""

@@ -99,6 +99,8 @@ class AsyncLockHandle(HandleOps):
             step = steps.send(None)
             while True:
                 try:
+                    if not conn.layout_checked and (type(step) is tuple or isinstance(step, Batch)):
+                        await conn.check_layout()
                     if type(step) is tuple:
                         script, keys, args = step
                         result = await conn.script(script, keys, args)

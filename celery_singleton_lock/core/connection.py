@@ -19,6 +19,7 @@ from ..exceptions import ConfigurationError, LockBackendError
 from . import redis_urls, validate
 from .auth_errors import auth_message, is_auth_error
 from .keys import LockKeys, lock_keys
+from .layout import check_reply, layout_call
 from .notifier import notifier_for
 from .replication import Replication
 from .scripts import Scripts
@@ -56,6 +57,9 @@ class ConnectionBase:
         #: What a configuration error calls the URL: the argument, or the setting it came
         #: from (a Celery app's ``singleton_lock_url``), so the message names what to fix.
         self.url_argument = "url"
+        #: Whether the key layout versions under the prefix were found to be this process's
+        #: (core/layout.py): the runners check them before a connection's first script call.
+        self.layout_checked = False
 
     def backend_error(self, exc: BaseException) -> LockBackendError:
         """The :class:`LockBackendError` for a Redis failure: one that names the server; a
@@ -128,6 +132,17 @@ class Connection(ConnectionBase):
             raise self.backend_error(exc) from exc
         except (redis.RedisError, RedisClusterException) as exc:
             raise self.backend_error(exc) from exc
+
+    def check_layout(self, *, record: bool = True) -> None:
+        """Record this process's key layout versions under the prefix where none are (not
+        without ``record``: a listing's read), and raise :class:`KeyLayoutError` if those
+        recorded differ (core/layout.py); nothing once they were found equal on this
+        connection."""
+        if self.layout_checked:
+            return
+        script, keys, args = layout_call(self, record=record)
+        reply = self.call(script, keys=keys, args=args)
+        self.layout_checked = check_reply(reply, self.prefix, self.url)
 
     def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""

@@ -131,6 +131,8 @@ class LockHandle(HandleOps):
             step = steps.send(None)
             while True:
                 try:
+                    if not conn.layout_checked and (type(step) is tuple or isinstance(step, Batch)):
+                        conn.check_layout()
                     if type(step) is tuple:
                         script, keys, args = step
                         result = conn.call(script, keys=keys, args=args)

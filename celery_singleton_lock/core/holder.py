@@ -5,9 +5,9 @@ a listing decodes such a hash into (:class:`ListedHolder`), which the admin read
 
 A lease and each name of a multi-key lock are held in the name's ``P{T}:lock`` hash, each
 hold of an interval lock in its ``B h:<owner>``; the acquire scripts write these fields. A
-lease's hash (layout 2, lua/acquire.lua) keeps the fields that describe its holder as they
-were sent, packed in one ``holder`` field, and has no ``renewed_ms`` until it is renewed:
-:func:`flatten` reads such a hash as one of layout 1, where each is a field of its own.
+lease's hash (lua/acquire.lua) keeps the fields that describe its holder as they were sent,
+packed in one ``holder`` field, and has no ``renewed_ms`` until it is renewed: :func:`flatten`
+reads such a hash with each of them a field of its own.
 """
 
 from __future__ import annotations
@@ -65,15 +65,15 @@ def info_fields(owner_info: dict[str, str]) -> list[Any]:
     return fields
 
 
-#: The field of a layout-2 hash holding the packed holder fields (``pack_holder``'s bytes).
+#: The field of a holder hash holding the packed holder fields (``pack_holder``'s bytes).
 PACKED_FIELD = b"holder"
 
 
 def flatten(fields: dict[bytes, Any]) -> dict[bytes, Any]:
     """A holder hash as read (HGETALL) with its packed ``holder`` field unpacked into fields
     of their own (a field the hash has itself wins: handover.lua and renewals write those
-    later), and ``renewed_ms`` as ``acquired_ms`` when it was not renewed yet: the fields
-    of a layout-1 hash. A hash without a ``holder`` field comes back as it is; one whose
+    later), and ``renewed_ms`` as ``acquired_ms`` when it was not renewed yet. A hash
+    without a ``holder`` field comes back as it is (but for ``renewed_ms``); one whose
     ``holder`` does not unpack keeps it, so a listing still shows the hold."""
     flat = fields
     packed = fields.get(PACKED_FIELD)
@@ -187,7 +187,7 @@ _DECODED = {f.name: f.type for f in dataclasses.fields(ListedHolder) if f.defaul
 def decode(fields: dict[bytes, Any], pttl: int) -> ListedHolder:
     """The holder hash ``fields`` read with PTTL ``pttl``: numbers as int, bounds as float
     (as the text stored when it is none), text as str; a hash with no ``kind`` is a lease.
-    A layout-2 hash is read as :func:`flatten` makes it."""
+    The hash is read as :func:`flatten` makes it."""
     fields = flatten(fields)
     found: dict[str, Any] = {}
     for raw_key, raw in fields.items():

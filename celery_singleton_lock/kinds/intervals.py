@@ -1,10 +1,9 @@
 """The interval engine under range locks and semaphores.
 
 One named lock holds read, upgradable and write holds on closed intervals [lo, hi] of the
-real line. Reader-writer locks, whose every hold covers the whole line, ran on it until their
-key layout 2 (:mod:`.rwlock`).
-Each hold is its own entry with its own expiry, so a crashed holder frees its share within its
-lease. The Lua side (``lua/interval_*.lua``, with the shared helpers of
+real line (reader-writer locks have a layout of their own: :mod:`.rwlock`). Each hold is
+its own entry with its own expiry, so a crashed holder frees its share within its lease. The
+Lua side (``lua/interval_*.lua``, with the shared helpers of
 ``lua/interval_common.lua`` and, but for the release, ``lua/interval_overlap.lua``
 prepended) documents the layout::
 
@@ -17,7 +16,7 @@ prepended) documents the layout::
     P{T}:fence       the fencing counter shared with the lease of the same name
     B chan           pub/sub channel woken by releases, shrinks and downgrades
 
-with ``B = P{T}:range:`` for range locks (``P{T}:rw:`` was reader-writer layout 1). Acquire,
+with ``B = P{T}:range:`` for range locks and ``P{T}:sem:`` for semaphores. Acquire,
 release, shrink, upgrade and downgrade are one script call each, O(log n) in the holders.
 """
 
@@ -91,8 +90,7 @@ class IntervalKeys:
 
 
 def interval_keys(prefix: str, name: str, family: bytes) -> IntervalKeys:
-    """Keys of the interval lock ``name`` of ``family`` (``range``, ``sem``; ``rw`` in
-    reader-writer layout 1)."""
+    """Keys of the interval lock ``name`` of ``family`` (``range``, ``sem``)."""
     slot = prefix.encode() + b"{" + name_tag(name) + b"}:"
     base = slot + family + b":"
     parts = (b"exp", b"r:lo", b"r:hi", b"u:lo", b"u:hi", b"w:lo", b"w:hi")
@@ -570,6 +568,7 @@ def release_holder(
         task_id, pid, host, delay, HOSTNAME
     )
     conn = connection_of(client)
+    conn.check_layout()
     keys = interval_keys(conn.prefix, name, family)
     redis = conn.redis
     owners = [raw.decode() for raw in conn.call(redis.zrange, keys.indexes[0], 0, -1)]

@@ -501,6 +501,7 @@ def release_owner(
     owner = validate.check_owner(owner, "owner")
     delay = validate.check_delay(delay)
     delay_ms = validate.seconds_to_ms(delay) if delay > 0 else 0
+    conn.check_layout()
     code = conn.call(run, conn.scripts.release_call(keys.lock, owner, delay_ms))
     return ReleaseResult(int(code))
 
@@ -528,6 +529,7 @@ def release_holder(
     conn = connection_of(client)
     keys = conn.keys(name)
     process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
+    conn.check_layout()
     return release_process_hold(conn, keys, process)
 
 

@@ -310,6 +310,7 @@ def release_holder(
     process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
     # Every name, also after one found free: each is a hash of its own.
     conn = connection_of(client)
+    conn.check_layout()
     freed: list[bool] = []
     unreplicated: LockNotReplicated | None = None
     for name in checked:

@@ -7,7 +7,7 @@ cannot starve it, and the readers it held back all get in together when it leave
 waiter of the channel is woken). Each reader is its own entry with its own expiry: a crashed
 reader frees its share within its lease, and there is no reader limit.
 
-Keys (layout 2 of reader-writer locks; ``lua/rw_common.lua`` documents them)::
+Keys (``lua/rw_common.lua`` documents them)::
 
     B exp         hash  the lock: w (the writer's owner), u (the upgradable's), r:<owner>
                   per reader, q (until when a waiting writer holds new readers back)
@@ -17,10 +17,7 @@ Keys (layout 2 of reader-writer locks; ``lua/rw_common.lua`` documents them)::
     B chan        pub/sub channel woken by releases, withdrawals and downgrades
     P{T}:fence    the fencing counter shared with the lease of the same name
 
-with ``B = P{T}:rw:``. Layout 1 (earlier releases) ran reader-writer locks on the interval
-engine (:mod:`.intervals`), whose ``B exp`` is a sorted set: the scripts of either layout
-meet a lock held under the other with ``WRONGTYPE`` and refuse it (docs/deployment.md).
-Acquire, release, upgrade and downgrade are one script call each.
+with ``B = P{T}:rw:``. Acquire, release, upgrade and downgrade are one script call each.
 """
 
 from __future__ import annotations
@@ -51,7 +48,7 @@ from ..core.scripts import (
     source_after,
 )
 from ..core.steps import Steps
-from ..exceptions import LockBackendError, LockError, LockNotHeld, LockNotReplicated
+from ..exceptions import LockError, LockNotHeld, LockNotReplicated
 from . import intervals
 from .intervals import RESERVATION_MS, holder_reply, wait_hint
 
@@ -115,17 +112,6 @@ def scripts(client: ScriptHost) -> RWScripts:
     return bound_to(client, RWScripts)
 
 
-def _layout_conflict(name: str, error: LockBackendError) -> LockError | LockBackendError:
-    """A script's WRONGTYPE on the lock hash: the lock is held under the other layout."""
-    if "WRONGTYPE" not in str(error):
-        return error
-    return LockError(
-        f"reader-writer lock {name!r} is held by a process of an earlier release (key layout"
-        " 1): finish the rolling upgrade before taking it here (docs/deployment.md)",
-        name=name,
-    )
-
-
 class RWLockHold(HandleOps):
     """One hold of a reader-writer lock: the operations of the sync :class:`RWLockHandle`
     and the asyncio one, with the upgrade and downgrade of an upgradable hold."""
@@ -172,12 +158,7 @@ class RWLockHold(HandleOps):
             RESERVATION_MS if queued else 0, "1" if reserve else "", self._packed_holder(),
             self.call or "",
         ]  # fmt: skip
-        try:
-            reply = yield scripts(self._conn).acquire, keys, args
-        except LockNotReplicated:
-            raise
-        except LockBackendError as exc:
-            raise _layout_conflict(self.name, exc) from exc
+        reply = yield scripts(self._conn).acquire, keys, args
         code, value = acquire_outcome(reply)
         if code == IntervalReply.DONE:
             return True, value
@@ -560,6 +541,7 @@ def release_holder(
         task_id, pid, host, delay, HOSTNAME
     )
     conn = connection_of(client)
+    conn.check_layout()
     keys = rw_keys(conn.prefix, name)
     owners = lock_owners(conn.call(conn.redis.hgetall, keys.lock))
     return intervals.release_holds_of(

@@ -44,7 +44,7 @@
 --
 -- The fencing token is the name's counter plus one: see fencing.lua.
 --
--- The hash a holder gets (layout 2): owner, token, acquired_ms, ttl_ms, holder; deadline_ms
+-- The hash a holder gets: owner, token, acquired_ms, ttl_ms, holder; deadline_ms
 -- only with a max-hold; renewed_ms once renewed (until then it is acquired_ms); `waiting`,
 -- `attempt`, `gen`, `state` as below and in release.lua and renew.lua.
 --

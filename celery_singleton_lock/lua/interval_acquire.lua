@@ -12,7 +12,7 @@
 --           holder's hash as `call`; while a hold of the same call identity stands on the
 --           lock (any mode, any interval; not the parent), nothing is granted
 --
--- The holder's hash (layout 2, as a lease's): owner, token, acquired_ms, ttl_ms, mode, lo,
+-- The holder's hash (as a lease's): owner, token, acquired_ms, ttl_ms, mode, lo,
 -- hi, holder; deadline_ms only with a max-hold, parent only for a write nested in an
 -- upgradable hold, call only with a call identity, renewed_ms once renewed.
 -- Reply codes: IntervalReply in core/replies.py (keep the two in step).

@@ -13,8 +13,6 @@
 --   12   B waiting  string: a waiter sleeps on this lock (see mark_waiting); acquire,
 --        release and change only
 --   13   P{T}:fence  the fencing counter shared with the lease of the same name (acquire)
--- Reader-writer locks ran on this engine (every holder on [-inf, +inf]) until their own
--- layout 2 (rw_common.lua), whose B exp is a hash: these scripts meet it with WRONGTYPE.
 --
 -- Overlap query in O(log n): a holder [l, h] misses the closed interval [a, b] exactly when
 -- l > b or h < a, and both cannot hold at once, so

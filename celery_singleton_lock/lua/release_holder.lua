@@ -12,8 +12,8 @@
 -- fair waiter is woken to take the freed name itself (wake_fair_waiter.lua, prepended).
 -- Reply codes: HolderReply in core/replies.py (keep the two in step).
 -- returns 1 released; 0 the lock is not held by that task in that process on that host
--- A hold of layout 2 keeps task id, pid and host in its packed `holder` field (acquire.lua);
--- one of layout 1 as fields of their own.
+-- A hold keeps task id, pid and host in its packed `holder` field (acquire.lua); a hand-over
+-- (handover.lua) writes them as fields of their own, which win.
 -- A release it makes leaves 'holder <task id> <pid> <host>' behind: as `released_by` of the
 -- release delay, or in P{T}:released for as long as the hold had left (not release.lua's
 -- trace, P{T}:freed: the holder's own release must find its lease lost). The same call sent

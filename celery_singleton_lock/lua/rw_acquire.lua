@@ -30,7 +30,6 @@ if mode == 'r' then
 end
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl ~= -2 then
-  -- Read as a hash first: WRONGTYPE on a lock of the previous layout (see rw_common.lua).
   local state = redis.call('HMGET', KEYS[1], 'w', 'u', 'q', field)
   if state[4] and (mode == 'r' or state[4] == owner) then
     -- Ours already (owner tokens are unique per acquire call): this very attempt sent again.

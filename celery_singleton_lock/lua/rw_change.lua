@@ -12,7 +12,6 @@
 --                   needs
 local op, owner = ARGV[1], ARGV[2]
 helpers()
--- A hash read first: WRONGTYPE on a lock of the previous layout (see rw_common.lua).
 local state = redis.call('HMGET', KEYS[1], 'w', 'q')
 if op == 'unreserve' then
   if state[2] and unreserve(owner) then

@@ -1,7 +1,7 @@
 -- Shared helpers of the reader-writer scripts (rw_acquire/release/change/renew.lua): the
 -- Python side prepends this file (and fencing.lua) to each before registering it.
 --
--- Key layout of one reader-writer lock (layout 2 of reader-writer locks; B = P{T}:rw:):
+-- Key layout of one reader-writer lock (B = P{T}:rw:):
 --   B exp        hash  the lock: `w` the owner of the write hold (an upgraded hold too), `u`
 --                the owner of the upgradable hold, `r:<owner>` one field per read hold
 --                (its value `1`, or `=` and the hold's call identity when it has one),
@@ -25,11 +25,6 @@
 --   P{T}:fence   the fencing counter shared with the lease of the same name
 -- KEYS[1] is B exp and KEYS[2] the caller's B h:<owner>; the other keys share their hash tag
 -- (one slot) and are named here from B.
---
--- B exp was the interval engine's expiry zset (reader-writer layout 1, every hold on
--- [-inf, +inf]): the same name with another type, so that a script of either layout meets
--- a lock held under the other with WRONGTYPE (loud) instead of overlooking its holders.
--- Every script here reads B exp as a hash before it writes anything.
 --
 -- A field of B exp whose hold's hash is gone (expired, crashed holder) is stale: whoever
 -- meets it while deciding drops it. An uncontended acquire (no B exp) decides nothing.

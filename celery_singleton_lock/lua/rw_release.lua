@@ -82,8 +82,7 @@ end
 helpers()
 local woke = 0
 -- A hold gone, or an upgradable one: a writer or an upgrade that stopped waiting withdraws
--- its reservation (a hash read first: WRONGTYPE on a lock of the previous layout, see
--- rw_common.lua).
+-- its reservation.
 if not mode or mode == 'u' then
   if redis.call('HEXISTS', KEYS[1], 'q') == 1 and unreserve(owner) then
     woke = 1
@@ -121,7 +120,6 @@ if delay > 0 then
   end
   return 1
 end
--- Its field first: WRONGTYPE before anything is written on a lock of the previous layout.
 local marked = redis.call('HDEL', KEYS[1], field, 'waiting') == 2
 -- A trace, as above; a clear's says so, and its holder's own release then finds the hold
 -- gone (lost), not released.

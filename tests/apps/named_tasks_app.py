@@ -60,34 +60,36 @@ def make_app(url: str, prefix: str, queue: str = "celery") -> Celery:
         # How often celery.chord_unlock looks whether a chord's header is done.
         app.conf.result_chord_retry_interval = 0.1
 
-    # Plain tasks, as another package declares them: no base=SingletonTask.
-    @app.task(bind=True, name="named.export")
+    # Plain tasks, as another package declares them: no base=SingletonTask. Each only in
+    # this app (shared=False): a shared task would join every app made later in the process,
+    # where the next make_app's task of the same name collides with it.
+    @app.task(bind=True, shared=False, name="named.export")
     def export(self: Any, customer_id: int, seconds: float) -> int:
         record(self, prefix, "start", str(customer_id), task=self.name)
         busy_for(seconds)
         record(self, prefix, "end", str(customer_id), task=self.name)
         return customer_id
 
-    @app.task(bind=True, name="named.unlocked")
+    @app.task(bind=True, shared=False, name="named.unlocked")
     def unlocked(self: Any) -> str:
         return "ran"
 
-    @app.task(name="named.total")
+    @app.task(shared=False, name="named.total")
     def total(values: list[int]) -> int:
         return sum(values)
 
-    @app.task(bind=True, base=Wrapping, name="named.wrapped")
+    @app.task(bind=True, base=Wrapping, shared=False, name="named.wrapped")
     def wrapped(self: Any, key: str) -> str:
         record(self, prefix, "body", key)
         return key
 
     # SingletonTasks whose class has a base class with a __call__ of its own.
-    @app.task(bind=True, base=LockedWrapping, name="named.locked_wrapping")
+    @app.task(bind=True, base=LockedWrapping, shared=False, name="named.locked_wrapping")
     def locked_wrapping(self: Any, key: str) -> str:
         record(self, prefix, "body", key)
         return key
 
-    @app.task(bind=True, base=WrappingLocked, name="named.wrapping_locked")
+    @app.task(bind=True, base=WrappingLocked, shared=False, name="named.wrapping_locked")
     def wrapping_locked(self: Any, key: str) -> str:
         record(self, prefix, "body", key)
         return key

@@ -14,6 +14,14 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
+#: Marks a test that forks while threads of its own run (heartbeat, listener): Python 3.12+
+#: warns that the child may deadlock, which is what such a test checks it does not.
+FORKS_WITH_THREADS = pytest.mark.filterwarnings(
+    "ignore:This process .* is multi-threaded, use of fork:DeprecationWarning"
+)
+
 
 def run_in_child(work: Callable[[], dict[str, Any]], *, alarm: int = 0) -> dict[str, Any]:
     """Fork; the child runs ``work`` and reports its dict. Asserts the child exited 0."""
