@@ -620,7 +620,7 @@ def test_fuzzed_task_options_are_accepted_or_configuration_errors(
         return
     # Whatever was accepted makes a lock that works and expires.
     lease = client.lease(
-        "opt-" + uuid.uuid4().hex, ttl=resolved.lease, max_hold=resolved.ttl, heartbeat=False
+        "opt-" + uuid.uuid4().hex, ttl=resolved.lease, max_hold=resolved.max_hold, heartbeat=False
     )
     assert lease.acquire(min(resolved.wait, 0.0))
     lease.release(delay=min(resolved.release_delay, 60.0))
