@@ -9,7 +9,8 @@ either undone or still known to the handle, so that the caller's own retry works
 
 Handles are made without a heartbeat, so that the reply held back is the operation's own;
 each operation runs once on a warm-up handle first (connection open, scripts loaded). The
-reader-writer lock's operations are in test_lost_replies_rw.py.
+reader-writer lock's operations are in test_lost_replies_rw.py; the task layer's steps in
+test_task_lost_replies.py.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from celery import Celery
 from support.lost_replies import async_proxied_client, fence, proxied_client, reply_lost
 from support.proxies import HoldingProxy
 
@@ -30,7 +30,6 @@ from celery_singleton_lock import (
     LockClient,
     LockLost,
     ReleaseResult,
-    SingletonTask,
 )
 from celery_singleton_lock.core.keys import lock_keys
 from celery_singleton_lock.kinds import multi
@@ -547,126 +546,3 @@ def test_a_fair_wait_whose_unanswered_withdrawal_found_the_lease_handed_over_hol
     assert proxy.holding.is_set()  # the withdrawal ran, and its reply was lost
     assert free(lock_client, "lease")  # given back, not left to run out in 30 s
     assert lock_client.redis.llen(queue) == 0
-
-
-# -- the Celery layer: the enqueue-time claim --------------------------------------------------
-
-
-@pytest.fixture
-def enqueued(celery_lock_app: Celery, lock_prefix: str) -> Callable[..., Any]:
-    """A ``lock_on_enqueue`` task of ``celery_lock_app`` whose locks go through the client
-    given (its scripts loaded), sending to a queue nobody consumes."""
-
-    def task_through(client: LockClient, on_enqueue: bool | str = True) -> Any:
-        warm_up = client.lease("warm-up", heartbeat=False, owner="claim:warm-up:0")
-        assert warm_up.acquire()
-        warm_up.release()
-        celery_lock_app._singleton_lock_client = client  # the app's client (app_client.py)
-        celery_lock_app.conf.task_default_queue = f"{lock_prefix}unconsumed"
-
-        @celery_lock_app.task(base=SingletonTask, shared=False, lock_on_enqueue=on_enqueue)
-        def job(customer: int) -> int:
-            return customer
-
-        return job
-
-    return task_through
-
-
-def queued(lock_client: LockClient, lock_prefix: str) -> int:
-    """How many messages wait in the unconsumed queue (the broker is the tests' Redis)."""
-    return int(lock_client.redis.llen(f"{lock_prefix}unconsumed"))
-
-
-def claims(lock_client: LockClient) -> list[str | None]:
-    return [info.task_id for info in lock_client.locks() if info.owner]
-
-
-@pytest.mark.timeout(60)
-def test_an_enqueue_claim_sent_again_is_one_claim_and_one_message(
-    lock_client: LockClient,
-    proxy: HoldingProxy,
-    enqueued: Callable[..., Any],
-    lock_prefix: str,
-) -> None:
-    job = enqueued(proxied_client(lock_client, proxy, retries=1))
-    proxy.hold_next_script_reply()
-    sent = job.apply_async((5,))
-    assert proxy.holding.is_set()
-    assert queued(lock_client, lock_prefix) == 1
-    assert claims(lock_client) == [sent.id]
-    assert job.delay(5).id == sent.id  # deduplicated against it
-    assert queued(lock_client, lock_prefix) == 1
-
-
-@pytest.mark.timeout(60)
-def test_an_enqueue_claim_that_raised_leaves_no_claim_and_no_message(
-    lock_client: LockClient,
-    proxy: HoldingProxy,
-    enqueued: Callable[..., Any],
-    lock_prefix: str,
-) -> None:
-    job = enqueued(proxied_client(lock_client, proxy, retries=0))
-    proxy.hold_next_script_reply()
-    with pytest.raises(LockBackendError):
-        job.apply_async((5,))
-    assert proxy.holding.is_set()  # the claim was taken, and its reply lost
-    assert queued(lock_client, lock_prefix) == 0
-    assert claims(lock_client) == []  # given back: the key is not blocked for lock_queue_ttl
-    sent = job.apply_async((5,))  # the producer's own retry goes through
-    assert queued(lock_client, lock_prefix) == 1
-    assert claims(lock_client) == [sent.id]
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("retries", [1, 0])
-def test_a_debounce_take_over_whose_reply_was_lost_leaves_one_claim_with_a_message(
-    lock_client: LockClient,
-    proxy: HoldingProxy,
-    enqueued: Callable[..., Any],
-    lock_prefix: str,
-    retries: int,
-) -> None:
-    """A new ``debounce`` call takes the queued call's claim over, and that reply is lost:
-    sent again, the new call holds the claim and is sent; raised, the queued call's claim
-    is put back, and its message is still there to run under it."""
-    job = enqueued(proxied_client(lock_client, proxy, retries=retries), "debounce")
-    first = job.apply_async((5,))
-    proxy.hold_next_script_reply(after=1)  # the take-over, after the claim found held
-    if retries:
-        second = job.apply_async((5,))
-        assert claims(lock_client) == [second.id]
-        assert queued(lock_client, lock_prefix) == 2  # the first is skipped when it runs
-    else:
-        with pytest.raises(LockBackendError):
-            job.apply_async((5,))
-        assert claims(lock_client) == [first.id]
-        assert queued(lock_client, lock_prefix) == 1
-    assert proxy.holding.is_set()
-
-
-@pytest.mark.timeout(60)
-def test_a_retry_whose_hand_over_reply_was_lost_frees_the_claim_when_no_retry_is_sent(
-    lock_client: LockClient, proxy: HoldingProxy, celery_lock_app: Celery
-) -> None:
-    """Task.retry hands the run's lock to the retry's claim, and that reply is lost
-    (LockBackendError): the hand-over may have run. No retry is sent (max_retries reached),
-    so the claim goes as the run's lock would have, rather than keep the key locked for
-    the countdown plus lock_ttl."""
-    client = proxied_client(lock_client, proxy, retries=0)
-    warm_up = client.lease("warm-up", heartbeat=False)
-    assert warm_up.acquire()
-    warm_up.hand_over("claim:w:1", ttl=1)  # the script loaded
-    celery_lock_app._singleton_lock_client = client  # the app's client (app_client.py)
-    hand_over = client.connection.scripts.handover_call(b"", "", "", 1, [])[0]
-
-    @celery_lock_app.task(base=SingletonTask, shared=False, bind=True, max_retries=0)
-    def doomed(self: Any) -> None:
-        proxy.stop_next_call(hand_over.sha.encode())
-        proxy.let_through()  # the hand-over runs at once; only its reply is held back
-        raise self.retry(countdown=60, exc=RuntimeError("no luck"))
-
-    with pytest.raises(RuntimeError):
-        doomed.apply().get(timeout=30)
-    assert proxy.holding.is_set()
-    assert lock_client.holders(doomed.lock_name((), {})) == []
