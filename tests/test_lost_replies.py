@@ -14,9 +14,9 @@ into its socket timeout (0.5 s). Then either
 
 Each case runs for every kind of hold it applies to (``kind``), on the sync and the asyncio
 client (``side``), with handles without a heartbeat (the reply held back is the operation's
-own) and a client warmed up first (connection open, scripts loaded). The admin's calls by
-holder have no asyncio form and run on the sync client. Cases of one kind only follow the
-shared ones. More about the acquire (claims, waits) is in test_acquire_retries.py; the task
+own) and a client warmed up first (connection open, scripts loaded). The admin's calls on
+one holder (release_holder, clear_holder, release_owner) run on the sync client only: most
+have no asyncio form. Cases of one kind only follow the shared ones. More about the acquire (claims, waits) is in test_acquire_retries.py; the task
 layer's steps are in test_task_lost_replies.py.
 """
 
