@@ -16,8 +16,9 @@ Each case runs for every kind of hold it applies to (``kind``), on the sync and 
 client (``side``), with handles without a heartbeat (the reply held back is the operation's
 own) and a client warmed up first (connection open, scripts loaded). The admin's calls on
 one holder (release_holder, clear_holder, release_owner) run on the sync client only: most
-have no asyncio form. Cases of one kind only follow the shared ones. More about the acquire (claims, waits) is in test_acquire_retries.py; the task
-layer's steps are in test_task_lost_replies.py.
+have no asyncio form. Cases of one kind only follow the shared ones. More about the
+acquire (claims, waits) is in test_acquire_retries.py; the task layer's steps are in
+test_task_lost_replies.py.
 """
 
 from __future__ import annotations
