@@ -1,10 +1,13 @@
 """SingletonTask steps whose reply from the lock Redis is lost: the step ran on the server,
-and the worker never heard (support/proxies.py holds the reply back; the lock client through
-the proxy does not send the call again, so the step raises LockBackendError)."""
+and the producer or the worker never heard (support/proxies.py holds the reply back). The lock
+client through the proxy sends the call again (``retries=1``), and the step has the effect of
+one; or it does not (``retries=0``), the step raises LockBackendError, and what it took is
+given back. The rule for the lock operations themselves is in test_lost_replies.py."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -13,7 +16,14 @@ from celery.exceptions import MaxRetriesExceededError
 from support.lost_replies import proxied_client
 from support.proxies import HoldingProxy
 
-from celery_singleton_lock import LockClient, SingletonTask, is_skipped, lock_lost, lock_released
+from celery_singleton_lock import (
+    LockBackendError,
+    LockClient,
+    SingletonTask,
+    is_skipped,
+    lock_lost,
+    lock_released,
+)
 
 
 @pytest.mark.timeout(60)
@@ -29,13 +39,15 @@ def test_a_hand_over_to_a_retry_never_sent_whose_reply_was_lost_leaves_no_claim(
     warm = client.lease("warm-up", heartbeat=False)
     assert warm.acquire()
     warm.hand_over("claim:warm-up:1", ttl=1)  # the hand-over script loaded
+    hand_over = client.connection.scripts.handover_call(b"", "", "", 1, [])[0]
 
     @celery_lock_app.task(
         base=SingletonTask, shared=False, bind=True, max_retries=0, lock_key="report:{day}"
     )
     def report(self: Any, day: str, lose_hand_over: bool) -> str:
         if lose_hand_over:
-            proxy.hold_next_script_reply()
+            proxy.stop_next_call(hand_over.sha.encode())  # the hand-over's reply, no other
+            proxy.let_through()  # it runs at once; only its reply is held back
             raise self.retry(countdown=60)
         return day
 
@@ -100,3 +112,99 @@ def test_a_release_whose_reply_was_lost_frees_the_lock_once_and_marks_the_call_d
     assert "without its lock" not in caplog.text
     copy = sync.apply(("d2", False), task_id=first.id)
     assert copy.state == "IGNORED" and f"[{first.id}] dropped" in caplog.text
+
+
+# -- the enqueue-time claim ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def enqueued(celery_lock_app: Celery, lock_prefix: str) -> Callable[..., Any]:
+    """A ``lock_on_enqueue`` task of ``celery_lock_app`` whose locks go through the client
+    given (its scripts loaded), sending to a queue nobody consumes."""
+
+    def task_through(client: LockClient, on_enqueue: bool | str = True) -> Any:
+        warm_up = client.lease("warm-up", heartbeat=False, owner="claim:warm-up:0")
+        assert warm_up.acquire()
+        warm_up.release()
+        celery_lock_app._singleton_lock_client = client  # the app's client (app_client.py)
+        celery_lock_app.conf.task_default_queue = f"{lock_prefix}unconsumed"
+
+        @celery_lock_app.task(base=SingletonTask, shared=False, lock_on_enqueue=on_enqueue)
+        def job(customer: int) -> int:
+            return customer
+
+        return job
+
+    return task_through
+
+
+def queued(lock_client: LockClient, lock_prefix: str) -> int:
+    """How many messages wait in the unconsumed queue (the broker is the tests' Redis)."""
+    return int(lock_client.redis.llen(f"{lock_prefix}unconsumed"))
+
+
+def claims(lock_client: LockClient) -> list[str | None]:
+    return [info.task_id for info in lock_client.locks() if info.owner]
+
+
+@pytest.mark.timeout(60)
+def test_an_enqueue_claim_sent_again_is_one_claim_and_one_message(
+    lock_client: LockClient,
+    proxy: HoldingProxy,
+    enqueued: Callable[..., Any],
+    lock_prefix: str,
+) -> None:
+    job = enqueued(proxied_client(lock_client, proxy, retries=1))
+    proxy.hold_next_script_reply()
+    sent = job.apply_async((5,))
+    assert proxy.holding.is_set()
+    assert queued(lock_client, lock_prefix) == 1
+    assert claims(lock_client) == [sent.id]
+    assert job.delay(5).id == sent.id  # deduplicated against it
+    assert queued(lock_client, lock_prefix) == 1
+
+
+@pytest.mark.timeout(60)
+def test_an_enqueue_claim_that_raised_leaves_no_claim_and_no_message(
+    lock_client: LockClient,
+    proxy: HoldingProxy,
+    enqueued: Callable[..., Any],
+    lock_prefix: str,
+) -> None:
+    job = enqueued(proxied_client(lock_client, proxy, retries=0))
+    proxy.hold_next_script_reply()
+    with pytest.raises(LockBackendError):
+        job.apply_async((5,))
+    assert proxy.holding.is_set()  # the claim was taken, and its reply lost
+    assert queued(lock_client, lock_prefix) == 0
+    assert claims(lock_client) == []  # given back: the key is not blocked for lock_queue_ttl
+    sent = job.apply_async((5,))  # the producer's own retry goes through
+    assert queued(lock_client, lock_prefix) == 1
+    assert claims(lock_client) == [sent.id]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("retries", [1, 0])
+def test_a_debounce_take_over_whose_reply_was_lost_leaves_one_claim_with_a_message(
+    lock_client: LockClient,
+    proxy: HoldingProxy,
+    enqueued: Callable[..., Any],
+    lock_prefix: str,
+    retries: int,
+) -> None:
+    """A new ``debounce`` call takes the queued call's claim over, and that reply is lost:
+    sent again, the new call holds the claim and is sent; raised, the queued call's claim
+    is put back, and its message is still there to run under it."""
+    job = enqueued(proxied_client(lock_client, proxy, retries=retries), "debounce")
+    first = job.apply_async((5,))
+    proxy.hold_next_script_reply(after=1)  # the take-over, after the claim found held
+    if retries:
+        second = job.apply_async((5,))
+        assert claims(lock_client) == [second.id]
+        assert queued(lock_client, lock_prefix) == 2  # the first is skipped when it runs
+    else:
+        with pytest.raises(LockBackendError):
+            job.apply_async((5,))
+        assert claims(lock_client) == [first.id]
+        assert queued(lock_client, lock_prefix) == 1
+    assert proxy.holding.is_set()
