@@ -485,7 +485,6 @@ KEY_KINDS: dict[str, str] = {
     "w": "fair waiters",
     "m": "fair waiters",
     "freed": "release traces",
-    "released": "release traces",
     "undo": "release traces",
     "waiting": "wait marks",
     "done": "done marks",

@@ -14,12 +14,11 @@ Layout for a lock named N under prefix P (default ``csl:``)::
     P{T}:w:<o>    hash   fair waiter o's registration (ttl, max-hold, holder fields); expires
                          unless o refreshes it
     P{T}:m:<o>    list   where a release hands the lease to fair waiter o (its token)
-    P{T}:freed    hash   the hash of the last lease a release freed (release.lua and
-                         multi_release.lua rename P{T}:lock to it, so it keeps the time the
-                         hold had left): what tells a release sent again after its reply
-                         was lost that it was done
-    P{T}:released string the same for the admin's calls that free a lease key: who freed
-                         it (clear.lua, release_holder.lua), while that hold had time left
+    P{T}:freed    hash   the trace of the last lease freed (lua/trace.lua), for the time
+                         that hold had left: its owner and token after its holder's release
+                         (release.lua, multi_release.lua), its token and `cleared` (who
+                         freed it) after the admin's (clear.lua, release_holder.lua): what
+                         tells a call sent again after its reply was lost that it was done
     P{T}:undo:<t> hash   a claim the acquisition with fencing token t took over, kept with
                          the claim's own expiry so that an acquire whose reply was lost can
                          put it back (acquire_undo.lua)

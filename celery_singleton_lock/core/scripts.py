@@ -343,7 +343,7 @@ class Scripts:
         self._renew: Script = register(redis, source("renew"))
         self._handover: Script = register(redis, source("handover"), replication)
         self._release_holder: Script = register(
-            redis, source_after(*WAKE_FAIR_WAITER, "release_holder"), replication
+            redis, source_after(*WAKE_FAIR_WAITER, TRACE, "release_holder"), replication
         )
         self._fair_abandon: Script = register(redis, source("fair_abandon"), replication)
         self._acquire_undo: Script = register(

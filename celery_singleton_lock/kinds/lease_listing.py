@@ -15,6 +15,7 @@ from ..core.patterns import literal_name
 from ..core.replication import Replication
 from ..core.scan import KeyQuery, Record, read_hashes, read_query
 from ..core.scripts import (
+    TRACE,
     WAKE_FAIR_WAITER,
     ScriptCall,
     ScriptHost,
@@ -92,7 +93,7 @@ class _ClearScripts:
     replicas, as a release does."""
 
     def __init__(self, redis: Any, replication: Replication | None) -> None:
-        self.clear = register(redis, source_after(*WAKE_FAIR_WAITER, "clear"), replication)
+        self.clear = register(redis, source_after(*WAKE_FAIR_WAITER, TRACE, "clear"), replication)
 
 
 def clear_call(conn: ScriptHost, holder: ListedHolder) -> ScriptCall:

@@ -13,14 +13,17 @@
 -- fair waiter is woken to take the freed name itself (wake_fair_waiter.lua, prepended).
 -- The holder whose lease was cleared finds out at its next heartbeat (renew.lua returns 0).
 -- A hold not renewed yet has no renewed_ms: its acquired_ms stands for it (acquire.lua).
--- A hold it frees leaves 'cleared <token>' in P{T}:released for as long as the hold had
--- left: the same clear sent again after its reply was lost (redis-py's retry) finds it there
--- and answers cleared, not gone. Not the trace release.lua and multi_release.lua leave
--- (P{T}:freed): the holder's own release must still find its lease lost, not released.
-local mark = string.sub(KEYS[1], 1, -5) .. 'released'
+-- A hold it frees leaves its trace in P{T}:freed (trace.lua) for as long as the hold had
+-- left: its token and `cleared=clear`, no owner. The same clear sent again after its reply
+-- was lost (redis-py's retry) finds it there and answers cleared, not gone; the holder's own
+-- release finds no owner of its there, so its lease lost, not released.
+local freed = string.sub(KEYS[1], 1, -5) .. 'freed'
 local holder = redis.call('HMGET', KEYS[1], 'token', 'renewed_ms', 'waiting', 'acquired_ms')
-if holder[1] ~= ARGV[1] and advisory('GET', mark) == 'cleared ' .. ARGV[1] then
-  return 1
+if holder[1] ~= ARGV[1] then
+  local trace = advisory('HMGET', freed, 'token', 'cleared') or {}
+  if trace[1] == ARGV[1] and trace[2] == 'clear' then
+    return 1
+  end
 end
 if not holder[1] then
   return 0
@@ -31,11 +34,7 @@ end
 if ARGV[3] ~= '' and tonumber(holder[2] or holder[4]) ~= tonumber(ARGV[3]) then
   return -2
 end
-local left = redis.call('PTTL', KEYS[1])
-if left > 0 then
-  advisory('SET', mark, 'cleared ' .. holder[1], 'PX', left)
-end
-redis.call('DEL', KEYS[1])
+leave_trace(KEYS[1], freed, redis.call('PTTL', KEYS[1]), 'token', holder[1], 'cleared', 'clear')
 if holder[3] then
   redis.call('PUBLISH', ARGV[2], 'cleared')
   wake_fair_waiter(string.sub(KEYS[1], 1, -5))

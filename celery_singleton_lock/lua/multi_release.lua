@@ -34,8 +34,8 @@ for i, key in ipairs(KEYS) do
     end
   elseif owner == '' and holder[3] == ARGV[1] then
     -- released already, by this very call sent again
-  elseif token and advisory('HGET', freed, 'token') == token then
-    -- freed already, by this very call sent again
+  elseif token and advisory('HGET', freed, 'owner') == ARGV[1] then
+    -- freed already, by this very call sent again (its owner's trace: not a clear's)
   elseif owner then
     result = -1
   elseif result == 1 then

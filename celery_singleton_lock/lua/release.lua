@@ -15,7 +15,7 @@
 -- token when it passes one (fencing tokens are unique per name). The next release that
 -- frees the name replaces the trace. A release delay names its owner as `released_by`
 -- instead. A multi-key lock's release leaves the same trace (multi_release.lua); the
--- admin's calls that free a lease key leave a string, P{T}:released (clear.lua,
+-- admin's calls that free a lease key leave one with no owner and `cleared` (clear.lua,
 -- release_holder.lua): a holder whose lease was cleared must find it lost, not released.
 --
 -- Only a hash a waiter marked (see acquire.lua) is handed over or published: an uncontended

@@ -15,19 +15,19 @@
 -- A hold keeps task id, pid and host in its packed `holder` field (acquire.lua); a hand-over
 -- (handover.lua) writes them as fields of their own, which win.
 -- A release it makes leaves 'holder <task id> <pid> <host>' behind: as `released_by` of the
--- release delay, or in P{T}:released for as long as the hold had left (not release.lua's
--- trace, P{T}:freed: the holder's own release must find its lease lost). The same call sent
--- again after its reply was lost (redis-py's retry) finds it and answers released; it never
--- frees anything else for it.
+-- release delay, or as `cleared` of its trace in P{T}:freed (trace.lua), with no owner, for
+-- as long as the hold had left: the holder's own release must find its lease lost. The same
+-- call sent again after its reply was lost (redis-py's retry) finds it and answers released;
+-- it never frees anything else for it.
 local base = string.sub(KEYS[1], 1, -5)
 local who = 'holder ' .. ARGV[1] .. ' ' .. ARGV[2] .. ' ' .. ARGV[3]
 local holder = redis.call('HMGET', KEYS[1], 'owner', 'task_id', 'pid', 'host', 'waiting',
-  'holder', 'released_by')
+  'holder', 'released_by', 'token')
 local function done_before()
   if holder[1] == '' and holder[7] == who then
     return 1
   end
-  return advisory('GET', base .. 'released') == who and 1 or 0
+  return advisory('HGET', base .. 'freed', 'cleared') == who and 1 or 0
 end
 local owner = holder[1]
 if not owner or owner == '' or string.sub(owner, 1, 6) == 'claim:' then
@@ -50,11 +50,8 @@ if tonumber(ARGV[4]) > 0 then
   redis.call('HSET', KEYS[1], 'owner', '', 'state', 'cooldown', 'released_by', who)
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
 else
-  local left = redis.call('PTTL', KEYS[1])
-  if left > 0 then
-    advisory('SET', base .. 'released', who, 'PX', left)
-  end
-  redis.call('DEL', KEYS[1])
+  leave_trace(KEYS[1], base .. 'freed', redis.call('PTTL', KEYS[1]), 'token', holder[8],
+    'cleared', who)
   if holder[5] then
     redis.call('PUBLISH', ARGV[5], 'released')
     wake_fair_waiter(string.sub(KEYS[1], 1, -5))
