@@ -322,6 +322,8 @@ _FIXARRAY_HEADERS = tuple(bytes((0x90 | size,)) for size in range(0x10))
 
 #: The prelude of the scripts that touch keys they do not name (lua/advisory.lua).
 ADVISORY = "advisory"
+#: The prelude of every script that reads the server's clock (before FENCING, which does).
+CLOCK = "clock"
 #: The prelude of the scripts that free a hold now and leave its trace (after ADVISORY).
 TRACE = "trace"
 #: The preludes of the scripts that free a name without handing it to a fair waiter.
@@ -335,12 +337,12 @@ class Scripts:
     (renewals: the heartbeat's :func:`run_batch` adds the WAIT)."""
 
     def __init__(self, redis: Any, replication: Replication | None = None) -> None:
-        fenced = source_after(FENCING, ADVISORY)
+        fenced = source_after(CLOCK, FENCING, ADVISORY)
         self._acquire: Script = register(redis, fenced + "\n" + source("acquire"), replication)
         self._release: Script = register(
-            redis, source_after(FENCING, ADVISORY, TRACE, "release"), replication
+            redis, source_after(CLOCK, FENCING, ADVISORY, TRACE, "release"), replication
         )
-        self._renew: Script = register(redis, source("renew"))
+        self._renew: Script = register(redis, source_after(CLOCK, "renew"))
         self._handover: Script = register(redis, source("handover"), replication)
         self._release_holder: Script = register(
             redis, source_after(*WAKE_FAIR_WAITER, TRACE, "release_holder"), replication

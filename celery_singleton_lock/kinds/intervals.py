@@ -45,6 +45,7 @@ from ..core.replies import ClearReply, HolderReply, IntervalReply, acquire_outco
 from ..core.scan import Record, read_query
 from ..core.scripts import (
     ADVISORY,
+    CLOCK,
     FENCING,
     TRACE,
     ScriptCall,
@@ -111,13 +112,15 @@ class IntervalScripts:
 
     def __init__(self, redis: Any, replication: Replication | None = None) -> None:
         def load(name: str, waits: Replication | None) -> Script:
-            text = source_after(FENCING, "interval_common", "interval_overlap", name)
+            text = source_after(CLOCK, FENCING, "interval_common", "interval_overlap", name)
             return register(redis, text, waits)
 
         self.acquire = load("interval_acquire", replication)
         # The release decides nothing on overlaps: it goes without their helpers.
         self.release = register(
-            redis, source_after(ADVISORY, TRACE, "interval_common", "interval_release"), replication
+            redis,
+            source_after(CLOCK, ADVISORY, TRACE, "interval_common", "interval_release"),
+            replication,
         )
         self.change = load("interval_change", replication)
         self.renew = load("interval_renew", None)

@@ -30,6 +30,7 @@ from ..core.replication import Replication
 from ..core.replies import AcquireReply, ClearReply, HolderReply, acquire_outcome
 from ..core.scan import Record, read_query
 from ..core.scripts import (
+    CLOCK,
     FENCING,
     TRACE,
     WAKE_FAIR_WAITER,
@@ -39,7 +40,6 @@ from ..core.scripts import (
     bound_to,
     pack_holder,
     register,
-    source,
     source_after,
 )
 from ..core.steps import Steps
@@ -58,11 +58,13 @@ class MultiScripts:
     WAIT)."""
 
     def __init__(self, redis: Any, replication: Replication | None = None) -> None:
-        self.acquire: Script = register(redis, source_after(FENCING, "multi_acquire"), replication)
-        self.release: Script = register(
-            redis, source_after(*WAKE_FAIR_WAITER, TRACE, "multi_release"), replication
+        self.acquire: Script = register(
+            redis, source_after(CLOCK, FENCING, "multi_acquire"), replication
         )
-        self.renew: Script = register(redis, source("multi_renew"))
+        self.release: Script = register(
+            redis, source_after(CLOCK, *WAKE_FAIR_WAITER, TRACE, "multi_release"), replication
+        )
+        self.renew: Script = register(redis, source_after(CLOCK, "multi_renew"))
 
 
 def scripts(client: ScriptHost) -> MultiScripts:

@@ -38,6 +38,7 @@ from ..core.replication import Replication
 from ..core.replies import ClearReply, IntervalReply, acquire_outcome
 from ..core.scripts import (
     ADVISORY,
+    CLOCK,
     FENCING,
     TRACE,
     ScriptCall,
@@ -97,10 +98,10 @@ class RWScripts:
 
     def __init__(self, redis: Any, replication: Replication | None = None) -> None:
         def load(waits: Replication | None, *names: str) -> Script:
-            return register(redis, source_after(ADVISORY, "rw_common", *names), waits)
+            return register(redis, source_after(CLOCK, ADVISORY, "rw_common", *names), waits)
 
         self.acquire = register(
-            redis, source_after(FENCING, ADVISORY, "rw_common", "rw_acquire"), replication
+            redis, source_after(CLOCK, FENCING, ADVISORY, "rw_common", "rw_acquire"), replication
         )
         self.release = load(replication, TRACE, "rw_release")
         self.change = load(replication, "rw_change")

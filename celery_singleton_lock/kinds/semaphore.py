@@ -25,7 +25,7 @@ from ..core.holder import ListedHolder
 from ..core.replication import Replication
 from ..core.replies import IntervalReply, acquire_outcome
 from ..core.scan import Record, read_query
-from ..core.scripts import FENCING, ScriptHost, bound_to, register, source_after
+from ..core.scripts import CLOCK, FENCING, ScriptHost, bound_to, register, source_after
 from ..core.steps import Steps
 from . import intervals
 from .intervals import IntervalHandle, IntervalHold
@@ -42,7 +42,9 @@ class SemaphoreScripts:
     ``replication``'s replicas; the release and renewal are the interval engine's."""
 
     def __init__(self, redis: Any, replication: Replication | None = None) -> None:
-        text = source_after(FENCING, "interval_common", "interval_overlap", "semaphore_acquire")
+        text = source_after(
+            CLOCK, FENCING, "interval_common", "interval_overlap", "semaphore_acquire"
+        )
         self.acquire: Script = register(redis, text, replication)
 
 

@@ -110,14 +110,8 @@ if owner then
   end
   waiting = redis.call('HGET', KEYS[1], 'waiting')
 end
-local t = redis.call('TIME')
--- Server ms as text, cut from TIME's two parts (cheaper than arithmetic and a format).
-local us = t[2]
-if #us < 6 then
-  us = string.sub('00000' .. us, -6)
-end
-local now_ms = t[1] .. string.sub(us, 1, 3)
-local token = next_fencing_token(KEYS[2], t)
+local now_ms = server_ms()
+local token = next_fencing_token(KEYS[2])
 if owner then
   -- A claim taken over: kept aside (see above); this hold starts a hash of its own. While
   -- the slot migrates, the node may refuse the new key (advisory.lua): the take-over is

@@ -1,4 +1,5 @@
--- The fencing token of a new holder (prepended to every script that makes one): max(last
+-- The fencing token of a new holder (prepended, after clock.lua, to every script that makes
+-- one): max(last
 -- token + 1, server time in µs). Tokens come from the Redis server clock; the counter
 -- P{T}:fence covers the two cases the clock alone does not: two tokens in one µs, and a
 -- clock stepped back. It expires FENCE_SLACK_MS after the server time its token stands for
@@ -12,9 +13,10 @@
 -- skew): docs/fencing.md.
 -- One SET ... PXAT ... GET both records the clock's token and reads the last one: a second
 -- write is needed only when the counter is not behind the clock.
--- `time`: the server's TIME reply (seconds, microseconds). Returns the token as text.
+-- Returns the token as text.
 local FENCE_SLACK_MS = 10000
-local function next_fencing_token(fence_key, time)
+local function next_fencing_token(fence_key)
+  local time = server_time()
   local us = time[2]
   if #us < 6 then
     us = string.sub('00000' .. us, -6)

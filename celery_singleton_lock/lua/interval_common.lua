@@ -39,13 +39,10 @@
 -- `state=released` and its token, for the time the hold had left: what answers that
 -- release (or clear) sent again (interval_release.lua). No index names it, so nothing that goes by
 -- B exp meets it; listings pass it by.
-local t, now_ms
--- Server time, ms; read once per call, and only by a call that needs it.
+local now_ms
+-- Server time, ms (clock.lua), kept in now_ms once read.
 local function now()
-  if not now_ms then
-    t = redis.call('TIME')
-    now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  end
+  now_ms = server_ms()
   return now_ms
 end
 local MODES = {r = 2, u = 4, w = 6}

@@ -134,6 +134,6 @@ end
 
 -- The new holder's fencing token, as a lease's (fencing.lua).
 local function next_token(fence_key)
-  now()
-  return next_fencing_token(fence_key, t)
+  now()  -- now_ms, which the acquire writes
+  return next_fencing_token(fence_key)
 end

@@ -37,9 +37,7 @@ end
 if owned == n then
   return mine
 end
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now_ms = math.floor(now_us / 1000)
+local now_ms = server_ms()
 local lease = tonumber(ARGV[2])
 local max_hold = tonumber(ARGV[3])
 local deadline = 0
@@ -49,7 +47,7 @@ if max_hold > 0 then
 end
 local result = {1}
 for i = 1, n do
-  local token = next_fencing_token(KEYS[n + i], t)
+  local token = next_fencing_token(KEYS[n + i])
   redis.call('HSET', KEYS[i], 'owner', ARGV[1], 'token', token, 'acquired_ms', now_ms,
     'renewed_ms', now_ms, 'ttl_ms', ARGV[2], 'deadline_ms', deadline, 'name', ARGV[4 + i],
     'names', n, unpack(ARGV, 5 + n))

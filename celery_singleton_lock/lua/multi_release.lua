@@ -11,8 +11,7 @@
 -- A release sent again after its reply was lost (redis-py's retry, or the caller's) finds
 -- its names released, not lost or held by another: a release delay left names its owner
 -- (`released_by`), a name freed now its hold's owner and token in P{T}:freed.
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_ms = server_ms()
 local delay = tonumber(ARGV[2])
 local result = 1
 for i, key in ipairs(KEYS) do

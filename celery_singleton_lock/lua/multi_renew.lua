@@ -7,8 +7,7 @@
 -- returns one integer per lock: > 0 ms granted (the least over its keys), 0 some key gone,
 -- -1 some key held by another owner or in a release delay (never renewed), -2 max-hold reached. Keys still owned are renewed
 -- even when another is lost, so what the holder still has stays consistent until released.
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_ms = server_ms()
 local result = {}
 local RANK = {[-1] = 3, [0] = 2, [-2] = 1}
 local k = 0

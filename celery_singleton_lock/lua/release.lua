@@ -45,9 +45,7 @@ if owner ~= ARGV[1] then
 end
 local delay = tonumber(ARGV[2])
 if delay > 0 then
-  local t = redis.call('TIME')
-  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('HSET', KEYS[1], 'owner', '', 'state', 'cooldown', 'released_ms', now_ms,
+  redis.call('HSET', KEYS[1], 'owner', '', 'state', 'cooldown', 'released_ms', server_ms(),
     'released_by', ARGV[1])
   redis.call('PEXPIRE', KEYS[1], delay)
   return 1
@@ -76,9 +74,8 @@ while handing do
     for i = 1, #fields, 2 do
       wanted[fields[i]] = fields[i + 1]
     end
-    local t = redis.call('TIME')
-    local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
-    local token = next_fencing_token(fence, t)
+    local now_ms = server_ms()
+    local token = next_fencing_token(fence)
     local lease = tonumber(wanted['ttl_ms'])
     local max_hold = tonumber(wanted['max_hold_ms'])
     local deadline = 0

@@ -16,8 +16,7 @@
 -- (stored as `gen` once an extend raised it) leaves it alone and answers the ms it has; one of the same or a newer
 -- generation renews. Within one generation the length asked is the same, so no renewal
 -- shortens what a later one of that generation set.
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_ms = server_ms()
 local result = {}
 for i, key in ipairs(KEYS) do
   local holder = redis.call('HMGET', key, 'owner', 'deadline_ms', 'state', 'gen')

@@ -78,16 +78,9 @@ if pttl ~= -2 then
     unreserve(owner)
   end
   pttl = nil  -- B exp may have gone with the stale fields dropped: read it again
-else
-  t = redis.call('TIME')
 end
-local token = next_fencing_token(KEYS[3], t)
--- Server ms as text, cut from TIME's two parts (cheaper than arithmetic and a format).
-local us = t[2]
-if #us < 6 then
-  us = string.sub('00000' .. us, -6)
-end
-local acquired = t[1] .. string.sub(us, 1, 3)
+local token = next_fencing_token(KEYS[3])
+local acquired = server_ms()
 local lease = tonumber(ARGV[3])
 local max_hold = tonumber(ARGV[4])
 if mode ~= 'r' then

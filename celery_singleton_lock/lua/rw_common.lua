@@ -30,7 +30,7 @@
 -- meets it while deciding drops it. An uncontended acquire (no B exp) decides nothing.
 -- Every helper is made by helpers(), only by a call that needs one: each function defined
 -- costs every call a closure, and the uncontended acquire and release need none.
-local base, t, now_ms
+local base, now_ms
 local now, live, live_reader, call_hold, requeue, reserve, mark_waiting, keep, wake, unreserve
 -- Slack a waiter's mark keeps beyond its wait hint: time for the failed attempt's reply to
 -- reach the waiter and its retry to come back.
@@ -42,12 +42,9 @@ local function helpers()
   end
   base = string.sub(KEYS[1], 1, -4)
 
-  -- Server time, ms; read once per call (TIME may have been read already, into t).
+  -- Server time, ms (clock.lua), kept in now_ms once read.
   now = function()
-    if not now_ms then
-      t = t or redis.call('TIME')
-      now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    end
+    now_ms = server_ms()
     return now_ms
   end
 
