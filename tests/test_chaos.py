@@ -108,6 +108,19 @@ def test_history_check_flags_two_overlapping_runs_of_a_key() -> None:
     assert _check(events, {"t-a": "SUCCESS", "t-b": "SUCCESS"}, paused).violations == []
 
 
+def test_history_check_excuses_a_run_whose_lock_a_restart_took_before_it_started() -> None:
+    """Its acquire ran, the lock Redis restarted empty, another run took the key, and the
+    acquire's late reply started the first beside it: the overlap is the restart's (the
+    late run's older token is fenced off). Without the restart it is a violation."""
+    late = _run("t-b", 12, 1, 101.0, 103.0)
+    late[0]["time"] = 99.0  # received (and acquired, token 1) before the restart
+    events = _run("t-a", 11, 2, 100.0, 102.0) + late
+    states = {"t-a": "SUCCESS", "t-b": "SUCCESS"}
+    assert any("beside it" in v for v in _check(events, states, Faults()).violations)
+    restarted = Faults(restarts=[(99.5, 99.8)])
+    assert _check(events, states, restarted).violations == []
+
+
 def test_history_check_flags_a_run_overlapping_a_killed_one_before_its_kill() -> None:
     events = _run("t-a", 11, 1, 100.0, None) + _run("t-b", 12, 2, 101.0, 102.0)
     faults = Faults(kills=[(101.5, 101.6, {11})])

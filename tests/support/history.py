@@ -12,7 +12,9 @@ injected. The check fails on:
 - two accepted runs of a key (begin and commit both accepted) overlapping in store time;
 - two runs of a key overlapping at all (a killed run ends when it was killed), or a write
   rejected by the fence, unless the earlier run was SIGSTOPped or the lock Redis restarted
-  while it ran: an undisturbed holder is never overlapped nor fenced off;
+  while it ran, or the later one was between its delivery and its start (it took its lock
+  before a restart emptied the server, and its acquire's reply came after: its older token
+  is fenced off): an undisturbed holder is never overlapped nor fenced off;
 - a run that started and never ended in a process nobody killed;
 - one attempt of a call run to its end twice (a redelivered copy ran it again), unless the
   earlier run's process was killed after its body ended, it was paused, or the lock Redis
@@ -261,14 +263,21 @@ def _check_key(key: str, history: History, runs: list[Run], excused: Any, report
             report.violations.append(
                 f"{key}: {op} of undisturbed run {execution} was rejected by the fence"
             )
-    # Two runs of a key overlap only where the earlier one was disturbed.
+
+    # Two runs of a key overlap only where the earlier one was disturbed while it ran, or the
+    # later one before it started (its lock lost while its acquire's reply was on the way).
+    def lost_first(later: Run, earlier: Run) -> bool:
+        """The later run took its lock first (an older token) and was disturbed before it
+        started: a restart emptied the server while its acquire's reply was on the way."""
+        return int(later.token) < int(earlier.token) and excused(later, later.start)
+
     ordered = sorted((run for run in runs if run.end is not None), key=lambda r: r.start)
     for i, later in enumerate(ordered):
         for earlier in ordered[:i]:
             assert earlier.end is not None
             if earlier.end > later.start:
                 report.raw_overlaps += 1
-                if not excused(earlier, earlier.end):
+                if not excused(earlier, earlier.end) and not lost_first(later, earlier):
                     how = "killed" if earlier.killed else "ended"
                     report.violations.append(
                         f"{key}: {earlier.describe()} ran {earlier.start:.3f}-{earlier.end:.3f}"
