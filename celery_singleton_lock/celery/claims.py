@@ -112,9 +112,15 @@ def has_result_backend(source: Any, logger: logging.Logger = log) -> bool:
 
 def result_state(source: Any, task_id: str, logger: logging.Logger = log) -> str | None:
     """The state the result backend of ``source`` has for ``task_id``, None if it does not
-    answer (no evidence either way)."""
+    answer (no evidence either way).
+
+    Read from the backend, not through an ``AsyncResult``: before Celery 5.7 an
+    ``AsyncResult`` that is garbage-collected stops the result consumer's subscription to
+    its task id for every other ``AsyncResult`` of that id in the process (celery#4925), so
+    a caller waiting on that task (a group's ``get()`` whose member is the claim's holder)
+    would never see its result."""
     try:
-        return str(source.AsyncResult(task_id).state)
+        return str(source.backend.get_task_meta(task_id)["status"])
     except Exception as exc:
         logger.warning("result backend did not answer for %s: %s", task_id, exc)
         return None
