@@ -254,7 +254,7 @@ def test_a_batch_listed_before_a_delayed_release_leaves_the_delay_alone(
         await lease.release(delay=2)
         await heartbeat()._renew(listed)
         key = lease.keys.lock
-        assert lock_client.redis.hget(key, "state") == b"cooldown"
+        assert lock_client.redis.hget(key, "state") == b"release_delay"
         assert 0 < lock_client.redis.pttl(key) <= 2000  # not renewed to the 30 s lease
         assert lost == [] and not lease.lost
         await client.close()

@@ -152,7 +152,7 @@ def test_release_with_a_delay_hands_nothing_over(lock_client: LockClient, holder
     assert holder.owner is not None
     assert release(lock_client, holder, holder.owner, delay_ms=5_000) == 1
     record = holder_of(lock_client, holder)
-    assert record[b"owner"] == b"" and record[b"state"] == b"cooldown"
+    assert record[b"owner"] == b"" and record[b"state"] == b"release_delay"
     assert handed(lock_client, holder, "a") == []
 
 

@@ -499,6 +499,6 @@ def test_hard_time_limit_requeues_the_message_only_once_the_killed_run_is_freed(
     assert "Hard time limit" in logs and "whose process ended" in logs
     holder = pool_workers.holder("limit")
     if task == "stuck_release_delay":
-        assert holder.get("state") == "cooldown" and not holder.get("owner"), holder
+        assert holder.get("state") == "release_delay" and not holder.get("owner"), holder
     else:
         assert not holder

@@ -70,7 +70,7 @@ def test_the_acquiring_calls_limit_is_what_it_checks(lock_client: LockClient) ->
     assert narrow.acquire()  # 1 held (the limit-4 permit) < 2
 
 
-def test_a_permit_in_delay_after_still_counts(lock_client: LockClient) -> None:
+def test_a_permit_in_its_release_delay_still_counts(lock_client: LockClient) -> None:
     sem = lock_client.semaphore("cool", 1)
     permit = sem.permit()
     assert permit.acquire()

@@ -138,7 +138,7 @@ def test_exhausted_retries_keep_the_release_delay(
     with in_process_worker(celery_lock_app), pytest.raises(RuntimeError):
         doomed.delay().get(timeout=TIMEOUT)
     fields = lock_fields(doomed)
-    assert fields.get("state") == "cooldown", fields
+    assert fields.get("state") == "release_delay", fields
     assert task_locks.is_held(doomed)
 
 

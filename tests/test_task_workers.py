@@ -446,7 +446,7 @@ def test_interval_release_holder_frees_only_the_hold_of_that_task_and_process(
     assert release("mine", pid, delay=30)
     held = holders()
     # Release delay: its interval stays locked, unrenewed, for the 30 s asked for.
-    assert held["mine"]["state"] == "cooldown"
+    assert held["mine"]["state"] == "release_delay"
     assert 25_000 < held["mine"]["pttl_ms"] <= 30_000
     assert held["other"]["token"] == other.token and "state" not in held["other"]
     assert not release("mine", pid)  # released already: its delay does not start over

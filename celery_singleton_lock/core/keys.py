@@ -52,9 +52,9 @@ from typing import NamedTuple
 
 #: The ``state`` field of a holder hash in its release delay (written by the release scripts,
 #: lua/release.lua, release_holder.lua, multi_release.lua, interval_release.lua, and read by
-#: the renew and acquire scripts). Stored data, so it keeps its value: holds that workers
-#: already left in Redis must still be recognised.
-RELEASE_DELAY_STATE = "cooldown"
+#: the renew and acquire scripts). Stored data: a change of it is a change of the key layout
+#: (core/layout.py).
+RELEASE_DELAY_STATE = "release_delay"
 
 #: The ``state`` field of the hash of a reader-writer, range or semaphore hold its holder
 #: released, or a clear freed (then with ``cleared=1``) (lua/rw_release.lua,

@@ -38,7 +38,7 @@ if parent ~= '' or redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS
   overlap_helpers()
   -- Ours already (owner tokens are unique per acquire call): this very attempt sent again.
   local mine = redis.call('HMGET', KEYS[8], 'token', 'state')
-  if mine[1] and mine[2] ~= 'cooldown' and redis.call('ZSCORE', KEYS[1], owner) then
+  if mine[1] and mine[2] ~= 'release_delay' and redis.call('ZSCORE', KEYS[1], owner) then
     return mine[1]
   end
   local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')

@@ -110,7 +110,7 @@ local function overlap_helpers()
       local owner = held[i]
       if owner ~= except then
         local hold = redis.call('HMGET', base .. 'h:' .. owner, 'call', 'state')
-        if hold[1] == call and hold[2] ~= 'cooldown' then
+        if hold[1] == call and hold[2] ~= 'release_delay' then
           return math.max(1, tonumber(held[i + 1]) - now_ms)
         end
       end

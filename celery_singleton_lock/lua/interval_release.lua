@@ -12,7 +12,7 @@
 --             again after its reply was lost: a release or clear that freed the hold left in
 --             its hash's place a trace (trace.lua), `state=released` with the hold's token
 --             (`cleared=1` if a clear freed it), for the time the hold had left, and one that
---             began a release delay left `state=cooldown`, whose end it does not move; so
+--             began a release delay left `state=release_delay`, whose end it does not move; so
 --             does the holder's release of a hold in its delay, with a delay or without
 --         0   not held: the hold expired (or was cleared, or, for a clear, released)
 --        -1   the holder's fencing token is not ARGV[4]
@@ -35,7 +35,7 @@ if holder[5] == 'released' then
   end
   return 0
 end
-if holder[5] == 'cooldown' and not clear then
+if holder[5] == 'release_delay' and not clear then
   -- Released already, with a delay: whatever its holder sends now (that release again,
   -- or one without a delay) finds it released, and the delay ends where it was set to.
   return 1
@@ -67,9 +67,9 @@ if m then
     -- Release delay: keep the indexed interval until the delay ends; nothing renews it now.
     -- A hold in its delay already is this very release sent again (a supervisor's: its
     -- holder's was answered above): the delay's end stays.
-    if holder[5] ~= 'cooldown' then
+    if holder[5] ~= 'release_delay' then
       redis.call('ZADD', KEYS[1], now() + delay, owner)
-      redis.call('HSET', KEYS[8], 'state', 'cooldown', 'released_ms', now_ms)
+      redis.call('HSET', KEYS[8], 'state', 'release_delay', 'released_ms', now_ms)
       redis.call('PEXPIRE', KEYS[8], delay)
       refresh(0)
     end

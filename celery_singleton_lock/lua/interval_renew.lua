@@ -21,7 +21,7 @@ for i = 1, #KEYS / 8 do
   if not expiry or expiry <= now_ms then
     prune(o, false)
     result[i] = 0
-  elseif holder[2] == 'cooldown' then
+  elseif holder[2] == 'release_delay' then
     result[i] = 0
   elseif gen < stored then
     result[i] = math.max(1, expiry - now_ms)

@@ -21,7 +21,7 @@ for i, key in ipairs(KEYS) do
   local freed = string.sub(key, 1, -5) .. 'freed'
   if owner == ARGV[1] then
     if delay > 0 then
-      redis.call('HSET', key, 'owner', '', 'state', 'cooldown', 'released_ms', now_ms,
+      redis.call('HSET', key, 'owner', '', 'state', 'release_delay', 'released_ms', now_ms,
         'released_by', ARGV[1])
       redis.call('PEXPIRE', key, delay)
     else

@@ -21,7 +21,7 @@ for i = 1, #ARGV / 4 do
     local stored = tonumber(holder[4]) or 0
     if not holder[1] then
       this = 0
-    elseif holder[1] == '' or holder[3] == 'cooldown' or holder[1] ~= ARGV[4 * i - 2] then
+    elseif holder[1] == '' or holder[3] == 'release_delay' or holder[1] ~= ARGV[4 * i - 2] then
       this = -1
     elseif gen < stored then
       this = math.max(1, redis.call('PTTL', KEYS[k]))

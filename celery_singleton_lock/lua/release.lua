@@ -45,7 +45,7 @@ if owner ~= ARGV[1] then
 end
 local delay = tonumber(ARGV[2])
 if delay > 0 then
-  redis.call('HSET', KEYS[1], 'owner', '', 'state', 'cooldown', 'released_ms', server_ms(),
+  redis.call('HSET', KEYS[1], 'owner', '', 'state', 'release_delay', 'released_ms', server_ms(),
     'released_by', ARGV[1])
   redis.call('PEXPIRE', KEYS[1], delay)
   return 1

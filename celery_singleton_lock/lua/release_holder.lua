@@ -47,7 +47,7 @@ if holder[2] ~= ARGV[1] or holder[3] ~= ARGV[2] or holder[4] ~= ARGV[3] then
   return done_before()
 end
 if tonumber(ARGV[4]) > 0 then
-  redis.call('HSET', KEYS[1], 'owner', '', 'state', 'cooldown', 'released_by', who)
+  redis.call('HSET', KEYS[1], 'owner', '', 'state', 'release_delay', 'released_by', who)
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
 else
   leave_trace(KEYS[1], base .. 'freed', redis.call('PTTL', KEYS[1]), 'token', holder[8],

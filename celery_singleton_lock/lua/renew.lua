@@ -23,7 +23,7 @@ for i, key in ipairs(KEYS) do
   local gen, stored = tonumber(ARGV[3 * i]), tonumber(holder[4]) or 0
   if not holder[1] then
     result[i] = 0
-  elseif holder[1] == '' or holder[3] == 'cooldown' or holder[1] ~= ARGV[3 * i - 2] then
+  elseif holder[1] == '' or holder[3] == 'release_delay' or holder[1] ~= ARGV[3 * i - 2] then
     result[i] = -1
   elseif gen < stored then
     result[i] = math.max(1, redis.call('PTTL', key))

@@ -34,7 +34,7 @@ if pttl ~= -2 then
   if state[4] and (mode == 'r' or state[4] == owner) then
     -- Ours already (owner tokens are unique per acquire call): this very attempt sent again.
     local mine = redis.call('HMGET', KEYS[2], 'token', 'state')
-    if mine[1] and mine[2] ~= 'cooldown' then
+    if mine[1] and mine[2] ~= 'release_delay' then
       return mine[1]
     end
   end

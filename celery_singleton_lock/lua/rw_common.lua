@@ -97,7 +97,7 @@ local function helpers()
   -- only on a lock someone holds.
   call_hold = function(call, w, u)
     local function running(owner, field)
-      if redis.call('HGET', base .. 'h:' .. owner, 'state') == 'cooldown' then
+      if redis.call('HGET', base .. 'h:' .. owner, 'state') == 'release_delay' then
         return nil
       end
       return live(owner, field)

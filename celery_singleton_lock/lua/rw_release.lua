@@ -14,7 +14,7 @@
 --             again after its reply was lost: a release or clear that freed the hold left in
 --             its hash's place a trace (trace.lua), `state=released` with the hold's token
 --             (`cleared=1` if a clear freed it), for the time the hold had left, and one that began a release delay
---             left `state=cooldown`, whose end it does not move; so does the holder's
+--             left `state=release_delay`, whose end it does not move; so does the holder's
 --             release of a hold in its delay, with a delay or without
 --         0   not held: the hold expired (or was cleared, or, for a clear, released)
 --        -1   the hold's fencing token is not ARGV[3]
@@ -41,7 +41,7 @@ then
     end
     return 1
   end
-  if mine[2] == 'cooldown' then
+  if mine[2] == 'release_delay' then
     -- Released already, with a delay: the delay ends where it was set to.
     return 1
   end
@@ -73,7 +73,7 @@ else
     end
     return 0
   end
-  if holder[5] == 'cooldown' and not clear then
+  if holder[5] == 'release_delay' and not clear then
     -- Released already, with a delay: whatever its holder sends now (that release again,
     -- or one without a delay) finds it released, and the delay ends where it was set to.
     return 1
@@ -109,9 +109,9 @@ if delay > 0 then
   -- Release delay: the hold stays in B exp until its hash runs out; nothing renews it now.
   -- A hold in its delay already is this very release sent again (a supervisor's: its
   -- holder's was answered above): the delay's end stays.
-  if holder[5] ~= 'cooldown' then
+  if holder[5] ~= 'release_delay' then
     redis.call('HEXISTS', KEYS[1], field)  -- a hash, as above
-    redis.call('HSET', KEYS[2], 'state', 'cooldown', 'released_ms', now())
+    redis.call('HSET', KEYS[2], 'state', 'release_delay', 'released_ms', now())
     redis.call('PEXPIRE', KEYS[2], delay)
     keep(delay)
   end

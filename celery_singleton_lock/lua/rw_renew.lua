@@ -17,7 +17,7 @@ for i = 1, #KEYS / 2 do
   local gen = tonumber(ARGV[3 * i])
   local holder = redis.call('HMGET', hold, 'mode', 'deadline_ms', 'state', 'gen')
   local stored = tonumber(holder[4]) or 0
-  if not holder[1] or holder[3] then  -- gone, or a state: cooldown or released
+  if not holder[1] or holder[3] then  -- gone, or a state: release_delay or released
     result[i] = 0
   elseif gen < stored then
     result[i] = math.max(1, redis.call('PTTL', hold))

@@ -22,14 +22,14 @@
 --
 -- The limit is the acquiring call's: holders that were let in under a higher limit keep
 -- their permits, and a call with a lower one waits until fewer than it are held.
--- A permit in delay-after (released with a delay) still counts until its delay ends.
+-- A permit in its release delay still counts until the delay ends.
 local owner, limit, call = ARGV[1], tonumber(ARGV[2]), ARGV[6]
 local latest = 0  -- ms: the latest expiry of the permits already held
 if redis.call('EXISTS', KEYS[1]) == 1 then
   overlap_helpers()
   -- Ours already (owner tokens are unique per acquire call): this very attempt sent again.
   local mine = redis.call('HMGET', KEYS[8], 'token', 'state')
-  if mine[1] and mine[2] ~= 'cooldown' and redis.call('ZSCORE', KEYS[1], owner) then
+  if mine[1] and mine[2] ~= 'release_delay' and redis.call('ZSCORE', KEYS[1], owner) then
     return mine[1]
   end
   latest = tonumber(redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')[2])
