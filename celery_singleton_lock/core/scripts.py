@@ -342,7 +342,7 @@ class Scripts:
         self._release: Script = register(
             redis, source_after(CLOCK, FENCING, ADVISORY, TRACE, "release"), replication
         )
-        self._renew: Script = register(redis, source_after(CLOCK, "renew"))
+        self._renew: Script = register(redis, source_after(CLOCK, "renew_hold", "renew"))
         self._handover: Script = register(redis, source("handover"), replication)
         self._release_holder: Script = register(
             redis, source_after(*WAKE_FAIR_WAITER, TRACE, "release_holder"), replication

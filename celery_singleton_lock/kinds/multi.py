@@ -64,7 +64,7 @@ class MultiScripts:
         self.release: Script = register(
             redis, source_after(CLOCK, *WAKE_FAIR_WAITER, TRACE, "multi_release"), replication
         )
-        self.renew: Script = register(redis, source_after(CLOCK, "multi_renew"))
+        self.renew: Script = register(redis, source_after(CLOCK, "renew_hold", "multi_renew"))
 
 
 def scripts(client: ScriptHost) -> MultiScripts:
