@@ -120,7 +120,7 @@ def test_a_template_lease_is_the_lease_the_client_makes(
     assert {a: getattr(made, a) for a in STATE} == {a: getattr(expected, a) for a in STATE}
     # Every other attribute too: the same values, and no mutable part shared with another
     # lease of the template.
-    own = {"_state", "_holder_cache"}
+    own = {"_state_lock", "_holder_cache"}
     assert set(state_of(made)) - own == set(state_of(expected)) - own
     assert {a: v for a, v in state_of(made).items() if a not in own} == {
         a: v for a, v in state_of(expected).items() if a not in own

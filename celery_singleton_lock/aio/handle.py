@@ -53,7 +53,7 @@ class AsyncLockHandle(HandleOps):
 
     _stall_causes = "event loop blocked or stopped, or Redis unreachable"
     #: Every state change runs on the handle's event loop: no lock needed.
-    _state = NO_LOCK
+    _state_lock = NO_LOCK
     _conn: AsyncConnection
 
     def __init__(

@@ -66,7 +66,7 @@ class LockHandle(HandleOps):
     extend() found the lock lost.
     """
 
-    __slots__ = ("_conn", "_state", "_holder_cache")
+    __slots__ = ("_conn", "_state_lock", "_holder_cache")
 
     _conn: Connection
 
@@ -90,7 +90,7 @@ class LockHandle(HandleOps):
         or a kind's constructor for options checked once for many handles."""
         self._configure(options)
         self._conn = conn
-        self._state = threading.Lock()
+        self._state_lock = threading.Lock()
         # (named, pid, thread ident) -> the holder fields of _describe_holder.
         self._holder_cache: dict[tuple[bool, int, int], list[Any]] = {}
 

@@ -8,7 +8,7 @@ and never sleeps: the operations (:mod:`.handle_ops`) feed it the replies of the
 calls that the runners (:class:`.handle.LockHandle` with threads,
 ``aio.handle.AsyncLockHandle`` with asyncio) make.
 
-Every change of the state is made under ``self._state``: a ``threading.Lock`` in the sync
+Every change of the state is made under ``self._state_lock``: a ``threading.Lock`` in the sync
 handle, where the heartbeat thread reports renewals while the owner's thread releases or
 extends; :data:`NO_LOCK` in the asyncio handle, whose callbacks all run on its event loop.
 """
@@ -129,7 +129,7 @@ class _Process:
 os.register_at_fork(after_in_child=_Process.forked)
 
 
-#: The ``_state`` of a handle whose state changes all run on one thread (an event loop's).
+#: The ``_state_lock`` of a handle whose state changes all run on one thread (an event loop's).
 NO_LOCK: AbstractContextManager[Any] = nullcontext()
 
 
@@ -183,7 +183,7 @@ def retry_in(deadline: float, hint_ms: int) -> float | None:
 class HandleState:
     """The state and the decisions of a lock handle (see the module docstring).
 
-    A driver sets the options with :meth:`_configure` and provides ``_state`` (its state
+    A driver sets the options with :meth:`_configure` and provides ``_state_lock`` (its state
     lock) and the hooks ``_start_renewing``, ``_stop_renewing``, ``_call_on_lost`` and
     ``_describe_holder``; it calls the ``_begin_*`` methods before a round trip and the methods
     named for a reply (``_took``, ``_released``, ``_extended``, ``_renewed``) after one.
@@ -204,7 +204,7 @@ class HandleState:
     #: the cap, max_hold, is said apart, in the handle's option_names).
     _stall_causes = "process paused or Redis unreachable"
 
-    _state: AbstractContextManager[Any]
+    _state_lock: AbstractContextManager[Any]
     name: str
     ttl: float
     heartbeat: bool
@@ -366,7 +366,7 @@ class HandleState:
 
     def _took(self, owner: str, token: int, sent_at: float) -> None:
         """An acquire attempt sent at ``sent_at`` (monotonic) took the lock as ``owner``."""
-        with self._state:
+        with self._state_lock:
             self._owner = owner
             self._pid = _Process.pid
             self._token = token
@@ -401,7 +401,7 @@ class HandleState:
         if self._owner is None or self._pid != _Process.pid:
             raise LockNotHeld(f"lock {self.name!r} is not held", name=self.name)
         self._stop_renewing()
-        with self._state:
+        with self._state_lock:
             owner, self._owner = self._owner, None
         assert owner is not None
         return owner
@@ -409,7 +409,7 @@ class HandleState:
     def _release_unsent(self, owner: str) -> None:
         """A release round trip failed: it may not have reached Redis, so keep the owner
         token for a retry. Not renewed any more: a caller who gives up frees it within ttl."""
-        with self._state:
+        with self._state_lock:
             if self._owner is None:
                 self._owner = owner
             self._release_unanswered = True
@@ -437,7 +437,7 @@ class HandleState:
             error.reason = reason
         # Found lost only now (a starved heartbeat, a paused process): on_lost fires here,
         # once, as it would have from the renewal that should have found it.
-        with self._state:
+        with self._state_lock:
             first, self._lost = self._lost is None, self._lost or error
         if first:
             self._announce_lost(error)
@@ -465,7 +465,7 @@ class HandleState:
         owner = self._owner
         assert owner is not None
         ttl_ms = validate.seconds_to_ms(ttl)
-        with self._state:
+        with self._state_lock:
             self._gen += 1
             gen = self._gen
             self._set_ttl(ttl, ttl_ms)
@@ -483,7 +483,7 @@ class HandleState:
             error = self._lost_error(code, "extend")
             self._mark_lost(owner, error)
             raise error
-        with self._state:
+        with self._state_lock:
             if self._lost is not None:  # found lost by the heartbeat meanwhile: stays lost
                 raise self._lost.with_traceback(None)
             if gen == self._gen:  # else a later extend set the lease since
@@ -498,7 +498,7 @@ class HandleState:
         """The heartbeat's result for this handle; ``owner`` is the owner it renewed for,
         ``gen`` the generation of renewals it read (see :meth:`_begin_extend`)."""
         if code > 0:
-            with self._state:
+            with self._state_lock:
                 # A renewal of an older generation says nothing about the lease an extend
                 # set since; within a generation no renewal shortens it, so the latest
                 # deadline any of them vouches for holds (replies may be read out of order).
@@ -528,7 +528,7 @@ class HandleState:
     def _mark_lost(self, owner: str | None, error: LockLost) -> None:
         """Found lost while held by ``owner``: record and announce it, unless the handle moved
         on meanwhile (released, acquired again) or was found lost already."""
-        with self._state:
+        with self._state_lock:
             if self._owner != owner or self._lost is not None:
                 return
             self._lost = error
