@@ -4,6 +4,7 @@ pytest-celery loads), with the in-process app and worker: the recipe in docs/tas
 from __future__ import annotations
 
 import re
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,13 +18,17 @@ from celery.contrib.testing.worker import start_worker
 import celery_singleton_lock.celery.pytest_plugin
 from celery_singleton_lock import ConfigurationError, LockBackendError, LockClient, SingletonTask
 from celery_singleton_lock.celery.testing import TaskLocks
-from celery_singleton_lock.embedded import free_port
 
 pytest_plugins = ["pytester"]
 
 TIMEOUT = 30
+#: A port bound for as long as this module is loaded and never listened on: connections to it
+#: are refused, and no server started meanwhile (another test's, on a parallel worker) can
+#: take it, as it could a port that was merely found free.
+_REFUSING = socket.socket()
+_REFUSING.bind(("127.0.0.1", 0))
 #: A Redis broker nobody answers on: a lock written there would fail with LockBackendError.
-DEAD_BROKER = f"redis://127.0.0.1:{free_port()}/0"
+DEAD_BROKER = f"redis://127.0.0.1:{_REFUSING.getsockname()[1]}/0"
 
 
 @pytest.fixture(scope="session")
