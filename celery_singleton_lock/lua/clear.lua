@@ -34,7 +34,7 @@ end
 if ARGV[3] ~= '' and tonumber(holder[2] or holder[4]) ~= tonumber(ARGV[3]) then
   return -2
 end
-leave_trace(KEYS[1], freed, redis.call('PTTL', KEYS[1]), 'token', holder[1], 'cleared', 'clear')
+leave_trace(KEYS[1], freed, 'token', holder[1], 'cleared', 'clear')
 if holder[3] then
   redis.call('PUBLISH', ARGV[2], 'cleared')
   wake_fair_waiter(string.sub(KEYS[1], 1, -5))

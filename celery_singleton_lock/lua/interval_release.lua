@@ -84,11 +84,10 @@ if m then
     -- Its hash gives way to the trace that answers this call sent again, for the time
     -- the hold had left; a clear's says so, and its holder's own release then finds the
     -- hold gone (lost), not released.
-    local left = redis.call('PTTL', KEYS[8])
     if clear then
-      leave_trace(KEYS[8], KEYS[8], left, 'state', 'released', 'token', holder[2], 'cleared', 1)
+      leave_trace(KEYS[8], KEYS[8], 'state', 'released', 'token', holder[2], 'cleared', 1)
     else
-      leave_trace(KEYS[8], KEYS[8], left, 'state', 'released', 'token', holder[2])
+      leave_trace(KEYS[8], KEYS[8], 'state', 'released', 'token', holder[2])
     end
     result = 1
     woke = true

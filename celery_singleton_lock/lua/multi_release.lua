@@ -25,7 +25,7 @@ for i, key in ipairs(KEYS) do
         'released_by', ARGV[1])
       redis.call('PEXPIRE', key, delay)
     else
-      leave_trace(key, freed, redis.call('PTTL', key), 'owner', ARGV[1], 'token', holder[4])
+      leave_trace(key, freed, 'owner', ARGV[1], 'token', holder[4])
       if holder[2] then
         redis.call('PUBLISH', ARGV[2 + i], 'released')
         wake_fair_waiter(string.sub(key, 1, -5))

@@ -5,8 +5,9 @@
 --           and counts the ms it has (renew_hold.lua)
 -- Reply codes: HolderReply in core/replies.py (keep the two in step).
 -- returns one integer per lock: > 0 ms granted (the least over its keys), 0 some key gone,
--- -1 some key held by another owner or in a release delay (never renewed), -2 max-hold reached. Keys still owned are renewed
--- even when another is lost, so what the holder still has stays consistent until released.
+-- -1 some key held by another owner or in a release delay (never renewed), -2 max-hold
+-- reached. Keys still owned are renewed even when another is lost, so what the holder still
+-- has stays consistent until released.
 local result = {}
 local RANK = {[-1] = 3, [0] = 2, [-2] = 1}
 local k = 0

@@ -50,8 +50,7 @@ if delay > 0 then
   redis.call('PEXPIRE', KEYS[1], delay)
   return 1
 end
-leave_trace(KEYS[1], base .. 'freed', redis.call('PTTL', KEYS[1]), 'owner', ARGV[1], 'token',
-  holder[3])
+leave_trace(KEYS[1], base .. 'freed', 'owner', ARGV[1], 'token', holder[3])
 if not holder[2] then
   return 1
 end

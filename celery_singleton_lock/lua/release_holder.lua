@@ -50,8 +50,7 @@ if tonumber(ARGV[4]) > 0 then
   redis.call('HSET', KEYS[1], 'owner', '', 'state', 'release_delay', 'released_by', who)
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
 else
-  leave_trace(KEYS[1], base .. 'freed', redis.call('PTTL', KEYS[1]), 'token', holder[8],
-    'cleared', who)
+  leave_trace(KEYS[1], base .. 'freed', 'token', holder[8], 'cleared', who)
   if holder[5] then
     redis.call('PUBLISH', ARGV[5], 'released')
     wake_fair_waiter(string.sub(KEYS[1], 1, -5))

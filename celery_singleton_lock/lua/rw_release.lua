@@ -13,9 +13,9 @@
 -- returns 1   released (or, for a waiter, its reservation withdrawn); also for a call sent
 --             again after its reply was lost: a release or clear that freed the hold left in
 --             its hash's place a trace (trace.lua), `state=released` with the hold's token
---             (`cleared=1` if a clear freed it), for the time the hold had left, and one that began a release delay
---             left `state=release_delay`, whose end it does not move; so does the holder's
---             release of a hold in its delay, with a delay or without
+--             (`cleared=1` if a clear freed it), for the time the hold had left, and one that
+--             began a release delay left `state=release_delay`, whose end it does not move; so
+--             does the holder's release of a hold in its delay, with a delay or without
 --         0   not held: the hold expired (or was cleared, or, for a clear, released)
 --        -1   the hold's fencing token is not ARGV[3]
 --        -2   the hold was renewed since it was listed (renewed_ms is not ARGV[4])
@@ -51,8 +51,7 @@ then
       field = 'r:' .. owner
     end
     local marked = redis.call('HDEL', KEYS[1], field, 'waiting') == 2
-    leave_trace(KEYS[2], KEYS[2], redis.call('PTTL', KEYS[2]), 'state', 'released', 'token',
-      mine[1])
+    leave_trace(KEYS[2], KEYS[2], 'state', 'released', 'token', mine[1])
     if marked then
       helpers()
       wake('released')
@@ -123,11 +122,10 @@ end
 local marked = redis.call('HDEL', KEYS[1], field, 'waiting') == 2
 -- A trace, as above; a clear's says so, and its holder's own release then finds the hold
 -- gone (lost), not released.
-local left = redis.call('PTTL', KEYS[2])
 if not clear then
-  leave_trace(KEYS[2], KEYS[2], left, 'state', 'released', 'token', holder[2])
+  leave_trace(KEYS[2], KEYS[2], 'state', 'released', 'token', holder[2])
 else
-  leave_trace(KEYS[2], KEYS[2], left, 'state', 'released', 'token', holder[2], 'cleared', 1)
+  leave_trace(KEYS[2], KEYS[2], 'state', 'released', 'token', holder[2], 'cleared', 1)
 end
 if marked or woke == 1 then
   wake('released')
