@@ -196,6 +196,21 @@ def test_the_marks_life_follows_the_visibility_timeout_or_the_setting() -> None:
             AppSettings.from_conf(app.conf)
 
 
+def test_where_marks_are_written_is_a_setting_of_two_values() -> None:
+    from celery_singleton_lock.celery.options import AppSettings
+
+    app = Celery(set_as_current=False)
+    app.conf.update(singleton_lock_url="redis://127.0.0.1:1/0")
+    for good in ("copies", "always"):
+        app.conf.singleton_lock_done_marks = good
+        AppSettings.from_conf(app.conf)
+    for bad in ("sometimes", "Always", True, 1):
+        app.conf.singleton_lock_done_marks = bad
+        with pytest.raises(ConfigurationError, match="singleton_lock_done_marks") as info:
+            AppSettings.from_conf(app.conf)
+        assert "'copies', 'always'" in str(info.value)
+
+
 # -- real `celery worker` processes ------------------------------------------------------------
 
 
