@@ -531,13 +531,11 @@ DONE_MARKS_VALUES = ("copies", "always")
 
 def check_done_marks(value: Any) -> str:
     """``singleton_lock_done_marks`` checked: one of :data:`DONE_MARKS_VALUES`."""
-    if value not in DONE_MARKS_VALUES:
-        raise ConfigurationError(
-            DONE_MARKS_SETTING,
-            f"bad configuration: must be one of {', '.join(map(repr, DONE_MARKS_VALUES))},"
-            f" got {value!r}",
-        )
-    return str(value)
+    try:
+        return _choice(DONE_MARKS_VALUES)(value, DONE_MARKS_SETTING)
+    except ConfigurationError as exc:
+        problem = str(exc).partition(": ")[2]
+        raise ConfigurationError(DONE_MARKS_SETTING, f"bad configuration: {problem}") from None
 
 
 def check_setting_values(conf: Any) -> None:

@@ -337,8 +337,9 @@ class Scripts:
     (renewals: the heartbeat's :func:`run_batch` adds the WAIT)."""
 
     def __init__(self, redis: Any, replication: Replication | None = None) -> None:
-        fenced = source_after(CLOCK, FENCING, ADVISORY)
-        self._acquire: Script = register(redis, fenced + "\n" + source("acquire"), replication)
+        self._acquire: Script = register(
+            redis, source_after(CLOCK, FENCING, ADVISORY, "acquire"), replication
+        )
         self._release: Script = register(
             redis, source_after(CLOCK, FENCING, ADVISORY, TRACE, "release"), replication
         )
