@@ -28,7 +28,7 @@ from support.proxies import HoldingProxy
 from support.waiting import wait_for
 
 from celery_singleton_lock import LockClient, SingletonTask
-from celery_singleton_lock.celery.sends import REQUEUES_HEADER
+from celery_singleton_lock.celery.sends import REQUEUES_HEADER, SEND_HEADER
 from celery_singleton_lock.embedded import RedisServer
 from celery_singleton_lock.exceptions import ConfigurationError
 
@@ -224,6 +224,12 @@ def pool(tmp_path: Path) -> Iterator[Workers]:
             workers.close()
 
 
+#: The send id the tests give an original message, so that a copy sent by hand carries it,
+#: as every copy of a message does (a broker's redelivery, a re-queue): a message with no send
+#: id and no mark of a delivery again is a new send, not a copy (sends.unmarked_is_new).
+ORIGINAL = {SEND_HEADER: "original"}
+
+
 def events(pool: Workers, **match: Any) -> list[dict[str, Any]]:
     return [e for e in pool.events() if all(e.get(k) == v for k, v in match.items())]
 
@@ -236,13 +242,13 @@ def test_a_copy_delivered_after_its_original_ended_is_dropped_not_run_again(
     pool.wait_ready(worker)
     task = pool.app.tasks["fault.chaos"]
     args = ("kd", 0.1)
-    result = task.apply_async(args)
+    result = task.apply_async(args, headers=ORIGINAL)
     assert result.get(timeout=TIMEOUT) > 0
     value, pttl = done_mark(task, args, result.id)
     assert value == b"0" and 0 < pttl <= 16_000  # two visibility timeouts of 8 s
     # The same message again, after the run released its lock: the lock is free, and no
     # re-queue brought this copy back (the result backend is not asked about it).
-    pool.app.send_task(task.name, args, task_id=result.id)
+    pool.app.send_task(task.name, args, task_id=result.id, headers=ORIGINAL)
     wait_for(lambda: DROPPED in worker.log_tail(200), TIMEOUT, "the copy to be dropped")
     assert len(events(pool, event="start", task_id=result.id)) == 1
     assert result.state == "SUCCESS"
@@ -328,11 +334,45 @@ def test_without_a_result_backend_a_late_copy_is_dropped(
         client.rpush(runs_key, self.request.retries or 0)
 
     with in_process_worker(celery_lock_app, concurrency=2):
-        first = job.delay("a")
+        first = job.apply_async(("a",), headers=ORIGINAL)
         assert outcomes.wait(1) == ["SUCCESS"]
-        celery_lock_app.send_task(job.name, ("a",), task_id=first.id)
+        celery_lock_app.send_task(job.name, ("a",), task_id=first.id, headers=ORIGINAL)
         assert outcomes.wait(2) == ["SUCCESS", "IGNORED"]
     assert client.lrange(runs_key, 0, -1) == [b"0"]
+
+
+def test_a_message_with_no_send_id_under_a_used_task_id_is_a_new_send_and_runs(
+    celery_lock_app: Celery,
+    in_process_worker: WorkerFactory,
+    outcomes: Outcomes,
+    runs: tuple[redis.Redis, str],
+) -> None:
+    """A client that does not stamp send ids (``send_task`` from a process without the task
+    class; a task converted by ``singleton_lock_tasks`` in the worker only) re-sends a task
+    id that ran: the message carries no mark of a delivery again on a broker that marks them
+    (Redis), so it is a new send and runs, though the task id's done mark says attempt 0
+    ended. Re-queued by this package (a header), the same message is a copy: dropped."""
+    celery_lock_app.conf.singleton_lock_done_marks = "always"
+    celery_lock_app.conf.result_backend = None
+    client, runs_key = runs
+
+    @celery_lock_app.task(
+        base=SingletonTask, shared=False, bind=True, ignore_result=True, lock_key="ns:{key}"
+    )  # fmt: skip
+    def job(self: Any, key: str) -> None:
+        client.rpush(runs_key, key)
+
+    with in_process_worker(celery_lock_app, concurrency=2):
+        first = celery_lock_app.send_task(job.name, ("a",))
+        assert outcomes.wait(1) == ["SUCCESS"]
+        assert done_mark(job, ("a",), first.id)[0] == b"0"
+        celery_lock_app.send_task(job.name, ("a",), task_id=first.id)
+        assert outcomes.wait(2) == ["SUCCESS", "SUCCESS"]
+        celery_lock_app.send_task(
+            job.name, ("a",), task_id=first.id, headers={REQUEUES_HEADER: 1}
+        )  # fmt: skip
+        assert outcomes.wait(3) == ["SUCCESS", "SUCCESS", "IGNORED"]
+    assert client.lrange(runs_key, 0, -1) == [b"a", b"a"]
 
 
 def test_with_done_marks_off_a_run_leaves_none_and_a_late_copy_runs_again(
@@ -385,10 +425,10 @@ def test_a_copy_of_an_attempt_that_retried_is_dropped_and_the_retry_runs_once(
     assert blocker.acquire(0.0)
     try:
         with in_process_worker(celery_lock_app, concurrency=2):
-            result = job.delay("r")
+            result = job.apply_async(("r",), headers=ORIGINAL)
             assert outcomes.wait(1) == ["RETRY"]
             blocker.release()
-            celery_lock_app.send_task(job.name, ("r",), task_id=result.id)
+            celery_lock_app.send_task(job.name, ("r",), task_id=result.id, headers=ORIGINAL)
             assert outcomes.wait(2) == ["RETRY", "IGNORED"]  # before attempt 1's countdown
             assert result.get(timeout=TIMEOUT) == 1
             assert outcomes.wait(3) == ["RETRY", "IGNORED", "SUCCESS"]
@@ -420,12 +460,12 @@ def test_a_copy_of_an_attempt_that_retried_from_its_body_is_dropped_after_the_re
         return 1
 
     with in_process_worker(celery_lock_app, concurrency=2):
-        result = job.delay("b")
+        result = job.apply_async(("b",), headers=ORIGINAL)
         assert result.get(timeout=TIMEOUT) == 1
         # Attempt 1 may end before attempt 0's own end is reported.
         assert sorted(outcomes.wait(2)) == ["RETRY", "SUCCESS"]
         assert done_mark(job, ("b",), result.id)[0] == b"1"
-        celery_lock_app.send_task(job.name, ("b",), task_id=result.id)
+        celery_lock_app.send_task(job.name, ("b",), task_id=result.id, headers=ORIGINAL)
         assert outcomes.wait(3)[2] == "IGNORED"
     assert client.lrange(runs_key, 0, -1) == [b"0", b"1"]
 

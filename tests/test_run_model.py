@@ -93,6 +93,7 @@ ROWS: list[tuple[int, Snapshot, str, str]] = [
         m.REQUEUE,
         "hold of this task id",
     ),  # fmt: skip
+    (24, S(attempt=0, acquired=True, ended=0, new_send=True), m.RUN, ""),
 ]
 
 

@@ -13,7 +13,9 @@ copy can take the freed lock without finding the mark. Every acquire of a run re
 the same script call as its attempt, after it; a delivery whose attempt is at or below the one
 that ended is a copy of a call that ended: it gives back what it took and is dropped without
 running the body (as a copy of a finished original is, with ``Ignore``). A message with no send
-id (sent by another client) is a copy of any send of its task id that ended.
+id (sent by another client) delivered again is a copy of any send of its task id that ended;
+delivered once, on a broker that marks redeliveries, it is a new send (sends.py
+``unmarked_is_new``) and runs whatever ended before.
 
 A body that did not end (the process SIGKILLed, a hard time limit, ``SystemExit``, a body
 that raised ``Ignore`` or ``Reject`` itself: ``Task.replace`` hands the very task id on) writes
@@ -110,8 +112,7 @@ def copies_can_come(task: Any, request: Any) -> bool:
         return False
     if task.acks_late or request.eta is not None:
         return True
-    delivery = getattr(request, "delivery_info", None) or {}
-    return bool(delivery.get("redelivered")) or sends.requeued(request)
+    return sends.redelivered(request) or sends.requeued(request)
 
 
 def delivery_id(request: Any) -> str:

@@ -82,6 +82,9 @@ class Snapshot:
     requeued: bool = False
     #: Re-queued for a missing outcome once already: a copy that is to run its call again.
     outcome_requeued: bool = False
+    #: The message carries no send id and no mark of a delivery again, on a broker that
+    #: marks them (sends.unmarked_is_new): a new send of its task id, whatever of it ended.
+    new_send: bool = False
     #: ``until_start``/``debounce`` and the acquire cannot free the queue claim itself (a
     #: Redis Cluster, a kind with no claims): the run leaves the queue first.
     leaves_queue_first: bool = False
@@ -137,7 +140,7 @@ def decide(s: Snapshot) -> Action:
         if ended is not None:
             return ended
     if s.acquired:
-        if s.ended >= s.attempt:
+        if s.ended >= s.attempt and not s.new_send:
             return Action(RUN, f"runs again: attempt {s.ended} of this task id ended, but no "
                           "outcome of it was stored (its worker stopped in between)")  # fmt: skip
         return Action(RUN)
@@ -164,11 +167,12 @@ def decide(s: Snapshot) -> Action:
 
 
 def _ended(s: Snapshot) -> Action | None:
-    """The done mark (done_marks.py): an attempt of this send at or past this one ended. The
-    delivery is a copy of a call that ended: dropped, giving back what it took, unless the
+    """The done mark (done_marks.py): an attempt of this send at or past this one ended (for
+    a new send with no send id, none of its own did: it runs). The delivery is a copy of a call
+    that ended: dropped, giving back what it took, unless the
     call's outcome is missing (its worker stopped between release and storing it): then it is
     re-queued once, and runs if the outcome is still missing when it comes back."""
-    if s.ended < s.attempt:
+    if s.ended < s.attempt or s.new_send:
         return None
     if s.outcome_missing is None:
         return Action(READ_OUTCOME)

@@ -14,8 +14,12 @@ keeps the send id and counts its attempt in ``request.retries``. A call is then 
 attempt): done marks (done_marks.py), copies and take-overs of holds (own_holds.py) key on it.
 
 A message sent by another client (``send_task`` from a process without the task class, a
-message of an older version of the app) carries no send id: for it the task id stands for the
-send, as every send of that task id might be its original.
+task converted by ``singleton_lock_tasks`` in the worker only) carries no send id. Where the
+broker marks what it delivers again (:func:`unmarked_is_new`: Redis and RabbitMQ set
+``redelivered``; this package counts its own re-queues in a header), such a message that
+carries no mark is a new send of its task id, not a copy: a re-send under a used task id
+runs. On another broker (SQS redelivers with no mark) the task id stands for the send, as
+every send of that task id might be its original.
 
 The other headers this package reads from a message live here too: the counts of its own
 re-queues of a copy (own_holds.py), and the call identity its shared holds are taken under.
@@ -60,6 +64,39 @@ def send_of(request: Any) -> str:
     """The send id the message of ``request`` carries (:data:`NO_SEND` if none)."""
     value = message_header(request, SEND_HEADER)
     return str(value) if value else NO_SEND
+
+
+#: The kombu transports (``Connection.transport_cls``) whose redeliveries carry the
+#: ``redelivered`` mark: Redis's and the virtual transports' restore sets it, AMQP brokers set it
+#: on a message requeued after its consumer went.
+MARKING_TRANSPORTS = frozenset(
+    ("redis", "rediss", "sentinel", "amqp", "amqps", "pyamqp", "librabbitmq", "memory",
+     "filesystem")
+)  # fmt: skip
+
+
+def redelivered(request: Any) -> bool:
+    """Whether the broker says it delivered the message of ``request`` before."""
+    delivery = getattr(request, "delivery_info", None) or {}
+    return bool(delivery.get("redelivered"))
+
+
+def marks_redeliveries(app: Any) -> bool:
+    """Whether ``app``'s broker transport marks a message it delivers again (no I/O)."""
+    connection = app.connection_for_read()
+    try:
+        return str(connection.transport_cls) in MARKING_TRANSPORTS
+    finally:
+        connection.release()
+
+
+def unmarked_is_new(request: Any, marks: bool) -> bool:
+    """Whether the message of ``request``, which carries no send id, is a new send of its
+    task id: its broker marks redeliveries (``marks``, :func:`marks_redeliveries`) and
+    neither the broker nor this package marked this one as delivered again."""
+    return (
+        marks and send_of(request) == NO_SEND and not redelivered(request) and not requeued(request)
+    )
 
 
 def stamp(options: dict[str, Any]) -> dict[str, Any]:

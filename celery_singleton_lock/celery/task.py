@@ -390,6 +390,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             backend_down=options.backend_down,
             takes_over=isinstance(lease, Lease),
             requeued=sends.requeued(request),
+            new_send=sends.unmarked_is_new(request, self._broker_marks_redeliveries),
             outcome_requeued=bool(sends.requeues(request, sends.OUTCOME_REQUEUES_HEADER)),
             leaves_queue_first=leaves_queue and not self._leave_queue_at_acquire(lease),
         )
@@ -567,6 +568,11 @@ class SingletonTask(Task):  # type: ignore[misc]
             done_marks.delivery_id(request),
             done_marks.copies_can_come(self, request),
         )
+
+    @cached_property
+    def _broker_marks_redeliveries(self) -> bool:
+        """Whether this app's broker marks a message it delivers again (sends.py)."""
+        return sends.marks_redeliveries(self.app)
 
     @cached_property
     def _done_mark_ttl(self) -> float:
