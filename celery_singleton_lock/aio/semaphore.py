@@ -9,7 +9,7 @@ from typing import Any
 
 from ..kinds.semaphore import PermitHold, SemaphoreMaker, check_limit
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
-from .intervals import AsyncIntervalHandle
+from .rwlock import AsyncIntervalHandle
 
 
 class AsyncPermit(PermitHold, AsyncIntervalHandle):
