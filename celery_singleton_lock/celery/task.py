@@ -22,7 +22,7 @@ from celery.exceptions import Ignore, Reject, Retry
 from celery.worker import state as worker_state
 
 from ..client import LockClient
-from ..core.handle import LockHandle
+from ..core.handle import HolderRecord, LockHandle
 from ..core.handle_state import OptionNames
 from ..exceptions import ConfigurationError, LockBackendError, LockError, LockLost, LockTimeout
 from ..kinds import registry
@@ -101,7 +101,7 @@ class _Run:
         #: The done mark of the attempt (None: marks off), read with each acquire and
         #: written with the release.
         self.mark = mark
-        self.found: list[holders.Holder] | None = None
+        self.found: list[HolderRecord] | None = None
         self.own_owner: str | None = None
         self.error: LockBackendError | None = None
 
@@ -730,7 +730,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         lock_released.send(sender=self, name=lease.name, task_id=self.request.id, lease=lease)
 
     def _conflict(
-        self, lease: LockHandle, kind: str, waited: float, found: list[holders.Holder] | None
+        self, lease: LockHandle, kind: str, waited: float, found: list[HolderRecord] | None
     ) -> Any:
         """The key is taken by another call: skip (the skipped result), raise LockTimeout or
         retry, as ``kind`` says; the attempt is marked done (done_marks.py) either way."""
