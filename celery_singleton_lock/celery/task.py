@@ -27,7 +27,7 @@ from ..core.handle_state import OptionNames
 from ..exceptions import ConfigurationError, LockBackendError, LockError, LockLost, LockTimeout
 from ..kinds import registry
 from ..kinds.lease import Lease, ReleaseResult
-from ..kinds.registry import HandleFactory, Target
+from ..kinds.registry import HandleMaker, Target
 from . import claims, done_marks, enqueue, holders, own_holds, run_model, sends, waiting_marks
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
@@ -255,7 +255,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         args, kwargs = tuple(args or ()), dict(kwargs or {})
         options = self.lock_options
         mode = mode or options.mode
-        make = self._handle_factory(self.lock_client, options, mode)
+        make = self._handle_maker(self.lock_client, options, mode)
         naming = self.lock_naming
         # What the call locks, in the parts the options define: names, else a name (and the
         # bounds of a range). As lock_name() makes them, without converting the arguments
@@ -274,18 +274,16 @@ class SingletonTask(Task):  # type: ignore[misc]
         handle.option_names = TASK_OPTION_NAMES
         return handle
 
-    def _handle_factory(
-        self, client: LockClient, options: TaskLockOptions, mode: str
-    ) -> HandleFactory:
-        """The handle factory of the task's lock family in ``mode``, with its ttl and
+    def _handle_maker(self, client: LockClient, options: TaskLockOptions, mode: str) -> HandleMaker:
+        """The handle maker of the task's lock family in ``mode``, with its ttl and
         max-hold checked once, not on every run (kept while the app's lock client and the
         resolved options stay the same objects)."""
-        cached = self.__dict__.get("_lock_handle_factories")
+        cached = self.__dict__.get("_lock_handle_makers")
         if cached is None or cached[0] is not client or cached[1] is not options:
             cached = (client, options, {})
-            self.__dict__["_lock_handle_factories"] = cached
-        factories: dict[str, HandleFactory] = cached[2]
-        make = factories.get(mode)
+            self.__dict__["_lock_handle_makers"] = cached
+        makers: dict[str, HandleMaker] = cached[2]
+        make = makers.get(mode)
         if make is None:
             if mode not in LOCK_MODES:
                 raise ConfigurationError("mode", f"must be one of {list(LOCK_MODES)}, got {mode!r}")
@@ -306,7 +304,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 make = family.handles(
                     client.connection, ttl=options.lease, max_hold=options.max_hold
                 )
-            factories[mode] = make
+            makers[mode] = make
         return make
 
     def release_holder(
