@@ -111,9 +111,9 @@ class KindFamily:
 
 
 def lease_handles(conn: Connection, ttl: float, max_hold: float | None) -> HandleMaker:
-    """Leases through a LeaseTemplate: the ttl and max-hold are checked here, not per lease
+    """Leases through a LeaseMaker: the ttl and max-hold are checked here, not per lease
     (a default task makes one lease per run)."""
-    make = lease.LeaseTemplate(conn, ttl=ttl, max_hold=max_hold).lease
+    make = lease.LeaseMaker(conn, ttl=ttl, max_hold=max_hold).lease
     # An exclusive lease has no call identity: a copy of a call is kept out by the lease
     # itself, and meets its own hold on the conflict path.
     return lambda target, mode, owner_info, on_lost, call: make(
