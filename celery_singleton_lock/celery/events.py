@@ -114,7 +114,7 @@ class EventSender:
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._start = threading.Lock()
+        self._start_lock = threading.Lock()
 
     def submit(self, app: Any, hostname: str, type_: str, task_id: str, **fields: Any) -> None:
         """Queue one event (see :func:`send_lock_event`); returns at once."""
@@ -131,7 +131,7 @@ class EventSender:
         return done.wait(timeout)
 
     def _ensure_thread(self) -> None:
-        with self._start:
+        with self._start_lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="celery-singleton-lock-events", daemon=True
