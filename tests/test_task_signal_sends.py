@@ -84,7 +84,7 @@ def test_a_signal_with_no_receiver_at_all_is_not_wanted(celery_lock_app: Celery)
     lock_acquired.receivers[:] = []
     try:
         assert not lock_acquired.would_act(job, task_id="id-1")
-        assert lock_acquired.send(sender=job, name="n", task_id="id-1", lease=None) == []
+        assert lock_acquired.send(sender=job, name="n", task_id="id-1", hold=None) == []
     finally:
         lock_acquired.receivers[:] = receivers
 

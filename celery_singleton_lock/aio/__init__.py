@@ -3,9 +3,9 @@ handles, with the keys, scripts and guarantees of the sync core."""
 
 from .client import AsyncLockClient
 from .handle import AsyncLockHandle
-from .intervals import AsyncRangeLock, AsyncRangeLockHandle, AsyncRWLock, AsyncRWLockHandle
 from .lease import AsyncLease
 from .multi import AsyncMultiLease
+from .rwlock import AsyncRangeLock, AsyncRangeLockHandle, AsyncRWLock, AsyncRWLockHandle
 from .semaphore import AsyncPermit, AsyncSemaphore
 
 __all__ = [

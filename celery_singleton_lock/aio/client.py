@@ -13,9 +13,9 @@ from ..core.holder import HOSTNAME
 from ..core.replies import HolderReply
 from . import admin
 from .connection import AsyncConnection
-from .intervals import AsyncRangeLock, AsyncRWLock
 from .lease import AsyncLease
 from .multi import AsyncMultiLease
+from .rwlock import AsyncRangeLock, AsyncRWLock
 from .semaphore import AsyncSemaphore
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..kinds.semaphore import PermitHold, SemaphoreMaker, check_limit
+from ..kinds.semaphore import PermitOps, SemaphoreMaker, check_limit
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
-from .intervals import AsyncIntervalHandle
+from .rwlock import AsyncIntervalHandle
 
 
-class AsyncPermit(PermitHold, AsyncIntervalHandle):
+class AsyncPermit(PermitOps, AsyncIntervalHandle):
     """One permit of a semaphore, awaited: ``await permit.acquire()``, ``async with``."""
 
     def __init__(

@@ -39,11 +39,12 @@ from typing import Any
 from celery.backends.base import DisabledBackend
 
 from ..core import validate
+from ..core.handle import HolderRecord
 from ..core.keys import key_part
 from ..core.replies import HolderReply
 from ..exceptions import LockError
 from ..kinds.lease import CLAIM_OWNER_PREFIX, Lease, ReleaseResult
-from .holders import Holder
+from .holders import claimed
 from .options import DEBOUNCE, UNTIL_START
 
 log = logging.getLogger("celery_singleton_lock.task")
@@ -126,11 +127,11 @@ def result_state(source: Any, task_id: str, logger: logging.Logger = log) -> str
         return None
 
 
-def finished_claim(task: Any, found: Sequence[Holder]) -> Holder | None:
+def finished_claim(task: Any, found: Sequence[HolderRecord]) -> HolderRecord | None:
     """The claim among ``found`` whose task the result backend says is over (finished,
     failed or revoked): a message that will never run under it. None if there is none, or
     no result backend to ask."""
-    claims = [holder for holder in found if holder.claimed and holder.task_id]
+    claims = [holder for holder in found if claimed(holder) and holder.task_id]
     if not claims or not has_result_backend(task):
         return None
     for holder in claims:

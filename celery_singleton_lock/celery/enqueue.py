@@ -69,7 +69,7 @@ def send_once(
         found = holders.holders_of(claim)
         stale = finished_claim(task, found)
         if stale is None and lock.on_enqueue == DEBOUNCE:
-            stale = next((holder for holder in found if holder.claimed), None)
+            stale = next((holder for holder in found if holders.claimed(holder)), None)
         if stale is not None:
             # Its task finished or was revoked without running it (or without freeing it):
             # take the claim over, only if it is still that one (owner-checked, atomic).

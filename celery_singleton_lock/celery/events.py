@@ -73,7 +73,7 @@ def _event_hostname(task: Any) -> str | None:
     return str(request.hostname or worker.hostname)
 
 
-def lock_fields(task: Any, name: str, holder: str | None, lease: Any) -> dict[str, Any]:
+def lock_fields(task: Any, name: str, holder: str | None, hold: Any) -> dict[str, Any]:
     """The ``lock_*`` fields every event of ``task``'s lock carries."""
     options = task.lock_options
     mode = "write" if options.range is not None and options.mode == "exclusive" else options.mode
@@ -92,7 +92,7 @@ def lock_fields(task: Any, name: str, holder: str | None, lease: Any) -> dict[st
         "lock_kind": kind,
         "lock_mode": mode,
         "lock_holder": holder,
-        "lock_token": getattr(lease, "token", None),
+        "lock_token": getattr(hold, "token", None),
     }
 
 
@@ -114,7 +114,7 @@ class EventSender:
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._start = threading.Lock()
+        self._start_lock = threading.Lock()
 
     def submit(self, app: Any, hostname: str, type_: str, task_id: str, **fields: Any) -> None:
         """Queue one event (see :func:`send_lock_event`); returns at once."""
@@ -131,7 +131,7 @@ class EventSender:
         return done.wait(timeout)
 
     def _ensure_thread(self) -> None:
-        with self._start:
+        with self._start_lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="celery-singleton-lock-events", daemon=True
@@ -166,12 +166,12 @@ def flush(timeout: float = FLUSH_AT_SHUTDOWN, **_: Any) -> bool:
     return _sender.flush(timeout)
 
 
-def _on_acquired(sender: Any, name: str, task_id: str, lease: Any, **kwargs: Any) -> None:
+def _on_acquired(sender: Any, name: str, task_id: str, hold: Any, **kwargs: Any) -> None:
     hostname = _event_hostname(sender)
     if hostname is None:
         return
     _announced[task_id] = hostname
-    fields = lock_fields(sender, name, task_id, lease)
+    fields = lock_fields(sender, name, task_id, hold)
     _sender.submit(sender.app, hostname, ACQUIRED, task_id, lock_wait=kwargs.get("wait"), **fields)
 
 
@@ -183,17 +183,17 @@ def _on_skipped(sender: Any, name: str, task_id: str, **kwargs: Any) -> None:
     _sender.submit(sender.app, hostname, SKIPPED, task_id, lock_wait=kwargs.get("wait"), **fields)
 
 
-def _on_lost(sender: Any, name: str, task_id: str, lease: Any, **_: Any) -> None:
+def _on_lost(sender: Any, name: str, task_id: str, hold: Any, **_: Any) -> None:
     hostname = _announced.get(task_id)
     if hostname is None:
         return
-    fields = lock_fields(sender, name, task_id, lease)
-    _sender.submit(sender.app, hostname, LOST, task_id, lock_reason=_lost_reason(lease), **fields)
+    fields = lock_fields(sender, name, task_id, hold)
+    _sender.submit(sender.app, hostname, LOST, task_id, lock_reason=_lost_reason(hold), **fields)
 
 
-def _lost_reason(lease: Any) -> str:
+def _lost_reason(hold: Any) -> str:
     try:
-        lease.check()
+        hold.check()
     except LockLost as exc:
         # A run's max_hold is its lock_ttl: named as the task option that sets it.
         return "lock_ttl" if exc.reason == "max_hold" else str(exc.reason)
@@ -202,12 +202,12 @@ def _lost_reason(lease: Any) -> str:
     return "lost"
 
 
-def _on_released(sender: Any, name: str, task_id: str, lease: Any, **_: Any) -> None:
+def _on_released(sender: Any, name: str, task_id: str, hold: Any, **_: Any) -> None:
     hostname = _announced.pop(task_id, None)
     if hostname is None:
         return
     _sender.submit(
-        sender.app, hostname, RELEASED, task_id, **lock_fields(sender, name, task_id, lease)
+        sender.app, hostname, RELEASED, task_id, **lock_fields(sender, name, task_id, hold)
     )
 
 

@@ -1,9 +1,10 @@
 """Our signals (the worker's receivers of Celery's signals live in worker.py).
 
 Each of our signals is sent with the task as sender and the keyword arguments ``name``
-(the lock name), ``task_id`` and ``lease`` (None for ``lock_skipped``). ``lock_acquired`` and
-``lock_skipped`` also carry ``wait`` (seconds the run waited for its lock), and
-``lock_skipped`` carries ``holder`` (the holding run's task id, or None if unknown).
+(the lock name), ``task_id`` and ``hold`` (the run's lock handle, of whatever kind: lease,
+read/write or range hold, multi-key lease, semaphore permit; None for ``lock_skipped``).
+``lock_acquired`` and ``lock_skipped`` also carry ``wait`` (seconds the run waited for its
+lock), and ``lock_skipped`` carries ``holder`` (the holding run's task id, or None if unknown).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SingletonTask: a Celery task base class that takes a Redis lease before its body runs.
+"""SingletonTask: a Celery task base class that takes a Redis lock before its body runs.
 
     @app.task(base=SingletonTask, lock_ttl=3600)
     def nightly_report(day): ...
@@ -22,12 +22,12 @@ from celery.exceptions import Ignore, Reject, Retry
 from celery.worker import state as worker_state
 
 from ..client import LockClient
-from ..core.handle import LockHandle
+from ..core.handle import HolderRecord, LockHandle
 from ..core.handle_state import OptionNames
 from ..exceptions import ConfigurationError, LockBackendError, LockError, LockLost, LockTimeout
 from ..kinds import registry
 from ..kinds.lease import Lease, ReleaseResult
-from ..kinds.registry import HandleFactory, Target
+from ..kinds.registry import HandleMaker, Target
 from . import claims, done_marks, enqueue, holders, own_holds, run_model, sends, waiting_marks
 
 # Connects the receivers that turn our signals into Celery task events (and must be in place
@@ -77,31 +77,32 @@ _deferred_retries = _DeferredRetries()
 
 
 class _RunLocks(threading.local):
-    """Per task and thread (greenlet): the locks of the runs under way, innermost last (a
+    """Per task and thread (greenlet): the holds of the runs under way, innermost last (a
     task may call itself from its body)."""
 
     def __init__(self) -> None:
-        self.leases: list[LockHandle | None] = []
+        self.holds: list[LockHandle | None] = []
 
 
 class _Run:
-    """One delivery's run as task.__call__ drives it: its lock, worker node and arguments, and
-    what its observations found that acting needs (the holders in its way, the owner token
-    of its own hold to take over, the lock Redis's error)."""
+    """One delivery's run as task.__call__ drives it: its hold (the handle of its lock, of
+    whatever kind), worker node and arguments, and what its observations found that acting
+    needs (the holders in its way, the owner token of its own hold to take over, the lock
+    Redis's error)."""
 
     def __init__(
         self,
-        lease: LockHandle,
+        hold: LockHandle,
         node: str | None,
         args: Any,
         kwargs: Any,
         mark: done_marks.DoneMark | None,
     ) -> None:
-        self.lease, self.node, self.args, self.kwargs = lease, node, args, kwargs
+        self.hold, self.node, self.args, self.kwargs = hold, node, args, kwargs
         #: The done mark of the attempt (None: marks off), read with each acquire and
         #: written with the release.
         self.mark = mark
-        self.found: list[holders.Holder] | None = None
+        self.found: list[HolderRecord] | None = None
         self.own_owner: str | None = None
         self.error: LockBackendError | None = None
 
@@ -246,7 +247,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         call: str | None = None,
     ) -> LockHandle:
         """The lock handle (not yet acquired) a call with these arguments takes: a lease,
-        a read/upgradable/write hold, a range hold, a multi-key lease or a semaphore's
+        a read/upgradable/write hold, a range hold, a multi-key hold or a semaphore's
         permit, as the options say.
         ``mode`` overrides ``lock_mode`` (the ``task_locks`` fixture holds "write").
         ``call``: the call identity of a shared kind's hold (``sends.call_identity``),
@@ -254,7 +255,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         args, kwargs = tuple(args or ()), dict(kwargs or {})
         options = self.lock_options
         mode = mode or options.mode
-        make = self._handle_factory(self.lock_client, options, mode)
+        make = self._handle_maker(self.lock_client, options, mode)
         naming = self.lock_naming
         # What the call locks, in the parts the options define: names, else a name (and the
         # bounds of a range). As lock_name() makes them, without converting the arguments
@@ -273,18 +274,16 @@ class SingletonTask(Task):  # type: ignore[misc]
         handle.option_names = TASK_OPTION_NAMES
         return handle
 
-    def _handle_factory(
-        self, client: LockClient, options: TaskLockOptions, mode: str
-    ) -> HandleFactory:
-        """The handle factory of the task's lock family in ``mode``, with its ttl and
+    def _handle_maker(self, client: LockClient, options: TaskLockOptions, mode: str) -> HandleMaker:
+        """The handle maker of the task's lock family in ``mode``, with its ttl and
         max-hold checked once, not on every run (kept while the app's lock client and the
         resolved options stay the same objects)."""
-        cached = self.__dict__.get("_lock_handle_factories")
+        cached = self.__dict__.get("_lock_handle_makers")
         if cached is None or cached[0] is not client or cached[1] is not options:
             cached = (client, options, {})
-            self.__dict__["_lock_handle_factories"] = cached
-        factories: dict[str, HandleFactory] = cached[2]
-        make = factories.get(mode)
+            self.__dict__["_lock_handle_makers"] = cached
+        makers: dict[str, HandleMaker] = cached[2]
+        make = makers.get(mode)
         if make is None:
             if mode not in LOCK_MODES:
                 raise ConfigurationError("mode", f"must be one of {list(LOCK_MODES)}, got {mode!r}")
@@ -305,7 +304,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 make = family.handles(
                     client.connection, ttl=options.lease, max_hold=options.max_hold
                 )
-            factories[mode] = make
+            makers[mode] = make
         return make
 
     def release_holder(
@@ -331,10 +330,10 @@ class SingletonTask(Task):  # type: ignore[misc]
 
     @property
     def lock(self) -> LockHandle | None:
-        """The lease the current run holds (None outside a run, or when running unlocked):
+        """The lock handle the current run holds (None outside a run, or when running unlocked):
         use ``self.lock.token`` to fence writes and ``self.lock.check()`` to stop early."""
         runs: _RunLocks | None = self.__dict__.get("_lock_stack")
-        return runs.leases[-1] if runs is not None and runs.leases else None
+        return runs.holds[-1] if runs is not None and runs.holds else None
 
     # -- the run -----------------------------------------------------------------------------
 
@@ -353,21 +352,21 @@ class SingletonTask(Task):  # type: ignore[misc]
         if node is not None:
             # Only that node's answer can say the task is not active (evidence.py).
             owner_info["worker"] = node
-        lease = self.make_lock(
+        hold = self.make_lock(
             args,
             kwargs,
             owner_info=owner_info,
             on_lost=lambda lost: lock_lost.send(
-                sender=self, name=lost.name, task_id=task_id, lease=lost
+                sender=self, name=lost.name, task_id=task_id, hold=lost
             ),
             # Shared holds are refused to a copy of this call in their acquire's own round
             # trip (held_by_call): read holds and permits would let it in beside its original.
             call=sends.call_identity(request),
         )
-        if isinstance(lease, Lease):
-            claims.take_over_at_run(lease, task_id, attempt)
-        run = _Run(lease, node, args, kwargs, self._done_mark(lease))
-        snapshot = self._first_snapshot(lease)
+        if isinstance(hold, Lease):
+            claims.take_over_at_run(hold, task_id, attempt)
+        run = _Run(hold, node, args, kwargs, self._done_mark(hold))
+        snapshot = self._first_snapshot(hold)
         started = time.monotonic()
         while (action := run_model.decide(snapshot)).kind not in run_model.ENDS:
             try:
@@ -379,7 +378,7 @@ class SingletonTask(Task):  # type: ignore[misc]
 
     # -- the run: observe, then act on what run_model.decide() answers ------------------------
 
-    def _first_snapshot(self, lease: LockHandle) -> run_model.Snapshot:
+    def _first_snapshot(self, hold: LockHandle) -> run_model.Snapshot:
         """What a delivery knows as it starts: its request and its options."""
         request, options = self.request, self.lock_options
         leaves_queue = options.on_enqueue in (UNTIL_START, DEBOUNCE)
@@ -388,17 +387,17 @@ class SingletonTask(Task):  # type: ignore[misc]
             wait=float(options.wait or 0.0),
             conflict=options.conflict,
             backend_down=options.backend_down,
-            takes_over=isinstance(lease, Lease),
+            takes_over=isinstance(hold, Lease),
             requeued=sends.requeued(request),
             new_send=sends.unmarked_is_new(request, self._broker_marks_redeliveries),
             outcome_requeued=bool(sends.requeues(request, sends.OUTCOME_REQUEUES_HEADER)),
-            leaves_queue_first=leaves_queue and not self._leave_queue_at_acquire(lease),
+            leaves_queue_first=leaves_queue and not self._leave_queue_at_acquire(hold),
         )
 
     def _observe(self, action: run_model.Action, s: run_model.Snapshot, run: _Run) -> None:
         """Make the observation (or the step) ``action`` asks for, and record what it found
         in ``s`` (the snapshot grows; decide() only reads it)."""
-        request, lease, kind = self.request, run.lease, action.kind
+        request, hold, kind = self.request, run.hold, action.kind
         if kind == run_model.READ_FINISHED:
             s.finished = own_holds.finished(self, request.id) or ""
             return
@@ -410,12 +409,12 @@ class SingletonTask(Task):  # type: ignore[misc]
             return
         if kind == run_model.ACQUIRE:
             # A float: check_wait's quick case.
-            s.acquired, s.ended = self._acquire(lease, 0.0, run.mark)
-            s.replaced_at_acquire = not s.acquired and self._replaced_at_acquire(lease)
-            s.held_by_call = lease.held_by_call
+            s.acquired, s.ended = self._acquire(hold, 0.0, run.mark)
+            s.replaced_at_acquire = not s.acquired and self._replaced_at_acquire(hold)
+            s.held_by_call = hold.held_by_call
             return
         if kind == run_model.READ_HOLDS:
-            run.found = found = holders.holders_of(lease)
+            run.found = found = holders.holders_of(hold)
             own = [h for h in found if sends.same_call(h.task_id, h.send, request)]
             delays = [h.release_delay_until_ms for h in own if h.release_delay_until_ms]
             s.holds_read = True
@@ -423,30 +422,30 @@ class SingletonTask(Task):  # type: ignore[misc]
             s.own_delay_until_ms = max(delays) if delays else None
             return
         if kind == run_model.READ_OWN_HOLD:
-            assert isinstance(lease, Lease)
-            hold, verdict = own_holds.assess(self, lease, run.node)
-            run.own_owner = None if hold is None else hold.owner
+            assert isinstance(hold, Lease)
+            own_hold, verdict = own_holds.assess(self, hold, run.node)
+            run.own_owner = None if own_hold is None else own_hold.owner
             s.own_assessed, s.own_verdict = True, verdict
             return
         if kind == run_model.TAKE_OVER:
-            assert isinstance(lease, Lease) and run.own_owner is not None
-            lease.take_over = run.own_owner
-            s.acquired, s.ended = self._acquire(lease, 0.0, run.mark)
+            assert isinstance(hold, Lease) and run.own_owner is not None
+            hold.take_over = run.own_owner
+            s.acquired, s.ended = self._acquire(hold, 0.0, run.mark)
             s.took_over = s.acquired
             if s.acquired:
-                log.warning("%s[%s] %s on %r", self.name, request.id, action.why, lease.name)
+                log.warning("%s[%s] %s on %r", self.name, request.id, action.why, hold.name)
             return
         if kind == run_model.WAIT:
             run.found = None  # read again if the wait ends without the lock
-            copy = self._mark_wait(lease, s.wait, run.node)
+            copy = self._mark_wait(hold, s.wait, run.node)
             if isinstance(copy, own_holds.Verdict):
                 s.waited, s.copy_waiting = True, copy
                 return
             try:
-                s.acquired, s.ended = self._acquire(lease, s.wait, run.mark)
+                s.acquired, s.ended = self._acquire(hold, s.wait, run.mark)
             finally:
                 waiting_marks.remove(self.lock_client.connection, copy)
-            s.waited, s.held_by_call = True, lease.held_by_call
+            s.waited, s.held_by_call = True, hold.held_by_call
             return
         raise AssertionError(f"not an observation: {action}")
 
@@ -454,15 +453,15 @@ class SingletonTask(Task):  # type: ignore[misc]
         self, action: run_model.Action, s: run_model.Snapshot, run: _Run, waited: float
     ) -> Any:
         """End the delivery as ``action`` says."""
-        request, lease, kind = self.request, run.lease, action.kind
+        request, hold, kind = self.request, run.hold, action.kind
         if kind == run_model.RUN:
             if action.why:
                 log.warning("%s[%s] %s", self.name, request.id, action.why)
-            track_run_lock(lease)
+            track_run_lock(hold)
             lock_acquired.send(
-                sender=self, name=lease.name, task_id=request.id, lease=lease, wait=waited
+                sender=self, name=hold.name, task_id=request.id, hold=hold, wait=waited
             )
-            return self._run_holding(lease, run.args, run.kwargs, run.mark)
+            return self._run_holding(hold, run.args, run.kwargs, run.mark)
         if kind == run_model.RUN_UNLOCKED:
             log.warning("running %s[%s] UNLOCKED: %s", self.name, request.id, run.error)
             return self._run_holding(None, run.args, run.kwargs)
@@ -477,10 +476,10 @@ class SingletonTask(Task):  # type: ignore[misc]
                 name=exc.name,
             ) from exc
         if kind == run_model.REPLACED:
-            return self._replaced(lease, run.args, run.kwargs)
+            return self._replaced(hold, run.args, run.kwargs)
         if kind in (run_model.SKIP, run_model.CONFLICT_RAISE, run_model.CONFLICT_RETRY):
-            return self._conflict(lease, kind, waited, run.found)
-        self._give_back(lease)  # a copy that took the lock stores nothing
+            return self._conflict(hold, kind, waited, run.found)
+        self._give_back(hold)  # a copy that took the lock stores nothing
         if kind == run_model.REQUEUE:
             countdown = action.countdown
             if action.look_again == run_model.AFTER_LEASE:
@@ -495,24 +494,24 @@ class SingletonTask(Task):  # type: ignore[misc]
             log.info("%s[%s] %s", self.name, request.id, action.why)
         raise Ignore()
 
-    def _give_back(self, lease: LockHandle) -> None:
+    def _give_back(self, hold: LockHandle) -> None:
         """Release what a delivery that does not run took (it runs out within its lease if
         Redis does not answer)."""
-        if not lease.held:
+        if not hold.held:
             return
         try:
-            lease.release()
+            hold.release()
         except LockError as exc:
             log.warning("%s[%s] could not give back %r: %s", self.name, self.request.id,
-                        lease.name, exc)  # fmt: skip
+                        hold.name, exc)  # fmt: skip
 
-    def _leave_queue_at_acquire(self, lease: LockHandle) -> bool:
+    def _leave_queue_at_acquire(self, hold: LockHandle) -> bool:
         """``until_start``/``debounce``: True if the queue claim is freed by the run lock's
         first acquire (same round trip); else :meth:`_leave_queue` frees it first. A retry
         frees it too: attempt 0 may have failed before it could (the lock Redis did not
         answer as it started)."""
-        return isinstance(lease, Lease) and claims.free_at_acquire(
-            lease, self.request.id, stop_if_replaced=self._replaceable()
+        return isinstance(hold, Lease) and claims.free_at_acquire(
+            hold, self.request.id, stop_if_replaced=self._replaceable()
         )
 
     def _replaceable(self) -> bool:
@@ -520,15 +519,13 @@ class SingletonTask(Task):  # type: ignore[misc]
         retry (which continues a call that started)."""
         return self.lock_options.on_enqueue == DEBOUNCE and not self.request.retries
 
-    def _replaced_at_acquire(self, lease: LockHandle) -> bool:
+    def _replaced_at_acquire(self, hold: LockHandle) -> bool:
         """``debounce``: True if a later call took this one's queue claim over, so the first
         acquire stopped there. ``until_start`` never replaces a call it let into the queue: a
         claim another call holds by then (this one's ran out or was freed) changes nothing,
         and the run honours ``lock_wait`` and ``lock_conflict`` as any other; nor is a retry,
         which continues a call that started."""
-        return (
-            isinstance(lease, Lease) and self._replaceable() and claims.replaced_at_acquire(lease)
-        )
+        return isinstance(hold, Lease) and self._replaceable() and claims.replaced_at_acquire(hold)
 
     def _leave_queue(self, args: Any, kwargs: Any) -> bool:
         """``until_start``/``debounce``: this call is no longer queued, so another may queue
@@ -542,8 +539,8 @@ class SingletonTask(Task):  # type: ignore[misc]
             return True
         return not (code == ReleaseResult.HELD_BY_ANOTHER and self._replaceable())
 
-    def _replaced(self, lease: LockHandle, args: Any, kwargs: Any) -> Any:
-        name = lease.name
+    def _replaced(self, hold: LockHandle, args: Any, kwargs: Any) -> Any:
+        name = hold.name
         try:
             latest = claims.replaced_by(self, args, kwargs)
         except LockError:
@@ -551,8 +548,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         why = f"replaced by queued task {latest}"
         return self._skip(name, latest, why, 0.0, logged=why)
 
-    def _done_mark(self, lease: LockHandle) -> done_marks.DoneMark | None:
-        """The done mark (done_marks.py) of the running attempt, in ``lease``'s slot; None
+    def _done_mark(self, hold: LockHandle) -> done_marks.DoneMark | None:
+        """The done mark (done_marks.py) of the running attempt, in ``hold``'s slot; None
         when ``singleton_lock_done_mark_ttl`` is 0 (no marks)."""
         ttl = self._done_mark_ttl
         if not ttl:
@@ -560,7 +557,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         request, connection = self.request, self.lock_client.connection
         return done_marks.DoneMark.of(
             connection,
-            lease,
+            hold,
             request.id,
             request.retries or 0,
             ttl,
@@ -580,17 +577,17 @@ class SingletonTask(Task):  # type: ignore[misc]
         return done_marks.mark_ttl(self.app)
 
     def _acquire(
-        self, lease: LockHandle, wait: float, mark: done_marks.DoneMark | None
+        self, hold: LockHandle, wait: float, mark: done_marks.DoneMark | None
     ) -> tuple[bool, int]:
-        """``lease.acquire(wait)``, reading the done ``mark`` (done_marks.py; None: marks
+        """``hold.acquire(wait)``, reading the done ``mark`` (done_marks.py; None: marks
         off) in each attempt's round trip: whether it took the lock, and the highest attempt
         of this send that had ended (done_marks.NONE_ENDED if none)."""
         if mark is None:
-            return lease.acquire(wait), done_marks.NONE_ENDED
-        return done_marks.acquire(self.lock_client.connection, lease, wait, mark)
+            return hold.acquire(wait), done_marks.NONE_ENDED
+        return done_marks.acquire(self.lock_client.connection, hold, wait, mark)
 
     def _mark_wait(
-        self, lease: LockHandle, wait: float, node: str | None
+        self, hold: LockHandle, wait: float, node: str | None
     ) -> waiting_marks.Mark | own_holds.Verdict:
         """Mark that this delivery waits up to ``wait`` seconds for the lock
         (waiting_marks.py): the mark, to remove when the wait ends; or, when another delivery
@@ -601,7 +598,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         try:
             return waiting_marks.claim(
                 connection,
-                waiting_marks.mark_key(connection, lease, request.id, request.retries or 0),
+                waiting_marks.mark_key(connection, hold, request.id, request.retries or 0),
                 wait=wait,
                 node=node,
                 requeues=sends.requeues(request),
@@ -620,10 +617,10 @@ class SingletonTask(Task):  # type: ignore[misc]
             return False
         return claims.result_state(self, request.id) in (None, "PENDING", "STARTED")
 
-    def _record_end(self, lease: LockHandle) -> None:
+    def _record_end(self, hold: LockHandle) -> None:
         """Write the running attempt's done mark alone: its call ended without a release to
         send it with (skipped, refused, retried)."""
-        mark = self._done_mark(lease)
+        mark = self._done_mark(hold)
         if mark is not None:
             done_marks.record(self.lock_client.connection, mark)
 
@@ -649,7 +646,7 @@ class SingletonTask(Task):  # type: ignore[misc]
 
     def _run_holding(
         self,
-        lease: LockHandle | None,
+        hold: LockHandle | None,
         args: Any,
         kwargs: Any,
         mark: done_marks.DoneMark | None = None,
@@ -658,7 +655,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         if runs is None:
             # Not setdefault(name, _RunLocks()) alone: that would make a new local per run.
             runs = self.__dict__.setdefault("_lock_stack", _RunLocks())
-        runs.leases.append(lease)
+        runs.holds.append(hold)
         # Whether the body ended by itself (returned, raised an error): only then is the
         # attempt marked done. Cut short (SystemExit, a signal) or handing the message on
         # (Ignore, Reject: Task.replace keeps the task id), a redelivery runs it again.
@@ -679,12 +676,12 @@ class SingletonTask(Task):  # type: ignore[misc]
             ended = True
             raise
         finally:
-            runs.leases.pop()
-            retries = _take_deferred(lease)
+            runs.holds.pop()
+            retries = _take_deferred(hold)
             if retries:
-                self._send_deferred_retries(lease, retries, ended=ended)
-            elif lease is not None and (lease.held or lease.lost):
-                self._release(lease, ended=ended, mark=mark)
+                self._send_deferred_retries(hold, retries, ended=ended)
+            elif hold is not None and (hold.held or hold.lost):
+                self._release(hold, ended=ended, mark=mark)
 
     def _called_by_tracer(self) -> bool:
         """Whether this call is the run Celery's tracer (a worker, ``apply``) started, whose
@@ -703,7 +700,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         return True
 
     def _release(
-        self, lease: LockHandle, *, ended: bool = True, mark: done_marks.DoneMark | None = None
+        self, hold: LockHandle, *, ended: bool = True, mark: done_marks.DoneMark | None = None
     ) -> None:
         """Release the run's lock; if its call ``ended``, with the attempt's done mark
         (``mark``, else made here) written first in the same round trip (done_marks.py)."""
@@ -711,12 +708,12 @@ class SingletonTask(Task):  # type: ignore[misc]
             if not ended:
                 mark = None
             elif mark is None:
-                mark = self._done_mark(lease)
+                mark = self._done_mark(hold)
             if mark is not None:
                 connection = self.lock_client.connection
-                done_marks.release(connection, lease, self.lock_options.release_delay, mark)
+                done_marks.release(connection, hold, self.lock_options.release_delay, mark)
             else:
-                lease.release(delay=self.lock_options.release_delay)
+                hold.release(delay=self.lock_options.release_delay)
         except LockLost as exc:
             # Not released by this run: lock_lost was sent (on_lost) when it was found lost.
             if exc.reason == "max_hold":
@@ -730,33 +727,33 @@ class SingletonTask(Task):  # type: ignore[misc]
             return
         except LockError as exc:
             log.warning(
-                "%s[%s] could not release %r: %s", self.name, self.request.id, lease.name, exc
+                "%s[%s] could not release %r: %s", self.name, self.request.id, hold.name, exc
             )
             return
-        lock_released.send(sender=self, name=lease.name, task_id=self.request.id, lease=lease)
+        lock_released.send(sender=self, name=hold.name, task_id=self.request.id, hold=hold)
 
     def _conflict(
-        self, lease: LockHandle, kind: str, waited: float, found: list[holders.Holder] | None
+        self, hold: LockHandle, kind: str, waited: float, found: list[HolderRecord] | None
     ) -> Any:
         """The key is taken by another call: skip (the skipped result), raise LockTimeout or
         retry, as ``kind`` says; the attempt is marked done (done_marks.py) either way."""
-        name = lease.name
+        name = hold.name
         if found is None:
-            found = holders.holders_of(lease)
+            found = holders.holders_of(hold)
         why = holders.describe(found)
         if kind != run_model.SKIP:
             exc = LockTimeout(f"{self.name}: lock {name!r} is taken ({why})", name=name)
             if kind == run_model.CONFLICT_RAISE:
-                self._record_end(lease)
+                self._record_end(hold)
                 raise exc
             try:
                 raise self.retry(countdown=self.lock_options.retry_countdown, exc=exc)
             finally:
                 # Once the retry is sent (or refused: the call failed): a copy of this
                 # attempt must not run beside the retry.
-                self._record_end(lease)
+                self._record_end(hold)
         holder = holders.holder_task_id(found)
-        self._record_end(lease)
+        self._record_end(hold)
         return self._skip(name, holder, why, waited, logged=f"lock {name!r} {why}")
 
     def _skip(self, name: str, holder: str | None, why: str, waited: float, logged: str) -> Any:
@@ -764,7 +761,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         task_id = self.request.id
         log.info("%s[%s] skipped: %s", self.name, task_id, logged)
         lock_skipped.send(
-            sender=self, name=name, task_id=task_id, lease=None, wait=waited, holder=holder
+            sender=self, name=name, task_id=task_id, hold=None, wait=waited, holder=holder
         )
         return skipped_result(name, holder, why)
 
@@ -788,12 +785,12 @@ class SingletonTask(Task):  # type: ignore[misc]
         retry message is sent when the body ends (however it ends), once the lock has passed
         to it, so the retried run never starts beside this one. A ``countdown`` still counts
         from this call."""
-        lease = self.lock
+        hold = self.lock
         call = dict(args=args, kwargs=kwargs, exc=exc, throw=throw, eta=eta, countdown=countdown)
         call.update(max_retries=max_retries, **options)
-        if lease is not None and self._superseded(lease):
+        if hold is not None and self._superseded(hold):
             raise Ignore()
-        if lease is None or not lease.held:
+        if hold is None or not hold.held:
             return super().retry(**call)
         if not throw:
             # Celery's retry (its checks, its ``Retry``), with the message it sends kept back
@@ -804,7 +801,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 outcome = super().retry(**call)
             finally:
                 _deferred_retries.capture = None
-            _deferred_retries.pending.extend((lease, send) for send in captured)
+            _deferred_retries.pending.extend((hold, send) for send in captured)
             return outcome
         request = self.request
         if countdown is None and eta is None:
@@ -812,7 +809,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         else:
             until_run = enqueue.seconds_until(eta, countdown)
         next_owner, handed = self._hand_over(
-            lease,
+            hold,
             request.args if args is None else args,
             request.kwargs if kwargs is None else kwargs,
             (request.retries or 0) + 1,
@@ -825,15 +822,15 @@ class SingletonTask(Task):  # type: ignore[misc]
                 # Sent (Retry), or refused (the call failed): this attempt ended. Marked
                 # only now, though its lock was let go before: a worker killed before the
                 # retry was sent leaves the message to run again.
-                self._record_end(lease)
+                self._record_end(hold)
                 raise
         try:
             return super().retry(**call)
         except Retry:
             if handed:
-                lock_released.send(sender=self, name=lease.name, task_id=request.id, lease=lease)
+                lock_released.send(sender=self, name=hold.name, task_id=request.id, hold=hold)
             # The retry is sent: this attempt ended (its claim kept copies out until now).
-            self._record_end(lease)
+            self._record_end(hold)
             raise
         except BaseException as exc:
             # No retry was sent (max_retries reached, broker error): this run was the last,
@@ -841,37 +838,35 @@ class SingletonTask(Task):  # type: ignore[misc]
             # the attempt's done mark (none if the run was cut short); also a claim whose
             # hand-over was not answered, which may be there all the same.
             if isinstance(exc, Exception):
-                self._record_end(lease)
-            claims.release_handed_over(
-                self, lease.name, next_owner, self.lock_options.release_delay
-            )
+                self._record_end(hold)
+            claims.release_handed_over(self, hold.name, next_owner, self.lock_options.release_delay)
             raise
 
-    def _superseded(self, lease: LockHandle) -> bool:
+    def _superseded(self, hold: LockHandle) -> bool:
         """Whether this run lost its lock to a copy of its own message (the same send: a
         broker's copy took its dead-looking hold over while it was paused past its lease).
         The copy carries the call on; a retry sent from here would take the copy's hold over
         as an earlier attempt's and run beside it, so none is sent. One read, on a lost
         lock's retry only."""
-        if not lease.lost:
+        if not hold.lost:
             return False
-        request, owner = self.request, lease.owner
+        request, owner = self.request, hold.owner
         superseded = any(
             holder.owner != owner
             and not holder.waiting
             and holder.release_delay_until_ms is None
             and sends.same_call(holder.task_id, holder.send, request)
-            for holder in holders.holders_of(lease)
+            for holder in holders.holders_of(hold)
         )
         if superseded:
             log.warning(
                 "%s[%s] sends no retry: it lost %r to a copy of its own message, which goes on",
-                self.name, request.id, lease.name,
+                self.name, request.id, hold.name,
             )  # fmt: skip
         return superseded
 
     def _send_deferred_retries(
-        self, lease: LockHandle | None, retries: list[_RetrySend], *, ended: bool = True
+        self, hold: LockHandle | None, retries: list[_RetrySend], *, ended: bool = True
     ) -> None:
         """The body ended: pass the run's lock to the retry kept back by
         ``retry(throw=False)`` (or release it: another key, another kind), then send it;
@@ -885,49 +880,49 @@ class SingletonTask(Task):  # type: ignore[misc]
                     0.0, float(options["countdown"]) - (time.monotonic() - called_at)
                 )
             next_owner, handed = None, False
-            if lease is not None and self._superseded(lease):
+            if hold is not None and self._superseded(hold):
                 continue
-            if lease is not None and lease.held:
+            if hold is not None and hold.held:
                 next_owner, handed = self._hand_over(
-                    lease,
+                    hold,
                     args,
                     kwargs,
                     int(options.get("retries") or (request.retries or 0) + 1),
                     enqueue.seconds_until(options.get("eta"), options.get("countdown")),
                 )
-            elif lease is not None and lease.lost:
-                self._release(lease, ended=ended)  # reports it lost
+            elif hold is not None and hold.lost:
+                self._release(hold, ended=ended)  # reports it lost
             try:
                 self.apply_async(args, kwargs, task_id=task_id, **options)
             except Exception as exc:
                 # Celery would have rejected the run at the retry() call; the body has ended.
                 log.error("%s[%s] could not send its retry: %s", self.name, request.id, exc)
-                if next_owner is not None and lease is not None:
+                if next_owner is not None and hold is not None:
                     claims.release_handed_over(
-                        self, lease.name, next_owner, self.lock_options.release_delay
+                        self, hold.name, next_owner, self.lock_options.release_delay
                     )
                 continue
-            if handed and lease is not None:
-                lock_released.send(sender=self, name=lease.name, task_id=request.id, lease=lease)
-        if ended and lease is not None:
-            self._record_end(lease)
+            if handed and hold is not None:
+                lock_released.send(sender=self, name=hold.name, task_id=request.id, hold=hold)
+        if ended and hold is not None:
+            self._record_end(hold)
 
     def _hand_over(
-        self, lease: LockHandle, args: Any, kwargs: Any, attempt: int, until_run: float
+        self, hold: LockHandle, args: Any, kwargs: Any, attempt: int, until_run: float
     ) -> tuple[str | None, bool]:
-        """Hand the run's held ``lease`` to attempt ``attempt``, the retry with these
+        """Hand the run's ``hold`` to attempt ``attempt``, the retry with these
         arguments that may run in ``until_run`` seconds. Returns its claim's owner token
         (None if the lock was released instead or lost already: the retried run then takes
         the lock for itself) and whether Redis answered that it was handed over."""
         request = self.request
-        if not isinstance(lease, Lease) or lease.name != self.lock_name(args, kwargs):
+        if not isinstance(hold, Lease) or hold.name != self.lock_name(args, kwargs):
             # Another key, or a kind with no claims (read/write, range, multi): let go now,
             # unmarked (the caller marks the attempt once its retry is sent).
-            self._release(lease, ended=False)
+            self._release(hold, ended=False)
             return None, False
         try:
             owner = claims.hand_over(
-                self, lease, request.id, attempt, until_run + self.lock_options.max_hold
+                self, hold, request.id, attempt, until_run + self.lock_options.max_hold
             )
         except LockBackendError as exc:
             # No answer: the hand-over may have run (its reply lost), its claim then waiting
@@ -951,20 +946,18 @@ class SingletonTask(Task):  # type: ignore[misc]
         the run's lock is let go first, with no release delay and no done mark (the call has
         not ended: it goes on in the replacement), and the replacement is a new send
         (sends.py), so it is neither taken for a copy of this run nor kept out by its lock."""
-        lease = self.lock
-        if lease is not None and (lease.held or lease.lost):
+        hold = self.lock
+        if hold is not None and (hold.held or hold.lost):
             try:
-                lease.release()
+                hold.release()
             except LockLost as exc:
                 log.error("%s[%s] ran without its lock at the end: %s", self.name,
                           self.request.id, exc)  # fmt: skip
             except LockError as exc:  # it runs out within its lease
                 log.warning("%s[%s] could not release %r before its replacement: %s",
-                            self.name, self.request.id, lease.name, exc)  # fmt: skip
+                            self.name, self.request.id, hold.name, exc)  # fmt: skip
             else:
-                lock_released.send(
-                    sender=self, name=lease.name, task_id=self.request.id, lease=lease
-                )
+                lock_released.send(sender=self, name=hold.name, task_id=self.request.id, hold=hold)
         _drop_send_id(sig)
         return super().on_replace(sig)
 
@@ -1023,15 +1016,15 @@ def _plain_call_after(cls: type) -> bool:
     return True
 
 
-def _take_deferred(lease: LockHandle | None) -> list[_RetrySend]:
-    """The retry messages ``retry(throw=False)`` kept back in the run holding ``lease``,
+def _take_deferred(hold: LockHandle | None) -> list[_RetrySend]:
+    """The retry messages ``retry(throw=False)`` kept back in the run holding ``hold``,
     taken off this thread's list."""
     pending = _deferred_retries.pending
-    if not pending or lease is None:
+    if not pending or hold is None:
         return []
-    mine = [send for held, send in pending if held is lease]
+    mine = [send for held, send in pending if held is hold]
     if mine:
-        pending[:] = [(held, send) for held, send in pending if held is not lease]
+        pending[:] = [(held, send) for held, send in pending if held is not hold]
     return mine
 
 

@@ -188,7 +188,7 @@ def wait_hint(hint_ms: int, queued: bool) -> int:
     return min(hint_ms, RESERVATION_MS // 3) if queued else hint_ms
 
 
-class IntervalHold(HandleOps):
+class IntervalOps(HandleOps):
     """A hold on [lo, hi] in one mode ('r', 'u' or 'w'): its operations, for the sync
     (:class:`IntervalHandle`) and the asyncio handles."""
 
@@ -196,7 +196,7 @@ class IntervalHold(HandleOps):
     mode: str
     lo: float
     hi: float
-    _parent: IntervalHold | None
+    _parent: IntervalOps | None
     #: The Redis keys of this hold (its holder hash, the name's indexes, channel).
     keys: IntervalKeys
     #: The last ``_describe_holder()`` list and its packed bytes (``_packed_holder``).
@@ -210,7 +210,7 @@ class IntervalHold(HandleOps):
         mode: str,
         lo: float,
         hi: float,
-        parent: IntervalHold | None,
+        parent: IntervalOps | None,
         call: object = None,
     ) -> None:
         self.call = check_call(call)
@@ -337,7 +337,7 @@ class IntervalHold(HandleOps):
         return low, high
 
 
-class IntervalHandle(IntervalHold, LockHandle):
+class IntervalHandle(IntervalOps, LockHandle):
     """A hold on [lo, hi] of an interval lock, in one mode ('r', 'u' or 'w')."""
 
     def __init__(

@@ -332,7 +332,7 @@ class Lease(LeaseOps, LockHandle):
     @classmethod
     def _from_checked(cls, conn: Connection, options: Options) -> Lease:
         """A lease (not fair, no fixed owner) from ``options`` checked already (see
-        :class:`LeaseTemplate`)."""
+        :class:`LeaseMaker`)."""
         lease = cls.__new__(cls)
         lease._init_checked(options, conn)
         lease._init_lease(False, None, None)
@@ -394,7 +394,7 @@ class Lease(LeaseOps, LockHandle):
         )
 
 
-class LeaseTemplate:
+class LeaseMaker:
     """Leases on any name with one ``ttl`` and ``max_hold``, checked once here rather than by
     every lease: for code that makes a fresh lease per job, as the Celery layer does per task
     run. Each lease has the heartbeat on, no default wait, no fixed owner, and is not fair

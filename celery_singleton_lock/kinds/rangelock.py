@@ -26,12 +26,12 @@ from ..core.replies import IntervalReply
 from ..core.steps import Steps
 from ..exceptions import ConfigurationError, LockError
 from . import intervals
-from .intervals import IntervalHandle, IntervalHold, check_interval
+from .intervals import IntervalHandle, IntervalOps, check_interval
 
 FAMILY = b"range"
 
 
-class RangeHold(IntervalHold):
+class RangeLockOps(IntervalOps):
     """A hold on [lo, hi] of a range lock: the operations of the sync
     :class:`RangeLockHandle` and the asyncio one, with the shrink and the nested write."""
 
@@ -69,7 +69,7 @@ class RangeHold(IntervalHold):
         return f"<{type(self).__name__} {self.name!r} {mode} [{self.lo}, {self.hi}] {state}>"
 
 
-class RangeLockHandle(RangeHold, IntervalHandle):
+class RangeLockHandle(RangeLockOps, IntervalHandle):
     """A hold on [lo, hi] of a range lock; ``mode`` is 'r', 'u' or 'w'. Lease-like."""
 
     def shrink(self, lo: float, hi: float) -> None:
@@ -139,7 +139,7 @@ release_holder = ADMIN.release_holder
 
 
 __all__ = [
-    "RangeHold",
+    "RangeLockOps",
     "RangeLock",
     "RangeLockHandle",
     "RangeLockMaker",

@@ -9,8 +9,10 @@ asyncio one each do the I/O their way and share everything else.
 
 A family also makes its handles from what is locked (a :class:`Target`: a name; the names
 of a multi-key lock; a name with the bounds of a range hold) and a mode, through a
-:class:`HandleFactory` whose ttl and max-hold are checked once: the Celery layer picks the
-family from a task's options and makes one handle per run.
+:class:`HandleMaker` whose ttl and max-hold are checked once: the Celery layer picks the
+family from a task's options and makes one handle per run. Every family's makers are named
+alike: ``<family>_handles(conn, ttl, max_hold)`` checks the options and returns the family's
+:class:`HandleMaker`, which ``make_<family>`` (one handle on a connection) is behind.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class Target(NamedTuple):
     bounds: tuple[float, float] | None = None
 
 
-class HandleFactory(Protocol):
+class HandleMaker(Protocol):
     """Makes handles (not yet acquired) of one family, with the ttl and max-hold it was made
     for: a handle in ``mode`` (one of the family's ``modes``) on ``target``, with the call
     identity ``call`` where the family's holds take one (the shared kinds: reader-writer,
@@ -74,11 +76,12 @@ class HandleFactory(Protocol):
     ) -> LockHandle: ...
 
 
-class HandlesMaker(Protocol):
-    """A family's ``handles``: its handle factory for leases of ``ttl`` seconds capped at
-    ``max_hold`` (passed by keyword where the task's options meet it: both are seconds)."""
+class FamilyHandles(Protocol):
+    """A family's ``handles`` (``<family>_handles``): its handle maker for leases of ``ttl``
+    seconds capped at ``max_hold`` (passed by keyword where the task's options meet it: both
+    are seconds)."""
 
-    def __call__(self, conn: Connection, ttl: float, max_hold: float | None) -> HandleFactory: ...
+    def __call__(self, conn: Connection, ttl: float, max_hold: float | None) -> HandleMaker: ...
 
 
 @dataclass(frozen=True)
@@ -102,15 +105,15 @@ class KindFamily:
     release_holder: ReleaseHolder
     #: The modes its handles are made in (``exclusive``: one holder, no sharing).
     modes: tuple[str, ...]
-    #: ``handles(conn, ttl, max_hold)``: its handle factory for leases of ``ttl`` seconds
+    #: ``handles(conn, ttl, max_hold)``: its handle maker for leases of ``ttl`` seconds
     #: held at most ``max_hold`` seconds (checked here, once, not per handle).
-    handles: HandlesMaker
+    handles: FamilyHandles
 
 
-def _lease_handles(conn: Connection, ttl: float, max_hold: float | None) -> HandleFactory:
-    """Leases through a LeaseTemplate: the ttl and max-hold are checked here, not per lease
+def lease_handles(conn: Connection, ttl: float, max_hold: float | None) -> HandleMaker:
+    """Leases through a LeaseMaker: the ttl and max-hold are checked here, not per lease
     (a default task makes one lease per run)."""
-    make = lease.LeaseTemplate(conn, ttl=ttl, max_hold=max_hold).lease
+    make = lease.LeaseMaker(conn, ttl=ttl, max_hold=max_hold).lease
     # An exclusive lease has no call identity: a copy of a call is kept out by the lease
     # itself, and meets its own hold on the conflict path.
     return lambda target, mode, owner_info, on_lost, call: make(
@@ -118,18 +121,18 @@ def _lease_handles(conn: Connection, ttl: float, max_hold: float | None) -> Hand
     )
 
 
-#: Makes one handle of a family (as a :class:`HandleFactory` does, on a connection), with the
+#: Makes one handle of a family (as a :class:`HandleMaker` does, on a connection), with the
 #: handle keywords ``ttl``, ``max_hold``, ``owner_info`` and ``on_lost`` (and ``call``, for
 #: the families whose holds take one) in a dict.
 MakeHandle = Callable[[Connection, Target, str, dict[str, Any]], LockHandle]
 
 
-def _handles(make: MakeHandle, *, calls: bool = True) -> HandlesMaker:
+def _family_handles(make: MakeHandle, *, calls: bool = True) -> FamilyHandles:
     """A family's ``handles`` from its ``make``: the handle checks its own options. With
-    ``calls`` the handles get the factory's call identity (``call``); without, it is
+    ``calls`` the handles get the maker's call identity (``call``); without, it is
     dropped (an exclusive kind has none)."""
 
-    def handles(conn: Connection, ttl: float, max_hold: float | None) -> HandleFactory:
+    def handles(conn: Connection, ttl: float, max_hold: float | None) -> HandleMaker:
         def options(owner_info: Any, on_lost: Any, call: str | None) -> dict[str, Any]:
             made = {"ttl": ttl, "max_hold": max_hold, "owner_info": owner_info, "on_lost": on_lost}
             if calls:
@@ -143,20 +146,16 @@ def _handles(make: MakeHandle, *, calls: bool = True) -> HandlesMaker:
     return handles
 
 
-def _multi_handle(
-    conn: Connection, target: Target, mode: str, options: dict[str, Any]
-) -> LockHandle:
+def make_multi(conn: Connection, target: Target, mode: str, options: dict[str, Any]) -> LockHandle:
     return multi.MultiLease(conn, target.names, **options)
 
 
-def _rw_handle(conn: Connection, target: Target, mode: str, options: dict[str, Any]) -> LockHandle:
+def make_rw(conn: Connection, target: Target, mode: str, options: dict[str, Any]) -> LockHandle:
     make: Callable[..., LockHandle] = getattr(rwlock.RWLock(conn, target.name), mode)
     return make(**options)
 
 
-def _range_handle(
-    conn: Connection, target: Target, mode: str, options: dict[str, Any]
-) -> LockHandle:
+def make_range(conn: Connection, target: Target, mode: str, options: dict[str, Any]) -> LockHandle:
     if target.bounds is None:
         raise ConfigurationError("bounds", f"a range lock on {target.name!r} needs bounds")
     lock = rangelock.RangeLock(conn, target.name)
@@ -164,12 +163,18 @@ def _range_handle(
     return make(*target.bounds, **options)
 
 
+rw_handles = _family_handles(make_rw)
+range_handles = _family_handles(make_range)
+# An exclusive kind: its handles take no call identity.
+multi_handles = _family_handles(make_multi, calls=False)
+
+
 def _interval_family(
     name: str,
     admin: intervals.IntervalFamilyAdmin,
     kinds: tuple[str, ...],
     modes: tuple[str, ...],
-    handles: HandlesMaker,
+    handles: FamilyHandles,
     holders: Callable[[list[Record], str | None], list[ListedHolder]] = intervals.holders_of,
 ) -> KindFamily:
     """A family of interval holds (``rw``, ``range``, ``semaphore``): its holder hashes are
@@ -198,27 +203,25 @@ LEASES = KindFamily(
     clear_call=lease_listing.clear_call,
     release_holder=lease.release_holder,
     modes=("exclusive",),
-    handles=_lease_handles,
+    handles=lease_handles,
 )
 
 
-def permit_handles(
-    conn: Connection, ttl: float, max_hold: float | None, limit: int
-) -> HandleFactory:
-    """The handle factory of permits of semaphores of ``limit`` permits, with ttl and
+def permit_handles(conn: Connection, ttl: float, max_hold: float | None, limit: int) -> HandleMaker:
+    """The handle maker of permits of semaphores of ``limit`` permits, with ttl and
     max-hold as a family's ``handles`` takes them: the Celery layer calls it with the task's
     ``lock_limit``, which the family's ``handles`` has no way to receive."""
     checked = semaphore.check_limit(limit)
 
-    def make(conn: Connection, target: Target, mode: str, options: dict[str, Any]) -> LockHandle:
+    def make_permit(
+        conn: Connection, target: Target, mode: str, options: dict[str, Any]
+    ) -> LockHandle:
         return semaphore.Permit(conn, target.name, checked, **options)
 
-    return _handles(make)(conn, ttl, max_hold)
+    return _family_handles(make_permit)(conn, ttl, max_hold)
 
 
-def _limitless_permit_handles(
-    conn: Connection, ttl: float, max_hold: float | None
-) -> HandleFactory:
+def semaphore_handles(conn: Connection, ttl: float, max_hold: float | None) -> HandleMaker:
     """The semaphore family's ``handles``: a permit cannot be made without its limit."""
     raise ConfigurationError("limit", "a semaphore's permits need a limit: use permit_handles")
 
@@ -230,19 +233,15 @@ SEMAPHORES = _interval_family(
     semaphore.ADMIN,
     (semaphore.KIND,),
     ("exclusive",),
-    _limitless_permit_handles,
+    semaphore_handles,
     semaphore.holders_of,
 )
 
 FAMILIES: tuple[KindFamily, ...] = (
     LEASES,
-    _interval_family(
-        "rw", rwlock.ADMIN, ("read", "write", "upgradable"), MODES, _handles(_rw_handle)
-    ),
+    _interval_family("rw", rwlock.ADMIN, ("read", "write", "upgradable"), MODES, rw_handles),
     # "exclusive" on a range is a write hold.
-    _interval_family(
-        "range", rangelock.ADMIN, ("range",), ("exclusive", *MODES), _handles(_range_handle)
-    ),
+    _interval_family("range", rangelock.ADMIN, ("range",), ("exclusive", *MODES), range_handles),
     # A multi-key lock holds each name in a lease's hash: listed from the lease keys, and
     # cleared as leases are, by fencing token, one name at a time.
     KindFamily(
@@ -254,7 +253,7 @@ FAMILIES: tuple[KindFamily, ...] = (
         clear_call=lease_listing.clear_call,
         release_holder=multi.release_holder,
         modes=("exclusive",),
-        handles=_handles(_multi_handle, calls=False),
+        handles=multi_handles,
     ),
     SEMAPHORES,
 )

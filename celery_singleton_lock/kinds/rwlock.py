@@ -113,7 +113,7 @@ def scripts(client: ScriptHost) -> RWScripts:
     return bound_to(client, RWScripts)
 
 
-class RWLockHold(HandleOps):
+class RWLockOps(HandleOps):
     """One hold of a reader-writer lock: the operations of the sync :class:`RWLockHandle`
     and the asyncio one, with the upgrade and downgrade of an upgradable hold."""
 
@@ -301,7 +301,7 @@ class RWLockHold(HandleOps):
             self._upgraded = self._upgraded if self._mine() else False
 
 
-class RWLockHandle(RWLockHold, LockHandle):
+class RWLockHandle(RWLockOps, LockHandle):
     """One hold of a reader-writer lock: ``kind`` is ``read``, ``upgradable`` or ``write``.
 
     Lease-like (``acquire``, ``release``, ``extend``, ``check``, ``token``, context manager).
@@ -595,7 +595,7 @@ clear_holder = ADMIN.clear_holder
 __all__ = [
     "RWLock",
     "RWLockHandle",
-    "RWLockHold",
+    "RWLockOps",
     "RWLockMaker",
     "clear_holder",
     "list_holders",

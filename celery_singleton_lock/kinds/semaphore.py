@@ -28,7 +28,7 @@ from ..core.scan import Record, read_query
 from ..core.scripts import CLOCK, FENCING, ScriptHost, bound_to, register, source_after
 from ..core.steps import Steps
 from . import intervals
-from .intervals import IntervalHandle, IntervalHold
+from .intervals import IntervalHandle, IntervalOps
 
 if TYPE_CHECKING:
     from redis.commands.core import Script
@@ -58,7 +58,7 @@ def check_limit(limit: object) -> int:
     return validate.check_token(limit, "limit")
 
 
-class PermitHold(IntervalHold):
+class PermitOps(IntervalOps):
     """A permit's operations, for the sync :class:`Permit` and the asyncio one: its own
     acquire script; the release, renewal and admin side are the interval hold's."""
 
@@ -87,7 +87,7 @@ class PermitHold(IntervalHold):
         return f"<{type(self).__name__} {self.name!r} of {self.limit} {state}>"
 
 
-class Permit(PermitHold, IntervalHandle):
+class Permit(PermitOps, IntervalHandle):
     """One permit of a semaphore. Lease-like (``acquire``, ``release``, ``extend``,
     ``check``, ``token``, ``holders``, context manager)."""
 
@@ -162,7 +162,7 @@ def list_holders(
 
 __all__ = [
     "Permit",
-    "PermitHold",
+    "PermitOps",
     "Semaphore",
     "SemaphoreMaker",
     "check_limit",

@@ -120,13 +120,13 @@ def make_app(lock_url: str, broker_url: str, prefix: str, queue: str = "celery")
         pipe.execute()
 
     def task_record(task: Any, event: str, key: str, **fields: Any) -> None:
-        lease = task.lock
+        hold = task.lock
         record(
             event,
             key=key,
             task=task.name,
             task_id=task.request.id,
-            token=lease.token if lease is not None else None,
+            token=hold.token if hold is not None else None,
             **fields,
         )
 
@@ -135,18 +135,18 @@ def make_app(lock_url: str, broker_url: str, prefix: str, queue: str = "celery")
         ``self.lock.lost``, then ``check()`` says why)."""
         task_record(task, "start", key)
         deadline = time.monotonic() + seconds
-        lease = task.lock
-        outcome: dict[str, Any] = {"locked": lease is not None, "lost": None}
+        hold = task.lock
+        outcome: dict[str, Any] = {"locked": hold is not None, "lost": None}
         while time.monotonic() < deadline:
-            if lease is not None and lease.lost:
+            if hold is not None and hold.lost:
                 try:
-                    lease.check()
+                    hold.check()
                 except LockLost as exc:
                     outcome["lost"] = exc.reason
                 break
             time.sleep(0.02)
         task_record(task, "end", key, lost=outcome["lost"])
-        outcome["token"] = lease.token if lease is not None else None
+        outcome["token"] = hold.token if hold is not None else None
         return outcome
 
     # -- outage tasks -----------------------------------------------------------------------
@@ -248,11 +248,11 @@ def make_app(lock_url: str, broker_url: str, prefix: str, queue: str = "celery")
 
     def fenced_run(task: Any, key: str, seconds: float) -> int:
         """One run: a fenced ``begin`` write, work, a fenced ``commit`` write (made whether
-        or not the lease was lost meanwhile, as a write already under way would be). Its
+        or not the hold was lost meanwhile, as a write already under way would be). Its
         start and end are recorded with the call's task id, the run's fencing token, worker,
         pid and attempt."""
-        request, lease = task.request, task.lock
-        token = int(lease.token)
+        request, hold = task.request, task.lock
+        token = int(hold.token)
         execution = f"{request.id}/{request.retries or 0}/{os.getpid()}/{token}"
         run = {
             "execution": execution,
@@ -271,7 +271,7 @@ def make_app(lock_url: str, broker_url: str, prefix: str, queue: str = "celery")
             committed, commit_at = fenced(keys=keys, args=[token, execution, "commit", RECORD_TTL])
         task_record(
             task, "end", key, **run, begun=bool(begun), committed=bool(committed),
-            lost=lease.lost, begin_at=float(begin_at),
+            lost=hold.lost, begin_at=float(begin_at),
             commit_at=None if commit_at is None else float(commit_at),
         )  # fmt: skip
         return token
@@ -321,14 +321,14 @@ def make_app(lock_url: str, broker_url: str, prefix: str, queue: str = "celery")
             record("skipped", task_id=task_id, name=name, holder=holder, wait=wait, reason=reason)
 
     @lock_lost.connect(weak=False)
-    def on_lost(sender: Any, name: str, task_id: str, lease: Any, **_: Any) -> None:
+    def on_lost(sender: Any, name: str, task_id: str, hold: Any, **_: Any) -> None:
         if getattr(sender, "app", None) is app:
             try:
-                lease.check()  # no round trip: it raises what the lease was lost to
+                hold.check()  # no round trip: it raises what the hold was lost to
                 reason = "ran out"
             except LockError as exc:
                 reason = str(getattr(exc, "reason", type(exc).__name__))
-            record("lost", name=name, task_id=task_id, token=lease.token, reason=reason)
+            record("lost", name=name, task_id=task_id, token=hold.token, reason=reason)
 
     return app
 

@@ -139,11 +139,11 @@ def make_app(url: str, prefix: str, queue: str = "celery") -> Celery:
         record(self, "end", key, lost=self.lock.lost)
         return count
 
-    def on_released(sender: Any, name: str, lease: Any, task_id: str, **_: Any) -> None:
+    def on_released(sender: Any, name: str, hold: Any, task_id: str, **_: Any) -> None:
         if getattr(sender, "app", None) is app:
-            record(sender, "released", name.removeprefix("pool:"), released_token=lease.token)
+            record(sender, "released", name.removeprefix("pool:"), released_token=hold.token)
 
-    def on_lost(sender: Any, name: str, lease: Any, task_id: str, **_: Any) -> None:
+    def on_lost(sender: Any, name: str, hold: Any, task_id: str, **_: Any) -> None:
         if getattr(sender, "app", None) is app:
             # Sent from the heartbeat, not from the run: the run's id comes with the signal.
             record(sender, "lost", name.removeprefix("pool:"), task_id=task_id)

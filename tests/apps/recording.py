@@ -57,12 +57,12 @@ def record(task: Any, prefix: str, event: str, key: str | None, /, **fields: Any
     (which may override any of them)."""
     redis = task.lock_client.redis
     seconds, micros = redis.time()
-    lease = task.lock
+    hold = task.lock
     entry = {
         "event": event,
         "key": key,
         "task_id": task.request.id,
-        "token": lease.token if lease is not None else None,
+        "token": hold.token if hold is not None else None,
         "pid": os.getpid(),
         "time": int(seconds) + int(micros) / 1_000_000,
         **fields,

@@ -43,8 +43,8 @@ def make_app(url: str, prefix: str, queue: str = "celery") -> Celery:
         record(task, "start", key)
         busy_for(seconds)
         record(task, "end", key)
-        lease = task.lock
-        return lease.token if lease is not None else None
+        held = task.lock
+        return held.token if held is not None else None
 
     @app.task(
         base=SingletonTask, bind=True, shared=False, name="worker_app.short_lease",
@@ -152,9 +152,9 @@ def make_app(url: str, prefix: str, queue: str = "celery") -> Celery:
         record(self, "end", key)
         return int(self.request.retries)
 
-    def on_released(sender: Any, name: str, lease: Any, **_: Any) -> None:
+    def on_released(sender: Any, name: str, hold: Any, **_: Any) -> None:
         if getattr(sender, "app", None) is app:
-            record(sender, "released", name.removeprefix("job:"), released_token=lease.token)
+            record(sender, "released", name.removeprefix("job:"), released_token=hold.token)
 
     def on_skipped(sender: Any, name: str, **_: Any) -> None:
         if getattr(sender, "app", None) is app:

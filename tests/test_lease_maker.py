@@ -1,4 +1,4 @@
-"""LeaseTemplate: leases with a ttl and max-hold checked once make the same leases as
+"""LeaseMaker: leases with a ttl and max-hold checked once make the same leases as
 LockClient.lease, and bad input still raises ConfigurationError before any Redis call."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from celery_singleton_lock.aio.lease import AsyncLease
 from celery_singleton_lock.core.holder import flatten
 from celery_singleton_lock.core.scripts import pack_holder
 from celery_singleton_lock.embedded import free_port
-from celery_singleton_lock.kinds.lease import LeaseTemplate
+from celery_singleton_lock.kinds.lease import LeaseMaker
 
 
 @pytest.fixture
@@ -54,11 +54,11 @@ BAD_PER_LEASE: list[tuple[str, dict[str, Any]]] = [
 
 
 @pytest.mark.parametrize(("argument", "kwargs"), BAD_TIMING)
-def test_a_bad_ttl_or_max_hold_is_refused_by_the_template(
+def test_a_bad_ttl_or_max_hold_is_refused_by_the_maker(
     dead_client: LockClient, argument: str, kwargs: dict[str, Any]
 ) -> None:
     with pytest.raises(ConfigurationError) as info:
-        LeaseTemplate(dead_client, **kwargs)
+        LeaseMaker(dead_client, **kwargs)
     assert info.value.argument == argument
     with pytest.raises(ConfigurationError) as same:
         dead_client.lease("job", **kwargs)
@@ -72,7 +72,7 @@ def test_a_bad_name_owner_info_or_callback_is_refused_per_lease(
     kwargs = {"name": "job", **kwargs}
     name = kwargs.pop("name")
     with pytest.raises(ConfigurationError) as info:
-        LeaseTemplate(dead_client, ttl=5, max_hold=60).lease(name, **kwargs)
+        LeaseMaker(dead_client, ttl=5, max_hold=60).lease(name, **kwargs)
     assert info.value.argument == argument
     with pytest.raises(ConfigurationError) as same:
         dead_client.lease(name, ttl=5, max_hold=60, **kwargs)
@@ -90,7 +90,7 @@ def state_of(handle: Any) -> dict[str, Any]:
 
 
 def assert_nothing_mutable_shared(one: Any, other: Any) -> None:
-    """No attribute of two template leases is one mutable object (a cache, a lock, a dict),
+    """No attribute of two leases of a maker is one mutable object (a cache, a lock, a dict),
     besides the connection."""
     for attribute, value in state_of(one).items():
         if attribute == "_conn" or isinstance(value, SHAREABLE):
@@ -106,12 +106,12 @@ STATE += ("on_lost", "_ttl_ms", "_max_hold_ms", "keys", "_channels", "_fixed_own
 @pytest.mark.parametrize(
     "owner_info", [None, {"task_name": "t", "task_id": "ïd", "n": 3, "x": 1.5}, {"a": "b"}]
 )
-def test_a_template_lease_is_the_lease_the_client_makes(
+def test_a_lease_of_a_maker_is_the_lease_the_client_makes(
     lock_client: LockClient, max_hold: float | None, owner_info: dict[str, Any] | None
 ) -> None:
     def on_lost(_: Any) -> None: ...
 
-    made = LeaseTemplate(lock_client, ttl=2.0001, max_hold=max_hold).lease(
+    made = LeaseMaker(lock_client, ttl=2.0001, max_hold=max_hold).lease(
         "job:é", owner_info=owner_info, on_lost=on_lost
     )
     expected = lock_client.lease("job:é", ttl=2.0001, max_hold=max_hold, owner_info=owner_info)
@@ -119,15 +119,15 @@ def test_a_template_lease_is_the_lease_the_client_makes(
     assert type(made) is type(expected)
     assert {a: getattr(made, a) for a in STATE} == {a: getattr(expected, a) for a in STATE}
     # Every other attribute too: the same values, and no mutable part shared with another
-    # lease of the template.
+    # lease of the maker.
     own = {"_state_lock", "_holder_cache"}
     assert set(state_of(made)) - own == set(state_of(expected)) - own
     assert {a: v for a, v in state_of(made).items() if a not in own} == {
         a: v for a, v in state_of(expected).items() if a not in own
     }
-    other = LeaseTemplate(lock_client, ttl=2.0001, max_hold=max_hold).lease("job:é")
+    other = LeaseMaker(lock_client, ttl=2.0001, max_hold=max_hold).lease("job:é")
     assert_nothing_mutable_shared(made, other)
-    # The holder fields the acquire sends, from the template's per-thread part.
+    # The holder fields the acquire sends, from the maker's per-thread part.
     assert made._packed_holder() == pack_holder(expected._describe_holder())
     assert made._describe_holder(named=False) == expected._describe_holder(named=False)
     assert made.acquire()
@@ -142,14 +142,14 @@ def test_a_template_lease_is_the_lease_the_client_makes(
     expected.release()
 
 
-def test_a_template_lease_records_the_thread_that_acquires_it(lock_client: LockClient) -> None:
-    """The holder fields shared by a template's leases are per process and thread, and
+def test_a_lease_of_a_maker_records_the_thread_that_acquires_it(lock_client: LockClient) -> None:
+    """The holder fields shared by a maker's leases are per process and thread, and
     follow a rename of the thread."""
-    template = LeaseTemplate(lock_client, ttl=5)
+    maker = LeaseMaker(lock_client, ttl=5)
     seen: dict[str, bytes] = {}
 
     def describe(label: str) -> None:
-        seen[label] = template.lease("job", owner_info={"task_id": "t"})._packed_holder()
+        seen[label] = maker.lease("job", owner_info={"task_id": "t"})._packed_holder()
 
     describe("main")
     thread = threading.Thread(target=describe, args=("other",), name="csl-other-thread")
@@ -174,14 +174,14 @@ def test_a_template_lease_records_the_thread_that_acquires_it(lock_client: LockC
     assert seen["main"] == pack_holder(expected._describe_holder())
 
 
-def test_leases_of_one_template_acquired_in_turn_store_their_own_holder(
+def test_leases_of_one_maker_acquired_in_turn_store_their_own_holder(
     lock_client: LockClient,
 ) -> None:
     """In one thread, one after the other: each lease's holder record is its own (name,
-    task id), whatever the template caches for the thread."""
-    template = LeaseTemplate(lock_client, ttl=5)
+    task id), whatever the maker caches for the thread."""
+    maker = LeaseMaker(lock_client, ttl=5)
     for task_id, name in [("first", "job:{1}"), ("second", "job:{2}"), ("third", "job:{1}")]:
-        lease = template.lease(name, owner_info={"task_id": task_id, "task_name": "t"})
+        lease = maker.lease(name, owner_info={"task_id": task_id, "task_name": "t"})
         assert lease.acquire()
         try:
             stored = flatten(lock_client.redis.hgetall(lease.keys.lock))
@@ -194,9 +194,9 @@ def test_leases_of_one_template_acquired_in_turn_store_their_own_holder(
 
 def test_leases_are_slotted(lock_client: LockClient) -> None:
     """Handles are made per use: every class of a lease declares its attributes in
-    ``__slots__`` (no per-handle ``__dict__``), sync, template-made and asyncio."""
-    template = LeaseTemplate(lock_client, ttl=5)
-    leases = [lock_client.lease("job"), template.lease("job")]
+    ``__slots__`` (no per-handle ``__dict__``), sync, maker-made and asyncio."""
+    maker = LeaseMaker(lock_client, ttl=5)
+    leases = [lock_client.lease("job"), maker.lease("job")]
     port = lock_client.redis.connection_pool.connection_kwargs["port"]
     leases.append(AsyncLease(AsyncConnection(redis.asyncio.Redis(port=port), "csl:"), "job"))
     for lease in leases:

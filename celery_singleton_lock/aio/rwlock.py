@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..kinds.intervals import IntervalHold
-from ..kinds.rangelock import RangeHold, RangeLockMaker
-from ..kinds.rwlock import RWLockHold, RWLockMaker
+from ..kinds.intervals import IntervalOps
+from ..kinds.rangelock import RangeLockMaker, RangeLockOps
+from ..kinds.rwlock import RWLockMaker, RWLockOps
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
 from .handle import AsyncLockHandle
 
 
-class AsyncIntervalHandle(IntervalHold, AsyncLockHandle):
+class AsyncIntervalHandle(IntervalOps, AsyncLockHandle):
     """A hold on [lo, hi] of an interval lock, in one mode ('r', 'u' or 'w')."""
 
     def __init__(
@@ -33,7 +33,7 @@ class AsyncIntervalHandle(IntervalHold, AsyncLockHandle):
         self._set_interval(self._conn.prefix, mode, lo, hi, parent, call)
 
 
-class AsyncRWLockHandle(RWLockHold, AsyncLockHandle):
+class AsyncRWLockHandle(RWLockOps, AsyncLockHandle):
     """One hold of a reader-writer lock: ``kind`` is ``read``, ``upgradable`` or ``write``.
     An upgradable hold can :meth:`upgrade` to the writer and :meth:`downgrade` back."""
 
@@ -59,7 +59,7 @@ class AsyncRWLockHandle(RWLockHold, AsyncLockHandle):
         await self._run(self._downgrade())
 
 
-class AsyncRangeLockHandle(RangeHold, AsyncIntervalHandle):
+class AsyncRangeLockHandle(RangeLockOps, AsyncIntervalHandle):
     """A hold on [lo, hi] of a range lock; ``mode`` is 'r', 'u' or 'w'."""
 
     async def shrink(self, lo: float, hi: float) -> None:
