@@ -11,8 +11,7 @@ import pytest
 import redis
 import redis.asyncio
 from support.async_sides import run
-from test_lease_arguments import BAD_DELAYS, BAD_PIDS, BAD_TEXT
-from test_lease_arguments import BAD_LEASE_ARGUMENTS
+from test_lease_arguments import BAD_DELAYS, BAD_LEASE_ARGUMENTS, BAD_PIDS, BAD_TEXT
 
 from celery_singleton_lock import AsyncLockClient, ConfigurationError, LockBackendError
 from celery_singleton_lock.embedded import free_port

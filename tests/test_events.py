@@ -137,7 +137,7 @@ def test_wait_time_is_the_time_the_run_was_blocked(
     with receiving(events_app) as events, in_process_worker(events_app):
         with task_locks.hold(job) as held:
             result = job.delay()
-            wait_for_subscriber(job.lock_client, held._channels[0])  # the run is blocked now
+            wait_for_subscriber(job.lock_client, held.keys.channel)  # the run is blocked now
             blocked_since = time.monotonic()
         blocked_for = time.monotonic() - blocked_since
         task_locks.assert_ran(result)

@@ -188,7 +188,7 @@ def test_largest_accepted_ttl_and_delay_work_on_the_real_server(lock_client: Loc
     lease = lock_client.lease("long", ttl=MAX_SECONDS, max_hold=MAX_SECONDS)
     assert lease.acquire()
     assert lock_client.redis.pttl(lease.keys.lock) > (MAX_SECONDS - 60) * 1000
-    assert heartbeat()._thread is not None and heartbeat()._thread.is_alive()
+    assert heartbeat().running
     lease.release(delay=MAX_SECONDS)
     assert lock_client.redis.pttl(lease.keys.lock) > (MAX_SECONDS - 60) * 1000
     assert lock_client.redis.hget(lease.keys.lock, "owner") == b""
