@@ -37,6 +37,7 @@ from celery_singleton_lock import (
     LockLost,
     SingletonTask,
 )
+from celery_singleton_lock.celery.app_client import close_lock_client
 from celery_singleton_lock.celery.options import (
     TASK_OPTIONS,
     AppSettings,
@@ -530,9 +531,7 @@ def task_app(server: RedisServer) -> Iterator[Celery]:
 
     app.finalize()
     yield app
-    client = getattr(app, "_singleton_lock_client", None)
-    if client is not None:
-        client.close()
+    close_lock_client(app)
 
 
 @pytest.mark.timeout(120)
