@@ -183,7 +183,8 @@ def test_scripts_are_reloaded_on_a_fresh_server(
     first.release()
     restartable_redis.stop()
     restartable_redis.start()
-    assert client.redis.script_exists(client.connection.scripts._acquire.sha) == [False]
+    script, _, _ = client.connection.scripts.release_call(b"any", "owner", 0)
+    assert client.redis.script_exists(script.sha) == [False]
     lease = client.lease("a", ttl=0.6)
     assert lease.acquire()
     assert lease.extend() == pytest.approx(0.6)
