@@ -219,7 +219,7 @@ def script_calls(client: LockClient) -> int:
 def private_client() -> Iterator[LockClient]:
     """A client on a server of its own, so its command statistics are this test's alone."""
     with RedisServer() as server:
-        client = LockClient.from_url(server.url, prefix="hyg:")
+        client = LockClient.from_url(server.url, prefix="basics:")
         yield client
         client.close()
 

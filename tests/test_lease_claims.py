@@ -308,7 +308,7 @@ def test_a_tasks_release_holder_passes_the_host_through(celery_lock_app: Celery,
     elif mode == "limit":
         options["lock_limit"] = 2
 
-    @celery_lock_app.task(base=SingletonTask, name=f"hyg.host_{mode}", shared=False, **options)
+    @celery_lock_app.task(base=SingletonTask, name=f"claims.host_{mode}", shared=False, **options)
     def job(n: int) -> int:
         return n
 

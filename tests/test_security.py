@@ -725,12 +725,12 @@ def test_decimal_and_fraction_bounds_are_configuration_errors(client: LockClient
 def test_an_app_with_the_empty_prefix_gets_no_prefix(lock_redis_url: str) -> None:
     """``singleton_lock_prefix=""`` means what it says, like ``LockClient(prefix="")``: not
     the default ``csl:``, whose keys every app left at the default shares."""
-    app = Celery("hyg-empty-prefix", set_as_current=False)
+    app = Celery("sec-empty-prefix", set_as_current=False)
     app.conf.update(singleton_lock_url=lock_redis_url, singleton_lock_prefix="")
-    default_app = Celery("hyg-default-prefix", set_as_current=False)
+    default_app = Celery("sec-default-prefix", set_as_current=False)
     default_app.conf.update(singleton_lock_url=lock_redis_url)
 
-    @app.task(base=SingletonTask, name="hyg.empty_prefix", lock_key="hyg-{n}", shared=False)
+    @app.task(base=SingletonTask, name="sec.empty_prefix", lock_key="sec-{n}", shared=False)
     def job(n: str) -> str:
         return n
 
