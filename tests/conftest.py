@@ -16,6 +16,7 @@ from celery.contrib.testing.worker import start_worker
 from celery.result import allow_join_result
 
 import celery_singleton_lock
+from celery_singleton_lock.celery.app_client import close_lock_client
 
 #: ``cluster``, ``client``, ``sentinels`` and ``prefix``: the fixtures of the tests on local
 #: Redis topologies (Cluster, Sentinel); ``proxy``: a proxy that loses a reply on demand;
@@ -56,9 +57,7 @@ def celery_lock_app(lock_redis_url: str, lock_prefix: str) -> Iterator[Celery]:
         worker_hijack_root_logger=False,
     )
     yield app
-    client = getattr(app, "_singleton_lock_client", None)
-    if client is not None:
-        client.close()
+    close_lock_client(app)
 
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]

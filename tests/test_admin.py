@@ -1,10 +1,14 @@
-"""The admin core: client.locks() fields and states, token-checked clear, patterns, JSON."""
+"""The admin core: client.locks() fields and states, token-checked clear, patterns, JSON.
+A hold in a release delay is listed so, never stale; a clear of a lock listed stale checks,
+in the clearing script, that it was not renewed since (its holder woke up: it keeps it)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,12 +19,17 @@ import time
 from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 
-from celery_singleton_lock import LockClient, LockError, LockExpired, admin
-from celery_singleton_lock.cli import output
+from celery_singleton_lock import AsyncLockClient, LockClient, LockError, LockExpired, admin
+from celery_singleton_lock.aio import admin as aio_admin
+from celery_singleton_lock.cli import commands, output
 from celery_singleton_lock.cli.output import to_json
 from celery_singleton_lock.core import scan
 from celery_singleton_lock.core.heartbeat import heartbeat
+from celery_singleton_lock.kinds.intervals import IntervalHandle
+from celery_singleton_lock.kinds.multi import MultiLease
+from celery_singleton_lock.kinds.rwlock import RWLockHandle
 
 #: The documented shape of one object of ``--json`` (docs/admin.md).
 NUMBER_OR_NULL = (int, float, type(None))
@@ -394,7 +403,9 @@ def test_reader_writer_and_multi_locks_are_listed_and_cleared(lock_client: LockC
     assert lock_client.lease("c1").acquire() and not lock_client.lease("c2").acquire()
 
 
-def test_range_locks_show_their_interval_and_mode(lock_client: LockClient) -> None:
+def test_range_locks_show_their_interval_and_mode(
+    lock_client: LockClient, capsys: pytest.CaptureFixture[str]
+) -> None:
     ledger = lock_client.range_lock("ledger")
     writer = ledger.write(10, 20, ttl=30)
     reader = ledger.read(30.5, math.inf, ttl=30, owner_info={"task_id": "r1"})
@@ -407,8 +418,9 @@ def test_range_locks_show_their_interval_and_mode(lock_client: LockClient) -> No
     ]
     document = json.loads(to_json(infos))  # strict JSON: no Infinity
     validate(document)
-    table = "\n".join(output._row(info)[0] + " " + output._row(info)[1] for info in infos)
-    assert "ledger [10, 20] range/write" in table
+    output.show_list(infos, as_json=False, color=False)
+    table = capsys.readouterr().out
+    assert re.search(r"^ledger \[10, 20\] +range/write ", table, re.MULTILINE), table
     (listed,) = [i for i in infos if i.token == writer.token]
     assert admin.clear_info(lock_client, listed) is True
     assert [i.mode for i in lock_client.locks("ledger")] == ["read"]
@@ -416,3 +428,187 @@ def test_range_locks_show_their_interval_and_mode(lock_client: LockClient) -> No
     assert again.acquire(wait=0)  # the cleared interval is free again
     again.release()
     reader.release()
+
+
+# -- a reader-writer or range hold in a release delay is listed so, and --stale leaves it ----
+
+
+#: The release delay the tests release with, and the least PTTL that shows it is intact.
+DELAY = 60.0
+INTACT_MS = 50_000
+KINDS = ["lease", "multi", "read", "write", "range"]
+
+
+def make_handle(client: LockClient, kind: str, **options: Any) -> Any:
+    if kind == "lease":
+        return client.lease("cool", ttl=3, **options)
+    if kind == "multi":
+        return client.multi(["cool-a", "cool-b"], ttl=3, **options)
+    if kind == "read":
+        return client.rwlock("cool").read(ttl=3, **options)
+    if kind == "write":
+        return client.rwlock("cool").write(ttl=3, **options)
+    assert kind == "range"
+    return client.range_lock("cool").write(0, 10, ttl=3, **options)
+
+
+def run_plain(client: LockClient, lock_redis_url: str, *args: str) -> Result:
+    """``python -m celery_singleton_lock --url URL --prefix PREFIX ARGS``, in process."""
+    options = ["--url", lock_redis_url, "--prefix", client.prefix]
+    return CliRunner().invoke(commands.main, [*options, *args], catch_exceptions=False)
+
+
+def age_renewal(client: LockClient, key: bytes) -> None:
+    """Make the hold's last renewal look a minute old (as after a minute of release delay)."""
+    client.redis.hset(key, "renewed_ms", admin.server_ms(client) - 60_000)
+
+
+@pytest.mark.parametrize("kind", ["read", "write", "range"])
+def test_interval_hold_in_a_release_delay_is_listed_release_delay(
+    lock_client: LockClient, lock_redis_url: str, kind: str
+) -> None:
+    handle = make_handle(lock_client, kind)
+    assert handle.acquire()
+    owner = handle.owner
+    handle.release(delay=DELAY)
+    age_renewal(lock_client, handle.keys.holder(owner))
+    (info,) = lock_client.locks("cool")
+    assert (info.state, info.evidence, info.heartbeat_age_s) == (
+        "release-delay",
+        "released with a delay",
+        None,
+    )
+    assert info.token == handle.token
+
+    result = run_plain(lock_client, lock_redis_url, "clear", "--stale", "--yes")
+    assert result.exit_code == 1, result.output  # nothing stale: nothing cleared
+    assert lock_client.redis.pttl(handle.keys.holder(owner)) > INTACT_MS
+    assert [i.state for i in lock_client.locks("cool")] == ["release-delay"]
+
+    # Cleared by name, as a lease's release delay is: explicit, and not live.
+    assert lock_client.clear("cool") is True
+    assert lock_client.locks("cool") == []
+
+
+# -- clear --stale re-checks staleness in the clear itself -----------------------------------
+
+
+def pause_heartbeat(client: LockClient, handle: Any) -> None:
+    """What a holder paused for a minute (GC, VM stop) looks like: its last renewal is old.
+    The heartbeat stops renewing it, so that no background tick lands between this and the
+    listing; ``handle.extend()`` is the holder waking up (it renews and rejoins the heartbeat)."""
+    heartbeat().remove(handle)
+    assert handle.owner is not None
+    if isinstance(handle, (IntervalHandle, RWLockHandle)):
+        keys = [handle.keys.holder(handle.owner)]
+    elif isinstance(handle, MultiLease):
+        keys = [k.lock for k in handle.keys]
+    else:
+        keys = [handle.keys.lock]
+    for key in keys:
+        age_renewal(client, key)
+
+
+def assert_still_held(client: LockClient, handle: Any) -> None:
+    heartbeat().tick()  # a cleared holder would find out here
+    assert handle.held and not handle.lost
+    assert {i.state for i in client.locks("cool*")} == {"live"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_stale_clear_leaves_a_lock_whose_heartbeat_resumed(
+    lock_client: LockClient, kind: str
+) -> None:
+    handle = make_handle(lock_client, kind)
+    assert handle.acquire()
+    pause_heartbeat(lock_client, handle)
+    listed = lock_client.locks("cool*")
+    assert listed and {i.state for i in listed} == {"stale"}
+    handle.extend()  # the holder wakes up before the admin clears
+    assert [admin.clear_listed(lock_client, info) for info in listed] == [admin.RESUMED] * len(
+        listed
+    )
+    assert [admin.clear_info(lock_client, info) for info in listed] == [False] * len(listed)
+    assert_still_held(lock_client, handle)
+    # Explicit force clears what was listed, live or not.
+    assert {admin.clear_listed(lock_client, info, force=True) for info in listed} == {admin.CLEARED}
+    heartbeat().tick()
+    assert handle.lost
+
+
+def test_stale_clear_still_clears_a_lock_that_stayed_stale(lock_client: LockClient) -> None:
+    lease = make_handle(lock_client, "lease")
+    assert lease.acquire()
+    pause_heartbeat(lock_client, lease)
+    (listed,) = lock_client.locks("cool")
+    assert listed.state == "stale"
+    assert admin.clear_listed(lock_client, listed) == admin.CLEARED
+    assert lock_client.locks() == []
+
+
+def test_client_clear_says_when_the_heartbeat_resumed(
+    lock_client: LockClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lease = make_handle(lock_client, "lease")
+    assert lease.acquire()
+    pause_heartbeat(lock_client, lease)
+    list_locks = admin.list_locks
+
+    def list_then_resume(*args: Any, **kwargs: Any) -> list[admin.LockInfo]:
+        infos = list_locks(*args, **kwargs)
+        lease.extend()  # the holder wakes up between the read and the clear
+        return infos
+
+    monkeypatch.setattr(admin.inspect, "list_locks", list_then_resume)
+    with pytest.raises(LockError, match="heartbeat resumed"):
+        lock_client.clear("cool")
+    assert_still_held(lock_client, lease)
+    lease.release()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_async_stale_clear_leaves_a_lock_whose_heartbeat_resumed(
+    lock_client: LockClient,
+    lock_redis_url: str,
+    lock_prefix: str,
+    kind: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The asyncio client's admin view re-checks staleness in the clearing script too."""
+    handle = make_handle(lock_client, kind)
+    assert handle.acquire()
+    # The holder renews only when the test says so: no background tick can land in between.
+    heartbeat().remove(handle)
+    pause_heartbeat(lock_client, handle)
+
+    def resume() -> None:
+        handle.extend()
+        heartbeat().remove(handle)
+
+    list_locks = aio_admin.list_locks
+
+    async def list_then_resume(*args: Any, **kwargs: Any) -> list[admin.LockInfo]:
+        infos = await list_locks(*args, **kwargs)
+        resume()  # the holder wakes up between the read and the clear
+        return infos
+
+    async def admin_session() -> tuple[list[str], list[int], list[int]]:
+        client = AsyncLockClient.from_url(lock_redis_url, prefix=lock_prefix)
+        try:
+            listed = await client.locks("cool*")
+            states = [info.state for info in listed]
+            resume()
+            resumed = [await aio_admin.clear_listed(client, info) for info in listed]
+            pause_heartbeat(lock_client, handle)
+            monkeypatch.setattr(aio_admin, "list_locks", list_then_resume)
+            with pytest.raises(LockError, match="heartbeat resumed"):
+                await client.clear(listed[0].name)
+            forced = [await aio_admin.clear_listed(client, i, force=True) for i in listed]
+            return states, resumed, forced
+        finally:
+            await client.close()
+
+    states, resumed, forced = asyncio.run(admin_session())
+    assert states and set(states) == {"stale"}
+    assert resumed == [admin.RESUMED] * len(states)
+    assert forced == [admin.CLEARED] * len(states)

@@ -11,8 +11,7 @@ import pytest
 import redis
 import redis.asyncio
 from support.async_sides import run
-from test_core_hygiene import BAD_DELAYS, BAD_PIDS, BAD_TEXT
-from test_lease_arguments import BAD_LEASE_ARGUMENTS
+from test_lease_arguments import BAD_DELAYS, BAD_LEASE_ARGUMENTS, BAD_PIDS, BAD_TEXT
 
 from celery_singleton_lock import AsyncLockClient, ConfigurationError, LockBackendError
 from celery_singleton_lock.embedded import free_port
@@ -159,7 +158,7 @@ def bad_release_holder_arguments() -> list[tuple[str, Any]]:
 
 @pytest.mark.parametrize(("argument", "value"), bad_release_holder_arguments())
 def test_bad_release_holder_argument(argument: str, value: Any) -> None:
-    """Checked as the sync client's release_holder checks them (test_core_hygiene.py)."""
+    """Checked as the sync client's release_holder checks them (test_lease_arguments.py)."""
     good: dict[str, Any] = {"task_id": "t-1", "pid": 1234}
     kwargs = {**good, argument: value}
     assert refused(lambda c: c.release_holder("job", **kwargs)).argument == argument

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -28,8 +29,13 @@ from celery_singleton_lock import (
 )
 from celery_singleton_lock.aio.connection import AsyncConnection
 from celery_singleton_lock.aio.lease import AsyncLease
-from celery_singleton_lock.core.scripts import fair_keys
 from celery_singleton_lock.embedded import free_port
+
+
+def waiter_keys(lock_client: LockClient, base: bytes) -> list[bytes]:
+    """The fair waiters' own keys under a lock's ``base`` (registrations, hand-off lists)."""
+    pattern = re.sub(rb"([*?\[\]\\])", rb"\\\1", base)
+    return [k for part in (b"w:*", b"m:*") for k in lock_client.redis.scan_iter(pattern + part)]
 
 
 async def queued(lock_client: LockClient, queue: bytes, count: int) -> None:
@@ -109,7 +115,7 @@ def test_fair_wait_that_times_out_leaves_no_trace(lock_client: LockClient) -> No
             assert not await waiter.acquire(wait=0.3)
             base = holder.keys.base
             assert lock_client.redis.llen(base + b"queue") == 0
-            assert not lock_client.redis.exists(*fair_keys(base, waiter._queued)[1:])
+            assert not waiter_keys(lock_client, base)
             holder.release()
             assert not lock_client.redis.exists(holder.keys.lock)  # nobody was handed it
         finally:
@@ -132,7 +138,7 @@ def test_cancelled_fair_waiter_leaves_the_queue(lock_client: LockClient) -> None
             with pytest.raises(asyncio.CancelledError):
                 await task
             assert lock_client.redis.llen(queue) == 0
-            assert not lock_client.redis.exists(*fair_keys(holder.keys.base, waiter._queued)[1:])
+            assert not waiter_keys(lock_client, holder.keys.base)
             holder.release()
             assert not lock_client.redis.exists(holder.keys.lock)
             assert not waiter.held
@@ -166,9 +172,10 @@ def test_waiter_cancelled_after_being_handed_the_lease_gives_it_back(
         try:
             task = asyncio.ensure_future(waiter.acquire(wait=20))
             await queued(lock_client, queue, 1)
+            (attempt,) = lock_client.redis.lrange(queue, 0, -1)  # the waiter's owner token
             proxy.hold_next_reply()
             holder.release()  # hands the lease to the waiter: its owner now holds the name
-            assert lock_client.redis.hget(holder.keys.lock, "owner") == waiter._queued.encode()
+            assert lock_client.redis.hget(holder.keys.lock, "owner") == attempt
             assert await asyncio.to_thread(proxy.holding.wait, 10)
             task.cancel()
             assert await outcome(task) == "cancelled"
@@ -209,9 +216,11 @@ def test_acquire_whose_cancellation_redis_py_lost_undoes_all_its_attempt_did(
             task = asyncio.ensure_future(waiter.acquire(wait=20))
             assert await asyncio.to_thread(proxy.holding.wait, 10)
             if fair:
-                assert lock_client.redis.llen(queue) == 1
+                (attempt,) = lock_client.redis.lrange(queue, 0, -1)  # the waiter's owner token
                 holder.release()  # hands the lease to the queued waiter
-            assert lock_client.redis.hget(lock_key, "owner") == waiter._queued.encode()
+                assert lock_client.redis.hget(lock_key, "owner") == attempt
+            else:  # the attempt took the free name
+                assert lock_client.redis.hget(lock_key, "owner") is not None
             task.cancel()
             try:
                 ended = await outcome(task)
@@ -223,7 +232,7 @@ def test_acquire_whose_cancellation_redis_py_lost_undoes_all_its_attempt_did(
             assert not waiter.held
             assert not lock_client.redis.exists(lock_key)
             assert lock_client.redis.llen(queue) == 0
-            assert not lock_client.redis.exists(*fair_keys(waiter.keys.base, waiter._queued)[1:])
+            assert not waiter_keys(lock_client, waiter.keys.base)
         finally:
             await conn.close()
 
@@ -253,15 +262,17 @@ def test_acquire_cancelled_with_its_first_attempt_unread_leaves_nothing_held(
             task = asyncio.ensure_future(waiter.acquire(wait=20))
             assert await asyncio.to_thread(proxy.holding.wait, 10)
             if fair:
-                assert lock_client.redis.llen(queue) == 1
+                (attempt,) = lock_client.redis.lrange(queue, 0, -1)  # the waiter's owner token
                 holder.release()  # hands the lease to the queued waiter
-            assert lock_client.redis.hget(lock_key, "owner") == waiter._queued.encode()
+                assert lock_client.redis.hget(lock_key, "owner") == attempt
+            else:  # the attempt took the free name
+                assert lock_client.redis.hget(lock_key, "owner") is not None
             task.cancel()
             assert await outcome(task) == "cancelled"
             assert not waiter.held
             assert not lock_client.redis.exists(lock_key)
             assert lock_client.redis.llen(queue) == 0
-            assert not lock_client.redis.exists(*fair_keys(waiter.keys.base, waiter._queued)[1:])
+            assert not waiter_keys(lock_client, waiter.keys.base)
         finally:
             await aclient.close()
 
@@ -326,7 +337,7 @@ def test_waits_cancelled_at_random_moments_always_raise_and_leave_nothing(
                 assert await outcome(task) == "cancelled"
                 assert not waiter.held
                 assert lock_client.redis.llen(base + b"queue") == 0
-                assert not lock_client.redis.exists(*fair_keys(base, waiter._queued)[1:])
+                assert not waiter_keys(lock_client, base)
                 assert lock_client.redis.hget(holder.keys.lock, "owner") == (
                     holder.owner.encode()  # type: ignore[union-attr]
                 )

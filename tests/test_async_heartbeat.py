@@ -228,11 +228,11 @@ def test_the_heartbeat_task_ticks_on_its_own_and_ends_when_nothing_is_held(
         ticks = beat.ticks
         await eventually(lambda: beat.ticks >= ticks + 3, 10, "three ticks")
         lease.check()
-        task = beat._task
-        assert task is not None
+        task = beat.task
+        assert task is not None and not task.done()
         await lease.release()
         await asyncio.wait_for(asyncio.shield(task), 5)  # ends at its next wake-up
-        assert beat._task is None
+        assert beat.task is None
         await client.close()
 
     run(body())
@@ -249,10 +249,25 @@ def test_a_batch_listed_before_a_delayed_release_leaves_the_delay_alone(
         lost: list[Any] = []
         lease = client.lease("delayed", ttl=30, on_lost=lost.append)
         assert await lease.acquire()
-        listed = heartbeat().leases()
-        assert listed == [lease]
-        await lease.release(delay=2)
-        await heartbeat()._renew(listed)
+        beat = heartbeat()
+        listed = beat.leases
+        me = asyncio.current_task()
+        releases: list[asyncio.Future[None]] = []
+
+        def list_then_release() -> list[Any]:
+            leases = listed()
+            if asyncio.current_task() is me and not releases:
+                assert leases == [lease]
+                # Runs before the tick's batch task, which it was started before.
+                releases.append(asyncio.ensure_future(lease.release(delay=2)))
+            return leases
+
+        beat.leases = list_then_release  # type: ignore[method-assign]
+        try:
+            await beat.tick()
+        finally:
+            del beat.leases
+        await releases[0]
         key = lease.keys.lock
         assert lock_client.redis.hget(key, "state") == b"release_delay"
         assert 0 < lock_client.redis.pttl(key) <= 2000  # not renewed to the 30 s lease

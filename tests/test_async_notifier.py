@@ -68,7 +68,8 @@ def test_last_waiter_leaving_unsubscribes_after_it_returned(
             async with notifier.listening([channel]):
                 assert await asyncio.to_thread(numsub, lock_client, channel) == 1
             # Left, and nothing has been sent yet: the waiter did not wait for UNSUBSCRIBE.
-            assert channel in notifier._idle
+            assert notifier.listens_to(channel)
+            assert notifier.subscriptions.waiters(channel) == 0
             await eventually(
                 lambda: asyncio.to_thread(lambda: numsub(lock_client, channel) == 0),
                 10,
@@ -94,7 +95,8 @@ def test_a_waiter_back_on_a_channel_before_its_unsubscribe_keeps_it_and_is_woken
             async with notifier.listening([channel]) as wakeup:
                 for _ in range(5):
                     await asyncio.sleep(0)  # the unsubscriber runs now
-                assert not notifier._idle
+                assert notifier.subscriptions.waiters(channel) == 1
+                assert notifier.listens_to(channel)  # the unsubscriber left it subscribed
                 assert await asyncio.to_thread(numsub, lock_client, channel) == 1
                 await asyncio.to_thread(lock_client.redis.publish, channel, b"released")
                 started = time.monotonic()

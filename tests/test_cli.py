@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -24,16 +25,33 @@ from click.testing import CliRunner, Result
 
 from celery_singleton_lock import LockClient, admin
 from celery_singleton_lock.cli import commands, output
+from celery_singleton_lock.core.heartbeat import heartbeat
 from celery_singleton_lock.embedded import RedisServer
 
 TESTS = Path(__file__).parent
 CELERY = Path(sys.executable).with_name("celery")
 
 
-def run_plain(url: str | None, prefix: str, *args: str, **kwargs: Any) -> Result:
-    """``python -m celery_singleton_lock [--url URL] --prefix PREFIX ARGS``"""
+class TerminalRunner(CliRunner):
+    """Click's runner as a person at a terminal uses the commands: stdin and stdout are
+    terminals, so they prompt and color."""
+
+    @contextlib.contextmanager
+    def isolation(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        with super().isolation(*args, **kwargs) as streams:
+            sys.stdin.isatty = lambda: True  # type: ignore[method-assign]
+            sys.stdout.isatty = lambda: True  # type: ignore[method-assign]
+            yield streams
+
+
+def run_plain(
+    url: str | None, prefix: str, *args: str, terminal: bool = False, **kwargs: Any
+) -> Result:
+    """``python -m celery_singleton_lock [--url URL] --prefix PREFIX ARGS`` (at a terminal:
+    ``terminal``)"""
     options = ["--prefix", prefix] + (["--url", url] if url else [])
-    return CliRunner().invoke(commands.main, [*options, *args], catch_exceptions=False, **kwargs)
+    runner = TerminalRunner() if terminal else CliRunner()
+    return runner.invoke(commands.main, [*options, *args], catch_exceptions=False, **kwargs)
 
 
 def run_celery(app: Celery, *args: str, **kwargs: Any) -> Result:
@@ -280,16 +298,17 @@ def test_clear_typed_confirmation(
     lock_prefix: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(commands, "_interactive", lambda: True)
     make_stale(lock_client, hold(lock_client, "dead", heartbeat=False))
-    declined = run_plain(lock_redis_url, lock_prefix, "clear", "dead", input="y\n")
+    declined = run_plain(lock_redis_url, lock_prefix, "clear", "dead", input="y\n", terminal=True)
     assert declined.exit_code == 1 and "Type 'yes'" in declined.output
     # The prompt line ends at its colon: click shows an empty default as a stray "[]".
     prompt = next(line for line in declined.output.splitlines() if "Type 'yes'" in line)
     assert prompt.startswith("Type 'yes' to clear these 1 lock(s): "), prompt
     assert "[]" not in declined.output, declined.output
     assert [info.name for info in lock_client.locks()] == ["dead"]
-    confirmed = run_plain(lock_redis_url, lock_prefix, "clear", "dead", input="yes\n")
+    confirmed = run_plain(
+        lock_redis_url, lock_prefix, "clear", "dead", input="yes\n", terminal=True
+    )
     assert confirmed.exit_code == 0 and lock_client.locks() == []
 
 
@@ -308,24 +327,35 @@ def test_clear_leaves_a_lock_taken_again_while_asking(
         taken.append(hold(lock_client, "contested"))
         return "yes"
 
-    monkeypatch.setattr(commands, "_interactive", lambda: True)
     monkeypatch.setattr(click, "prompt", prompt_while_someone_takes_it)
-    result = run_plain(lock_redis_url, lock_prefix, "clear", "contested")
+    result = run_plain(lock_redis_url, lock_prefix, "clear", "contested", terminal=True)
     assert result.exit_code == 1 and "left contested" in result.stdout
     assert taken[0].held
     assert lock_client.redis.hget(old.keys.lock, "owner") == taken[0].owner.encode()
 
 
-def test_color_only_on_a_terminal_without_no_color(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_color_only_on_a_terminal_without_no_color(
+    lock_client: LockClient,
+    lock_redis_url: str,
+    lock_prefix: str,
+    celery_lock_app: Celery,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hold(lock_client, "colored")
     monkeypatch.delenv("NO_COLOR", raising=False)
-    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
-    assert commands._color(commands.Session(url=None, prefix="p:"))
-    assert not commands._color(commands.Session(url=None, prefix="p:", no_color=True))
+
+    def colored(result: Result) -> bool:
+        assert result.exit_code == 0 and "colored" in result.stdout, result.output
+        return "\x1b[" in result.stdout
+
+    assert colored(run_plain(lock_redis_url, lock_prefix, "list", terminal=True))
+    assert not colored(run_plain(lock_redis_url, lock_prefix, "list"))  # not a terminal
+    no_color = CLIContext(app=celery_lock_app, no_color=True, workdir=None)
+    assert not colored(
+        TerminalRunner().invoke(commands.locks, ["list"], obj=no_color, catch_exceptions=False)
+    )  # celery --no-color
     monkeypatch.setenv("NO_COLOR", "1")
-    assert not commands._color(commands.Session(url=None, prefix="p:"))
-    monkeypatch.delenv("NO_COLOR")
-    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
-    assert not commands._color(commands.Session(url=None, prefix="p:"))
+    assert not colored(run_plain(lock_redis_url, lock_prefix, "list", terminal=True))
 
 
 # -- celery locks ----------------------------------------------------------------------------
@@ -477,3 +507,28 @@ def test_python_dash_m(lock_client: LockClient, lock_redis_url: str, lock_prefix
     assert [item["name"] for item in json.loads(listed.stdout)] == ["run-as-module"]
     helped = subprocess.run([*command, "--help"], env=env, capture_output=True, text=True)
     assert helped.stdout.startswith("Usage: python -m celery_singleton_lock")
+
+
+def test_clear_stale_leaves_a_lock_whose_heartbeat_resumed_while_asking(
+    lock_client: LockClient, lock_redis_url: str, lock_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The clear re-checks staleness in its own script: a holder that woke up while the
+    operator read the list keeps its lock."""
+    lease = hold(lock_client, "cool")
+    heartbeat().remove(lease)  # paused: no background tick lands between listing and clear
+    make_stale(lock_client, lease)
+
+    def prompt_while_the_holder_wakes_up(*args: Any, **kwargs: Any) -> str:
+        lease.extend()  # renews, and rejoins the heartbeat
+        return "yes"
+
+    monkeypatch.setattr(click, "prompt", prompt_while_the_holder_wakes_up)
+    result = run_plain(lock_redis_url, lock_prefix, "clear", "--stale", terminal=True)
+    assert result.exit_code == 1, result.output
+    assert "left cool (lease, token" in result.stdout
+    assert "alone: heartbeat resumed since it was listed stale" in result.stdout
+    assert "cleared 0 of 1 lock(s)" in result.stdout
+    heartbeat().tick()  # a cleared holder would find out here
+    assert lease.held and not lease.lost
+    assert [info.state for info in lock_client.locks("cool")] == ["live"]
+    lease.release()

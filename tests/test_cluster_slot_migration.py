@@ -183,7 +183,7 @@ def test_holds_and_a_fair_waiter_survive_their_slot_migrating(
     lease.release()
     waiting.join(30)
     assert handed == [True]
-    assert client.redis.hget(lock_key, "owner") == waiter._owner.encode()  # type: ignore[union-attr]
+    assert client.redis.hget(lock_key, "owner") == waiter.owner.encode()  # type: ignore[union-attr]
     assert waiter.token is not None and waiter.token > tokens[0]
     waiter.release()
     for hold in holds[1:]:

@@ -32,6 +32,7 @@ from celery_singleton_lock.admin.doctor import (
     AppFacts,
     ServerFacts,
 )
+from celery_singleton_lock.celery.app_client import close_lock_client
 from celery_singleton_lock.celery.doctor import app_facts
 from celery_singleton_lock.celery.worker import warn_if_evicting
 from celery_singleton_lock.cli import commands
@@ -183,7 +184,7 @@ def test_a_starting_worker_logs_the_eviction_warning(
         ):
             pass
     finally:
-        app._singleton_lock_client.close()
+        close_lock_client(app)
         app.close()
     warnings = [
         r
@@ -317,9 +318,7 @@ def app(lock_redis_url: str, lock_prefix: str) -> Iterator[Celery]:
         """A task with the default lease (30 s), acknowledged early."""
 
     yield app
-    client = getattr(app, "_singleton_lock_client", None)
-    if client is not None:
-        client.close()
+    close_lock_client(app)
     app.close()
 
 
@@ -355,7 +354,7 @@ def test_the_default_socket_timeout_fits_the_default_lease(
         # kombu's default visibility timeout (an hour) is above any default lease.
         assert doctor.check_visibility(facts).level == OK
     finally:
-        app._singleton_lock_client.close()
+        close_lock_client(app)
         app.close()
 
 
@@ -651,9 +650,7 @@ def test_sentinel_without_singleton_lock_replicas_warns(sentinels: Any) -> None:
                 commands.locks, ["doctor", "--json", "--timeout", "0"], obj=obj
             )
         finally:
-            client = getattr(app, "_singleton_lock_client", None)
-            if client is not None:
-                client.close()
+            close_lock_client(app)
             app.close()
         assert result.exit_code == 0, result.output  # warnings alone pass
         return dict(json.loads(result.stdout))

@@ -14,6 +14,7 @@ import pytest
 from support.forked import FORKS_WITH_THREADS, run_in_child
 
 from celery_singleton_lock import LockClient, LockExpired
+from celery_singleton_lock.core import heartbeat as heartbeat_module
 from celery_singleton_lock.core.heartbeat import Heartbeat, heartbeat
 from celery_singleton_lock.embedded import RedisServer
 
@@ -38,17 +39,25 @@ def renewed(client: LockClient, lease: Any) -> bool:
     return int(client.redis.pttl(lease.keys.lock)) > 20_000
 
 
-def spy_on_renewals(monkeypatch: pytest.MonkeyPatch, beat: Heartbeat) -> list[threading.Thread]:
-    """The threads each batch of ``beat`` ran on, in the order they started."""
+def spy_on_renewals(monkeypatch: pytest.MonkeyPatch, *leases: Any) -> list[threading.Thread]:
+    """The threads each heartbeat batch renewing one of ``leases`` ran on (its one round
+    trip), in the order they started."""
     threads: list[threading.Thread] = []
-    renew = beat._renew
+    run_batch = heartbeat_module.run_batch
+    owners = {lease.owner for lease in leases}
 
-    def spy(handles: list[Any]) -> None:
-        threads.append(threading.current_thread())
-        renew(handles)
+    def spy(redis: Any, calls: Any, *replication: Any) -> Any:
+        if owners & {arg for _, _, args in calls for arg in args if isinstance(arg, str)}:
+            threads.append(threading.current_thread())
+        return run_batch(redis, calls, *replication)
 
-    monkeypatch.setattr(beat, "_renew", spy)
+    monkeypatch.setattr(heartbeat_module, "run_batch", spy)
     return threads
+
+
+def renewer_threads() -> list[threading.Thread]:
+    """The heartbeat's renewal threads of this process (one per client renewed at once)."""
+    return [t for t in threading.enumerate() if t.name == "celery_singleton_lock-renewer"]
 
 
 @pytest.mark.timeout(60)
@@ -119,12 +128,11 @@ def test_a_tick_with_one_client_renews_on_the_calling_thread_and_starts_none(
     assert lease.acquire()
     try:
         beat.add(lease)  # starts the heartbeat's own thread, which waits LONG_TTL / 3
-        ran_on = spy_on_renewals(monkeypatch, beat)
+        ran_on = spy_on_renewals(monkeypatch, lease)
         shorten(lock_client, lease)
         before = set(threading.enumerate())
         beat.tick()
-        assert set(threading.enumerate()) == before
-        assert beat._workers is None
+        assert set(threading.enumerate()) == before  # no renewal thread made
         assert ran_on == [threading.current_thread()]
         assert renewed(lock_client, lease)
     finally:
@@ -142,7 +150,7 @@ def test_a_tick_with_two_clients_renews_both_concurrently_and_waits_for_them(
         for lease in leases:
             assert lease.acquire()
             beat.add(lease)
-        ran_on = spy_on_renewals(monkeypatch, beat)
+        ran_on = spy_on_renewals(monkeypatch, *leases)
         for client, lease in zip(clients, leases, strict=True):
             shorten(client, lease)
         beat.tick()
@@ -161,14 +169,14 @@ def test_a_tick_with_two_clients_renews_both_concurrently_and_waits_for_them(
 
 def _child(clients: list[LockClient]) -> dict[str, Any]:
     """Runs in the forked child; returns what it found."""
-    report: dict[str, Any] = {"pool_reset": heartbeat()._workers is None}
+    report: dict[str, Any] = {"no_renewer_yet": renewer_threads() == []}
     leases = [client.lease("child", ttl=LONG_TTL) for client in clients]
     for client, lease in zip(clients, leases, strict=True):
         assert lease.acquire()
         shorten(client, lease)
     heartbeat().tick()
     report["renewed"] = [renewed(*pair) for pair in zip(clients, leases, strict=True)]
-    report["pool_made"] = heartbeat()._workers is not None
+    report["renewers_made"] = renewer_threads() != []
     for lease in leases:
         lease.release()
     return report
@@ -184,10 +192,10 @@ def test_a_forked_child_renews_on_two_clients_with_its_own_threads(
     for lease in leases:
         assert lease.acquire()
     heartbeat().tick()  # two clients: the parent now has renewal threads
-    assert heartbeat()._workers is not None
+    assert renewer_threads() != []
     # A renewal waiting on a thread the child does not have would hang: end instead.
     report = run_in_child(lambda: _child(clients), alarm=30)
-    assert report == {"pool_reset": True, "renewed": [True, True], "pool_made": True}
+    assert report == {"no_renewer_yet": True, "renewed": [True, True], "renewers_made": True}
     for lease in leases:
         lease.check()
         lease.release()

@@ -1,11 +1,12 @@
-"""Bad input raises ConfigurationError naming the argument, before any Redis call."""
+"""Bad input raises ConfigurationError naming the argument, before any Redis call: to the
+client and its locks, and to the admin and cleanup entry points."""
 
 from __future__ import annotations
 
 import math
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -20,10 +21,12 @@ from celery_singleton_lock import (
     Lease,
     LockBackendError,
     LockClient,
+    admin,
 )
 from celery_singleton_lock.core.heartbeat import heartbeat
 from celery_singleton_lock.core.holder import flatten
 from celery_singleton_lock.embedded import free_port
+from celery_singleton_lock.kinds import multi, rangelock, rwlock, semaphore
 
 
 @pytest.fixture
@@ -185,7 +188,7 @@ def test_largest_accepted_ttl_and_delay_work_on_the_real_server(lock_client: Loc
     lease = lock_client.lease("long", ttl=MAX_SECONDS, max_hold=MAX_SECONDS)
     assert lease.acquire()
     assert lock_client.redis.pttl(lease.keys.lock) > (MAX_SECONDS - 60) * 1000
-    assert heartbeat()._thread is not None and heartbeat()._thread.is_alive()
+    assert heartbeat().running
     lease.release(delay=MAX_SECONDS)
     assert lock_client.redis.pttl(lease.keys.lock) > (MAX_SECONDS - 60) * 1000
     assert lock_client.redis.hget(lease.keys.lock, "owner") == b""
@@ -264,3 +267,119 @@ def test_any_name_works_or_is_refused_and_names_never_collide(
             lock_client.redis.delete(lease.keys.lock)
     finally:
         lock_client.redis.delete(*(lease.keys.lock for lease in leases), "unused")
+
+
+# -- the admin and cleanup entry points check their arguments first ----------------------------
+
+BAD_TOKENS = [1.5, 2.0, NAN, math.inf, True, False, "3", b"3", 0, -1, [1]]
+BAD_TEXT = [None, "", 5, b"t-1", "\ud800"]
+BAD_PIDS = [1.5, 12.0, NAN, True, "12", 0, -3, None]
+BAD_DELAYS = [NAN, -1, "1", math.inf, True]
+
+Call = Callable[[LockClient], object]
+
+
+def bad_calls() -> Iterator[tuple[str, str, Call]]:
+    """(test id, argument expected in the error, call) for every admin and cleanup entry."""
+    ok = {"task_id": "t-1", "pid": 1234}
+    for token in BAD_TOKENS:
+        yield f"clear-token-{token!r}", "token", lambda c, t=token: c.clear("job", token=t)
+        yield (
+            f"admin.clear-token-{token!r}",
+            "token",
+            lambda c, t=token: admin.clear(c, "job", token=t, force=True),
+        )
+        for module in (rwlock, rangelock, multi, semaphore):
+            yield (
+                f"{module.__name__}.clear_holder-token-{token!r}",
+                "token",
+                lambda c, t=token, m=module: m.clear_holder(c, "job", "owner", token=t),
+            )
+    for name in (None, "", 3):
+        yield f"clear-name-{name!r}", "name", lambda c, n=name: c.clear(n)
+        yield f"admin.clear-name-{name!r}", "name", lambda c, n=name: admin.clear(c, n)
+        yield f"release_holder-name-{name!r}", "name", lambda c, n=name: c.release_holder(n, **ok)
+        for module in (rwlock, rangelock, multi, semaphore):
+            yield (
+                f"{module.__name__}.clear_holder-name-{name!r}",
+                "name",
+                lambda c, n=name, m=module: m.clear_holder(c, n, "owner"),
+            )
+    for force in ("yes", 1, None):
+        yield f"clear-force-{force!r}", "force", lambda c, f=force: c.clear("job", force=f)
+    for pattern in (3, b"job*", ["job"]):
+        yield f"locks-pattern-{pattern!r}", "pattern", lambda c, p=pattern: c.locks(p)
+    for owner in BAD_TEXT:
+        for module in (rwlock, rangelock, multi, semaphore):
+            yield (
+                f"{module.__name__}.clear_holder-owner-{owner!r}",
+                "owner",
+                lambda c, o=owner, m=module: m.clear_holder(c, "job", o),
+            )
+    releases: list[tuple[str, Callable[..., object]]] = [
+        ("client.release_holder", lambda c, **kw: c.release_holder("job", **kw)),
+        ("rwlock.release_holder", lambda c, **kw: rwlock.release_holder(c, "job", **kw)),
+        ("rangelock.release_holder", lambda c, **kw: rangelock.release_holder(c, "job", **kw)),
+        ("multi.release_holder", lambda c, **kw: multi.release_holder(c, ["job", "b"], **kw)),
+        ("semaphore.release_holder", lambda c, **kw: semaphore.release_holder(c, "job", **kw)),
+    ]
+    for label, release in releases:
+        bad: list[tuple[str, object]] = [("task_id", v) for v in BAD_TEXT]
+        bad += [("pid", v) for v in BAD_PIDS]
+        bad += [("host", v) for v in ("", 5, b"host")]
+        bad += [("delay", v) for v in BAD_DELAYS]
+        for argument, value in bad:
+            yield (
+                f"{label}-{argument}-{value!r}",
+                argument,
+                lambda c, r=release, a=argument, v=value: r(c, **{**ok, a: v}),
+            )
+    for names in ("job", [], ["job", 3], None):
+        yield (
+            f"multi.release_holder-names-{names!r}",
+            "names",
+            lambda c, n=names: multi.release_holder(c, n, **ok),
+        )
+
+
+BAD_CALLS = list(bad_calls())
+
+
+@pytest.mark.parametrize(
+    ("argument", "call"), [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS]
+)
+def test_admin_and_cleanup_entry_points_reject_bad_input_before_any_redis_call(
+    dead_client: LockClient, argument: str, call: Call
+) -> None:
+    with pytest.raises(ConfigurationError) as error:
+        call(dead_client)
+    assert error.value.argument == argument
+
+
+def test_the_admin_and_cleanup_entry_points_reach_for_redis_with_good_arguments(
+    dead_client: LockClient,
+) -> None:
+    """The counterpart: the same entry points with good arguments do reach for Redis."""
+    calls: list[Call] = [
+        lambda c: c.clear("job", token=3, force=True),
+        lambda c: c.locks("job*"),
+        lambda c: c.release_holder("job", task_id="t-1", pid=1234, host="h", delay=1),
+        lambda c: rwlock.clear_holder(c, "job", "owner", token=3),
+        lambda c: rangelock.release_holder(c, "job", task_id="t-1", pid=1234),
+        lambda c: multi.clear_holder(c, "job", "owner", token=3),
+    ]
+    for call in calls:
+        with pytest.raises(LockBackendError):
+            call(dead_client)
+
+
+def test_a_fractional_token_is_refused_not_truncated(lock_client: LockClient) -> None:
+    """``token=1.5`` is no token: it never clears the holder with token 1."""
+    hold = lock_client.rwlock("job").write(ttl=60.0)
+    assert hold.acquire() and hold.token is not None and hold.owner is not None
+    with pytest.raises(ConfigurationError):
+        rwlock.clear_holder(lock_client, "job", hold.owner, token=hold.token + 0.5)
+    assert hold.held
+    heartbeat().tick()
+    assert hold.held and not hold.lost
+    assert rwlock.clear_holder(lock_client, "job", hold.owner, token=hold.token)

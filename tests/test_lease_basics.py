@@ -1,12 +1,16 @@
-"""Exclusive lease: the single-process contract."""
+"""Exclusive lease: the single-process contract (a lost lease stays lost, and is reported
+once)."""
 
 from __future__ import annotations
 
 import math
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from support.waiting import wait_for
 
 from celery_singleton_lock import (
     LockClient,
@@ -16,6 +20,7 @@ from celery_singleton_lock import (
     LockTimeout,
 )
 from celery_singleton_lock.core.heartbeat import heartbeat
+from celery_singleton_lock.embedded import RedisServer
 
 
 def test_second_acquire_refused_until_release(lock_client: LockClient) -> None:
@@ -201,3 +206,69 @@ def test_wait_forever_is_accepted(lock_client: LockClient) -> None:
     lease = lock_client.lease("inf", wait=math.inf)
     with lease:
         assert lease.held
+
+
+def script_calls(client: LockClient) -> int:
+    """How many scripts the server has run (INFO commandstats): a round-trip counter for a
+    server that nothing else talks to."""
+    stats = client.redis.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
+
+
+@pytest.fixture
+def private_client() -> Iterator[LockClient]:
+    """A client on a server of its own, so its command statistics are this test's alone."""
+    with RedisServer() as server:
+        client = LockClient.from_url(server.url, prefix="basics:")
+        yield client
+        client.close()
+
+
+# -- a lost lease stays lost ---------------------------------------------------------------------
+
+
+def test_extend_on_a_lost_handle_raises_with_no_round_trip_and_no_renewal(
+    private_client: LockClient,
+) -> None:
+    """A handle found lost stays lost: extend raises the stored LockLost at once, sends
+    nothing, and does not put the handle back on the heartbeat, even when the key it held
+    happens to be still there with its owner (a renewal that reached Redis too late)."""
+    lease = private_client.lease("report", ttl=0.3)
+    assert lease.acquire()
+    heartbeat().remove(lease)  # as if the process was paused: no renewal from now on
+    private_client.redis.pexpire(lease.keys.lock, 60_000)  # the key outlives the lease
+    wait_for(lambda: lease.lost, 10, "the lease to run out locally")
+    with pytest.raises(LockExpired) as found:
+        lease.check()
+    before = script_calls(private_client)
+
+    with pytest.raises(LockExpired) as extended:
+        lease.extend(5.0)
+    assert extended.value is found.value
+    assert not heartbeat().holds(lease)
+    assert script_calls(private_client) == before
+    with pytest.raises(LockExpired):
+        lease.extend()
+    assert not heartbeat().holds(lease) and lease.lost
+
+
+def test_a_release_that_finds_the_lock_lost_calls_on_lost_once(lock_client: LockClient) -> None:
+    """A loss no renewal noticed (heartbeat starved, process paused) is reported by the
+    release that finds it: on_lost fires there, once, and never again."""
+    calls: list[Any] = []
+    lease = lock_client.lease("found-at-release", ttl=30, heartbeat=False, on_lost=calls.append)
+    assert lease.acquire()
+    lock_client.redis.delete(lease.keys.lock)  # expired unnoticed
+    with pytest.raises(LockExpired):
+        lease.release()
+    assert calls == [lease] and lease.lost
+    # A lock already found lost (by a renewal) is not reported twice by its release.
+    marked: list[Any] = []
+    other = lock_client.lease("found-by-renewal", ttl=30, on_lost=marked.append)
+    assert other.acquire()
+    lock_client.redis.delete(other.keys.lock)
+    heartbeat().tick()
+    assert marked == [other]
+    with pytest.raises(LockExpired):
+        other.release()
+    assert marked == [other]

@@ -1,6 +1,8 @@
 """The lease's public claim API: hold under a fixed owner token (``owner``), take over a
 claim (``take_over``), pass a held lease to a claim (``hand_over``), release a claim no
-handle holds (``LockClient.release_owner``), and read who holds a name (``holders``).
+handle holds (``LockClient.release_owner``), read who holds a name (``holders``), and free
+the holds of a run whose process ended (``release_holder``, the supervisor's call: on this
+machine only, and never the claim of the run's next attempt).
 
 The Celery layer's claims (enqueue-time locks, retries) are built on exactly these; these
 tests pin the contract, its interleavings with another owner, and its argument checks.
@@ -10,8 +12,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from celery import Celery
 
 from celery_singleton_lock import (
     ConfigurationError,
@@ -21,8 +25,18 @@ from celery_singleton_lock import (
     LockLost,
     LockNotHeld,
     ReleaseResult,
+    SingletonTask,
 )
+from celery_singleton_lock.celery.claims import claim_owner
+from celery_singleton_lock.core.handle import LockHandle
+from celery_singleton_lock.core.heartbeat import heartbeat
+from celery_singleton_lock.core.holder import HOSTNAME
 from celery_singleton_lock.embedded import free_port
+from celery_singleton_lock.kinds import multi, rangelock, rwlock, semaphore
+from celery_singleton_lock.kinds.intervals import IntervalHandle
+from celery_singleton_lock.kinds.lease import Lease
+from celery_singleton_lock.kinds.multi import MultiLease
+from celery_singleton_lock.kinds.rwlock import RWLockHandle
 
 
 @pytest.fixture
@@ -203,3 +217,123 @@ def test_owner_info_cannot_overwrite_the_fields_the_scripts_rely_on(
     lease.hand_over("claim:t1:1", ttl=60, owner_info={"owner": "forged", "token": "1"})
     assert [holder.owner for holder in lock_client.holders("job")] == ["claim:t1:1"]
     assert lock_client.release_owner("job", "claim:t1:1") is ReleaseResult.RELEASED
+
+
+KINDS = ["lease", "read", "write", "range", "multi", "semaphore"]
+
+
+def held_by_task(client: LockClient, kind: str, task_id: str) -> LockHandle:
+    """A held lock of ``kind`` whose holder record names run ``task_id`` of this process."""
+    options: dict[str, Any] = {"ttl": 60.0, "owner_info": {"task_id": task_id}}
+    handle: LockHandle
+    if kind == "lease":
+        handle = client.lease("job", **options)
+    elif kind in ("read", "write"):
+        handle = getattr(client.rwlock("job"), kind)(**options)
+    elif kind == "range":
+        handle = client.range_lock("job").write(0, 10, **options)
+    elif kind == "semaphore":
+        handle = client.semaphore("job", 2).permit(**options)
+    else:
+        handle = client.multi(["job", "job-2"], **options)
+    assert handle.acquire()
+    return handle
+
+
+def release_holder(client: LockClient, kind: str, **match: Any) -> bool:
+    """The supervisor's call for ``kind``: the public function of its module."""
+    if kind == "lease":
+        return client.release_holder("job", **match)
+    if kind in ("read", "write"):
+        return rwlock.release_holder(client, "job", **match)
+    if kind == "range":
+        return rangelock.release_holder(client, "job", **match)
+    if kind == "semaphore":
+        return semaphore.release_holder(client, "job", **match)
+    return multi.release_holder(client, ["job", "job-2"], **match)
+
+
+def holder_hashes(handle: LockHandle) -> list[bytes]:
+    """The Redis hashes holding ``handle``'s holder record (host, pid, task_id...)."""
+    if isinstance(handle, MultiLease):
+        return [keys.lock for keys in handle.keys]
+    if isinstance(handle, (IntervalHandle, RWLockHandle)):
+        assert handle.owner is not None
+        return [handle.keys.holder(handle.owner)]
+    assert isinstance(handle, Lease)
+    return [handle.keys.lock]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_release_holder_matches_the_host_too(lock_client: LockClient, kind: str) -> None:
+    """A hold recorded on another machine by a process with the same pid (pids are reused
+    across hosts and containers) is not freed by this machine's supervisor."""
+    handle = held_by_task(lock_client, kind, "t-1")
+    pid = os.getpid()
+    for key in holder_hashes(handle):
+        lock_client.redis.hset(key, "host", "another-machine")
+
+    assert not release_holder(lock_client, kind, task_id="t-1", pid=pid)
+    assert not release_holder(lock_client, kind, task_id="t-1", pid=pid, host=HOSTNAME)
+    handle.check()  # still held, and renewed
+    heartbeat().tick()
+    assert handle.held
+
+    assert release_holder(lock_client, kind, task_id="t-1", pid=pid, host="another-machine")
+    heartbeat().tick()
+    assert handle.lost
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_release_holder_defaults_to_this_machine(lock_client: LockClient, kind: str) -> None:
+    handle = held_by_task(lock_client, kind, "t-2")
+    assert not release_holder(lock_client, kind, task_id="t-2", pid=os.getpid(), host="elsewhere")
+    assert not release_holder(lock_client, kind, task_id="t-3", pid=os.getpid())
+    assert release_holder(lock_client, kind, task_id="t-2", pid=os.getpid())
+    heartbeat().tick()
+    assert handle.lost
+
+
+@pytest.mark.parametrize("mode", ["exclusive", "read", "range", "keys", "limit"])
+def test_a_tasks_release_holder_passes_the_host_through(celery_lock_app: Celery, mode: str) -> None:
+    """``SingletonTask.release_holder`` (what the worker's main process calls) takes the
+    host as a keyword and hands it to the lock kind the task uses."""
+    options: dict[str, Any] = {"lock_key": "doc-{n}"}
+    if mode == "read":
+        options["lock_mode"] = "read"
+    elif mode == "range":
+        options.update(lock_key="doc", lock_range=("n", "n"))
+    elif mode == "keys":
+        options = {"lock_keys": ["doc-{n}", "other-{n}"]}
+    elif mode == "limit":
+        options["lock_limit"] = 2
+
+    @celery_lock_app.task(base=SingletonTask, name=f"claims.host_{mode}", shared=False, **options)
+    def job(n: int) -> int:
+        return n
+
+    lock = job.make_lock((7,), owner_info={"task_id": "t-7"})
+    assert lock.acquire()
+    pid = os.getpid()
+    assert not job.release_holder((7,), task_id="t-7", pid=pid, host="another-machine")
+    heartbeat().tick()
+    assert lock.held
+    assert job.release_holder((7,), task_id="t-7", pid=pid)  # default: this machine
+    heartbeat().tick()
+    assert lock.lost
+
+
+def test_release_holder_leaves_the_claim_of_the_next_attempt(lock_client: LockClient) -> None:
+    """A retry hands the lock to ``claim:<id>:<n+1>``; the hash still carries the task id,
+    pid and host of the run that retried. When that run's process ends, the supervisor's
+    cleanup must not free the claim: the retried run would lose its turn to a duplicate."""
+    lease = held_by_task(lock_client, "lease", "t-retry")
+    assert isinstance(lease, Lease)
+    claim = claim_owner("t-retry", 1)
+    lease.hand_over(claim, ttl=60.0, owner_info={"task_id": "t-retry", "state": "retry"})
+    key = lease.keys.lock
+    assert lock_client.redis.hget(key, "owner") == claim.encode()
+
+    assert not lock_client.release_holder("job", task_id="t-retry", pid=os.getpid())
+    assert lock_client.redis.hget(key, "owner") == claim.encode()
+    assert not lock_client.lease("job").acquire()  # a duplicate still finds it taken

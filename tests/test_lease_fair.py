@@ -6,6 +6,7 @@ its registration running out, a release, a waiter giving up while being handed t
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -20,6 +21,12 @@ from celery_singleton_lock.core.holder import flatten
 from celery_singleton_lock.core.replies import AcquireReply, acquire_outcome
 from celery_singleton_lock.core.scripts import fair_keys, pack_holder, run
 from celery_singleton_lock.kinds.lease import FAIR_REGISTRATION_MS
+
+
+def waiter_keys(lock_client: LockClient, base: bytes) -> list[bytes]:
+    """The fair waiters' own keys under a lock's ``base`` (registrations, hand-off lists)."""
+    pattern = re.sub(rb"([*?\[\]\\])", rb"\\\1", base)
+    return [k for part in (b"w:*", b"m:*") for k in lock_client.redis.scan_iter(pattern + part)]
 
 
 @pytest.fixture
@@ -179,7 +186,7 @@ def test_fair_acquire_that_times_out_leaves_no_trace(
     waiter = lock_client.lease("fair", ttl=30, heartbeat=False, fair=True)
     assert not waiter.acquire(wait=0.3)
     assert lock_client.redis.llen(holder.keys.base + b"queue") == 0
-    assert not lock_client.redis.exists(fair_keys(holder.keys.base, waiter._queued)[1])
+    assert not waiter_keys(lock_client, holder.keys.base)
     holder.release()
     assert not lock_client.redis.exists(holder.keys.lock)
 
@@ -225,10 +232,10 @@ def test_wait_whose_hand_off_reply_is_lost_takes_the_lease_it_was_handed(
             10,
             "the waiter to block in BLPOP",
         )
+        (owner,) = lock_client.redis.lrange(queue, 0, -1)  # the waiter's owner token
         proxy.hold_next_reply()
         holder.release()  # hands the lease to the waiter
-        assert holder_of(lock_client, holder)[b"owner"] == waiter._queued.encode()
-        owner = waiter._queued.encode()
+        assert holder_of(lock_client, holder)[b"owner"] == owner
         blocked.finish(20)
         assert blocked.errors == [] and blocked.results == [True]
         assert waiter.held and holder_of(lock_client, holder)[b"owner"] == owner

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from celery_singleton_lock import LockClient
 from celery_singleton_lock.core.replies import AcquireReply, acquire_outcome
-from celery_singleton_lock.core.scripts import fair_keys
+from celery_singleton_lock.core.scripts import run_batch
 from celery_singleton_lock.embedded import RedisServer
+from celery_singleton_lock.kinds.lease import packed_lease_holder
 
 
 def server_us(client: LockClient) -> int:
@@ -82,17 +83,13 @@ def test_many_acquisitions_within_one_millisecond_get_increasing_tokens(
         first = lease.token
     scripts = lock_client.connection.scripts
     keys = lease.keys
-    pipe = lock_client.redis.pipeline(transaction=False)
-    for i in range(300):
+    holder = packed_lease_holder(lease.name, lease.heartbeat, lease.owner_info)
+    calls = []
+    for i in range(300):  # in one pipeline: many within one millisecond of the server's clock
         owner = f"owner-{i}"
-        pipe.evalsha(
-            scripts._acquire.sha, 5, keys.lock, keys.fence, *fair_keys(keys.base, owner),
-            owner, 30_000, 0, "", "", 0, lease._packed_holder(),
-        )  # fmt: skip
-        pipe.evalsha(
-            scripts._release.sha, 1, keys.lock, owner, 0,
-        )  # fmt: skip
-    replies = pipe.execute()
+        calls.append(scripts.acquire_call(keys.lock, keys.fence, owner, 30_000, 0, holder))
+        calls.append(scripts.release_call(keys.lock, owner, 0))
+    replies = run_batch(lock_client.redis, calls)
     outcomes = [acquire_outcome(reply) for reply in replies[::2]]
     assert all(code == AcquireReply.ACQUIRED for code, _ in outcomes)
     tokens = [token for _, token in outcomes]

@@ -12,8 +12,9 @@ from celery_singleton_lock import LockClient, LockNotHeld
 from celery_singleton_lock.core.heartbeat import heartbeat
 
 
-def _child(client: LockClient, parent_lease: Any, ttl: float) -> dict[str, Any]:
-    """Runs in the forked child; returns what it found."""
+def _child(client: LockClient, parent_lease: Any, parent_owner: str, ttl: float) -> dict[str, Any]:
+    """Runs in the forked child; returns what it found (``parent_owner``: the parent's
+    lease's owner token, read in the parent: in the child its handle holds nothing)."""
     report: dict[str, Any] = {"held": parent_lease.held, "lost": parent_lease.lost}
     try:
         parent_lease.release()
@@ -30,14 +31,11 @@ def _child(client: LockClient, parent_lease: Any, ttl: float) -> dict[str, Any]:
         time.sleep(0.05)
     report["own_held"] = own.held
     report["own_token_kept"] = int(client.redis.hget(own.keys.lock, "token")) == token
-    report["own_heartbeat_thread"] = (
-        heartbeat()._thread is not None and heartbeat()._thread.is_alive()
-    )
+    report["own_heartbeat_thread"] = heartbeat().running
     own.release()
-    # The parent's lease is untouched in Redis by anything the child did. (Private: in the
-    # child the parent's handle holds nothing, so its public owner is None.)
+    # The parent's lease is untouched in Redis by anything the child did.
     report["parent_owner_intact"] = (
-        client.redis.hget(parent_lease.keys.lock, "owner") == parent_lease._owner.encode()
+        client.redis.hget(parent_lease.keys.lock, "owner") == parent_owner.encode()
     )
     return report
 
@@ -50,7 +48,9 @@ def test_forked_child_holds_nothing_and_renews_its_own_leases(lock_client: LockC
     assert lease.acquire()
     token = lease.token
     parent_ticks = heartbeat().ticks
-    report = run_in_child(lambda: _child(lock_client, lease, ttl))
+    owner = lease.owner
+    assert owner is not None
+    report = run_in_child(lambda: _child(lock_client, lease, owner, ttl))
     assert report == {
         "held": False,
         "lost": False,

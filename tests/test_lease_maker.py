@@ -16,7 +16,6 @@ from celery_singleton_lock import ConfigurationError, LockClient
 from celery_singleton_lock.aio.connection import AsyncConnection
 from celery_singleton_lock.aio.lease import AsyncLease
 from celery_singleton_lock.core.holder import flatten
-from celery_singleton_lock.core.scripts import pack_holder
 from celery_singleton_lock.embedded import free_port
 from celery_singleton_lock.kinds.lease import LeaseMaker
 
@@ -99,7 +98,7 @@ def assert_nothing_mutable_shared(one: Any, other: Any) -> None:
 
 
 STATE = ("name", "ttl", "max_hold", "heartbeat", "wait", "owner_info", "fair", "take_over")
-STATE += ("on_lost", "_ttl_ms", "_max_hold_ms", "keys", "_channels", "_fixed_owner", "_conn")
+STATE += ("on_lost", "keys")
 
 
 @pytest.mark.parametrize("max_hold", [None, 7.5])
@@ -127,11 +126,10 @@ def test_a_lease_of_a_maker_is_the_lease_the_client_makes(
     }
     other = LeaseMaker(lock_client, ttl=2.0001, max_hold=max_hold).lease("job:é")
     assert_nothing_mutable_shared(made, other)
-    # The holder fields the acquire sends, from the maker's per-thread part.
-    assert made._packed_holder() == pack_holder(expected._describe_holder())
-    assert made._describe_holder(named=False) == expected._describe_holder(named=False)
     assert made.acquire()
     try:
+        # The holder fields the acquire stored, from the maker's per-thread part.
+        stored = lock_client.redis.hget(made.keys.lock, "holder")
         assert not expected.acquire()
         (holder,) = made.holders()
         assert holder.owner == made.owner
@@ -139,6 +137,7 @@ def test_a_lease_of_a_maker_is_the_lease_the_client_makes(
     finally:
         made.release()
     assert expected.acquire()
+    assert lock_client.redis.hget(expected.keys.lock, "holder") == stored  # the same fields
     expected.release()
 
 
@@ -149,7 +148,11 @@ def test_a_lease_of_a_maker_records_the_thread_that_acquires_it(lock_client: Loc
     seen: dict[str, bytes] = {}
 
     def describe(label: str) -> None:
-        seen[label] = maker.lease("job", owner_info={"task_id": "t"})._packed_holder()
+        """The holder fields a lease of the maker stores when ``label``'s thread takes it."""
+        lease = maker.lease("job", owner_info={"task_id": "t"})
+        assert lease.acquire()
+        seen[label] = lock_client.redis.hget(lease.keys.lock, "holder")
+        lease.release()
 
     describe("main")
     thread = threading.Thread(target=describe, args=("other",), name="csl-other-thread")
@@ -171,7 +174,9 @@ def test_a_lease_of_a_maker_records_the_thread_that_acquires_it(lock_client: Loc
     assert thread_of(seen["other"]) == "csl-other-thread"
     assert thread_of(seen["renamed"]) == "csl-renamed"
     expected = lock_client.lease("job", ttl=5, owner_info={"task_id": "t"})
-    assert seen["main"] == pack_holder(expected._describe_holder())
+    assert expected.acquire()
+    assert lock_client.redis.hget(expected.keys.lock, "holder") == seen["main"]
+    expected.release()
 
 
 def test_leases_of_one_maker_acquired_in_turn_store_their_own_holder(

@@ -20,6 +20,7 @@ from support.waiting import BackgroundAcquire, wait_for, wait_for_subscriber
 from celery_singleton_lock import Lease, LockClient
 from celery_singleton_lock.core.replies import AcquireReply, acquire_outcome
 from celery_singleton_lock.core.scripts import run
+from celery_singleton_lock.kinds.lease import packed_lease_holder
 
 
 @pytest.fixture
@@ -39,7 +40,8 @@ def attempt(
 ) -> Any:
     """One run of acquire.lua for ``owner`` on ``lease``'s name."""
     taken, value = acquire_outcome(run(client.connection.scripts.acquire_call(
-        lease.keys.lock, lease.keys.fence, owner, 30_000, 0, lease._packed_holder(),
+        lease.keys.lock, lease.keys.fence, owner, 30_000, 0,
+        packed_lease_holder(lease.name, lease.heartbeat, lease.owner_info),
         takeover, waiting=waiting,
     )))  # fmt: skip
     return taken == AcquireReply.ACQUIRED, value

@@ -2,11 +2,14 @@
 leading "#", not valid UTF-8) is tagged by its SHA-256, which must never change: the keys
 of every lock held or claimed before an upgrade are found by it. Values a user or broker
 supplies (task ids) go into keys escaped, and no escaped value makes a key that a listing's
-pattern matches (tests/test_key_escaping.py runs them on a real worker)."""
+pattern matches (tests/test_key_escaping.py runs them on a real worker). A lease, a
+reader-writer lock and a range lock of one name are separate locks sharing one fencing
+counter."""
 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from fnmatch import fnmatchcase
 
@@ -14,6 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from celery_singleton_lock import LockClient
 from celery_singleton_lock.core.keys import (
     MAX_PLAIN_NAME,
     data_key,
@@ -66,3 +70,24 @@ def test_no_task_id_or_name_makes_a_mark_key_that_a_listing_pattern_matches(
         for pattern in ("csl:{*}:lock", "csl:{*}:rw:h:*", "csl:{*}:range:h:*", "csl:{*}:sem:h:*"):
             assert not fnmatchcase(text, pattern), (key, pattern)
         assert text.count("{") == 1 and text.count("}") == 1
+
+
+def test_a_lease_an_rwlock_and_a_range_lock_of_one_name_do_not_exclude_each_other(
+    lock_client: LockClient,
+) -> None:
+    """Documented next to ``lock_key`` (README) and in docs/locks.md: the three kinds are
+    separate namespaces under one name; only their fencing counter is shared. A multi-key
+    lock, made of leases, does exclude a lease of one of its names."""
+    lease = lock_client.lease("doc", ttl=60.0)
+    writer = lock_client.rwlock("doc").write(ttl=60.0)
+    ranged = lock_client.range_lock("doc").write(-math.inf, math.inf, ttl=60.0)
+    assert lease.acquire(0) and writer.acquire(0) and ranged.acquire(0)
+    assert lease.token is not None and writer.token is not None and ranged.token is not None
+    assert lease.token < writer.token < ranged.token  # one counter for the name
+
+    assert not lock_client.multi(["doc", "other"]).acquire(0)
+    assert not lock_client.lease("doc").acquire(0)
+    assert not lock_client.rwlock("doc").read().acquire(0)
+    assert not lock_client.range_lock("doc").read(0, 1).acquire(0)
+    for handle in (lease, writer, ranged):
+        handle.release()

@@ -219,7 +219,8 @@ def test_acquire_while_redis_is_down_raises_backend_error(
     assert holder.acquire()
     waiter = RIVALS[kind](client, "down")
     waiting = BackgroundAcquire(waiter, wait=30)
-    wait_for_subscriber(client, waiter._channels[0])
+    keys = waiter.keys if kind != "multi" else waiter.keys[0]
+    wait_for_subscriber(client, keys.channel)
     restartable_redis.stop()
     # A waiter blocked when Redis goes away holds nothing: it keeps trying within its wait.
     assert not waiting.done.wait(1.0)

@@ -15,7 +15,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, multipl
 
 from celery_singleton_lock import LockClient
 from celery_singleton_lock.core import renewal
-from celery_singleton_lock.core.heartbeat import heartbeat
+from celery_singleton_lock.core.heartbeat import Heartbeat
 
 COMPATIBLE = {("r", "r"), ("r", "u"), ("u", "r")}
 points = st.integers(0, 12).map(float)
@@ -148,15 +148,26 @@ def pipeline_executes(redis: Any) -> Iterator[list[int]]:
         redis.pipeline = real_pipeline
 
 
+def renewing(handles: list[Any]) -> Heartbeat:
+    """A heartbeat of the test's own renewing ``handles`` (held with ``heartbeat=False``):
+    nothing else of the process is in its ticks, and its thread waits a third of their ttl
+    (10 s) before its first tick of its own."""
+    beat = Heartbeat()
+    for handle in handles:
+        beat.add(handle)
+    return beat
+
+
 def test_heartbeat_renews_every_kind_in_one_round_trip(lock_client: LockClient) -> None:
     handles = [
-        lock_client.lease("a", ttl=30),
-        lock_client.rwlock("b").read(ttl=30),
-        lock_client.range_lock("c").read(0, 1, ttl=30),
-        lock_client.multi(["d", "e"], ttl=30),
+        lock_client.lease("a", ttl=30, heartbeat=False),
+        lock_client.rwlock("b").read(ttl=30, heartbeat=False),
+        lock_client.range_lock("c").read(0, 1, ttl=30, heartbeat=False),
+        lock_client.multi(["d", "e"], ttl=30, heartbeat=False),
     ]
     assert all(h.acquire() for h in handles)
-    heartbeat()._renew(list(handles))  # loads the renew scripts into a fresh server
+    beat = renewing(handles)
+    beat.tick()  # loads the renew scripts into a fresh server
     redis = lock_client.redis
     # The holds' keys; not the fencing counters, which no renewal touches.
     holds = [k for k in redis.keys(lock_client.prefix + "{*") if not k.endswith(b":fence")]
@@ -164,7 +175,8 @@ def test_heartbeat_renews_every_kind_in_one_round_trip(lock_client: LockClient) 
         redis.pexpire(key, 5000)  # as if the last renewal was long ago
     stats_before = redis.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
     with pipeline_executes(redis) as executes:
-        heartbeat()._renew(list(handles))
+        beat.tick()
+    beat.stop()
     stats_after = redis.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
     assert executes == [4]  # one pipeline round trip, one script call per kind
     assert stats_after - stats_before >= 4
@@ -183,12 +195,14 @@ def test_a_tick_renewing_more_than_one_call_carries_splits_them_in_one_round_tri
     monkeypatch.setattr(renewal, "RENEWALS_PER_CALL", 2)
     leases = [lock_client.lease(f"split-{i}", ttl=30, heartbeat=False) for i in range(5)]
     assert all(lease.acquire() for lease in leases)
-    heartbeat()._renew(list(leases))  # loads the renew script into a fresh server
+    beat = renewing(leases)
+    beat.tick()  # loads the renew script into a fresh server
     redis = lock_client.redis
     for lease in leases:
         redis.pexpire(lease.keys.lock, 5000)  # as if the last renewal was long ago
     with pipeline_executes(redis) as executes:
-        heartbeat()._renew(list(leases))
+        beat.tick()
+    beat.stop()
     assert executes == [3]  # one round trip: calls of 2, 2 and 1 renewals
     for lease in leases:
         assert redis.pttl(lease.keys.lock) > 20_000, lease.name

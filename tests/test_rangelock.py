@@ -308,3 +308,25 @@ def test_bad_intervals(lo: Any, hi: Any, argument: str) -> None:
     with pytest.raises(ConfigurationError) as info:
         lock.read(0, 1, ttl=0)
     assert info.value.argument == "ttl"
+
+
+def test_range_bounds_are_doubles_so_integers_beyond_2_to_53_are_rounded(
+    lock_client: LockClient,
+) -> None:
+    """Documented in docs/locks.md: bounds are Redis sorted-set scores (doubles). 2**53 + 1
+    is not a double; it rounds to 2**53, so these two one-point ranges are the same point."""
+    ranges = lock_client.range_lock("big")
+    first = ranges.write(2**53, 2**53, ttl=60.0)
+    second = ranges.write(2**53 + 1, 2**53 + 1, ttl=60.0)
+    assert second.lo == second.hi == float(2**53)
+    assert first.acquire(0)
+    assert not second.acquire(0)  # overlaps: the same double
+    beside = ranges.write(2**53 + 2, 2**53 + 2, ttl=60.0)
+    assert beside.acquire(0)  # 2**53 + 2 is a double: disjoint
+    (listed,) = [info for info in lock_client.locks("big") if info.token == first.token]
+    assert listed.lo == listed.hi == 2**53
+    with pytest.raises(ConfigurationError) as error:
+        ranges.write(0, 10**400)  # beyond any double: refused, not rounded to inf
+    assert error.value.argument == "hi"
+    first.release()
+    beside.release()

@@ -12,6 +12,10 @@ between. Two interleavings, sync and asyncio:
 
 The heartbeat's script call is wrapped so that the extend runs at the chosen point; every
 later tick is held back until the test ends, so none repairs what the raced one did.
+
+And ``release(delay=...)`` racing a tick, for every kind: a renewal already decided on (the
+tick listed the handle, or read its owner token and was sent) must not cut the release delay
+short, nor report the released handle lost.
 """
 
 from __future__ import annotations
@@ -27,7 +31,11 @@ import pytest
 from celery_singleton_lock import AsyncLockClient, LockClient
 from celery_singleton_lock.aio.heartbeat import heartbeat as async_heartbeat
 from celery_singleton_lock.core import heartbeat as heartbeat_module
-from celery_singleton_lock.core.heartbeat import heartbeat
+from celery_singleton_lock.core.heartbeat import heartbeat, renew_calls
+from celery_singleton_lock.core.scripts import run_batch
+from celery_singleton_lock.kinds.intervals import IntervalHandle
+from celery_singleton_lock.kinds.multi import MultiLease
+from celery_singleton_lock.kinds.rwlock import RWLockHandle
 
 KINDS: dict[str, Callable[[Any], Any]] = {
     "lease": lambda c: c.lease("n", ttl=1),
@@ -209,3 +217,119 @@ def test_an_async_tick_racing_extend_keeps_the_extended_lease(
             await client.close()
 
     asyncio.run(body())
+
+
+# -- a renewal already decided on when the holder releases with a delay ----------------------
+
+#: The release delay the tests release with, and the least PTTL that shows it is intact.
+DELAY = 60.0
+INTACT_MS = 50_000
+
+DELAYED: dict[str, Callable[[Any], Any]] = {
+    "lease": lambda c, **o: c.lease("cool", ttl=3, **o),
+    "multi": lambda c, **o: c.multi(["cool-a", "cool-b"], ttl=3, **o),
+    "read": lambda c, **o: c.rwlock("cool").read(ttl=3, **o),
+    "write": lambda c, **o: c.rwlock("cool").write(ttl=3, **o),
+    "range": lambda c, **o: c.range_lock("cool").write(0, 10, ttl=3, **o),
+}
+
+
+def hold_keys(handle: Any, owner: str) -> list[bytes]:
+    """The keys whose expiry is the hold's release delay."""
+    if isinstance(handle, MultiLease):
+        return [k.lock for k in handle.keys]
+    if isinstance(handle, RWLockHandle):  # its hold's hash, and the lock hash naming it
+        return [handle.keys.holder(owner), handle.keys.lock]
+    if isinstance(handle, IntervalHandle):
+        return [handle.keys.holder(owner)]
+    return [handle.keys.lock]
+
+
+def assert_delay_intact(client: LockClient, handle: Any, owner: str) -> None:
+    for key in hold_keys(handle, owner):
+        assert client.redis.pttl(key) > INTACT_MS, key
+    if hasattr(handle, "mode") and hasattr(handle.keys, "indexes"):
+        # A range hold: its index entry keeps the interval locked.
+        now_ms = int(client.server_time() * 1000)
+        expiry = client.redis.zscore(handle.keys.indexes[0], owner)
+        assert expiry is not None and expiry - now_ms > INTACT_MS
+
+
+def codes(replies: list[Any]) -> list[int]:
+    return [int(code) for reply in replies for code in reply]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", list(DELAYED))
+def test_a_tick_landing_after_a_delayed_release_keeps_the_release_delay(
+    lock_client: LockClient, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """The tick read the owner token and was sent; the holder released with a delay before
+    it reached Redis. The renewal must not cut the delay short, nor find the handle lost."""
+    handle = DELAYED[kind](lock_client)
+    assert handle.acquire()
+    owner = handle.owner
+    real = heartbeat_module.run_batch
+    sent: list[list[Any]] = []
+    first = threading.Lock()
+
+    def release_first(redis: Any, calls: Any, *replication: Any) -> list[Any]:
+        if not any(owner in args for _, _, args in calls) or not first.acquire(blocking=False):
+            return real(redis, calls, *replication)
+        handle.release(delay=DELAY)
+        replies = real(redis, calls, *replication)
+        sent.append(replies)
+        return replies
+
+    monkeypatch.setattr(heartbeat_module, "run_batch", release_first)
+    heartbeat().tick()
+    (replies,) = sent
+    assert codes(replies) and all(code <= 0 for code in codes(replies))
+    assert_delay_intact(lock_client, handle, owner)
+    assert not handle.lost  # a released handle is not lost for a late renewal
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", list(DELAYED))
+def test_a_tick_that_listed_a_hold_released_since_renews_nothing(
+    lock_client: LockClient, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """The tick listed the handle, then the holder released with a delay (dropping its owner
+    token), then the tick read the owner tokens: it renews nothing, and reports no loss."""
+    lost: list[Any] = []
+    handle = DELAYED[kind](lock_client, on_lost=lost.append)
+    assert handle.acquire()
+    owner = handle.owner
+    beat = heartbeat()
+    listed = beat.leases
+    tester = threading.current_thread()
+    released: list[bool] = []
+
+    def list_then_release() -> list[Any]:
+        leases = listed()
+        if threading.current_thread() is tester and handle in leases and not released:
+            handle.release(delay=DELAY)
+            released.append(True)
+        return leases
+
+    monkeypatch.setattr(beat, "leases", list_then_release)
+    beat.tick()
+    assert released
+    assert_delay_intact(lock_client, handle, owner)
+    assert not handle.lost and lost == []  # released, not lost
+
+
+def test_a_renewal_never_matches_an_ownerless_release_delay(lock_client: LockClient) -> None:
+    """Whatever a caller sends, an empty owner token is no owner."""
+    lease = lock_client.lease("cool", ttl=3)
+    assert lease.acquire()
+    lease.release(delay=DELAY)
+    calls = [lock_client.connection.scripts.renew_call([(lease.keys.lock, "", 3000, 0)])]
+    assert lock_client.connection.call(run_batch, lock_client.redis, calls) == [[-1]]
+    assert lock_client.redis.pttl(lease.keys.lock) > INTACT_MS
+    both = lock_client.multi(["m-a", "m-b"], ttl=3)
+    assert both.acquire()
+    both.release(delay=DELAY)
+    calls, decode = renew_calls(lock_client, [(both, "", 3000, 0)])
+    assert decode(lock_client.connection.call(run_batch, lock_client.redis, calls)) == [-1]
+    assert_delay_intact(lock_client, both, "")

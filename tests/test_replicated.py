@@ -328,7 +328,7 @@ def test_on_a_cluster_each_node_waits_for_its_replica_and_a_failover_keeps_the_l
                 for name in names
             ]
             conn = first.connection
-            entries = [(lease, lease.owner, *lease._renewal) for lease in leases]
+            entries = [(lease, lease.owner, 60_000, 0) for lease in leases]  # ttl, no extend yet
             calls, decode = renew_calls(conn, entries)
             codes = decode(conn.call(run_batch, conn.redis, calls, conn.replication))
             assert len(codes) == 3 and all(code > 0 for code in codes)  # ms granted each
@@ -369,7 +369,7 @@ async def async_leases_on_each_node(cluster: Cluster, prefix: str, names: list[s
         for lease in leases:
             assert await lease.acquire()
         conn = client.connection
-        entries = [(lease, lease.owner, *lease._renewal) for lease in leases]
+        entries = [(lease, lease.owner, 60_000, 0) for lease in leases]  # ttl, no extend yet
         calls, decode = renew_calls(conn, entries)  # type: ignore[arg-type]
         codes = decode(await conn.batch(calls))
         for lease in leases:

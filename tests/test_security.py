@@ -37,12 +37,14 @@ from celery_singleton_lock import (
     LockLost,
     SingletonTask,
 )
+from celery_singleton_lock.celery.app_client import close_lock_client
 from celery_singleton_lock.celery.options import (
     TASK_OPTIONS,
     AppSettings,
     TaskLockOptions,
     check_task_options,
 )
+from celery_singleton_lock.celery.task import lock_client_for
 from celery_singleton_lock.cli.commands import Session
 from celery_singleton_lock.core.heartbeat import heartbeat
 from celery_singleton_lock.core.holder import flatten
@@ -529,9 +531,7 @@ def task_app(server: RedisServer) -> Iterator[Celery]:
 
     app.finalize()
     yield app
-    client = getattr(app, "_singleton_lock_client", None)
-    if client is not None:
-        client.close()
+    close_lock_client(app)
 
 
 @pytest.mark.timeout(120)
@@ -720,3 +720,31 @@ def test_decimal_and_fraction_bounds_are_configuration_errors(client: LockClient
     for lo, hi in [(Decimal(1), 2), (Fraction(1, 2), 1), (1, "2"), (math.nan, 1), (2, 1)]:
         with pytest.raises(ConfigurationError):
             client.range_lock("r").write(lo, hi)
+
+
+def test_an_app_with_the_empty_prefix_gets_no_prefix(lock_redis_url: str) -> None:
+    """``singleton_lock_prefix=""`` means what it says, like ``LockClient(prefix="")``: not
+    the default ``csl:``, whose keys every app left at the default shares."""
+    app = Celery("sec-empty-prefix", set_as_current=False)
+    app.conf.update(singleton_lock_url=lock_redis_url, singleton_lock_prefix="")
+    default_app = Celery("sec-default-prefix", set_as_current=False)
+    default_app.conf.update(singleton_lock_url=lock_redis_url)
+
+    @app.task(base=SingletonTask, name="sec.empty_prefix", lock_key="sec-{n}", shared=False)
+    def job(n: str) -> str:
+        return n
+
+    client, default = job.lock_client, lock_client_for(default_app)
+    try:
+        assert client.prefix == "" and default.prefix == "csl:"
+        lock = job.make_lock((uuid.uuid4().hex,))
+        assert lock.acquire()
+        assert client.redis.exists(lock_keys("", lock.name).lock)
+        assert not client.redis.exists(lock_keys("csl:", lock.name).lock)
+        other = default.lease(lock.name)
+        assert other.acquire(0)  # the default app's namespace is another one
+        other.release()
+        lock.release()
+    finally:
+        client.close()
+        default.close()

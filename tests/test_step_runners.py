@@ -24,10 +24,11 @@ PAUSE = 0.05
 
 
 def operation(
-    handle: Any, failing: ScriptCall, listeners: Callable[[], int], seen: list[str]
+    handle: Any, scripts: Any, failing: ScriptCall, listeners: Callable[[], int], seen: list[str]
 ) -> Steps[int]:
-    """Listen, meet an error, pause, then release a name nobody holds: its reply."""
-    yield Listen(handle._channels)
+    """Listen, meet an error, pause, then release a name nobody holds: its reply
+    (``scripts``: the script builders of the handle's client's connection)."""
+    yield Listen((handle.keys.channel,))
     seen.append(f"listeners {listeners()}")
     try:
         yield failing
@@ -37,7 +38,7 @@ def operation(
     yield Pause(PAUSE)
     seen.append(f"paused {time.monotonic() - started >= PAUSE}")
     try:
-        return int((yield handle._conn.scripts.release_call(handle.keys.lock, "nobody", 0)))
+        return int((yield scripts.release_call(handle.keys.lock, "nobody", 0)))
     finally:
         seen.append("finally")
 
@@ -68,7 +69,8 @@ def test_the_sync_runner_throws_a_steps_error_into_the_operation(
     failing = (register(lock_client.redis, FAILING), (lease.keys.lock,), ())
     seen: list[str] = []
     listeners = partial(subscribers, lock_client, channel)
-    check(seen, lease._run(operation(lease, failing, listeners, seen)))
+    scripts = lock_client.connection.scripts
+    check(seen, lease._run(operation(lease, scripts, failing, listeners, seen)))
     left(lock_client, channel)
 
 
@@ -85,7 +87,8 @@ def test_the_asyncio_runner_throws_a_steps_error_into_the_operation(
             failing = (register(client.redis, FAILING), (lease.keys.lock,), ())
             seen: list[str] = []
             listeners = partial(subscribers, lock_client, channel)
-            check(seen, await lease._run(operation(lease, failing, listeners, seen)))
+            steps = operation(lease, client.connection.scripts, failing, listeners, seen)
+            check(seen, await lease._run(steps))
         finally:
             await client.close()
 

@@ -24,6 +24,7 @@ from celery_singleton_lock import (
     lock_lost,
     lock_released,
 )
+from celery_singleton_lock.celery.app_client import use_lock_client
 
 
 @pytest.mark.timeout(60)
@@ -35,7 +36,7 @@ def test_a_hand_over_to_a_retry_never_sent_whose_reply_was_lost_leaves_no_claim(
     for a retry that will never run, must go as it does when Redis answered, not block the
     key for the claim's countdown plus ``lock_ttl``."""
     client = proxied_client(lock_client, proxy, retries=0)
-    celery_lock_app._singleton_lock_client = client  # the app's client (app_client.py)
+    use_lock_client(celery_lock_app, client)  # the app's client (app_client.py)
     warm = client.lease("warm-up", heartbeat=False)
     assert warm.acquire()
     warm.hand_over("claim:warm-up:1", ttl=1)  # the hand-over script loaded
@@ -75,7 +76,7 @@ def test_a_release_whose_reply_was_lost_frees_the_lock_once_and_marks_the_call_d
     caplog.set_level(logging.INFO, logger="celery_singleton_lock.task")
     celery_lock_app.conf.singleton_lock_done_marks = "always"  # the copy below is by hand
     client = proxied_client(lock_client, proxy, retries=retries)
-    celery_lock_app._singleton_lock_client = client
+    use_lock_client(celery_lock_app, client)
     signals: list[str] = []
 
     def released(sender: Any, **_: Any) -> None:
@@ -126,7 +127,7 @@ def enqueued(celery_lock_app: Celery, lock_prefix: str) -> Callable[..., Any]:
         warm_up = client.lease("warm-up", heartbeat=False, owner="claim:warm-up:0")
         assert warm_up.acquire()
         warm_up.release()
-        celery_lock_app._singleton_lock_client = client  # the app's client (app_client.py)
+        use_lock_client(celery_lock_app, client)  # the app's client (app_client.py)
         celery_lock_app.conf.task_default_queue = f"{lock_prefix}unconsumed"
 
         @celery_lock_app.task(base=SingletonTask, shared=False, lock_on_enqueue=on_enqueue)

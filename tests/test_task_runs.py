@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
 from celery import Celery
+from celery.contrib.testing.worker import start_worker
 from support.lost_lock import task_losing_its_lock
 
 from celery_singleton_lock import (
     DuplicateTask,
     LockBackendError,
+    LockClient,
     LockLost,
     LockTimeout,
     SingletonTask,
@@ -367,3 +371,35 @@ def test_an_uncontended_run_calls_no_conflict_path_module(celery_lock_app: Celer
         "task.py", "run_model.py", "sends.py", "done_marks.py", "claims.py", "app_client.py",
         "options.py", "task_keys.py", "worker.py", "signals.py", "events.py",
     }, called  # fmt: skip
+
+
+def test_singleton_task_records_its_worker_node_under_the_threads_pool(
+    lock_client: LockClient, celery_lock_app: Celery
+) -> None:
+    # The threads pool puts the machine's name in request.hostname; the node name is needed.
+    app = celery_lock_app
+    node = f"csltest-threads-{uuid.uuid4().hex[:8]}@{socket.gethostname()}"
+    started, finish = threading.Event(), threading.Event()
+
+    @app.task(base=SingletonTask, bind=True, name="csltest.recorded", lock_ttl=30)
+    def recorded(self: Any) -> None:
+        started.set()
+        finish.wait(30)
+
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=1,
+        hostname=node,
+        perform_ping_check=False,
+        shutdown_timeout=20,
+        loglevel="WARNING",
+    ):
+        try:
+            result = recorded.delay()
+            assert started.wait(30)
+            (info,) = lock_client.locks()
+        finally:
+            finish.set()
+        result.get(timeout=30)
+    assert (info.task_id, info.worker, info.info) == (result.id, node, None)

@@ -1,6 +1,7 @@
 """SingletonTask in real ``celery worker`` processes (prefork pool): killed workers and pool
 children, revokes, time limits and shutdowns free the lock when they should (and only then),
-and duplicates spread over several processes never overlap.
+and duplicates spread over several processes never overlap. Only a holder's own worker
+may say its task is not running: a busy worker's lock is not stale because another answered.
 
 The tasks (``worker_app.py``) record what they do in the test Redis; the tests poll those
 records and the lock hash with deadlines, never with fixed sleeps. Every worker runs in its
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,11 +23,15 @@ from typing import Any
 
 import pytest
 from apps.worker_app import make_app, ticks_key
-from support.waiting import wait_for
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+from celery.utils.nodenames import host_format
+from support.waiting import start_celery_worker, wait_for
 from support.workers import WorkerProgram as Worker
 from support.workers import WorkerPrograms
 
-from celery_singleton_lock import LockClient
+from celery_singleton_lock import LockClient, SingletonTask, admin
+from celery_singleton_lock.celery.evidence import worker_check
 from celery_singleton_lock.celery.testing import TaskLocks
 from celery_singleton_lock.core.handle import LockHandle
 from celery_singleton_lock.core.holder import flatten
@@ -620,3 +627,87 @@ def test_warm_shutdown_finishes_the_run_and_leaves_no_lock(
     assert any(key.endswith(b"}:fence") for key in keys), keys
     assert own_cluster.without_expiry(keys) == []
     assert cluster.without_expiry(cluster.keys()) == []
+
+
+def test_worker_check_trusts_only_the_holders_own_worker(
+    lock_client: LockClient,
+    lock_redis_url: str,
+    lock_prefix: str,
+    celery_lock_app: Celery,
+    tmp_path: Path,
+) -> None:
+    app = celery_lock_app
+    tag = uuid.uuid4().hex[:8]
+    busy_node = f"csltest-busy-{tag}@{socket.gethostname()}"
+    idle_node = host_format(f"csltest-idle-{tag}@%h")
+    started, finish = threading.Event(), threading.Event()
+
+    @app.task(base=SingletonTask, bind=True, name="csltest.busy", lock_ttl=30)
+    def busy(self: Any) -> None:
+        started.set()
+        finish.wait(30)
+
+    # An idle worker on this host (its own process, consuming another queue), answering.
+    idle = start_celery_worker(
+        "apps.worker_app",
+        queues=[f"{lock_prefix}idle"],
+        name=idle_node,
+        env={
+            **os.environ,
+            "CSL_WORKER_REDIS_URL": lock_redis_url,
+            "CSL_WORKER_PREFIX": lock_prefix,
+            "CSL_WORKER_QUEUE": f"{lock_prefix}idle",
+        },
+        log=tmp_path / "idle.log",
+        concurrency=1,
+    )
+    try:
+        wait_for(
+            lambda: app.control.ping(destination=[idle_node], timeout=0.5),
+            60,
+            "the idle worker to answer",
+        )
+        # A solo worker runs tasks on the thread that answers the control commands: while
+        # it runs the task holding the lock it answers nobody.
+        with start_worker(
+            app,
+            pool="solo",
+            hostname=busy_node,
+            perform_ping_check=False,
+            shutdown_timeout=20,
+            loglevel="WARNING",
+        ):
+            try:
+                busy.delay()
+                assert started.wait(30)
+                # Holders without a heartbeat, on the busy node and on the idle one.
+                quiet = lock_client.lease(
+                    "quiet-busy",
+                    ttl=30,
+                    heartbeat=False,
+                    owner_info={"task_id": "t-busy", "worker": busy_node},
+                )
+                gone = lock_client.lease(
+                    "quiet-idle",
+                    ttl=30,
+                    heartbeat=False,
+                    owner_info={"task_id": "t-idle", "worker": idle_node},
+                )
+                assert quiet.acquire() and gone.acquire()
+                check = worker_check(app, timeout=2.0)
+                infos = {i.name: i for i in admin.list_locks(lock_client, checks=[check])}
+            finally:
+                finish.set()
+    finally:
+        idle.kill()
+        idle.wait()
+    (held,) = [i for i in infos.values() if i.task_name == "csltest.busy"]
+    assert (held.state, held.evidence) == ("live", "heartbeat fresh")
+    assert held.worker == busy_node
+    assert (infos["quiet-busy"].state, infos["quiet-busy"].evidence) == ("live", "no evidence")
+    assert (infos["quiet-idle"].state, infos["quiet-idle"].evidence) == (
+        "stale",
+        f"not active on its worker {idle_node}",
+    )
+    quiet.release()
+    gone.release()

@@ -222,9 +222,9 @@ def _child_waits(lock_client: LockClient) -> dict[str, Any]:
     got = waiter.acquire(wait=TTL)
     took = time.monotonic() - started
     releaser.join(10)
-    listener = lock_client.connection.notifier._thread
+    threads = lock_client.connection.notifier.threads
     waiter.release()
-    return {"got": got, "took": took, "own_listener": listener is not None}
+    return {"got": got, "took": took, "own_listener": bool(threads)}
 
 
 @pytest.mark.timeout(60)
@@ -252,9 +252,34 @@ def test_a_child_forked_while_the_notifiers_lock_is_held_still_waits(
     """Another thread (a waiter subscribing, the unsubscriber) may hold the notifier's lock
     at the moment a thread forks: the child must not inherit it held."""
     wait_once(lock_client, holder, waiter, worker)  # the listener runs in this process
-    with lock_client.connection.notifier._lock:  # held across the fork
+    notifier = lock_client.connection.notifier
+    conn = notifier.connection
+    assert conn is not None
+    # A waiter subscribing holds the notifier's lock while it sends its SUBSCRIBE: held
+    # here, across the fork, by a connection that takes its time to send it.
+    sending, sent = threading.Event(), threading.Event()
+    send = conn.send_command
+
+    def slow_send(*args: Any, **kwargs: Any) -> Any:
+        sending.set()
+        sent.wait(60)
+        return send(*args, **kwargs)
+
+    def subscribe() -> None:
+        with notifier.listening(lock_client.connection.keys("fork-held").channel):
+            pass
+
+    conn.send_command = slow_send
+    subscriber = threading.Thread(target=subscribe, daemon=True)
+    subscriber.start()
+    try:
+        assert sending.wait(10)
         forked = worker.start(lambda: run_in_child(lambda: _child_waits(lock_client), alarm=30))
         report = finish(forked, 40)  # a child stuck on the lock is ended by its alarm
+    finally:
+        sent.set()
+        subscriber.join(10)
+        del conn.send_command
     assert report["got"] is True and report["took"] < WOKEN_WITHIN
 
 

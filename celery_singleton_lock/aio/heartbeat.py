@@ -40,6 +40,12 @@ class AsyncHeartbeat:
         self._in_flight: dict[int, asyncio.Task[None]] = {}
         self.ticks = 0
 
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The task renewing this loop's handles while one runs: from the first handle added
+        until nothing is held (None then). Await it (shielded) to know it ended."""
+        return self._task
+
     def add(self, handle: Renewable) -> None:
         """Renew ``handle`` from now on (again, if its ttl changed)."""
         key = id(handle)

@@ -39,6 +39,16 @@ def lock_client_for(app: Any) -> LockClient:
     return client
 
 
+def use_lock_client(app: Any, client: LockClient) -> None:
+    """Make ``client`` the app's :class:`LockClient`, in place of one made from its settings:
+    a client on a Redis client of your own (your connection pool, retry policy, or a proxy in
+    front of the server). Its tasks and worker lock through it until
+    :func:`close_lock_client`, which closes it; a client the app had already is not closed."""
+    if not isinstance(client, LockClient):
+        raise ConfigurationError("client", f"must be a LockClient, not {type(client).__name__}")
+    app._singleton_lock_client = client
+
+
 def close_lock_client(app: Any) -> None:
     """Close the app's :class:`LockClient`, if it made one; the next lock makes a new one
     from the app's settings as they are then (test fixtures change them per test)."""

@@ -151,6 +151,14 @@ class Heartbeat:
                 held.append(lease)
         return tick_period(held)
 
+    @property
+    def running(self) -> bool:
+        """Whether the renewal thread is alive: from the first lease added until
+        :meth:`stop` (and again from the next lease added after it). What a health check
+        reports; a process whose leases are held with ``heartbeat=True`` needs it True."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()

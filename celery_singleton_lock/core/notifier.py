@@ -149,6 +149,15 @@ class Notifier:
         """The pub/sub connection the listener reads (None while it is not connected)."""
         return self._conn
 
+    @property
+    def threads(self) -> tuple[threading.Thread, ...]:
+        """The listener's threads alive now: the one reading the pub/sub connection and the
+        one unsubscribing the channels waiters left. The first waiter starts them and
+        :meth:`close` stops them without waiting for them: join these to know they ended."""
+        with self._lock:
+            threads = (self._thread, self._unsubscriber)
+        return tuple(thread for thread in threads if thread is not None and thread.is_alive())
+
     @contextmanager
     def listening(self, *channels: bytes) -> Iterator[QueueWakeup]:
         """Subscribe to ``channels`` for the duration of the block.

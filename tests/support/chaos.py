@@ -34,6 +34,7 @@ from typing import Any
 import redis
 from apps.fault_app import CHAOS_LEASE, events_key, make_app, server_time, store_keys
 
+from celery_singleton_lock.celery.app_client import close_lock_client
 from celery_singleton_lock.embedded import RedisServer
 from support.history import Call, Faults, History, Report, check
 from support.proxies import DelayingProxy
@@ -150,9 +151,7 @@ class Workers:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(worker.pid, signal.SIGCONT)
                 worker.kill()
-        client = getattr(self.app, "_singleton_lock_client", None)
-        if client is not None:
-            client.close()
+        close_lock_client(self.app)
         self.broker.close()
 
     def events(self, start: int = 0) -> list[dict[str, Any]]:

@@ -87,6 +87,7 @@ from apps.scenario_app import (
 from celery import chain, chord, group
 
 from celery_singleton_lock import DuplicateTask
+from celery_singleton_lock.celery.app_client import close_lock_client
 from celery_singleton_lock.embedded import RedisServer
 from support.chaos import Worker
 from support.history import Faults
@@ -640,9 +641,7 @@ class Transport:
         if self.name == "amqp":
             with contextlib.suppress(Exception), self.app.connection_for_write() as conn:
                 conn.default_channel.queue_delete(self.queue)
-        client = getattr(self.app, "_singleton_lock_client", None)
-        if client is not None:
-            client.close()
+        close_lock_client(self.app)
 
 
 @dataclass

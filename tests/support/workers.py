@@ -26,6 +26,8 @@ from apps.recording import records_key
 from celery import Celery
 from celery.utils.nodenames import host_format
 
+from celery_singleton_lock.celery.app_client import close_lock_client
+
 from .waiting import start_celery_worker, wait_for
 
 TIMEOUT = 30.0
@@ -144,9 +146,7 @@ class WorkerPrograms:
         self.workers.clear()
         for key in self.redis.scan_iter(match=f"*csltest-{self.tag}-*", count=1000):
             self.redis.delete(key)
-        client = getattr(self.app, "_singleton_lock_client", None)
-        if client is not None:
-            client.close()
+        close_lock_client(self.app)
         self.redis.close()
 
     def records(self, **match: Any) -> list[dict[str, Any]]:
