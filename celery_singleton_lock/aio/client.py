@@ -86,7 +86,7 @@ class AsyncLockClient(
         conn = self.connection
         keys = conn.keys(name)
         process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
-        call = conn.scripts.release_holder_call(keys.lock, *process, keys.channel)
+        call = conn.scripts.release_holder_call(keys.lock, *process)
         await conn.check_layout()
         return int(await conn.script(*call)) == HolderReply.DONE
 

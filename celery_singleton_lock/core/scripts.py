@@ -30,7 +30,6 @@ SCRIPT_NAMES = (
     "release",
     "renew",
     "handover",
-    "release_holder",
     "fair_abandon",
 )
 
@@ -341,13 +340,10 @@ class Scripts:
             redis, source_after(CLOCK, FENCING, ADVISORY, "acquire"), replication
         )
         self._release: Script = register(
-            redis, source_after(CLOCK, FENCING, ADVISORY, TRACE, "release"), replication
+            redis, source_after(CLOCK, FENCING, *WAKE_FAIR_WAITER, TRACE, "release"), replication
         )
         self._renew: Script = register(redis, source_after(CLOCK, "renew_hold", "renew"))
         self._handover: Script = register(redis, source("handover"), replication)
-        self._release_holder: Script = register(
-            redis, source_after(*WAKE_FAIR_WAITER, TRACE, "release_holder"), replication
-        )
         self._fair_abandon: Script = register(redis, source("fair_abandon"), replication)
         self._acquire_undo: Script = register(
             redis, source_after(ADVISORY, "acquire_undo"), replication
@@ -421,12 +417,21 @@ class Scripts:
         (:class:`HolderReply`)."""
         return self._handover, (lock_key,), (owner, new_owner, ttl_ms, *fields)
 
+    def clear_call(self, lock_key: bytes, token: str, renewed_ms: str) -> ScriptCall:
+        """The release.lua call of the admin's clear of the holder (or release delay) listed
+        with fencing ``token``, only if it was not renewed since ``renewed_ms`` ('' not
+        checked): its reply is CLEARED, GONE, TAKEN or RESUMED (:class:`ClearReply`)."""
+        return self._release, (lock_key,), ("", 0, token, "clear", renewed_ms)
+
     def release_holder_call(
-        self, lock_key: bytes, task_id: str, pid: int, host: str, delay_ms: int, channel: bytes
+        self, lock_key: bytes, task_id: str, pid: int, host: str, delay_ms: int, proc: str
     ) -> ScriptCall:
-        """The release_holder.lua call: release the lock if task ``task_id`` in process
-        ``pid`` on ``host`` holds it; its reply is DONE released or GONE (HolderReply)."""
-        return self._release_holder, (lock_key,), (task_id, pid, host, delay_ms, channel)
+        """The release.lua call of a supervisor: release the lock if task ``task_id`` in
+        process ``pid`` on ``host`` holds it (with a process mark that begins with ``proc``,
+        when the hold has one and ``proc`` is not ''); its reply is DONE released or GONE
+        (HolderReply)."""
+        args = ("", delay_ms, "", "holder", "", task_id, pid, host, proc)
+        return self._release, (lock_key,), args
 
     def renew_call(self, leases: Sequence[tuple[bytes, str, int, int]]) -> ScriptCall:
         """The renew.lua call for (lock key, owner, ttl ms, generation) tuples, to batch
@@ -463,6 +468,9 @@ class ScriptHost(Protocol):
 
     @property
     def replication(self) -> Replication | None: ...
+
+    @property
+    def scripts(self) -> Scripts: ...
 
 
 _bound: weakref.WeakKeyDictionary[Any, dict[Callable[[Any, Any], Any], Any]] = (

@@ -56,6 +56,7 @@ from ..core.scripts import (
     source_after,
 )
 from ..core.steps import Steps
+from ..core.validate import HolderProcess
 from ..exceptions import ConfigurationError, LockError, LockNotHeld, LockNotReplicated
 
 if TYPE_CHECKING:
@@ -567,9 +568,8 @@ def release_holder(
     script on each match with the fencing token it read: that very hold goes, or nothing (it
     expired or was cleared meanwhile). Only after a crash, so a few round trips are fine."""
     name = validate.check_name(name)
-    task_id, pid, host, delay_ms = validate.check_holder_process(
-        task_id, pid, host, delay, HOSTNAME
-    )
+    process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
+    delay_ms = process.delay_ms
     conn = connection_of(client)
     conn.check_layout()
     keys = interval_keys(conn.prefix, name, family)
@@ -581,7 +581,7 @@ def release_holder(
         owners,
         keys.holder,
         lambda owner, token: release_hold(conn, keys, owner, delay_ms, token),
-        (task_id, pid, host),
+        process,
     )
 
 
@@ -591,31 +591,34 @@ def release_holds_of(
     owners: list[str],
     holder_key: Callable[[str], bytes],
     release: Callable[[str, str], int],
-    process: tuple[str, int, str],
+    process: HolderProcess,
 ) -> bool:
     """Of the holds of ``owners`` (on lock ``name``), release those whose holder hash
-    (``holder_key(owner)``) names the task, pid and host of ``process``, each by
-    ``release(owner, fencing token read)``: that very hold goes, or nothing (it expired or
-    was cleared meanwhile). True if a hold was released."""
+    (``holder_key(owner)``) names the task, pid and host of ``process`` (and a process mark
+    that begins with its ``proc``, when the hash has one), each by ``release(owner, fencing
+    token read)``: that very hold goes, or nothing (it expired or was cleared meanwhile).
+    True if a hold was released."""
     if not owners:
         return False
     pipe = conn.redis.pipeline(transaction=False)
     for owner in owners:
         pipe.hgetall(holder_key(owner))
     replies = [
-        [flat.get(field) for field in (b"task_id", b"pid", b"host", b"token", b"state")]
+        [flat.get(field) for field in (b"task_id", b"pid", b"host", b"token", b"state", b"proc")]
         for flat in map(flatten, conn.call(pipe.execute))
     ]
-    # The host too: pids are reused across machines (and containers).
-    task_id, pid, host = process
-    wanted = (task_id.encode(), str(pid).encode(), host.encode())
+    # The host and the process mark too: pids are reused across machines, containers and
+    # within one pid namespace.
+    wanted = (process.task_id.encode(), str(process.pid).encode(), process.host.encode())
+    place = process.proc.encode()
     released = False
     unreplicated: LockNotReplicated | None = None
-    for owner, (held_by, held_in, held_on, token, state) in zip(owners, replies, strict=True):
+    for owner, (held_by, held_in, held_on, token, state, proc) in zip(owners, replies, strict=True):
         # A hold in a release delay was released already: its delay must not start again;
         # nor does a hold released or cleared hold anything.
         if (
             (held_by, held_in, held_on) != wanted
+            or (proc is not None and not proc.startswith(place))
             or token is None
             or state in (RELEASE_DELAY_STATE.encode(), RELEASED_STATE.encode())
         ):

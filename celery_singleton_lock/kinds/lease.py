@@ -50,7 +50,7 @@ FAIR_REFRESH = 0.25
 
 #: Every claim's owner token starts with this: a lease held for a queued message or handed
 #: over to a retry (celery/claims.py), not by a process, which :func:`release_holder` never
-#: frees (lua/release_holder.lua has the same literal: a script cannot import it).
+#: frees (lua/release.lua has the same literal: a script cannot import it).
 CLAIM_OWNER_PREFIX = "claim:"
 
 
@@ -534,6 +534,7 @@ def release_holder(
 
 
 def release_process_hold(conn: Connection, keys: LockKeys, process: HolderProcess) -> bool:
-    """release_holder.lua on the lease of ``keys`` for ``process``: True if released."""
-    call = conn.scripts.release_holder_call(keys.lock, *process, keys.channel)
+    """release.lua, as a supervisor's, on the lease of ``keys`` for ``process``: True if
+    released."""
+    call = conn.scripts.release_holder_call(keys.lock, *process)
     return int(conn.call(run, call)) == HolderReply.DONE

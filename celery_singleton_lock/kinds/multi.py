@@ -277,7 +277,7 @@ def clear_holder(
     until its next heartbeat finds this one gone and stops renewing them.
 
     The owner (and the token, when not given) is read first; the name is then cleared by
-    that token as the admin's clear of a lease is (clear.lua), which leaves the trace that
+    that token as the admin's clear of a lease is (release.lua), which leaves the trace that
     answers the same clear sent again after its reply was lost (redis-py's retry) as
     cleared. Tokens are unique per name: the token read is that owner's hold, or, taken
     again meanwhile, it no longer matches and nothing is cleared."""

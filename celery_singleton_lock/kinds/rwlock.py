@@ -538,9 +538,8 @@ def release_holder(
     script on each match with the fencing token it read: that very hold goes, or nothing (it
     expired or was cleared meanwhile). Only after a crash, so a few round trips are fine."""
     name = validate.check_name(name)
-    task_id, pid, host, delay_ms = validate.check_holder_process(
-        task_id, pid, host, delay, HOSTNAME
-    )
+    process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
+    delay_ms = process.delay_ms
     conn = connection_of(client)
     conn.check_layout()
     keys = rw_keys(conn.prefix, name)
@@ -551,7 +550,7 @@ def release_holder(
         owners,
         keys.holder,
         lambda owner, token: release_hold(conn, keys, owner, delay_ms, token),
-        (task_id, pid, host),
+        process,
     )
 
 

@@ -18,7 +18,7 @@
 --          MessagePack array of strings: the caller packs them once per process and thread
 --          rather than sending a dozen arguments on every attempt; stored as they come, in
 --          the one field `holder`, which the listing decodes (core/holder.py) and
---          release_holder.lua unpacks
+--          release.lua unpacks for a supervisor
 -- ARGV[8]: the acquire call's own id, stored as `attempt` with what it takes ('' none): for
 --          an owner token that is not unique per acquire call (a claim's), it tells what
 --          this call took from what that owner held already (acquire_undo.lua)
