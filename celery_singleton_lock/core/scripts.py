@@ -365,7 +365,7 @@ class Scripts:
         free: tuple[bytes, str, bool] | None = None,
     ) -> ScriptCall:
         """The acquire.lua call of one attempt; its reply, read by ``replies.acquire_outcome``,
-        is (AcquireReply, fencing token when taken, else ms until the holder's expiry).
+        is (a Reply: DONE or BUSY, fencing token when taken, else ms until the holder's expiry).
         ``holder``: the holder's fields, packed by :func:`pack_holder`. ``takeover``: the
         owner token of a claim this acquisition may replace. ``waiting``: the caller will
         wait for a release, so a busy holder's release must publish. ``fair_ms`` > 0: it
@@ -376,7 +376,7 @@ class Scripts:
         ``free`` = (a lock key, the owner token holding it, whether to stop when another
         owner holds it): a single try (neither waiting nor fair) that first releases that
         other lease in the same round trip (not on a Redis Cluster: the keys are in two
-        slots); the reply's third item is what the release did (HolderReply), and when it
+        slots); the reply's third item is what the release did (Reply), and when it
         found TAKEN and stopping was asked, nothing was tried: (BUSY, 0, TAKEN)."""
         keys: tuple[bytes, ...] = (lock_key, fence_key)
         mode_arg: Any = fair_ms
@@ -394,15 +394,15 @@ class Scripts:
         self, lock_key: bytes, owner: str, delay_ms: int, token: int | None = None
     ) -> ScriptCall:
         """The release.lua call: its reply is DONE released (or handed to the oldest fair
-        waiter), GONE or TAKEN (HolderReply); a release a waiter waits for is published on
+        waiter), GONE or TAKEN (Reply); a release a waiter waits for is published on
         the lock's channel (``P{T}:chan``). With the hold's fencing ``token``, the same call
         sent again after its reply was lost answers DONE too."""
         return self._release, (lock_key,), (owner, delay_ms, "" if token is None else token)
 
     def acquire_undo_call(self, lock_key: bytes, owner: str, attempt: str) -> ScriptCall:
         """The acquire_undo.lua call: undo what the acquire call ``attempt`` of ``owner`` took;
-        its reply is 2 a claim taken over is back, 1 it holds the name (release it), 0
-        nothing of its own (:class:`UndoReply`)."""
+        its reply is CLAIM_RESTORED a claim taken over is back, HELD it holds the name
+        (release it), GONE nothing of its own (:class:`Reply`)."""
         return self._acquire_undo, (lock_key,), (owner, attempt)
 
     def fair_abandon_call(self, lock_key: bytes, owner: str) -> ScriptCall:
@@ -414,13 +414,13 @@ class Scripts:
         self, lock_key: bytes, owner: str, new_owner: str, ttl_ms: int, fields: Sequence[Any]
     ) -> ScriptCall:
         """The handover.lua call: its reply is DONE handed over, GONE or TAKEN
-        (:class:`HolderReply`)."""
+        (:class:`Reply`)."""
         return self._handover, (lock_key,), (owner, new_owner, ttl_ms, *fields)
 
     def clear_call(self, lock_key: bytes, token: str, renewed_ms: str) -> ScriptCall:
         """The release.lua call of the admin's clear of the holder (or release delay) listed
         with fencing ``token``, only if it was not renewed since ``renewed_ms`` ('' not
-        checked): its reply is CLEARED, GONE, TAKEN or RESUMED (:class:`ClearReply`)."""
+        checked): its reply is DONE cleared, GONE, TAKEN or RESUMED (:class:`Reply`)."""
         return self._release, (lock_key,), ("", 0, token, "clear", renewed_ms)
 
     def release_holder_call(
@@ -429,7 +429,7 @@ class Scripts:
         """The release.lua call of a supervisor: release the lock if task ``task_id`` in
         process ``pid`` on ``host`` holds it (with a process mark that begins with ``proc``,
         when the hold has one and ``proc`` is not ''); its reply is DONE released or GONE
-        (HolderReply)."""
+        (Reply)."""
         args = ("", delay_ms, "", "holder", "", task_id, pid, host, proc)
         return self._release, (lock_key,), args
 

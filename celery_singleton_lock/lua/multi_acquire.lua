@@ -5,11 +5,11 @@
 -- ARGV[4]: '1' if the caller will wait for a release, else ''
 -- ARGV[5..4+n]: the names (stored as each hash's `name`)
 -- ARGV[5+n..]: field, value pairs describing the holder (kind, host, pid, ...)
--- Reply codes: AcquireReply in core/replies.py (keep the two in step).
+-- Reply codes: Reply in core/replies.py (keep the two in step): DONE 1, BUSY -7.
 -- returns {1, token 1, ..., token n}   all taken, one fencing token per name; or all held by
 --                                       this owner already (a re-sent attempt whose first
 --                                       run's reply was lost): the tokens they have
---         {0, ms}                       some name is held: ms until the first busy one could
+--         {-7, ms}                      some name is held: ms until the first busy one could
 --                                       run out (-1: a busy one has no expiry); nothing taken
 -- One script over every key makes it atomic, so two multi-locks over overlapping names can
 -- never each hold part of what the other needs: no deadlock, no ordering rule.
@@ -32,7 +32,7 @@ for i = 1, n do
   end
 end
 if hint ~= nil then
-  return {0, hint}
+  return {-7, hint}
 end
 if owned == n then
   return mine

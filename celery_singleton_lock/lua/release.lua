@@ -18,7 +18,8 @@
 --          ('' not known): its boot and namespaces and their ':' (pids are reused across
 --          containers and within one), or the whole mark. A hold with a `proc` that does not
 --          begin so is another process's
--- Reply codes: HolderReply in core/replies.py (keep the two in step); a clear's: ClearReply.
+-- Reply codes: Reply in core/replies.py (keep the two in step): DONE 1, GONE 0,
+-- TAKEN -1; a clear's also RESUMED -6.
 -- returns 1   released or cleared (a holder's release: or handed to the oldest live fair
 --             waiter); also for a call sent again after its reply was lost (see below)
 --         0   not held: the lease expired and nobody holds the name (a clear: released or
@@ -26,7 +27,7 @@
 --             process on that host)
 --        -1   another owner holds the name (or it is in another holder's release delay); a
 --             clear: another holder (another fencing token) has it now: left alone
---        -2   a clear: renewed since it was listed stale (its heartbeat resumed): left alone
+--        -6   a clear: renewed since it was listed stale (its heartbeat resumed): left alone
 --
 -- A call that frees the name now leaves P{T}:freed, for the time the hold had left
 -- (trace.lua): the holder's release its `owner` and fencing `token`, the others the token and
@@ -96,7 +97,7 @@ end
 if mode == 'clear' and (ARGV[5] or '') ~= '' then
   local renewed = redis.call('HMGET', KEYS[1], 'renewed_ms', 'acquired_ms')
   if tonumber(renewed[1] or renewed[2]) ~= tonumber(ARGV[5]) then
-    return -2
+    return -6
   end
 end
 local delay = tonumber(ARGV[2])

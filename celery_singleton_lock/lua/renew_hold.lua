@@ -2,7 +2,7 @@
 -- lease's and each name of a multi-key lock's hash are the same kind of hold).
 -- `key`: the lock hash; `owner`: the owner token it must have; `ask`: the lease length
 -- asked, ms (as text); `gen`: the renewal's generation.
--- Returns the reply code of renew.lua (HolderReply in core/replies.py): > 0 ms the lease now
+-- Returns the reply code of renew.lua (Reply in core/replies.py): > 0 ms the lease now
 -- has (less than asked when its max-hold deadline is near), 0 gone, -1 another owner's or in
 -- a release delay (which has no owner: an empty owner token matches nothing, so a late
 -- renewal never cuts a delay short), -2 max-hold reached (not renewed: it runs out on its

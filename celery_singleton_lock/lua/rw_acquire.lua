@@ -9,12 +9,13 @@
 --          (acquire.lua's ARGV[7]), stored as they come in the one field `holder`
 -- ARGV[8]: the call identity of the new hold ('' none): an opaque string; while a hold of
 --          the same call identity stands on the lock (in any mode), nothing is granted
--- Reply codes: IntervalReply in core/replies.py (keep the two in step).
+-- Reply codes: Reply in core/replies.py (keep the two in step): the token alone
+-- is DONE; BUSY -7, HELD_BY_CALL -5.
 -- returns fencing token        taken, or held by this owner already: a re-sent attempt whose
 --                              first run's reply was lost gets the token it has, unchanged; the
 --                              token alone (a string), not a table: see acquire_outcome()
 --                              in core/replies.py
---         {0, ms}              blocked; ms until a conflicting hold could run out
+--         {-7, ms}             blocked; ms until a conflicting hold could run out
 --         {-5, ms}             a hold of the call identity ARGV[8] stands (another delivery
 --                              of the same call): ms it has left. Nothing granted, queued
 --                              or marked: a call is never let in beside itself
@@ -72,7 +73,7 @@ if pttl ~= -2 then
     if ARGV[6] == '1' then
       mark_waiting(hint)
     end
-    return {0, hint}
+    return {-7, hint}
   end
   if mode == 'w' and state[3] then
     unreserve(owner)

@@ -9,7 +9,8 @@
 --          nothing checked): it then goes without reading the hold's hash
 -- ARGV[6]: '1' for a clear (the admin's, or a supervisor's release of a dead task's hold),
 --          '' for the holder's own release: the holder of a hold cleared finds it lost
--- Reply codes: ClearReply in core/replies.py (keep the two in step).
+-- Reply codes: Reply in core/replies.py (keep the two in step): DONE 1, GONE 0,
+-- TAKEN -1, RESUMED -6.
 -- returns 1   released (or, for a waiter, its reservation withdrawn); also for a call sent
 --             again after its reply was lost: a release or clear that freed the hold left in
 --             its hash's place a trace (trace.lua), `state=released` with the hold's token
@@ -18,7 +19,7 @@
 --             does the holder's release of a hold in its delay, with a delay or without
 --         0   not held: the hold expired (or was cleared, or, for a clear, released)
 --        -1   the hold's fencing token is not ARGV[3]
---        -2   the hold was renewed since it was listed (renewed_ms is not ARGV[4])
+--        -6   the hold was renewed since it was listed (renewed_ms is not ARGV[4])
 -- Waiters are woken only if one marked the lock (see mark_waiting).
 local owner = ARGV[1]
 local delay = tonumber(ARGV[2])
@@ -98,7 +99,7 @@ if token ~= '' and holder[2] ~= token then
 end
 -- A hold not renewed yet has no renewed_ms: its acquired_ms stands for it.
 if renewed ~= '' and tonumber(holder[3] or holder[4]) ~= tonumber(renewed) then
-  return -2
+  return -6
 end
 local field = mode
 if mode == 'r' then

@@ -3,7 +3,8 @@
 -- ARGV[3i-2]: owner token of hold i   ARGV[3i-1]: new lease length of hold i, ms
 -- ARGV[3i]: generation of the renewal: one older than the hold's `gen` leaves it alone and
 --           answers the ms it has (see renew.lua)
--- Reply codes: HolderReply in core/replies.py (keep the two in step).
+-- Reply codes: Reply in core/replies.py (keep the two in step): ms granted (> 0),
+-- GONE 0, MAX_HOLD_REACHED -2.
 -- returns one integer per hold: > 0 ms granted, 0 gone (or released: a hold in a release delay
 -- is never renewed, so a renewal sent before a delayed release cannot cut the delay short;
 -- nor is the trace a release or clear leaves, state=released, see rw_release.lua),
