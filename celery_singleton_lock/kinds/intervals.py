@@ -112,8 +112,10 @@ class IntervalScripts:
     renewals' WAIT)."""
 
     def __init__(self, redis: Any, replication: Replication | None = None) -> None:
-        def load(name: str, waits: Replication | None) -> Script:
-            text = source_after(CLOCK, FENCING, "interval_common", "interval_overlap", name)
+        def load(name: str, waits: Replication | None, *preludes: str) -> Script:
+            text = source_after(
+                CLOCK, FENCING, *preludes, "interval_common", "interval_overlap", name
+            )
             return register(redis, text, waits)
 
         self.acquire = load("interval_acquire", replication)
@@ -124,7 +126,7 @@ class IntervalScripts:
             replication,
         )
         self.change = load("interval_change", replication)
-        self.renew = load("interval_renew", None)
+        self.renew = load("interval_renew", None, "renew_hold")
 
 
 def scripts(client: ScriptHost) -> IntervalScripts:

@@ -105,7 +105,7 @@ class RWScripts:
         )
         self.release = load(replication, TRACE, "rw_release")
         self.change = load(replication, "rw_change")
-        self.renew = load(None, "rw_renew")
+        self.renew = load(None, "renew_hold", "rw_renew")
 
 
 def scripts(client: ScriptHost) -> RWScripts:

@@ -122,15 +122,11 @@ if owner then
     return redis.error_reply('TRYAGAIN a claim cannot be kept aside while its slot migrates')
   end
 end
-local lease = ARGV[2]
-local max_hold = tonumber(ARGV[3])
+local lease, deadline = first_lease(ARGV[2], ARGV[3])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token, 'acquired_ms', now_ms,
   'ttl_ms', ARGV[2], 'holder', ARGV[7])
-if max_hold > 0 then
-  redis.call('HSET', KEYS[1], 'deadline_ms', now_ms + max_hold)
-  if max_hold < tonumber(lease) then
-    lease = max_hold
-  end
+if deadline > 0 then
+  redis.call('HSET', KEYS[1], 'deadline_ms', deadline)
 end
 if waiting then
   redis.call('HSET', KEYS[1], 'waiting', waiting)

@@ -86,11 +86,7 @@ if parent ~= '' or redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS
   end
 end
 local token = next_token(KEYS[13])
-local lease = tonumber(ARGV[5])
-local max_hold = tonumber(ARGV[6])
-if max_hold > 0 then
-  lease = math.min(lease, max_hold)
-end
+local lease, deadline = first_lease(ARGV[5], ARGV[6])
 local m = MODES[mode]
 local expiry = now_ms + lease
 redis.call('ZADD', KEYS[1], expiry, owner)
@@ -104,8 +100,8 @@ redis.call('HSET', KEYS[8], 'owner', owner, 'token', token, 'acquired_ms', now_m
 if call ~= '' then
   redis.call('HSET', KEYS[8], 'call', call)
 end
-if max_hold > 0 then
-  redis.call('HSET', KEYS[8], 'deadline_ms', now_ms + max_hold)
+if deadline > 0 then
+  redis.call('HSET', KEYS[8], 'deadline_ms', deadline)
 end
 if parent ~= '' then
   redis.call('HSET', KEYS[8], 'parent', parent)

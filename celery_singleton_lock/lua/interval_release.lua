@@ -27,19 +27,9 @@ local delay = tonumber(ARGV[2])
 local token, renewed, clear = ARGV[4], ARGV[5] or '', ARGV[6] == '1'
 local holder = redis.call('HMGET', KEYS[8], 'mode', 'token', 'renewed_ms', 'hi', 'state',
   'cleared')
-if holder[5] == 'released' then
-  -- Freed already, and named by no index: a call like the one that freed it (the holder's
-  -- own release, or a clear of its token: `cleared`) is that call sent again, and answered
-  -- released; any other finds it gone.
-  if clear == (holder[6] == '1') and (token == '' or token == holder[2]) then
-    return 1
-  end
-  return 0
-end
-if holder[5] == 'release_delay' and not clear then
-  -- Released already, with a delay: whatever its holder sends now (that release again,
-  -- or one without a delay) finds it released, and the delay ends where it was set to.
-  return 1
+local freed = freed_reply(holder[5], holder[6], holder[2], clear, token)
+if freed then
+  return freed  -- freed already, and named by no index (trace.lua)
 end
 local m = MODES[holder[1] or '']
 local woke = false

@@ -38,13 +38,7 @@ if owned == n then
   return mine
 end
 local now_ms = server_ms()
-local lease = tonumber(ARGV[2])
-local max_hold = tonumber(ARGV[3])
-local deadline = 0
-if max_hold > 0 then
-  deadline = now_ms + max_hold
-  lease = math.min(lease, max_hold)
-end
+local lease, deadline = first_lease(ARGV[2], ARGV[3])
 local result = {1}
 for i = 1, n do
   local token = next_fencing_token(KEYS[n + i])

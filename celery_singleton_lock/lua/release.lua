@@ -137,13 +137,7 @@ while handing do
     end
     local now_ms = server_ms()
     local token = next_fencing_token(fence)
-    local lease = tonumber(wanted['ttl_ms'])
-    local max_hold = tonumber(wanted['max_hold_ms'])
-    local deadline = 0
-    if max_hold > 0 then
-      deadline = now_ms + max_hold
-      lease = math.min(lease, max_hold)
-    end
+    local lease, deadline = first_lease(wanted['ttl_ms'], wanted['max_hold_ms'])
     redis.call('HSET', KEYS[1], unpack(fields))
     redis.call('HDEL', KEYS[1], 'max_hold_ms')
     -- Still marked: the rest of the queue (and any other waiter) waits for this holder.

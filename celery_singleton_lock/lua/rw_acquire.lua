@@ -82,8 +82,7 @@ if pttl ~= -2 then
 end
 local token = next_fencing_token(KEYS[3])
 local acquired = server_ms()
-local lease = tonumber(ARGV[3])
-local max_hold = tonumber(ARGV[4])
+local lease, deadline = first_lease(ARGV[3], ARGV[4])
 if mode ~= 'r' then
   redis.call('HSET', KEYS[1], field, owner)
 elseif call == '' then
@@ -99,9 +98,8 @@ else
   redis.call('HSET', KEYS[2], 'owner', owner, 'token', token, 'acquired_ms', acquired,
     'ttl_ms', ARGV[3], 'mode', mode, 'holder', ARGV[7], 'call', call)
 end
-if max_hold > 0 then
-  redis.call('HSET', KEYS[2], 'deadline_ms', tonumber(acquired) + max_hold)
-  lease = math.min(lease, max_hold)
+if deadline > 0 then
+  redis.call('HSET', KEYS[2], 'deadline_ms', deadline)
 end
 redis.call('PEXPIRE', KEYS[2], lease)
 -- B exp lives at least as long as this hold.

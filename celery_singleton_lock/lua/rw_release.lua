@@ -64,19 +64,9 @@ else
   holder = redis.call('HMGET', KEYS[2], 'mode', 'token', 'renewed_ms', 'acquired_ms', 'state',
     'cleared')
   mode = holder[1]
-  if holder[5] == 'released' then
-    -- Freed already: a call like the one that freed it (the holder's own release, or a
-    -- clear of its token: `cleared`) is that call sent again, and answered released; any
-    -- other finds it gone.
-    if clear == (holder[6] == '1') and (token == '' or token == holder[2]) then
-      return 1
-    end
-    return 0
-  end
-  if holder[5] == 'release_delay' and not clear then
-    -- Released already, with a delay: whatever its holder sends now (that release again,
-    -- or one without a delay) finds it released, and the delay ends where it was set to.
-    return 1
+  local freed = freed_reply(holder[5], holder[6], holder[2], clear, token)
+  if freed then
+    return freed  -- freed already (trace.lua)
   end
 end
 helpers()

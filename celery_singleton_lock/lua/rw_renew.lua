@@ -9,10 +9,9 @@
 -- is never renewed, so a renewal sent before a delayed release cannot cut the delay short;
 -- nor is the trace a release or clear leaves, state=released, see rw_release.lua),
 -- -2 max-hold reached
--- The remaining time is *set*, never added to. B exp is kept alive at least as long.
+-- The remaining time is *set*, never added to (renew_hold.lua). B exp is kept alive at least
+-- as long.
 local result = {}
-helpers()
-now()
 for i = 1, #KEYS / 2 do
   local lock, hold = KEYS[2 * i - 1], KEYS[2 * i]
   local gen = tonumber(ARGV[3 * i])
@@ -23,23 +22,9 @@ for i = 1, #KEYS / 2 do
   elseif gen < stored then
     result[i] = math.max(1, redis.call('PTTL', hold))
   else
-    local lease = tonumber(ARGV[3 * i - 1])
-    local deadline = tonumber(holder[2]) or 0
-    if deadline > 0 and deadline - now_ms < lease then
-      lease = deadline - now_ms
-    end
-    if lease <= 0 then
-      result[i] = -2
-    else
-      redis.call('PEXPIRE', hold, lease)
-      redis.call('HSET', hold, 'renewed_ms', now_ms, 'ttl_ms', ARGV[3 * i - 1])
-      if gen > stored then
-        redis.call('HSET', hold, 'gen', gen)
-      end
-      if redis.call('PTTL', lock) < lease then
-        redis.call('PEXPIRE', lock, lease)
-      end
-      result[i] = lease
+    result[i] = renew_to(hold, ARGV[3 * i - 1], tonumber(holder[2]) or 0, gen, stored)
+    if result[i] > 0 and redis.call('PTTL', lock) < result[i] then
+      redis.call('PEXPIRE', lock, result[i])
     end
   end
 end

@@ -52,13 +52,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   end
 end
 local token = next_token(KEYS[13])
-local lease = tonumber(ARGV[3])
-local max_hold = tonumber(ARGV[4])
-local deadline = 0
-if max_hold > 0 then
-  deadline = now_ms + max_hold
-  lease = math.min(lease, max_hold)
-end
+local lease, deadline = first_lease(ARGV[3], ARGV[4])
 local expiry = now_ms + lease
 redis.call('ZADD', KEYS[1], expiry, owner)
 redis.call('HSET', KEYS[8], 'owner', owner, 'token', token, 'acquired_ms', now_ms,
