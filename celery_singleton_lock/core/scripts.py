@@ -457,8 +457,8 @@ def fair_keys(base: bytes, owner: str) -> tuple[bytes, bytes, bytes]:
 
 class ScriptHost(Protocol):
     """A sync or asyncio connection, as a pure script-call builder needs it: its key prefix,
-    its Redis client to register scripts on (:func:`bound_to`), and how many replicas its
-    lock writes wait for."""
+    its Redis client to register scripts on (:func:`bound_to`), how many replicas its lock
+    writes wait for, and its lease scripts (:class:`Scripts`)."""
 
     @property
     def prefix(self) -> str: ...

@@ -607,8 +607,8 @@ def release_holds_of(
         [flat.get(field) for field in (b"task_id", b"pid", b"host", b"token", b"state", b"proc")]
         for flat in map(flatten, conn.call(pipe.execute))
     ]
-    # The host and the process mark too: pids are reused across machines, containers and
-    # within one pid namespace.
+    # The host and the place its process mark names too: pids are reused across machines
+    # and containers.
     wanted = (process.task_id.encode(), str(process.pid).encode(), process.host.encode())
     place = process.proc.encode()
     released = False

@@ -82,7 +82,7 @@ def clear_call(conn: ScriptHost, holder: ListedHolder) -> ScriptCall:
     """The deletion of a listed lease (or one name of a multi-key lock, or the release delay
     any holder left on a lease key) if it still carries the listed fencing token and, when
     the holder dict has a ``renewed_ms``, was not renewed since (release.lua, as a clear):
-    1 cleared, 0 gone, -1 taken by another holder, -2 renewed since."""
+    a Reply: DONE cleared, GONE, TAKEN by another holder, RESUMED renewed since."""
     keys = lock_keys(conn.prefix, holder.name)
     token, renewed = holder.token, holder.renewed_ms
     return conn.scripts.clear_call(
