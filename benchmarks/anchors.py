@@ -23,7 +23,7 @@ import redis_lock
 
 from celery_singleton_lock import LockClient
 from celery_singleton_lock.aio import AsyncLockClient
-from celery_singleton_lock.core.replies import AcquireReply, HolderReply, acquire_outcome
+from celery_singleton_lock.core.replies import Reply, acquire_outcome
 from celery_singleton_lock.core.scripts import run
 
 #: The floor's release: compare-and-delete, the least a safe release can do.
@@ -227,14 +227,14 @@ class OurScripts:
             lease.keys.lock, lease.keys.fence, self._owner, lease._ttl_ms, 0,
             lease._packed_holder(),
         ))  # fmt: skip
-        return acquire_outcome(reply)[0] == AcquireReply.ACQUIRED
+        return acquire_outcome(reply)[0] == Reply.DONE
 
     def acquire_blocking(self, timeout: float) -> bool:
         raise NotImplementedError("throughput only")
 
     def release(self) -> None:
         lease = self._lease
-        if run(self._scripts.release_call(lease.keys.lock, self._owner, 0)) != HolderReply.DONE:
+        if run(self._scripts.release_call(lease.keys.lock, self._owner, 0)) != Reply.DONE:
             raise RuntimeError("not held")
 
     def close(self) -> None:

@@ -350,7 +350,7 @@ def test_json_shape(lock_client: LockClient) -> None:
 def test_clear_script_ships_with_the_package() -> None:
     from celery_singleton_lock.core.scripts import source
 
-    assert "KEYS[1]: lock hash" in source("clear")
+    assert "'clear' the admin's clear" in source("release")
 
 
 def test_reader_writer_and_multi_locks_are_listed_and_cleared(lock_client: LockClient) -> None:

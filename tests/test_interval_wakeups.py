@@ -20,6 +20,7 @@ from support.pubsub import Channel
 from support.waiting import BackgroundAcquire
 
 from celery_singleton_lock import LockClient
+from celery_singleton_lock.core.replies import Reply
 from celery_singleton_lock.kinds import rwlock
 from celery_singleton_lock.kinds.rwlock import RWLockHandle, release_hold
 
@@ -121,7 +122,7 @@ def test_a_shorter_hint_never_shortens_the_mark(lock_client: LockClient) -> None
     taken, hint = try_acquire(rw.read(), "short", True)
     assert not taken and hint <= 1_500
     assert lock_client.redis.pttl(reader.keys.waiting) > 1_500 + 1_000
-    assert release(lock_client, "queued") == 1
+    assert release(lock_client, "queued") == Reply.DONE
     reader.release()
 
 
@@ -142,12 +143,12 @@ def test_blocked_upgrade_is_woken_by_the_last_readers_release(
     up = hold(lock_client, "upgradable")
     reader = hold(lock_client, "read")
     code, hint = change(up, "upgrade", reserve=1_500)
-    assert code == 0 and hint > 0
+    assert code == Reply.BUSY and hint > 0
     assert marked(lock_client)
     reader.release()
     assert channel.published() == [b"released"]
     code, _ = change(up, "upgrade", reserve=1_500)
-    assert code == 1
+    assert code == Reply.DONE
     up.release()
 
 
@@ -177,12 +178,12 @@ def test_release_with_a_delay_publishes_nothing_and_keeps_the_mark(
     writer = hold(lock_client, "write")
     owner = writer.owner or ""
     assert not try_acquire(lock_client.rwlock("wake").read(), "reader", True)[0]
-    assert release(lock_client, owner, delay_ms=5_000) == 1
+    assert release(lock_client, owner, delay_ms=5_000) == Reply.DONE
     taken, hint = try_acquire(lock_client.rwlock("wake").read(), "reader", True)
     assert not taken and 0 < hint <= 5_000  # the waiter sleeps until the delay ends
     assert marked(lock_client)
     assert channel.published() == []
-    assert release(lock_client, owner) == 1  # ended early (as the admin's clear does)
+    assert release(lock_client, owner) == Reply.DONE  # ended early (as the admin's clear does)
     assert channel.published() == [b"released"]
 
 
@@ -193,7 +194,7 @@ def test_given_up_writer_wakes_the_readers_its_reservation_held_back(
     rw = lock_client.rwlock("wake")
     assert not try_acquire(rw.write(), "writer", True)[0]
     assert not try_acquire(rw.read(), "late", True)[0]  # held back by the reservation
-    assert release(lock_client, "writer") == 1  # the writer's abandon
+    assert release(lock_client, "writer") == Reply.DONE  # the writer's abandon
     assert channel.published() == [b"released"]
     assert try_acquire(rw.read(), "late", True)[0]
     reader.release()

@@ -31,6 +31,7 @@ from celery_singleton_lock.celery.claims import claim_owner
 from celery_singleton_lock.core.handle import LockHandle
 from celery_singleton_lock.core.heartbeat import heartbeat
 from celery_singleton_lock.core.holder import HOSTNAME
+from celery_singleton_lock.core.pid_evidence import ProcessMark, this_process
 from celery_singleton_lock.embedded import free_port
 from celery_singleton_lock.kinds import multi, rangelock, rwlock, semaphore
 from celery_singleton_lock.kinds.intervals import IntervalHandle
@@ -280,6 +281,34 @@ def test_release_holder_matches_the_host_too(lock_client: LockClient, kind: str)
     assert handle.held
 
     assert release_holder(lock_client, kind, task_id="t-1", pid=pid, host="another-machine")
+    heartbeat().tick()
+    assert handle.lost
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_release_holder_matches_the_process_mark_too(lock_client: LockClient, kind: str) -> None:
+    """A hold recorded on this host name by a process with the same task id and pid but
+    marked as a process of another pid namespace (a container with host networking: pids
+    are reused there) is not freed by this machine's supervisor, whose children share its
+    namespaces; marked as this process, it is."""
+    here = this_process()
+    if here is None:
+        pytest.skip("no process mark here (not Linux)")
+    handle = held_by_task(lock_client, kind, "t-proc")
+    pid = os.getpid()
+    other = ProcessMark(here.boot, here.pid_ns + 1, here.time_ns, here.start)
+    for key in holder_hashes(handle):
+        lock_client.redis.hset(key, "proc", other.text())
+
+    assert not release_holder(lock_client, kind, task_id="t-proc", pid=pid)
+    assert not release_holder(lock_client, kind, task_id="t-proc", pid=pid, host=HOSTNAME)
+    handle.check()  # still held, and renewed
+    heartbeat().tick()
+    assert handle.held
+
+    for key in holder_hashes(handle):
+        lock_client.redis.hset(key, "proc", here.text())
+    assert release_holder(lock_client, kind, task_id="t-proc", pid=pid)
     heartbeat().tick()
     assert handle.lost
 

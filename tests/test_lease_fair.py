@@ -18,7 +18,7 @@ from support.waiting import BackgroundAcquire, wait_for
 
 from celery_singleton_lock import ConfigurationError, Lease, LockClient
 from celery_singleton_lock.core.holder import flatten
-from celery_singleton_lock.core.replies import AcquireReply, acquire_outcome
+from celery_singleton_lock.core.replies import Reply, acquire_outcome
 from celery_singleton_lock.core.scripts import fair_keys, pack_holder, run
 from celery_singleton_lock.kinds.lease import FAIR_REGISTRATION_MS
 
@@ -43,7 +43,7 @@ def queue_up(client: LockClient, lease: Lease, owner: str, thread: str) -> tuple
         lease.keys.lock, lease.keys.fence, owner, 20_000, 0, pack_holder(fields),
         waiting=True, fair_ms=FAIR_REGISTRATION_MS,
     )))  # fmt: skip
-    return taken == AcquireReply.ACQUIRED, value
+    return taken == Reply.DONE, value
 
 
 def release(client: LockClient, lease: Lease, owner: str, delay_ms: int = 0) -> int:

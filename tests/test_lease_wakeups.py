@@ -18,7 +18,7 @@ from support.pubsub import Channel
 from support.waiting import BackgroundAcquire, wait_for, wait_for_subscriber
 
 from celery_singleton_lock import Lease, LockClient
-from celery_singleton_lock.core.replies import AcquireReply, acquire_outcome
+from celery_singleton_lock.core.replies import Reply, acquire_outcome
 from celery_singleton_lock.core.scripts import run
 from celery_singleton_lock.kinds.lease import packed_lease_holder
 
@@ -44,7 +44,7 @@ def attempt(
         packed_lease_holder(lease.name, lease.heartbeat, lease.owner_info),
         takeover, waiting=waiting,
     )))  # fmt: skip
-    return taken == AcquireReply.ACQUIRED, value
+    return taken == Reply.DONE, value
 
 
 def release(client: LockClient, lease: Lease, owner: str, delay_ms: int = 0) -> int:

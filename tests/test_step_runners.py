@@ -15,7 +15,7 @@ from support.async_sides import run
 from support.waiting import wait_for
 
 from celery_singleton_lock import AsyncLockClient, LockBackendError, LockClient
-from celery_singleton_lock.core.replies import HolderReply
+from celery_singleton_lock.core.replies import Reply
 from celery_singleton_lock.core.scripts import ScriptCall, register
 from celery_singleton_lock.core.steps import Listen, Pause, Steps
 
@@ -48,7 +48,7 @@ def subscribers(client: LockClient, channel: bytes) -> int:
 
 
 def check(seen: list[str], reply: int) -> None:
-    assert reply == HolderReply.GONE
+    assert reply == Reply.GONE
     assert len(seen) == 4
     assert seen[0] == "listeners 1"
     assert seen[1].startswith("caught: ") and "refused on purpose" in seen[1]

@@ -9,7 +9,7 @@ from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.holder import ListedHolder
 from ..core.patterns import escape
-from ..core.replies import ClearReply
+from ..core.replies import Reply
 from ..core.scripts import ScriptCall, ScriptHost
 from ..exceptions import ConfigurationError, LockError
 from ..kinds.registry import LEASES, family_of
@@ -21,10 +21,11 @@ __all__ = [
     "release_holder",
 ]  # fmt: skip
 
-#: What clearing a listed holder did: the clear scripts' codes (:class:`ClearReply`, where
-#: each is described), under the names the admin API has always had for them.
-CLEARED, GONE = ClearReply.CLEARED, ClearReply.GONE
-TAKEN, RESUMED = ClearReply.TAKEN, ClearReply.RESUMED
+#: What clearing a listed holder did: the clear scripts' codes (:class:`Reply`, where
+#: each is described; CLEARED is its DONE), under the names the admin API has always had
+#: for them.
+CLEARED, GONE = Reply.DONE, Reply.GONE
+TAKEN, RESUMED = Reply.TAKEN, Reply.RESUMED
 
 
 def clear_info(client: Connection | HasConnection, info: LockInfo) -> bool:
@@ -36,7 +37,7 @@ def clear_info(client: Connection | HasConnection, info: LockInfo) -> bool:
 
 def clear_listed(
     client: Connection | HasConnection, info: LockInfo, *, force: bool = False
-) -> ClearReply:
+) -> Reply:
     """Clear the listed holder ``info`` in one atomic step that checks it is still that
     holder (its fencing token) and, unless ``force``, that a holder listed stale is still
     stale: not renewed since it was listed. CLEARED, GONE, TAKEN or RESUMED."""
@@ -46,7 +47,7 @@ def clear_listed(
         return GONE
     conn.check_layout()
     script, keys, args = call
-    return ClearReply(int(conn.call(script, keys=keys, args=args)))
+    return Reply(int(conn.call(script, keys=keys, args=args)))
 
 
 def clear_call(conn: ScriptHost, info: LockInfo, force: bool) -> ScriptCall | None:

@@ -15,7 +15,7 @@ from ..admin.clear import clear_call, cleared, to_clear
 from ..admin.inspect import lock_infos
 from ..core import validate
 from ..core.holder import ListedHolder
-from ..core.replies import ClearReply
+from ..core.replies import Reply
 from ..core.scan import Read, executed, joined, reading, records_of
 from ..kinds.registry import FAMILIES
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
@@ -66,7 +66,7 @@ async def list_locks(
 
 async def clear_listed(
     client: AsyncConnection | HasAsyncConnection, info: LockInfo, *, force: bool = False
-) -> ClearReply:
+) -> Reply:
     """Clear the listed holder ``info`` in one atomic step that checks it is still that holder
     (its fencing token) and, unless ``force``, that a holder listed stale was not renewed since
     (see :func:`..admin.clear_listed`): CLEARED, GONE, TAKEN or RESUMED."""
@@ -75,7 +75,7 @@ async def clear_listed(
     if call is None:
         return GONE
     await conn.check_layout()
-    return ClearReply(int(await conn.script(*call)))
+    return Reply(int(await conn.script(*call)))
 
 
 async def clear_info(client: AsyncConnection | HasAsyncConnection, info: LockInfo) -> bool:

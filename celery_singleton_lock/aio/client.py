@@ -10,7 +10,7 @@ from ..admin import Listing
 from ..core import redis_urls, validate
 from ..core.client_base import ClientBase
 from ..core.holder import HOSTNAME
-from ..core.replies import HolderReply
+from ..core.replies import Reply
 from . import admin
 from .connection import AsyncConnection
 from .lease import AsyncLease
@@ -86,9 +86,9 @@ class AsyncLockClient(
         conn = self.connection
         keys = conn.keys(name)
         process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
-        call = conn.scripts.release_holder_call(keys.lock, *process, keys.channel)
+        call = conn.scripts.release_holder_call(keys.lock, *process)
         await conn.check_layout()
-        return int(await conn.script(*call)) == HolderReply.DONE
+        return int(await conn.script(*call)) == Reply.DONE
 
     async def locks(self, pattern: str | None = None) -> Listing:
         """Every lock under this client's prefix whose name matches the glob ``pattern``,

@@ -41,7 +41,7 @@ from celery.backends.base import DisabledBackend
 from ..core import validate
 from ..core.handle import HolderRecord
 from ..core.keys import key_part
-from ..core.replies import HolderReply
+from ..core.replies import Reply
 from ..exceptions import LockError
 from ..kinds.lease import CLAIM_OWNER_PREFIX, Lease, ReleaseResult
 from .holders import claimed
@@ -201,7 +201,7 @@ def free_at_acquire(lease: Lease, task_id: str, *, stop_if_replaced: bool) -> bo
 def replaced_at_acquire(lease: Lease) -> bool:
     """After an acquire set up by :func:`free_at_acquire` for ``debounce``: whether another
     call held the queue claim (it replaced this one), so the acquire did not try."""
-    return lease.freed_first == HolderReply.TAKEN and not lease.held
+    return lease.freed_first == Reply.TAKEN and not lease.held
 
 
 def replaced_by(task: Any, args: Any, kwargs: Any) -> str | None:

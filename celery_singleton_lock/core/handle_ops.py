@@ -116,7 +116,7 @@ class HandleOps(HandleState, ABC):
 
     @abstractmethod
     def _release(self, owner: str, delay_ms: int) -> Steps[int]:
-        """One release round trip: a ``HolderReply`` (DONE, GONE or TAKEN)."""
+        """One release round trip: a ``Reply`` (DONE, GONE or TAKEN)."""
 
     @classmethod
     @abstractmethod

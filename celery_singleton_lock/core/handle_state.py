@@ -33,7 +33,7 @@ from ..exceptions import (
     LockTimeout,
 )
 from . import validate
-from .replies import HolderReply
+from .replies import Reply
 
 log = logging.getLogger("celery_singleton_lock.lease")
 lost_log = logging.getLogger("celery_singleton_lock.lost")
@@ -303,7 +303,7 @@ class HandleState:
         return self._held_by_call
 
     def _refused_for_call(self, hint_ms: int) -> tuple[bool, int]:
-        """An acquire attempt answered ``IntervalReply.HELD_BY_CALL`` (a hold of this
+        """An acquire attempt answered ``Reply.HELD_BY_CALL`` (a hold of this
         handle's call identity has ``hint_ms`` left): the attempt's outcome, not taken."""
         self._held_by_call = True
         return False, hint_ms
@@ -327,7 +327,7 @@ class HandleState:
         if time.monotonic() >= self._expires_at:
             if self._past_cap():
                 # As the heartbeat or the release would find it: the cap, not a stall.
-                error = self._lost_error(HolderReply.GONE, "check")
+                error = self._lost_error(Reply.GONE, "check")
             else:
                 cap = self.option_names.max_hold
                 error = LockExpired(
@@ -417,7 +417,7 @@ class HandleState:
     def _released(self, code: int) -> None:
         """The release script answered ``code``: DONE released, else raise the lost error."""
         unanswered, self._release_unanswered = self._release_unanswered, False
-        if code == HolderReply.DONE:
+        if code == Reply.DONE:
             self._lost = None
             return
         error = self._lost_error(code, "release")
@@ -477,7 +477,7 @@ class HandleState:
     def _extended(self, owner: str, code: int, sent_at: float, gen: int) -> float:
         """The renewal of generation ``gen`` an extend sent at ``sent_at`` answered
         ``code``: the seconds granted."""
-        if code == HolderReply.MAX_HOLD_REACHED:
+        if code == Reply.MAX_HOLD_REACHED:
             return max(0.0, self._expires_at - time.monotonic())
         if code <= 0:
             error = self._lost_error(code, "extend")
@@ -504,7 +504,7 @@ class HandleState:
                 # deadline any of them vouches for holds (replies may be read out of order).
                 if self._owner == owner and gen == self._gen:
                     self._expires_at = max(self._expires_at, sent_at + code / 1000)
-        elif code == HolderReply.MAX_HOLD_REACHED:
+        elif code == Reply.MAX_HOLD_REACHED:
             self._cap_reached = True
             self._stop_renewing()
             names = self.option_names
@@ -568,7 +568,7 @@ class HandleState:
         return self._cap_reached or time.monotonic() >= self._hold_ends_at
 
     def _lost_error(self, code: int, during: str) -> LockLost:
-        if code == HolderReply.GONE and self._past_cap():
+        if code == Reply.GONE and self._past_cap():
             cap = self.option_names.max_hold
             error = LockExpired(
                 f"{during}: lease on {self.name!r} ran out at its {cap} ({self.max_hold:g} s):"
@@ -578,7 +578,7 @@ class HandleState:
             error.reason = "max_hold"
             return error
         name = self.name
-        if code == HolderReply.TAKEN:
+        if code == Reply.TAKEN:
             return LockTaken(f"{during}: lock {name!r} is held by another owner", name=name)
-        assert code == HolderReply.GONE, code
+        assert code == Reply.GONE, code
         return LockExpired(f"{during}: lease on {name!r} expired and nobody holds it", name=name)

@@ -17,7 +17,7 @@ Layout for a lock named N under prefix P (default ``csl:``)::
     P{T}:freed    hash   the trace of the last lease freed (lua/trace.lua), for the time
                          that hold had left: its owner and token after its holder's release
                          (release.lua, multi_release.lua), its token and `cleared` (who
-                         freed it) after the admin's (clear.lua, release_holder.lua): what
+                         freed it) after the admin's or a supervisor's (release.lua): what
                          tells a call sent again after its reply was lost that it was done
     P{T}:undo:<t> hash   a claim the acquisition with fencing token t took over, kept with
                          the claim's own expiry so that an acquire whose reply was lost can
@@ -51,7 +51,7 @@ import re
 from typing import NamedTuple
 
 #: The ``state`` field of a holder hash in its release delay (written by the release scripts,
-#: lua/release.lua, release_holder.lua, multi_release.lua, interval_release.lua, and read by
+#: lua/release.lua, multi_release.lua, interval_release.lua, rw_release.lua, and read by
 #: the renew and acquire scripts). Stored data: a change of it is a change of the key layout
 #: (core/layout.py).
 RELEASE_DELAY_STATE = "release_delay"

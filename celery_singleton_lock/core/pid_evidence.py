@@ -146,6 +146,14 @@ def this_process_text() -> str | None:
     return None if mark is None else mark.text()
 
 
+def this_place_text() -> str:
+    """How the stored mark of every process in this process's boot and pid and time
+    namespaces begins, its last ``:`` included ('' where this process has no mark): what a
+    supervisor knows of its child's mark (a forked child shares its parent's namespaces)."""
+    mark = this_process()
+    return "" if mark is None else f"{mark.boot}:{mark.pid_ns}:{mark.time_ns}:"
+
+
 class _This:
     """This process's mark, once made; forgotten in a forked child."""
 

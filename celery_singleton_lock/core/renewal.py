@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ..exceptions import LockBackendError, LockNotReplicated
 from . import redis_urls
-from .replies import HolderReply
+from .replies import Reply
 from .scripts import ScriptCall
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ class RenewalRound:
 RENEWALS_PER_CALL = 250
 
 #: Codes of renew.lua, worst first: the worst of a multi-key lock's names decides.
-_RANK: dict[int, int] = {HolderReply.TAKEN: 3, HolderReply.GONE: 2, HolderReply.MAX_HOLD_REACHED: 1}
+_RANK: dict[int, int] = {Reply.TAKEN: 3, Reply.GONE: 2, Reply.MAX_HOLD_REACHED: 1}
 
 
 def renew_calls(
@@ -163,6 +163,6 @@ def renew_calls(
                 worse, rank = _RANK.get(code, 0), _RANK.get(was, 0) if was is not None else -1
                 if was is None or worse > rank or (worse == rank == 0 and code < was):
                     codes[i] = code
-        return [HolderReply.GONE if code is None else code for code in codes]
+        return [Reply.GONE if code is None else code for code in codes]
 
     return calls, decode

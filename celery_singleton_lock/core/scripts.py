@@ -30,7 +30,6 @@ SCRIPT_NAMES = (
     "release",
     "renew",
     "handover",
-    "release_holder",
     "fair_abandon",
 )
 
@@ -341,13 +340,10 @@ class Scripts:
             redis, source_after(CLOCK, FENCING, ADVISORY, "acquire"), replication
         )
         self._release: Script = register(
-            redis, source_after(CLOCK, FENCING, ADVISORY, TRACE, "release"), replication
+            redis, source_after(CLOCK, FENCING, *WAKE_FAIR_WAITER, TRACE, "release"), replication
         )
         self._renew: Script = register(redis, source_after(CLOCK, "renew_hold", "renew"))
         self._handover: Script = register(redis, source("handover"), replication)
-        self._release_holder: Script = register(
-            redis, source_after(*WAKE_FAIR_WAITER, TRACE, "release_holder"), replication
-        )
         self._fair_abandon: Script = register(redis, source("fair_abandon"), replication)
         self._acquire_undo: Script = register(
             redis, source_after(ADVISORY, "acquire_undo"), replication
@@ -369,7 +365,7 @@ class Scripts:
         free: tuple[bytes, str, bool] | None = None,
     ) -> ScriptCall:
         """The acquire.lua call of one attempt; its reply, read by ``replies.acquire_outcome``,
-        is (AcquireReply, fencing token when taken, else ms until the holder's expiry).
+        is (a Reply: DONE or BUSY, fencing token when taken, else ms until the holder's expiry).
         ``holder``: the holder's fields, packed by :func:`pack_holder`. ``takeover``: the
         owner token of a claim this acquisition may replace. ``waiting``: the caller will
         wait for a release, so a busy holder's release must publish. ``fair_ms`` > 0: it
@@ -380,7 +376,7 @@ class Scripts:
         ``free`` = (a lock key, the owner token holding it, whether to stop when another
         owner holds it): a single try (neither waiting nor fair) that first releases that
         other lease in the same round trip (not on a Redis Cluster: the keys are in two
-        slots); the reply's third item is what the release did (HolderReply), and when it
+        slots); the reply's third item is what the release did (Reply), and when it
         found TAKEN and stopping was asked, nothing was tried: (BUSY, 0, TAKEN)."""
         keys: tuple[bytes, ...] = (lock_key, fence_key)
         mode_arg: Any = fair_ms
@@ -398,15 +394,15 @@ class Scripts:
         self, lock_key: bytes, owner: str, delay_ms: int, token: int | None = None
     ) -> ScriptCall:
         """The release.lua call: its reply is DONE released (or handed to the oldest fair
-        waiter), GONE or TAKEN (HolderReply); a release a waiter waits for is published on
+        waiter), GONE or TAKEN (Reply); a release a waiter waits for is published on
         the lock's channel (``P{T}:chan``). With the hold's fencing ``token``, the same call
         sent again after its reply was lost answers DONE too."""
         return self._release, (lock_key,), (owner, delay_ms, "" if token is None else token)
 
     def acquire_undo_call(self, lock_key: bytes, owner: str, attempt: str) -> ScriptCall:
         """The acquire_undo.lua call: undo what the acquire call ``attempt`` of ``owner`` took;
-        its reply is 2 a claim taken over is back, 1 it holds the name (release it), 0
-        nothing of its own (:class:`UndoReply`)."""
+        its reply is CLAIM_RESTORED a claim taken over is back, HELD it holds the name
+        (release it), GONE nothing of its own (:class:`Reply`)."""
         return self._acquire_undo, (lock_key,), (owner, attempt)
 
     def fair_abandon_call(self, lock_key: bytes, owner: str) -> ScriptCall:
@@ -418,15 +414,24 @@ class Scripts:
         self, lock_key: bytes, owner: str, new_owner: str, ttl_ms: int, fields: Sequence[Any]
     ) -> ScriptCall:
         """The handover.lua call: its reply is DONE handed over, GONE or TAKEN
-        (:class:`HolderReply`)."""
+        (:class:`Reply`)."""
         return self._handover, (lock_key,), (owner, new_owner, ttl_ms, *fields)
 
+    def clear_call(self, lock_key: bytes, token: str, renewed_ms: str) -> ScriptCall:
+        """The release.lua call of the admin's clear of the holder (or release delay) listed
+        with fencing ``token``, only if it was not renewed since ``renewed_ms`` ('' not
+        checked): its reply is DONE cleared, GONE, TAKEN or RESUMED (:class:`Reply`)."""
+        return self._release, (lock_key,), ("", 0, token, "clear", renewed_ms)
+
     def release_holder_call(
-        self, lock_key: bytes, task_id: str, pid: int, host: str, delay_ms: int, channel: bytes
+        self, lock_key: bytes, task_id: str, pid: int, host: str, delay_ms: int, proc: str
     ) -> ScriptCall:
-        """The release_holder.lua call: release the lock if task ``task_id`` in process
-        ``pid`` on ``host`` holds it; its reply is DONE released or GONE (HolderReply)."""
-        return self._release_holder, (lock_key,), (task_id, pid, host, delay_ms, channel)
+        """The release.lua call of a supervisor: release the lock if task ``task_id`` in
+        process ``pid`` on ``host`` holds it (with a process mark that begins with ``proc``,
+        when the hold has one and ``proc`` is not ''); its reply is DONE released or GONE
+        (Reply)."""
+        args = ("", delay_ms, "", "holder", "", task_id, pid, host, proc)
+        return self._release, (lock_key,), args
 
     def renew_call(self, leases: Sequence[tuple[bytes, str, int, int]]) -> ScriptCall:
         """The renew.lua call for (lock key, owner, ttl ms, generation) tuples, to batch
@@ -452,8 +457,8 @@ def fair_keys(base: bytes, owner: str) -> tuple[bytes, bytes, bytes]:
 
 class ScriptHost(Protocol):
     """A sync or asyncio connection, as a pure script-call builder needs it: its key prefix,
-    its Redis client to register scripts on (:func:`bound_to`), and how many replicas its
-    lock writes wait for."""
+    its Redis client to register scripts on (:func:`bound_to`), how many replicas its lock
+    writes wait for, and its lease scripts (:class:`Scripts`)."""
 
     @property
     def prefix(self) -> str: ...
@@ -463,6 +468,9 @@ class ScriptHost(Protocol):
 
     @property
     def replication(self) -> Replication | None: ...
+
+    @property
+    def scripts(self) -> Scripts: ...
 
 
 _bound: weakref.WeakKeyDictionary[Any, dict[Callable[[Any, Any], Any], Any]] = (

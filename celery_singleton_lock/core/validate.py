@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from ..exceptions import ConfigurationError
+from .pid_evidence import this_place_text
 
 #: The longest lease, max-hold or release delay (ten years). Longer ones do not survive the
 #: Lua scripts' number formatting (Redis rejects the PEXPIRE after the holder was written,
@@ -188,6 +189,10 @@ class HolderProcess(NamedTuple):
     pid: int
     host: str
     delay_ms: int
+    #: How the holder record's process mark (``proc``, core/pid_evidence.py) begins, as far
+    #: as the caller knows it: on this machine the place (boot and namespaces) of the
+    #: caller, which a supervisor's child shares; '' on another host.
+    proc: str
 
 
 def check_holder_process(
@@ -195,11 +200,16 @@ def check_holder_process(
 ) -> HolderProcess:
     """The arguments of every ``release_holder``: ``task_id`` a non-empty str, ``pid`` an int
     >= 1, ``host`` a non-empty str or None (``default_host``: this machine), ``delay`` seconds
-    as :func:`check_delay`."""
+    as :func:`check_delay`. A ``pid`` on this machine is one of this process's pid namespace
+    (a supervisor's child's): a hold whose record marks a process of another is not its."""
     checked_task = check_text(task_id, "task_id")
     checked_pid = check_token(pid, "pid")
     checked_host = default_host if host is None else check_text(host, "host")
     seconds = check_delay(delay)
     return HolderProcess(
-        checked_task, checked_pid, checked_host, seconds_to_ms(seconds) if seconds > 0 else 0
+        checked_task,
+        checked_pid,
+        checked_host,
+        seconds_to_ms(seconds) if seconds > 0 else 0,
+        this_place_text() if checked_host == default_host else "",
     )

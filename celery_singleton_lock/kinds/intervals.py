@@ -41,7 +41,7 @@ from ..core.heartbeat import RenewEntry
 from ..core.holder import HOSTNAME, ListedHolder, decode, flatten, text
 from ..core.keys import RELEASE_DELAY_STATE, RELEASED_STATE, escape_glob, name_tag
 from ..core.replication import Replication
-from ..core.replies import ClearReply, HolderReply, IntervalReply, acquire_outcome
+from ..core.replies import Reply, acquire_outcome
 from ..core.scan import Record, read_query
 from ..core.scripts import (
     ADVISORY,
@@ -56,6 +56,7 @@ from ..core.scripts import (
     source_after,
 )
 from ..core.steps import Steps
+from ..core.validate import HolderProcess
 from ..exceptions import ConfigurationError, LockError, LockNotHeld, LockNotReplicated
 
 if TYPE_CHECKING:
@@ -111,8 +112,10 @@ class IntervalScripts:
     renewals' WAIT)."""
 
     def __init__(self, redis: Any, replication: Replication | None = None) -> None:
-        def load(name: str, waits: Replication | None) -> Script:
-            text = source_after(CLOCK, FENCING, "interval_common", "interval_overlap", name)
+        def load(name: str, waits: Replication | None, *preludes: str) -> Script:
+            text = source_after(
+                CLOCK, FENCING, *preludes, "interval_common", "interval_overlap", name
+            )
             return register(redis, text, waits)
 
         self.acquire = load("interval_acquire", replication)
@@ -123,7 +126,7 @@ class IntervalScripts:
             replication,
         )
         self.change = load("interval_change", replication)
-        self.renew = load("interval_renew", None)
+        self.renew = load("interval_renew", None, "renew_hold")
 
 
 def scripts(client: ScriptHost) -> IntervalScripts:
@@ -131,13 +134,11 @@ def scripts(client: ScriptHost) -> IntervalScripts:
     return bound_to(client, IntervalScripts)
 
 
-def holder_reply(code: int) -> HolderReply:
-    """What interval_release.lua's :class:`ClearReply` means to a holder releasing its own
-    hold: CLEARED released (DONE), GONE gone; TAKEN and RESUMED answer only a release that
-    checks a fencing token or a renewal time (a clear), and count as taken."""
-    if code == ClearReply.CLEARED:
-        return HolderReply.DONE
-    return HolderReply.GONE if code == ClearReply.GONE else HolderReply.TAKEN
+def holder_reply(code: int) -> Reply:
+    """What interval_release.lua's :class:`Reply` means to a holder releasing its own
+    hold: DONE released, GONE gone; TAKEN and RESUMED answer only a release that checks a
+    fencing token or a renewal time (a clear), and count as taken."""
+    return Reply(code) if code in (Reply.DONE, Reply.GONE) else Reply.TAKEN
 
 
 #: What each change of interval_change.lua did, as an error says it.
@@ -171,7 +172,7 @@ def check_call(call: object) -> str | None:
     caller's, opaque to the lock. Its acquire (read, upgradable, write or range hold,
     semaphore permit) is refused while a hold of the same call identity stands on the lock,
     in the same script call that would grant it: ``acquire`` returns False and
-    ``held_by_call`` is True (``IntervalReply.HELD_BY_CALL``), even where holds would share.
+    ``held_by_call`` is True (``Reply.HELD_BY_CALL``), even where holds would share.
     For a caller whose one call may be started twice (a message delivered again) and must
     never hold beside itself. Stored in the hold's hash as ``call``."""
     return None if call is None else validate.check_text(call, "call")
@@ -257,7 +258,7 @@ class IntervalOps(HandleOps):
         follows a change done there (None when nothing changed: the reply decides alone,
         as when replicated)."""
         code, value = (int(item) for item in error.replies[0])
-        if code != IntervalReply.DONE:
+        if code != Reply.DONE:
             return code, value, None
         return code, value, changed_unreplicated(self.name, error, CHANGED[op])
 
@@ -300,15 +301,15 @@ class IntervalOps(HandleOps):
     def _acquired(self, reply: Any, queued: bool) -> tuple[bool, int]:
         """interval_acquire.lua's reply: (True, token) or (False, ms a waiter may sleep)."""
         code, value = acquire_outcome(reply)
-        if code == IntervalReply.PARENT_GONE:
+        if code == Reply.PARENT_GONE:
             raise LockNotHeld(
                 f"the upgradable hold on {self.name!r} is gone or does not cover"
                 f" [{self.lo}, {self.hi}]",
                 name=self.name,
             )
-        if code == IntervalReply.DONE:
+        if code == Reply.DONE:
             return True, value
-        if code == IntervalReply.HELD_BY_CALL:
+        if code == Reply.HELD_BY_CALL:
             return self._refused_for_call(value)
         return False, wait_hint(value, queued)
 
@@ -469,7 +470,7 @@ def clear_holder(
 ) -> bool:
     """Remove the holder ``owner`` of interval lock ``name`` (if ``token`` is given, only if
     that is still its fencing token) and wake waiters. True if something was removed."""
-    return clear_hold(client, family, name, owner, token=token) == ClearReply.CLEARED
+    return clear_hold(client, family, name, owner, token=token) == Reply.DONE
 
 
 def clear_hold(
@@ -481,7 +482,7 @@ def clear_hold(
     token: int | None = None,
     renewed_ms: int | None = None,
 ) -> int:
-    """:func:`clear_holder` for the admin tools, with the script's :class:`ClearReply`
+    """:func:`clear_holder` for the admin tools, with the script's :class:`Reply`
     (RESUMED: renewed since ``renewed_ms``, when given: the renewal time it had when listed
     stale, so a holder whose heartbeat resumed stays)."""
     name = validate.check_name(name)
@@ -524,10 +525,10 @@ def release_hold(
     renewed_ms: str = "",
 ) -> int:
     """One run of :func:`release_call` as a clear (the admin's, or a supervisor's release of
-    a dead task's hold): a :class:`ClearReply` (CLEARED: released)."""
+    a dead task's hold): a :class:`Reply` (DONE: released)."""
     call = release_call(conn, keys, owner, delay_ms, token, renewed_ms, clear=True)
     script, script_keys, args = call
-    return ClearReply(int(conn.call(script, keys=script_keys, args=args)))
+    return Reply(int(conn.call(script, keys=script_keys, args=args)))
 
 
 def release_call(
@@ -567,9 +568,8 @@ def release_holder(
     script on each match with the fencing token it read: that very hold goes, or nothing (it
     expired or was cleared meanwhile). Only after a crash, so a few round trips are fine."""
     name = validate.check_name(name)
-    task_id, pid, host, delay_ms = validate.check_holder_process(
-        task_id, pid, host, delay, HOSTNAME
-    )
+    process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
+    delay_ms = process.delay_ms
     conn = connection_of(client)
     conn.check_layout()
     keys = interval_keys(conn.prefix, name, family)
@@ -581,7 +581,7 @@ def release_holder(
         owners,
         keys.holder,
         lambda owner, token: release_hold(conn, keys, owner, delay_ms, token),
-        (task_id, pid, host),
+        process,
     )
 
 
@@ -591,31 +591,34 @@ def release_holds_of(
     owners: list[str],
     holder_key: Callable[[str], bytes],
     release: Callable[[str, str], int],
-    process: tuple[str, int, str],
+    process: HolderProcess,
 ) -> bool:
     """Of the holds of ``owners`` (on lock ``name``), release those whose holder hash
-    (``holder_key(owner)``) names the task, pid and host of ``process``, each by
-    ``release(owner, fencing token read)``: that very hold goes, or nothing (it expired or
-    was cleared meanwhile). True if a hold was released."""
+    (``holder_key(owner)``) names the task, pid and host of ``process`` (and a process mark
+    that begins with its ``proc``, when the hash has one), each by ``release(owner, fencing
+    token read)``: that very hold goes, or nothing (it expired or was cleared meanwhile).
+    True if a hold was released."""
     if not owners:
         return False
     pipe = conn.redis.pipeline(transaction=False)
     for owner in owners:
         pipe.hgetall(holder_key(owner))
     replies = [
-        [flat.get(field) for field in (b"task_id", b"pid", b"host", b"token", b"state")]
+        [flat.get(field) for field in (b"task_id", b"pid", b"host", b"token", b"state", b"proc")]
         for flat in map(flatten, conn.call(pipe.execute))
     ]
-    # The host too: pids are reused across machines (and containers).
-    task_id, pid, host = process
-    wanted = (task_id.encode(), str(pid).encode(), host.encode())
+    # The host and the place its process mark names too: pids are reused across machines
+    # and containers.
+    wanted = (process.task_id.encode(), str(process.pid).encode(), process.host.encode())
+    place = process.proc.encode()
     released = False
     unreplicated: LockNotReplicated | None = None
-    for owner, (held_by, held_in, held_on, token, state) in zip(owners, replies, strict=True):
+    for owner, (held_by, held_in, held_on, token, state, proc) in zip(owners, replies, strict=True):
         # A hold in a release delay was released already: its delay must not start again;
         # nor does a hold released or cleared hold anything.
         if (
             (held_by, held_in, held_on) != wanted
+            or (proc is not None and not proc.startswith(place))
             or token is None
             or state in (RELEASE_DELAY_STATE.encode(), RELEASED_STATE.encode())
         ):
@@ -625,7 +628,7 @@ def release_holds_of(
         except LockNotReplicated as exc:
             # Released on the master: go on with the other holds, then say so.
             code, unreplicated = int(exc.replies[0]), exc
-        released = code == ClearReply.CLEARED or released
+        released = code == Reply.DONE or released
     if unreplicated is not None:
         raise released_unreplicated(name, unreplicated, "released")
     return released

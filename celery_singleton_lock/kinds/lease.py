@@ -27,7 +27,7 @@ from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.holder import HOSTNAME, holder_fields, info_fields
 from ..core.keys import LockKeys, encode_name, lock_keys
 from ..core.redis_urls import is_cluster
-from ..core.replies import AcquireReply, HolderReply, UndoReply, acquire_outcome
+from ..core.replies import Reply, acquire_outcome
 from ..core.scripts import (
     ScriptCall,
     Scripts,
@@ -50,7 +50,7 @@ FAIR_REFRESH = 0.25
 
 #: Every claim's owner token starts with this: a lease held for a queued message or handed
 #: over to a retry (celery/claims.py), not by a process, which :func:`release_holder` never
-#: frees (lua/release_holder.lua has the same literal: a script cannot import it).
+#: frees (lua/release.lua has the same literal: a script cannot import it).
 CLAIM_OWNER_PREFIX = "claim:"
 
 
@@ -115,7 +115,7 @@ class LeaseOps(HandleOps):
         # what tells what this call took from what that owner held already.
         self._attempt = ""
         self._free_first = None
-        #: What the last acquire's :meth:`free_first` release did (a :class:`HolderReply`:
+        #: What the last acquire's :meth:`free_first` release did (a :class:`Reply`:
         #: DONE, GONE or TAKEN); None if it had none.
         self.freed_first = None
 
@@ -155,7 +155,7 @@ class LeaseOps(HandleOps):
             undone = yield from on_master(
                 scripts.acquire_undo_call(self.keys.lock, owner, self._attempt)
             )
-            if undone == UndoReply.HELD:
+            if undone == Reply.HELD:
                 yield from on_master(scripts.release_call(self.keys.lock, owner, 0))
         except LockBackendError:
             self._withdraw_failed(raising)
@@ -167,7 +167,7 @@ class LeaseOps(HandleOps):
             # acquire.lua's mode argument says reserve or fair: release in a call of its own.
             free_key, free_owner, stop = free
             self.freed_first = int((yield scripts.release_call(free_key, free_owner, 0)))
-            if stop and self.freed_first == HolderReply.TAKEN:
+            if stop and self.freed_first == Reply.TAKEN:
                 return False, 0
             free = None
         keys = self.keys
@@ -179,7 +179,7 @@ class LeaseOps(HandleOps):
             free=free,
         )  # fmt: skip
         code, value = acquire_outcome(reply)
-        taken = code == AcquireReply.ACQUIRED
+        taken = code == Reply.DONE
         if free is not None:
             self.freed_first = int(reply[2])
         else:
@@ -288,10 +288,10 @@ class LeaseOps(HandleOps):
         try:
             code = int((yield call))
         except LockNotReplicated as exc:
-            if int(exc.replies[0]) != HolderReply.DONE:
+            if int(exc.replies[0]) != Reply.DONE:
                 raise self._lost_error(int(exc.replies[0]), "hand over") from exc
             raise released_unreplicated(self.name, exc, "handed over") from exc
-        if code != HolderReply.DONE:
+        if code != Reply.DONE:
             raise self._lost_error(code, "hand over")
 
 
@@ -534,6 +534,7 @@ def release_holder(
 
 
 def release_process_hold(conn: Connection, keys: LockKeys, process: HolderProcess) -> bool:
-    """release_holder.lua on the lease of ``keys`` for ``process``: True if released."""
-    call = conn.scripts.release_holder_call(keys.lock, *process, keys.channel)
-    return int(conn.call(run, call)) == HolderReply.DONE
+    """release.lua, as a supervisor's, on the lease of ``keys`` for ``process``: True if
+    released."""
+    call = conn.scripts.release_holder_call(keys.lock, *process)
+    return int(conn.call(run, call)) == Reply.DONE

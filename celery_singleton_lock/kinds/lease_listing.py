@@ -5,24 +5,14 @@ clear script call of a listed holder. The lease handle itself is in :mod:`.lease
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
-from typing import Any
 
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle import HolderRecord
 from ..core.holder import ListedHolder, decode, text
 from ..core.keys import RELEASE_DELAY_STATE, lock_keys, lock_pattern
 from ..core.patterns import literal_name
-from ..core.replication import Replication
 from ..core.scan import KeyQuery, Record, read_hashes, read_query
-from ..core.scripts import (
-    TRACE,
-    WAKE_FAIR_WAITER,
-    ScriptCall,
-    ScriptHost,
-    bound_to,
-    register,
-    source_after,
-)
+from ..core.scripts import ScriptCall, ScriptHost
 
 
 def read_lease_holders(conn: Connection, keys: list[bytes]) -> list[HolderRecord]:
@@ -88,24 +78,13 @@ def list_holders(
     return lease_holders(read_query(conn, lease_keys(conn.prefix, pattern)).records, pattern)
 
 
-class _ClearScripts:
-    """clear.lua, registered once per client (no I/O); a clear waits for the client's
-    replicas, as a release does."""
-
-    def __init__(self, redis: Any, replication: Replication | None) -> None:
-        self.clear = register(redis, source_after(*WAKE_FAIR_WAITER, TRACE, "clear"), replication)
-
-
 def clear_call(conn: ScriptHost, holder: ListedHolder) -> ScriptCall:
     """The deletion of a listed lease (or one name of a multi-key lock, or the release delay
     any holder left on a lease key) if it still carries the listed fencing token and, when
-    the holder dict has a ``renewed_ms``, was not renewed since (clear.lua): 1 cleared,
-    0 gone, -1 taken by another holder, -2 renewed since."""
+    the holder dict has a ``renewed_ms``, was not renewed since (release.lua, as a clear):
+    a Reply: DONE cleared, GONE, TAKEN by another holder, RESUMED renewed since."""
     keys = lock_keys(conn.prefix, holder.name)
     token, renewed = holder.token, holder.renewed_ms
-    args = (
-        "" if token is None else str(token),
-        keys.channel,
-        "" if renewed is None else str(renewed),
+    return conn.scripts.clear_call(
+        keys.lock, "" if token is None else str(token), "" if renewed is None else str(renewed)
     )
-    return bound_to(conn, _ClearScripts).clear, (keys.lock,), args

@@ -27,7 +27,7 @@ from ..core.holder import HOSTNAME, ListedHolder, decode
 from ..core.keys import LockKeys, encode_name, lock_keys
 from ..core.redis_urls import is_cluster
 from ..core.replication import Replication
-from ..core.replies import AcquireReply, ClearReply, HolderReply, acquire_outcome
+from ..core.replies import Reply, acquire_outcome
 from ..core.scan import Record, read_query
 from ..core.scripts import (
     CLOCK,
@@ -107,7 +107,7 @@ def acquire_args(
 def acquired(ordered: Sequence[str], reply: Sequence[Any]) -> tuple[bool, int, dict[str, int]]:
     """multi_acquire.lua's reply for the names in key order ``ordered``: (True, largest
     token, the token of each name) or (False, ms a waiter may sleep, {})."""
-    if int(reply[0]) != AcquireReply.ACQUIRED:
+    if int(reply[0]) != Reply.DONE:
         return False, int(reply[1]), {}
     tokens = {name: int(t) for name, t in zip(ordered, reply[1:], strict=True)}
     return True, max(tokens.values()), tokens
@@ -173,7 +173,7 @@ class MultiLeaseOps(HandleOps):
                 self._max_hold_ms, pack_holder(holder), waiting=reserve,
             )  # fmt: skip
             taken, value = acquire_outcome(reply)
-            if taken != AcquireReply.ACQUIRED:
+            if taken != Reply.DONE:
                 for done in self.keys[: len(tokens)]:
                     yield base.release_call(done.lock, owner, 0)
                 return False, int(value)
@@ -203,8 +203,8 @@ class MultiLeaseOps(HandleOps):
                 codes.append(int(exc.replies[0]))
                 unreplicated = exc
         code = next(
-            (worst for worst in (HolderReply.TAKEN, HolderReply.GONE) if worst in codes),
-            HolderReply.DONE,
+            (worst for worst in (Reply.TAKEN, Reply.GONE) if worst in codes),
+            Reply.DONE,
         )
         if unreplicated is not None:
             raise LockNotReplicated(
@@ -277,7 +277,7 @@ def clear_holder(
     until its next heartbeat finds this one gone and stops renewing them.
 
     The owner (and the token, when not given) is read first; the name is then cleared by
-    that token as the admin's clear of a lease is (clear.lua), which leaves the trace that
+    that token as the admin's clear of a lease is (release.lua), which leaves the trace that
     answers the same clear sent again after its reply was lost (redis-py's retry) as
     cleared. Tokens are unique per name: the token read is that owner's hold, or, taken
     again meanwhile, it no longer matches and nothing is cleared."""
@@ -293,7 +293,7 @@ def clear_holder(
         return False
     holder = ListedHolder(name, "multi", owner=owner, token=int(held_token))
     script, script_keys, args = lease_listing.clear_call(conn, holder)
-    return int(conn.call(script, keys=script_keys, args=args)) == ClearReply.CLEARED
+    return int(conn.call(script, keys=script_keys, args=args)) == Reply.DONE
 
 
 def release_holder(
@@ -320,7 +320,7 @@ def release_holder(
             freed.append(release_process_hold(conn, conn.keys(name), process))
         except LockNotReplicated as exc:
             # Released on the master: go on with the other names, then say so.
-            freed.append(int(exc.replies[0]) == HolderReply.DONE)
+            freed.append(int(exc.replies[0]) == Reply.DONE)
             unreplicated = exc
     if unreplicated is not None:
         raise released_unreplicated(" + ".join(checked), unreplicated, "released")

@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.handle_ops import may_have_run
-from ..core.replies import IntervalReply
+from ..core.replies import Reply
 from ..core.steps import Steps
 from ..exceptions import ConfigurationError, LockError
 from . import intervals
@@ -49,9 +49,9 @@ class RangeLockOps(IntervalOps):
                 # nothing is done in the parts that may have been freed.
                 self.lo, self.hi = low, high
             raise
-        if code == IntervalReply.NOT_INSIDE:  # pragma: no cover - the check above prevents it
+        if code == Reply.NOT_INSIDE:  # pragma: no cover - the check above prevents it
             raise ConfigurationError("lo", f"[{lo}, {hi}] is not inside the held range")
-        if code != IntervalReply.DONE:
+        if code != Reply.DONE:
             raise self._changed_lost("shrink")
         self.lo, self.hi = low, high
         if unreplicated is not None:

@@ -99,7 +99,7 @@ class KindFamily:
     #: The family's holders among the records read from those keys, matching the pattern.
     holders: Callable[[list[Record], str | None], list[ListedHolder]]
     #: The script call that clears a listed holder if it still holds (and, when the holder
-    #: has a ``renewed_ms``, was not renewed since); it answers a ``ClearReply``
+    #: has a ``renewed_ms``, was not renewed since); it answers a ``Reply``
     #: (core/replies.py).
     clear_call: Callable[[ScriptHost, ListedHolder], ScriptCall]
     release_holder: ReleaseHolder

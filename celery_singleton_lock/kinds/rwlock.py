@@ -35,7 +35,7 @@ from ..core.heartbeat import RenewEntry
 from ..core.holder import HOSTNAME, ListedHolder, flatten, text
 from ..core.keys import name_tag
 from ..core.replication import Replication
-from ..core.replies import ClearReply, IntervalReply, acquire_outcome
+from ..core.replies import Reply, acquire_outcome
 from ..core.scripts import (
     ADVISORY,
     CLOCK,
@@ -105,7 +105,7 @@ class RWScripts:
         )
         self.release = load(replication, TRACE, "rw_release")
         self.change = load(replication, "rw_change")
-        self.renew = load(None, "rw_renew")
+        self.renew = load(None, "renew_hold", "rw_renew")
 
 
 def scripts(client: ScriptHost) -> RWScripts:
@@ -161,9 +161,9 @@ class RWLockOps(HandleOps):
         ]  # fmt: skip
         reply = yield scripts(self._conn).acquire, keys, args
         code, value = acquire_outcome(reply)
-        if code == IntervalReply.DONE:
+        if code == Reply.DONE:
             return True, value
-        if code == IntervalReply.HELD_BY_CALL:
+        if code == Reply.HELD_BY_CALL:
             return self._refused_for_call(value)
         return False, wait_hint(value, queued)
 
@@ -197,7 +197,7 @@ class RWLockOps(HandleOps):
             code, value = yield scripts(self._conn).change, keys, [op, owner, reserve]
         except LockNotReplicated as error:
             code, value = (int(item) for item in error.replies[0])
-            if code != IntervalReply.DONE:
+            if code != Reply.DONE:
                 return code, value, None
             return code, value, changed_unreplicated(self.name, error, intervals.CHANGED[op])
         return int(code), int(value), None
@@ -243,9 +243,9 @@ class RWLockOps(HandleOps):
             code, value, unreplicated = yield from self._change(
                 "upgrade", reserve=RESERVATION_MS if reserve else 0
             )
-            if code == IntervalReply.PARENT_GONE:
+            if code == Reply.PARENT_GONE:
                 raise self._changed_lost("upgrade")
-            return code == IntervalReply.DONE, intervals.wait_hint(value, reserve)
+            return code == Reply.DONE, intervals.wait_hint(value, reserve)
 
         try:
             done, _ = yield from attempt()
@@ -268,7 +268,7 @@ class RWLockOps(HandleOps):
         except BaseException as exc:
             self._change_unanswered(exc)
             raise
-        if code != IntervalReply.DONE:
+        if code != Reply.DONE:
             raise self._changed_lost("downgrade")
         self._upgraded = False
         if unreplicated is not None:
@@ -474,10 +474,10 @@ def release_hold(
     renewed_ms: str = "",
 ) -> int:
     """One run of :func:`release_call` as a clear (the admin's, or a supervisor's release of
-    a dead task's hold): a :class:`ClearReply` (CLEARED: released)."""
+    a dead task's hold): a :class:`Reply` (DONE: released)."""
     call = release_call(conn, keys, owner, delay_ms, token, renewed_ms, clear=True)
     script, script_keys, args = call
-    return ClearReply(int(conn.call(script, keys=script_keys, args=args)))
+    return Reply(int(conn.call(script, keys=script_keys, args=args)))
 
 
 def clear_call(conn: ScriptHost, holder: ListedHolder) -> ScriptCall:
@@ -504,7 +504,7 @@ def clear_hold(
     token: int | None = None,
     renewed_ms: int | None = None,
 ) -> int:
-    """:func:`clear_holder` with the script's :class:`ClearReply` (RESUMED: renewed since
+    """:func:`clear_holder` with the script's :class:`Reply` (RESUMED: renewed since
     ``renewed_ms``, when given)."""
     name = validate.check_name(name)
     owner = validate.check_text(owner, "owner")
@@ -538,9 +538,8 @@ def release_holder(
     script on each match with the fencing token it read: that very hold goes, or nothing (it
     expired or was cleared meanwhile). Only after a crash, so a few round trips are fine."""
     name = validate.check_name(name)
-    task_id, pid, host, delay_ms = validate.check_holder_process(
-        task_id, pid, host, delay, HOSTNAME
-    )
+    process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
+    delay_ms = process.delay_ms
     conn = connection_of(client)
     conn.check_layout()
     keys = rw_keys(conn.prefix, name)
@@ -551,7 +550,7 @@ def release_holder(
         owners,
         keys.holder,
         lambda owner, token: release_hold(conn, keys, owner, delay_ms, token),
-        (task_id, pid, host),
+        process,
     )
 
 
@@ -565,7 +564,7 @@ class RWFamilyAdmin(intervals.IntervalFamilyAdmin):
     ) -> bool:
         """Remove the holder ``owner`` of lock ``name`` atomically (only if its fencing
         token is still ``token``, when given) and wake waiters. True if removed."""
-        return clear_hold(client, name, owner, token=token) == ClearReply.CLEARED
+        return clear_hold(client, name, owner, token=token) == Reply.DONE
 
     def release_holder(
         self,

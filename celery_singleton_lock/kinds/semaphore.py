@@ -23,7 +23,7 @@ from ..core import validate
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.holder import ListedHolder
 from ..core.replication import Replication
-from ..core.replies import IntervalReply, acquire_outcome
+from ..core.replies import Reply, acquire_outcome
 from ..core.scan import Record, read_query
 from ..core.scripts import CLOCK, FENCING, ScriptHost, bound_to, register, source_after
 from ..core.steps import Steps
@@ -74,9 +74,9 @@ class PermitOps(IntervalOps):
         ]  # fmt: skip
         reply = yield scripts(self._conn).acquire, self.keys.all(owner), args
         code, value = acquire_outcome(reply)
-        if code == IntervalReply.HELD_BY_CALL:
+        if code == Reply.HELD_BY_CALL:
             return self._refused_for_call(value)
-        return code == IntervalReply.DONE, value
+        return code == Reply.DONE, value
 
     def _in_the_way(self, mode: bytes | None, lo: bytes | None, hi: bytes | None) -> bool:
         """At the limit every permit held is in the way, whatever its stored mode."""

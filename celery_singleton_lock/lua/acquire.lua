@@ -11,24 +11,25 @@
 --          the queue, to be handed the lease by a release (release.lua); 'free' a single try
 --          that first releases another lease KEYS[3] held by owner ARGV[6] (a claim the run
 --          no longer needs), as release.lua with no delay would; 'free-or-stop' the same, but
---          when another owner holds KEYS[3] it stops there (returns {0, 0, -1})
+--          when another owner holds KEYS[3] it stops there (returns {-7, 0, -1})
 -- ARGV[6]: registration lifetime of a fair waiter, ms (it refreshes it while it waits); for
 --          'free' and 'free-or-stop': the owner token of the lease KEYS[3] to release
 -- ARGV[7]: the field, value pairs describing the holder (host, pid, thread, ...), as one
 --          MessagePack array of strings: the caller packs them once per process and thread
 --          rather than sending a dozen arguments on every attempt; stored as they come, in
 --          the one field `holder`, which the listing decodes (core/holder.py) and
---          release_holder.lua unpacks
+--          release.lua unpacks for a supervisor
 -- ARGV[8]: the acquire call's own id, stored as `attempt` with what it takes ('' none): for
 --          an owner token that is not unique per acquire call (a claim's), it tells what
 --          this call took from what that owner held already (acquire_undo.lua)
--- Reply codes: AcquireReply in core/replies.py (keep the two in step).
+-- Reply codes: Reply in core/replies.py (keep the two in step): the token alone
+-- is DONE; BUSY -7; KEYS[3]'s release: DONE 1, GONE 0, TAKEN -1.
 -- returns fencing token           taken, or held by this owner already: a re-sent attempt
 --                                 whose first run's reply was lost (or, for a fair waiter,
 --                                 handed to it meanwhile) gets the token it has, unchanged;
 --                                 the token alone (a string), not a table: see
 --                                 acquire_outcome() in core/replies.py
---         {0, remaining ms}       held by another; when a waiter should look again at the latest
+--         {-7, remaining ms}      held by another; when a waiter should look again at the latest
 --         with 'free' and 'free-or-stop', a table in every case, {1, token, freed} when taken,
 --         whose third item is what releasing KEYS[3] did, as release.lua's codes (1 released,
 --         0 not held, -1 held by another owner)
@@ -64,7 +65,7 @@ if ARGV[5] == 'free' or ARGV[5] == 'free-or-stop' then
   elseif claim[1] ~= ARGV[6] then
     freed = -1
     if ARGV[5] == 'free-or-stop' then
-      return {0, 0, -1}
+      return {-7, 0, -1}
     end
   else
     redis.call('DEL', KEYS[3])
@@ -106,7 +107,7 @@ if owner then
     if ARGV[5] == '1' or ARGV[5] == 'fair' then
       redis.call('HSET', KEYS[1], 'waiting', 1)
     end
-    return {0, remaining, freed}
+    return {-7, remaining, freed}
   end
   waiting = redis.call('HGET', KEYS[1], 'waiting')
 end
@@ -121,15 +122,11 @@ if owner then
     return redis.error_reply('TRYAGAIN a claim cannot be kept aside while its slot migrates')
   end
 end
-local lease = ARGV[2]
-local max_hold = tonumber(ARGV[3])
+local lease, deadline = first_lease(ARGV[2], ARGV[3])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token, 'acquired_ms', now_ms,
   'ttl_ms', ARGV[2], 'holder', ARGV[7])
-if max_hold > 0 then
-  redis.call('HSET', KEYS[1], 'deadline_ms', now_ms + max_hold)
-  if max_hold < tonumber(lease) then
-    lease = max_hold
-  end
+if deadline > 0 then
+  redis.call('HSET', KEYS[1], 'deadline_ms', deadline)
 end
 if waiting then
   redis.call('HSET', KEYS[1], 'waiting', waiting)

@@ -4,9 +4,10 @@
 -- ARGV[1]: the call's owner token
 -- ARGV[2]: the call's id (acquire.lua's ARGV[8]); '' when the owner token is the call's own
 --          (random, made for it), so whatever that owner holds, this call took
--- Reply codes: UndoReply in core/replies.py (keep the two in step).
--- returns 2   it had taken a claim over: the claim is back, as it was (acquire.lua kept it)
---         1   it holds the name: the caller releases it (release.lua, which wakes waiters)
+-- Reply codes: Reply in core/replies.py (keep the two in step): CLAIM_RESTORED -8,
+-- HELD -9, GONE 0.
+-- returns -8  it had taken a claim over: the claim is back, as it was (acquire.lua kept it)
+--         -9  it holds the name: the caller releases it (release.lua, which wakes waiters)
 --         0   nothing of this call's: not held by that owner, or held by that owner since
 --             before this call (a claim token holding already: left alone)
 local holder = redis.call('HMGET', KEYS[1], 'owner', 'token', 'attempt')
@@ -24,6 +25,6 @@ if found == nil then
 end
 if found == 1 then
   redis.call('RENAME', kept, KEYS[1])
-  return 2
+  return -8
 end
-return 1
+return -9

@@ -16,3 +16,12 @@ local function server_ms()
   end
   return server_now_ms
 end
+-- first_lease(ttl, max_hold): a new hold's first lease, ms, no longer than its max-hold, and
+-- its max-hold deadline (server ms; 0: none), for `ttl` and `max_hold` ms (0: no cap).
+local function first_lease(ttl, max_hold)
+  ttl, max_hold = tonumber(ttl), tonumber(max_hold)
+  if max_hold > 0 then
+    return math.min(ttl, max_hold), server_ms() + max_hold
+  end
+  return ttl, 0
+end

@@ -3,7 +3,8 @@
 -- KEYS[1]: lock hash
 -- ARGV[1]: current owner token   ARGV[2]: new owner token   ARGV[3]: new expiry, ms
 -- ARGV[4..]: field, value pairs to set on the holder
--- Reply codes: HolderReply in core/replies.py (keep the two in step).
+-- Reply codes: Reply in core/replies.py (keep the two in step): DONE 1, GONE 0,
+-- TAKEN -1.
 -- returns 1 handed over (also when sent again after its reply was lost: the name is held
 --           by the new owner token already); 0 not held (expired, nobody holds it);
 --         -1 held by another owner

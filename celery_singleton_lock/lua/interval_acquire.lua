@@ -15,12 +15,13 @@
 -- The holder's hash (as a lease's): owner, token, acquired_ms, ttl_ms, mode, lo,
 -- hi, holder; deadline_ms only with a max-hold, parent only for a write nested in an
 -- upgradable hold, call only with a call identity, renewed_ms once renewed.
--- Reply codes: IntervalReply in core/replies.py (keep the two in step).
+-- Reply codes: Reply in core/replies.py (keep the two in step): the token
+-- alone is DONE; BUSY -7, PARENT_GONE -3, HELD_BY_CALL -5.
 -- returns fencing token         taken, or held by this owner already: a re-sent attempt whose
 --                               first run's reply was lost gets the token it has, unchanged; the
 --                               token alone (a string), not a table: see acquire_outcome()
 --                               in core/replies.py
---         {0, ms}                blocked; ms until a conflicting holder could run out
+--         {-7, ms}               blocked; ms until a conflicting holder could run out
 --         {-3, 0}                the parent upgradable hold is gone or does not cover [lo, hi]
 --         {-5, ms}               a hold of the call identity ARGV[12] stands (another delivery
 --                                of the same call): ms it has left. Nothing granted, queued
@@ -77,7 +78,7 @@ if parent ~= '' or redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS
     if ARGV[10] == '1' then
       mark_waiting(ms)
     end
-    return {0, ms}
+    return {-7, ms}
   end
   -- Only a write request queues a reservation (a read's or upgradable's owner never has one).
   if mode == 'w' and unreserve(owner) > 0 then
@@ -85,11 +86,7 @@ if parent ~= '' or redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS
   end
 end
 local token = next_token(KEYS[13])
-local lease = tonumber(ARGV[5])
-local max_hold = tonumber(ARGV[6])
-if max_hold > 0 then
-  lease = math.min(lease, max_hold)
-end
+local lease, deadline = first_lease(ARGV[5], ARGV[6])
 local m = MODES[mode]
 local expiry = now_ms + lease
 redis.call('ZADD', KEYS[1], expiry, owner)
@@ -103,8 +100,8 @@ redis.call('HSET', KEYS[8], 'owner', owner, 'token', token, 'acquired_ms', now_m
 if call ~= '' then
   redis.call('HSET', KEYS[8], 'call', call)
 end
-if max_hold > 0 then
-  redis.call('HSET', KEYS[8], 'deadline_ms', now_ms + max_hold)
+if deadline > 0 then
+  redis.call('HSET', KEYS[8], 'deadline_ms', deadline)
 end
 if parent ~= '' then
   redis.call('HSET', KEYS[8], 'parent', parent)

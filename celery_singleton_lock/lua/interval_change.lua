@@ -6,9 +6,10 @@
 -- ARGV[3], ARGV[4]: new lo, hi (shrink)
 -- ARGV[5]: reservation, ms (upgrade; 0: none, and the caller will not wait)
 -- ARGV[6]: wake-up channel
--- Reply codes: IntervalReply in core/replies.py (keep the two in step).
+-- Reply codes: Reply in core/replies.py (keep the two in step): DONE 1, BUSY -7,
+-- PARENT_GONE -3, NOT_INSIDE -4.
 -- returns {1, 0}    done
---         {0, ms}   upgrade blocked by readers; ms until one could run out
+--         {-7, ms}  upgrade blocked by readers; ms until one could run out
 --         {-3, 0}   not held (expired or cleared), or not in the mode the change needs
 --         {-4, 0}   shrink: the new interval is not inside the held one
 local op, owner = ARGV[1], ARGV[2]
@@ -65,7 +66,7 @@ if op == 'upgrade' then
     if reserve > 0 then
       mark_waiting(ms)
     end
-    return {0, ms}
+    return {-7, ms}
   end
   if unreserve(owner) > 0 then
     refresh_queue()

@@ -7,7 +7,8 @@
 --          listed stale leaves it alone once its heartbeat resumed
 -- ARGV[6]: '1' for a clear (the admin's, or a supervisor's release of a dead task's hold),
 --          '' for the holder's own release: the holder of a hold cleared finds it lost
--- Reply codes: ClearReply in core/replies.py (keep the two in step).
+-- Reply codes: Reply in core/replies.py (keep the two in step): DONE 1, GONE 0,
+-- TAKEN -1, RESUMED -6.
 -- returns 1   released (or, for a waiter, its reservation withdrawn); also for a call sent
 --             again after its reply was lost: a release or clear that freed the hold left in
 --             its hash's place a trace (trace.lua), `state=released` with the hold's token
@@ -16,7 +17,7 @@
 --             does the holder's release of a hold in its delay, with a delay or without
 --         0   not held: the hold expired (or was cleared, or, for a clear, released)
 --        -1   the holder's fencing token is not ARGV[4]
---        -2   the holder was renewed since it was listed (renewed_ms is not ARGV[5])
+--        -6   the holder was renewed since it was listed (renewed_ms is not ARGV[5])
 --
 -- It decides nothing on overlaps, so it does not prune: a holder still holds while its hash
 -- and its B exp entry are there (see interval_common.lua), and removing its own entries
@@ -26,19 +27,9 @@ local delay = tonumber(ARGV[2])
 local token, renewed, clear = ARGV[4], ARGV[5] or '', ARGV[6] == '1'
 local holder = redis.call('HMGET', KEYS[8], 'mode', 'token', 'renewed_ms', 'hi', 'state',
   'cleared')
-if holder[5] == 'released' then
-  -- Freed already, and named by no index: a call like the one that freed it (the holder's
-  -- own release, or a clear of its token: `cleared`) is that call sent again, and answered
-  -- released; any other finds it gone.
-  if clear == (holder[6] == '1') and (token == '' or token == holder[2]) then
-    return 1
-  end
-  return 0
-end
-if holder[5] == 'release_delay' and not clear then
-  -- Released already, with a delay: whatever its holder sends now (that release again,
-  -- or one without a delay) finds it released, and the delay ends where it was set to.
-  return 1
+local freed = freed_reply(holder[5], holder[6], holder[2], clear, token)
+if freed then
+  return freed  -- freed already, and named by no index (trace.lua)
 end
 local m = MODES[holder[1] or '']
 local woke = false
@@ -61,7 +52,7 @@ if m then
     last = redis.call('HGET', KEYS[8], 'acquired_ms')
   end
   if renewed ~= '' and tonumber(last) ~= tonumber(renewed) then
-    return -2
+    return -6
   end
   if delay > 0 then
     -- Release delay: keep the indexed interval until the delay ends; nothing renews it now.

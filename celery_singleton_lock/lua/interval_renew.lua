@@ -3,11 +3,12 @@
 -- ARGV[3i-2]: owner token of hold i   ARGV[3i-1]: new lease length of hold i, ms
 -- ARGV[3i]: generation of the renewal: one older than the hold's `gen` leaves it alone and
 --           answers the ms it has (see renew.lua)
--- Reply codes: HolderReply in core/replies.py (keep the two in step).
+-- Reply codes: Reply in core/replies.py (keep the two in step): ms granted (> 0),
+-- GONE 0, MAX_HOLD_REACHED -2.
 -- returns one integer per hold: > 0 ms granted, 0 gone (or released: a hold in a release delay
 -- is never renewed, so a renewal sent before a delayed release cannot cut the delay short),
 -- -2 max-hold reached
--- The remaining time is *set*, never added to.
+-- The remaining time is *set*, never added to (renew_hold.lua).
 local result = {}
 overlap_helpers()
 now()
@@ -26,22 +27,10 @@ for i = 1, #KEYS / 8 do
   elseif gen < stored then
     result[i] = math.max(1, expiry - now_ms)
   else
-    local lease = tonumber(ARGV[3 * i - 1])
-    local deadline = tonumber(holder[1]) or 0
-    if deadline > 0 and deadline - now_ms < lease then
-      lease = deadline - now_ms
-    end
-    if lease <= 0 then
-      result[i] = -2
-    else
-      redis.call('ZADD', KEYS[o + 1], now_ms + lease, owner)
-      redis.call('PEXPIRE', KEYS[o + 8], lease)
-      redis.call('HSET', KEYS[o + 8], 'renewed_ms', now_ms, 'ttl_ms', ARGV[3 * i - 1])
-      if gen > stored then
-        redis.call('HSET', KEYS[o + 8], 'gen', gen)
-      end
+    result[i] = renew_to(KEYS[o + 8], ARGV[3 * i - 1], tonumber(holder[1]) or 0, gen, stored)
+    if result[i] > 0 then
+      redis.call('ZADD', KEYS[o + 1], now_ms + result[i], owner)
       refresh(o)
-      result[i] = lease
     end
   end
 end

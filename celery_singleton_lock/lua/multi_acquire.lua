@@ -5,11 +5,11 @@
 -- ARGV[4]: '1' if the caller will wait for a release, else ''
 -- ARGV[5..4+n]: the names (stored as each hash's `name`)
 -- ARGV[5+n..]: field, value pairs describing the holder (kind, host, pid, ...)
--- Reply codes: AcquireReply in core/replies.py (keep the two in step).
+-- Reply codes: Reply in core/replies.py (keep the two in step): DONE 1, BUSY -7.
 -- returns {1, token 1, ..., token n}   all taken, one fencing token per name; or all held by
 --                                       this owner already (a re-sent attempt whose first
 --                                       run's reply was lost): the tokens they have
---         {0, ms}                       some name is held: ms until the first busy one could
+--         {-7, ms}                      some name is held: ms until the first busy one could
 --                                       run out (-1: a busy one has no expiry); nothing taken
 -- One script over every key makes it atomic, so two multi-locks over overlapping names can
 -- never each hold part of what the other needs: no deadlock, no ordering rule.
@@ -32,19 +32,13 @@ for i = 1, n do
   end
 end
 if hint ~= nil then
-  return {0, hint}
+  return {-7, hint}
 end
 if owned == n then
   return mine
 end
 local now_ms = server_ms()
-local lease = tonumber(ARGV[2])
-local max_hold = tonumber(ARGV[3])
-local deadline = 0
-if max_hold > 0 then
-  deadline = now_ms + max_hold
-  lease = math.min(lease, max_hold)
-end
+local lease, deadline = first_lease(ARGV[2], ARGV[3])
 local result = {1}
 for i = 1, n do
   local token = next_fencing_token(KEYS[n + i])

@@ -6,7 +6,8 @@
 -- now leaves its owner and token in P{T}:freed, as release.lua does (trace.lua)
 -- Waiters mark the hash (acquire.lua): only a marked one is published, and its oldest live
 -- fair waiter is woken to take the freed name itself (wake_fair_waiter.lua, prepended).
--- Reply codes: HolderReply in core/replies.py (keep the two in step).
+-- Reply codes: Reply in core/replies.py (keep the two in step): DONE 1, GONE 0,
+-- TAKEN -1.
 -- returns 1 all released; else -1 if some name is held by another owner, 0 if some expired
 -- A release sent again after its reply was lost (redis-py's retry, or the caller's) finds
 -- its names released, not lost or held by another: a release delay left names its owner

@@ -3,7 +3,8 @@
 -- ARGV[4i-3]: key count of lock i   ARGV[4i-2]: its owner token   ARGV[4i-1]: lease, ms
 -- ARGV[4i]: generation of the renewal: one older than a key's `gen` leaves that key alone
 --           and counts the ms it has (renew_hold.lua)
--- Reply codes: HolderReply in core/replies.py (keep the two in step).
+-- Reply codes: Reply in core/replies.py (keep the two in step): ms granted (> 0),
+-- GONE 0, TAKEN -1, MAX_HOLD_REACHED -2.
 -- returns one integer per lock: > 0 ms granted (the least over its keys), 0 some key gone,
 -- -1 some key held by another owner or in a release delay (never renewed), -2 max-hold
 -- reached. Keys still owned are renewed even when another is lost, so what the holder still

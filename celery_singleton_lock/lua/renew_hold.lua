@@ -1,8 +1,31 @@
--- Renew one lease hash (prepended, after clock.lua, to renew.lua and multi_renew.lua: a
+-- Renew a hold (prepended, after clock.lua, to every renew script).
+--
+-- renew_to(key, ask, deadline, gen, stored): the renewal every kind's hold gets: set hash
+-- `key`'s remaining time to `ask` ms (as text), cut to the hold's max-hold `deadline` (server
+-- ms; 0: none), and record it (`renewed_ms`, `ttl_ms`, and `gen` when newer than the `stored`
+-- one). Returns the ms set, or -2: max-hold reached (not renewed: it runs out on its own).
+local function renew_to(key, ask, deadline, gen, stored)
+  local now_ms = server_ms()
+  local lease = tonumber(ask)
+  if deadline > 0 and deadline - now_ms < lease then
+    lease = deadline - now_ms
+  end
+  if lease <= 0 then
+    return -2
+  end
+  redis.call('PEXPIRE', key, lease)
+  redis.call('HSET', key, 'renewed_ms', now_ms, 'ttl_ms', ask)
+  if gen > stored then
+    redis.call('HSET', key, 'gen', gen)
+  end
+  return lease
+end
+
+-- renew_hold(key, owner, ask, gen): renew one lease hash (renew.lua, multi_renew.lua: a
 -- lease's and each name of a multi-key lock's hash are the same kind of hold).
 -- `key`: the lock hash; `owner`: the owner token it must have; `ask`: the lease length
 -- asked, ms (as text); `gen`: the renewal's generation.
--- Returns the reply code of renew.lua (HolderReply in core/replies.py): > 0 ms the lease now
+-- Returns the reply code of renew.lua (Reply in core/replies.py): > 0 ms the lease now
 -- has (less than asked when its max-hold deadline is near), 0 gone, -1 another owner's or in
 -- a release delay (which has no owner: an empty owner token matches nothing, so a late
 -- renewal never cuts a delay short), -2 max-hold reached (not renewed: it runs out on its
@@ -25,19 +48,5 @@ local function renew_hold(key, owner, ask, gen)
   if gen < stored then
     return math.max(1, redis.call('PTTL', key))
   end
-  local now_ms = server_ms()
-  local lease = tonumber(ask)
-  local deadline = tonumber(holder[2]) or 0
-  if deadline > 0 and deadline - now_ms < lease then
-    lease = deadline - now_ms
-  end
-  if lease <= 0 then
-    return -2
-  end
-  redis.call('PEXPIRE', key, lease)
-  redis.call('HSET', key, 'renewed_ms', now_ms, 'ttl_ms', ask)
-  if gen > stored then
-    redis.call('HSET', key, 'gen', gen)
-  end
-  return lease
+  return renew_to(key, ask, tonumber(holder[2]) or 0, gen, stored)
 end

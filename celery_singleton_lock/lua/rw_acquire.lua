@@ -9,12 +9,13 @@
 --          (acquire.lua's ARGV[7]), stored as they come in the one field `holder`
 -- ARGV[8]: the call identity of the new hold ('' none): an opaque string; while a hold of
 --          the same call identity stands on the lock (in any mode), nothing is granted
--- Reply codes: IntervalReply in core/replies.py (keep the two in step).
+-- Reply codes: Reply in core/replies.py (keep the two in step): the token alone
+-- is DONE; BUSY -7, HELD_BY_CALL -5.
 -- returns fencing token        taken, or held by this owner already: a re-sent attempt whose
 --                              first run's reply was lost gets the token it has, unchanged; the
 --                              token alone (a string), not a table: see acquire_outcome()
 --                              in core/replies.py
---         {0, ms}              blocked; ms until a conflicting hold could run out
+--         {-7, ms}             blocked; ms until a conflicting hold could run out
 --         {-5, ms}             a hold of the call identity ARGV[8] stands (another delivery
 --                              of the same call): ms it has left. Nothing granted, queued
 --                              or marked: a call is never let in beside itself
@@ -72,7 +73,7 @@ if pttl ~= -2 then
     if ARGV[6] == '1' then
       mark_waiting(hint)
     end
-    return {0, hint}
+    return {-7, hint}
   end
   if mode == 'w' and state[3] then
     unreserve(owner)
@@ -81,8 +82,7 @@ if pttl ~= -2 then
 end
 local token = next_fencing_token(KEYS[3])
 local acquired = server_ms()
-local lease = tonumber(ARGV[3])
-local max_hold = tonumber(ARGV[4])
+local lease, deadline = first_lease(ARGV[3], ARGV[4])
 if mode ~= 'r' then
   redis.call('HSET', KEYS[1], field, owner)
 elseif call == '' then
@@ -98,9 +98,8 @@ else
   redis.call('HSET', KEYS[2], 'owner', owner, 'token', token, 'acquired_ms', acquired,
     'ttl_ms', ARGV[3], 'mode', mode, 'holder', ARGV[7], 'call', call)
 end
-if max_hold > 0 then
-  redis.call('HSET', KEYS[2], 'deadline_ms', tonumber(acquired) + max_hold)
-  lease = math.min(lease, max_hold)
+if deadline > 0 then
+  redis.call('HSET', KEYS[2], 'deadline_ms', deadline)
 end
 redis.call('PEXPIRE', KEYS[2], lease)
 -- B exp lives at least as long as this hold.

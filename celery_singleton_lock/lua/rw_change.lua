@@ -3,11 +3,12 @@
 -- KEYS[1]: B exp   KEYS[2]: B h:<owner> (see rw_common.lua)
 -- ARGV[1]: upgrade | downgrade | unreserve    ARGV[2]: owner token
 -- ARGV[3]: reservation, ms (upgrade; 0: none, and the caller will not wait)
--- Reply codes: IntervalReply in core/replies.py (keep the two in step).
+-- Reply codes: Reply in core/replies.py (keep the two in step): DONE 1, BUSY -7,
+-- PARENT_GONE -3.
 -- returns {1, 0}    done; also when the hold is in the mode the change makes already: this
 --                   very change sent again after its reply was lost (a hold changes mode only
 --                   by its holder's calls, one at a time)
---         {0, ms}   upgrade blocked by readers; ms until one could run out
+--         {-7, ms}  upgrade blocked by readers; ms until one could run out
 --         {-3, 0}   not held (expired, cleared or released), or not in the mode the change
 --                   needs
 local op, owner = ARGV[1], ARGV[2]
@@ -46,7 +47,7 @@ if op == 'upgrade' then
       reserve(owner, reservation)
       mark_waiting(ms)
     end
-    return {0, ms}
+    return {-7, ms}
   end
   if state[2] then
     unreserve(owner)

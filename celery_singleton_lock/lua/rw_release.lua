@@ -9,7 +9,8 @@
 --          nothing checked): it then goes without reading the hold's hash
 -- ARGV[6]: '1' for a clear (the admin's, or a supervisor's release of a dead task's hold),
 --          '' for the holder's own release: the holder of a hold cleared finds it lost
--- Reply codes: ClearReply in core/replies.py (keep the two in step).
+-- Reply codes: Reply in core/replies.py (keep the two in step): DONE 1, GONE 0,
+-- TAKEN -1, RESUMED -6.
 -- returns 1   released (or, for a waiter, its reservation withdrawn); also for a call sent
 --             again after its reply was lost: a release or clear that freed the hold left in
 --             its hash's place a trace (trace.lua), `state=released` with the hold's token
@@ -18,7 +19,7 @@
 --             does the holder's release of a hold in its delay, with a delay or without
 --         0   not held: the hold expired (or was cleared, or, for a clear, released)
 --        -1   the hold's fencing token is not ARGV[3]
---        -2   the hold was renewed since it was listed (renewed_ms is not ARGV[4])
+--        -6   the hold was renewed since it was listed (renewed_ms is not ARGV[4])
 -- Waiters are woken only if one marked the lock (see mark_waiting).
 local owner = ARGV[1]
 local delay = tonumber(ARGV[2])
@@ -63,19 +64,9 @@ else
   holder = redis.call('HMGET', KEYS[2], 'mode', 'token', 'renewed_ms', 'acquired_ms', 'state',
     'cleared')
   mode = holder[1]
-  if holder[5] == 'released' then
-    -- Freed already: a call like the one that freed it (the holder's own release, or a
-    -- clear of its token: `cleared`) is that call sent again, and answered released; any
-    -- other finds it gone.
-    if clear == (holder[6] == '1') and (token == '' or token == holder[2]) then
-      return 1
-    end
-    return 0
-  end
-  if holder[5] == 'release_delay' and not clear then
-    -- Released already, with a delay: whatever its holder sends now (that release again,
-    -- or one without a delay) finds it released, and the delay ends where it was set to.
-    return 1
+  local freed = freed_reply(holder[5], holder[6], holder[2], clear, token)
+  if freed then
+    return freed  -- freed already (trace.lua)
   end
 end
 helpers()
@@ -98,7 +89,7 @@ if token ~= '' and holder[2] ~= token then
 end
 -- A hold not renewed yet has no renewed_ms: its acquired_ms stands for it.
 if renewed ~= '' and tonumber(holder[3] or holder[4]) ~= tonumber(renewed) then
-  return -2
+  return -6
 end
 local field = mode
 if mode == 'r' then

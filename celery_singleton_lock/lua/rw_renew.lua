@@ -3,15 +3,15 @@
 -- ARGV[3i-2]: owner token of hold i   ARGV[3i-1]: new lease length of hold i, ms
 -- ARGV[3i]: generation of the renewal: one older than the hold's `gen` leaves it alone and
 --           answers the ms it has (see renew.lua)
--- Reply codes: HolderReply in core/replies.py (keep the two in step).
+-- Reply codes: Reply in core/replies.py (keep the two in step): ms granted (> 0),
+-- GONE 0, MAX_HOLD_REACHED -2.
 -- returns one integer per hold: > 0 ms granted, 0 gone (or released: a hold in a release delay
 -- is never renewed, so a renewal sent before a delayed release cannot cut the delay short;
 -- nor is the trace a release or clear leaves, state=released, see rw_release.lua),
 -- -2 max-hold reached
--- The remaining time is *set*, never added to. B exp is kept alive at least as long.
+-- The remaining time is *set*, never added to (renew_hold.lua). B exp is kept alive at least
+-- as long.
 local result = {}
-helpers()
-now()
 for i = 1, #KEYS / 2 do
   local lock, hold = KEYS[2 * i - 1], KEYS[2 * i]
   local gen = tonumber(ARGV[3 * i])
@@ -22,23 +22,9 @@ for i = 1, #KEYS / 2 do
   elseif gen < stored then
     result[i] = math.max(1, redis.call('PTTL', hold))
   else
-    local lease = tonumber(ARGV[3 * i - 1])
-    local deadline = tonumber(holder[2]) or 0
-    if deadline > 0 and deadline - now_ms < lease then
-      lease = deadline - now_ms
-    end
-    if lease <= 0 then
-      result[i] = -2
-    else
-      redis.call('PEXPIRE', hold, lease)
-      redis.call('HSET', hold, 'renewed_ms', now_ms, 'ttl_ms', ARGV[3 * i - 1])
-      if gen > stored then
-        redis.call('HSET', hold, 'gen', gen)
-      end
-      if redis.call('PTTL', lock) < lease then
-        redis.call('PEXPIRE', lock, lease)
-      end
-      result[i] = lease
+    result[i] = renew_to(hold, ARGV[3 * i - 1], tonumber(holder[2]) or 0, gen, stored)
+    if result[i] > 0 and redis.call('PTTL', lock) < result[i] then
+      redis.call('PEXPIRE', lock, result[i])
     end
   end
 end

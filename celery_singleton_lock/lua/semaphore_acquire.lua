@@ -11,11 +11,13 @@
 --          holder's hash as `call`; while a permit of the same call identity is held,
 --          nothing is granted
 -- ARGV[7..]: field, value pairs describing the holder
+-- Reply codes: Reply in core/replies.py (keep the two in step): the token
+-- alone is DONE; BUSY -7, HELD_BY_CALL -5.
 -- returns fencing token        taken, or held by this owner already: a re-sent attempt whose
 --                              first run's reply was lost gets the token it has, unchanged; the
 --                              token alone (a string), not a table: see acquire_outcome()
 --                              in core/replies.py
---         {0, ms}              `limit` permits are held; ms until the first could run out
+--         {-7, ms}             `limit` permits are held; ms until the first could run out
 --         {-5, ms}             a permit of the call identity ARGV[6] is held (another
 --                              delivery of the same call): ms it has left. Nothing granted
 --                              or marked: a call never holds two permits
@@ -46,17 +48,11 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
     if ARGV[5] == '1' then
       mark_waiting(ms)
     end
-    return {0, ms}
+    return {-7, ms}
   end
 end
 local token = next_token(KEYS[13])
-local lease = tonumber(ARGV[3])
-local max_hold = tonumber(ARGV[4])
-local deadline = 0
-if max_hold > 0 then
-  deadline = now_ms + max_hold
-  lease = math.min(lease, max_hold)
-end
+local lease, deadline = first_lease(ARGV[3], ARGV[4])
 local expiry = now_ms + lease
 redis.call('ZADD', KEYS[1], expiry, owner)
 redis.call('HSET', KEYS[8], 'owner', owner, 'token', token, 'acquired_ms', now_ms,

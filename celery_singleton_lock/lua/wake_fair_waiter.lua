@@ -1,5 +1,5 @@
--- Prepended to the scripts that free a name without handing it on (clear.lua,
--- release_holder.lua, multi_release.lua), so that a fair waiter does not sleep through it.
+-- Prepended to the scripts that free a name without handing it on (release.lua's clear and
+-- supervisor's release, multi_release.lua), so that a fair waiter does not sleep through it.
 --
 -- wake_fair_waiter(base): push 0 (never a fencing token) to the hand-off list P{T}:m:W of
 -- the oldest live waiter in P{T}:queue (registered in P{T}:w:W; see release.lua), for as
