@@ -83,6 +83,29 @@ def test_take_over_acquires_the_claim_made_for_it_and_only_that(lock_client: Loc
     run.release()
 
 
+@pytest.mark.parametrize("first", ["renewal", "release"])
+def test_the_claim_kept_for_a_take_overs_undo_goes_with_the_first_renewal_or_release(
+    lock_client: LockClient, first: str
+) -> None:
+    """The take-over keeps the claim aside (``P{T}:undo:<token>``) for as long as the claim
+    had left, so that its acquire's undo can put it back if the reply is lost. Once the
+    holder renews or releases, that reply came: the kept claim is deleted then, not left for
+    the claim's minutes."""
+    claim = lock_client.lease("job", owner="claim:t1:0", ttl=300, heartbeat=False)
+    assert claim.acquire()
+    run = lock_client.lease("job", take_over="claim:t1:0", heartbeat=False)
+    assert run.acquire()
+    kept = run.keys.base + b"undo:" + str(run.token).encode()
+    assert 200_000 < lock_client.redis.pttl(kept) <= 300_000
+    if first == "renewal":
+        assert run.extend() > 0
+        assert not lock_client.redis.exists(kept)
+        assert run.held
+    run.release()
+    assert not lock_client.redis.exists(kept)
+    assert lock_client.holders("job") == []
+
+
 def test_take_over_is_settable_until_the_lease_is_held(lock_client: LockClient) -> None:
     assert lock_client.lease("job", owner="claim:t1:0", heartbeat=False).acquire()
     run = lock_client.lease("job")

@@ -25,6 +25,11 @@ from celery_singleton_lock import (
     lock_released,
 )
 from celery_singleton_lock.celery.app_client import use_lock_client
+from celery_singleton_lock.celery.sends import SEND_HEADER
+
+#: The send id of an original call, carried by its copy as every copy carries it: a message
+#: with no send id and no mark of a delivery again is a new send (sends.unmarked_is_new).
+ORIGINAL = {SEND_HEADER: "original"}
 
 
 @pytest.mark.timeout(60)
@@ -98,7 +103,7 @@ def test_a_release_whose_reply_was_lost_frees_the_lock_once_and_marks_the_call_d
     lock_released.connect(released, weak=False)
     lock_lost.connect(lost, weak=False)
     try:
-        first = sync.apply(("d2", True))
+        first = sync.apply(("d2", True), headers=ORIGINAL)
     finally:
         lock_released.disconnect(released)
         lock_lost.disconnect(lost)
@@ -111,7 +116,7 @@ def test_a_release_whose_reply_was_lost_frees_the_lock_once_and_marks_the_call_d
         assert signals == []
         assert "could not release 'sync:d2'" in caplog.text
     assert "without its lock" not in caplog.text
-    copy = sync.apply(("d2", False), task_id=first.id)
+    copy = sync.apply(("d2", False), task_id=first.id, headers=ORIGINAL)
     assert copy.state == "IGNORED" and f"[{first.id}] dropped" in caplog.text
 
 

@@ -342,7 +342,7 @@ class Scripts:
         self._release: Script = register(
             redis, source_after(CLOCK, FENCING, *WAKE_FAIR_WAITER, TRACE, "release"), replication
         )
-        self._renew: Script = register(redis, source_after(CLOCK, "renew_hold", "renew"))
+        self._renew: Script = register(redis, source_after(CLOCK, ADVISORY, "renew_hold", "renew"))
         self._handover: Script = register(redis, source("handover"), replication)
         self._fair_abandon: Script = register(redis, source("fair_abandon"), replication)
         self._acquire_undo: Script = register(

@@ -30,6 +30,7 @@ from ..core.replication import Replication
 from ..core.replies import Reply, acquire_outcome
 from ..core.scan import Record, read_query
 from ..core.scripts import (
+    ADVISORY,
     CLOCK,
     FENCING,
     TRACE,
@@ -64,7 +65,9 @@ class MultiScripts:
         self.release: Script = register(
             redis, source_after(CLOCK, *WAKE_FAIR_WAITER, TRACE, "multi_release"), replication
         )
-        self.renew: Script = register(redis, source_after(CLOCK, "renew_hold", "multi_renew"))
+        self.renew: Script = register(
+            redis, source_after(CLOCK, ADVISORY, "renew_hold", "multi_renew")
+        )
 
 
 def scripts(client: ScriptHost) -> MultiScripts:

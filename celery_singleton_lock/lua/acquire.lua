@@ -50,8 +50,10 @@
 -- `attempt`, `gen`, `state` as below and in release.lua and renew.lua.
 --
 -- A claim taken over is not deleted but renamed to P{T}:undo:<new token>, keeping its own
--- expiry (it is left to run out): if the reply of this attempt is lost, acquire_undo.lua
--- puts the claim back, so an attempt that failed never frees a queued message's claim.
+-- expiry: if the reply of this attempt is lost, acquire_undo.lua puts the claim back, so an
+-- attempt that failed never frees a queued message's claim. The new hold's `undo` field says
+-- it is kept: the hold's first renewal or its release deletes it (renew_hold.lua,
+-- release.lua), as the holder's reply has come by then.
 --
 -- The release of KEYS[3] comes first and stands whatever the acquire does. Its keys are
 -- another name's (another hash tag): not for a Redis Cluster. A release.lua of a marked
@@ -130,6 +132,9 @@ if deadline > 0 then
 end
 if waiting then
   redis.call('HSET', KEYS[1], 'waiting', waiting)
+end
+if owner then
+  redis.call('HSET', KEYS[1], 'undo', 1)
 end
 if ARGV[8] and ARGV[8] ~= '' then
   redis.call('HSET', KEYS[1], 'attempt', ARGV[8])

@@ -55,7 +55,7 @@
 -- and a fresh fencing token, which its blocked BLPOP returns. A clear or a supervisor's release
 -- publishes, and wakes that waiter to take the freed name itself (wake_fair_waiter.lua).
 local mode, who, token = ARGV[4] or '', ARGV[1], ARGV[3] or ''
-local holder = redis.call('HMGET', KEYS[1], 'owner', 'waiting', 'token')
+local holder = redis.call('HMGET', KEYS[1], 'owner', 'waiting', 'token', 'undo')
 local owner = holder[1]
 local base = string.sub(KEYS[1], 1, -5)
 local found = owner == who
@@ -99,6 +99,11 @@ if mode == 'clear' and (ARGV[5] or '') ~= '' then
   if tonumber(renewed[1] or renewed[2]) ~= tonumber(ARGV[5]) then
     return -6
   end
+end
+if holder[4] then
+  -- The claim this hold took over, kept for its acquire's undo (acquire.lua): not needed.
+  advisory('DEL', base .. 'undo:' .. holder[3])
+  redis.call('HDEL', KEYS[1], 'undo')
 end
 local delay = tonumber(ARGV[2])
 if delay > 0 then

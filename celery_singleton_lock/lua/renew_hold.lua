@@ -37,13 +37,19 @@ end
 -- of the same or a newer generation renews. Within one generation the length asked is the
 -- same, so no renewal shortens what a later one of that generation set.
 local function renew_hold(key, owner, ask, gen)
-  local holder = redis.call('HMGET', key, 'owner', 'deadline_ms', 'state', 'gen')
+  local holder = redis.call('HMGET', key, 'owner', 'deadline_ms', 'state', 'gen', 'undo', 'token')
   local stored = tonumber(holder[4]) or 0
   if not holder[1] then
     return 0
   end
   if holder[1] == '' or holder[3] == 'release_delay' or holder[1] ~= owner then
     return -1
+  end
+  if holder[5] then
+    -- The holder renews, so its acquire's reply arrived: the claim that acquire took over
+    -- and kept for its undo (acquire.lua) will not be put back. Gone now, not in minutes.
+    advisory('DEL', string.sub(key, 1, -5) .. 'undo:' .. holder[6])
+    redis.call('HDEL', key, 'undo')
   end
   if gen < stored then
     return math.max(1, redis.call('PTTL', key))
