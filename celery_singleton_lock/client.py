@@ -11,7 +11,7 @@ from .core.client_base import DEFAULT_SOCKET_TIMEOUT, ClientBase, mask_password
 from .core.connection import Connection
 from .core.handle import HolderRecord
 from .kinds.lease import Lease, ReleaseResult, release_holder, release_owner
-from .kinds.lease_listing import read_lease_holders
+from .kinds.lease_listing import lease_holders_read
 from .kinds.multi import MultiLease
 from .kinds.rangelock import RangeLock
 from .kinds.rwlock import RWLock
@@ -104,7 +104,7 @@ class LockClient(ClientBase[Connection, RWLock, RangeLock, Semaphore, MultiLease
     def holders(self, name: str) -> list[HolderRecord]:
         """Who holds lease ``name`` now (a holder, or a release delay), as
         :meth:`Lease.holders`; empty when it is free."""
-        return read_lease_holders(self.connection, [self.connection.keys(name).lock])
+        return self.connection.run(lease_holders_read([self.connection.keys(name).lock]))
 
     def locks(self, pattern: str | None = None) -> admin.Listing:
         """Every lock under this client's prefix whose name matches the glob ``pattern``,

@@ -7,11 +7,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ..admin import Listing
-from ..core import redis_urls, validate
+from ..admin.clear import name_cleared
+from ..admin.inspect import listing
+from ..core import redis_urls
 from ..core.client_base import ClientBase
-from ..core.holder import HOSTNAME
-from ..core.replies import HolderReply
-from . import admin
+from ..core.handle import HolderRecord
+from ..kinds.lease import holder_released
+from ..kinds.lease_listing import lease_holders_read
 from .connection import AsyncConnection
 from .intervals import AsyncRangeLock, AsyncRWLock
 from .lease import AsyncLease
@@ -84,23 +86,23 @@ class AsyncLockClient(
         running in process ``pid`` on ``host`` (default: this machine) holds it, as
         :meth:`LockClient.release_holder`. True if released."""
         conn = self.connection
-        keys = conn.keys(name)
-        process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
-        call = conn.scripts.release_holder_call(keys.lock, *process, keys.channel)
-        await conn.check_layout()
-        return int(await conn.script(*call)) == HolderReply.DONE
+        return await conn.run(holder_released(conn, name, task_id, pid, host, delay))
+
+    async def holders(self, name: str) -> list[HolderRecord]:
+        """Who holds lease ``name`` now, as :meth:`LockClient.holders`."""
+        return await self.connection.run(lease_holders_read([self.connection.keys(name).lock]))
 
     async def locks(self, pattern: str | None = None) -> Listing:
         """Every lock under this client's prefix whose name matches the glob ``pattern``,
         with its holder and whether it is live, stale or in a release delay (docs/admin.md);
         its ``skipped`` counts the keys of another type passed by."""
-        return await admin.list_locks(self.connection, pattern)
+        return await self.connection.run(listing(self.prefix, pattern))
 
     async def clear(self, name: str, *, token: int | None = None, force: bool = False) -> bool:
         """Clear lock ``name`` (only its holder with fencing ``token``, if given): atomic and
         holder-checked. A live lock is cleared only with ``force``, else :class:`LockError`.
         True if something was cleared."""
-        return await admin.clear(self.connection, name, token=token, force=force)
+        return await self.connection.run(name_cleared(self.connection, name, token, force))
 
     async def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""

@@ -16,13 +16,16 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import suppress
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..exceptions import LockBackendError, LockError, LockNotReplicated
 from .handle_state import HandleState, Outage, retry_in
 from .heartbeat import RenewEntry, RenewUnit, renew_calls
 from .scripts import ScriptCall
 from .steps import Batch, Listen, Pause, Steps
+
+if TYPE_CHECKING:
+    from .handle import HolderRecord
 
 
 def released_unreplicated(
@@ -91,7 +94,8 @@ def nothing() -> Steps[None]:
 
 class HandleOps(HandleState, ABC):
     """The shared operations of a handle (see the module docstring). A kind provides the
-    generators ``_try_acquire(owner, reserve)`` and ``_release(owner, delay_ms)`` (and
+    generators ``_try_acquire(owner, reserve)``, ``_release(owner, delay_ms)``,
+    ``_holders()`` and ``_release_holder(task_id, pid, host, delay)`` (and
     ``_abandon(owner)`` if a waiter reserves something), the classmethod
     ``_renew_script_call(conn, entries)`` the heartbeats batch, and ``_channels``."""
 
@@ -117,6 +121,18 @@ class HandleOps(HandleState, ABC):
     @abstractmethod
     def _release(self, owner: str, delay_ms: int) -> Steps[int]:
         """One release round trip: a ``HolderReply`` (DONE, GONE or TAKEN)."""
+
+    @abstractmethod
+    def _holders(self) -> Steps[list[HolderRecord]]:
+        """Who holds what this handle locks now (``holders``)."""
+
+    @abstractmethod
+    def _release_holder(
+        self, task_id: str, pid: int, host: str | None, delay: float
+    ) -> Steps[bool]:
+        """Release what run ``task_id`` in process ``pid`` on ``host`` (None: this machine)
+        holds of this lock (not through this handle: for a supervisor whose child died
+        holding it); True if released (``release_holder``)."""
 
     @classmethod
     @abstractmethod

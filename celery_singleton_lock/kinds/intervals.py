@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..core import validate
-from ..core.connection import Connection, HasConnection, connection_of
+from ..core.connection import Connection, ConnectionBase, HasConnection, connection_of
 from ..core.handle import HolderRecord, LockHandle
 from ..core.handle_ops import (
     HandleOps,
@@ -55,7 +55,8 @@ from ..core.scripts import (
     register,
     source_after,
 )
-from ..core.steps import Steps
+from ..core.steps import CheckLayout, Command, Pipeline, Steps
+from ..core.validate import HolderProcess
 from ..exceptions import ConfigurationError, LockError, LockNotHeld, LockNotReplicated
 
 if TYPE_CHECKING:
@@ -336,6 +337,40 @@ class IntervalHold(HandleOps):
             )
         return low, high
 
+    def _holders(self) -> Steps[list[HolderRecord]]:
+        keys = self.keys
+        blocked = self._owner is None
+        # Asked by a handle that does not hold (a conflict's reason): only the holds in its
+        # way; a range lock's holders of disjoint ranges, and holds whose mode shares with
+        # its own, are no reason it could not take it, unless they are of its own call
+        # identity (HELD_BY_CALL).
+        return holders_read(
+            ("zrange", keys.indexes[0], 0, -1),  # every holder, by expiry
+            lambda held: [text(owner) for owner in held],
+            keys.queue[2],
+            keys.holder,
+            lambda hold: (
+                not blocked
+                or self._in_the_way(hold.get(b"mode"), hold.get(b"lo"), hold.get(b"hi"))
+                or same_call(self.call, hold.get(b"call"))
+            ),
+        )
+
+    def _in_the_way(self, mode: bytes | None, lo: bytes | None, hi: bytes | None) -> bool:
+        """Whether a hold of ``mode`` on [lo, hi] (as stored; None: unknown, counted in the
+        way) conflicts with this one: overlapping, and not both shared (read beside read or
+        upgradable; one upgradable at a time)."""
+        if mode is None or lo is None or hi is None:
+            return True
+        if float(lo) > self.hi or float(hi) < self.lo:
+            return False
+        return (text(mode), self.mode) not in _SHARED
+
+    def _release_holder(
+        self, task_id: str, pid: int, host: str | None, delay: float
+    ) -> Steps[bool]:
+        return holds_released(self._conn, self._family, self.name, task_id, pid, host, delay)
+
 
 class IntervalHandle(IntervalHold, LockHandle):
     """A hold on [lo, hi] of an interval lock, in one mode ('r', 'u' or 'w')."""
@@ -355,70 +390,38 @@ class IntervalHandle(IntervalHold, LockHandle):
         super().__init__(client, name, **options)
         self._set_interval(self._conn.prefix, mode, lo, hi, parent, call)
 
-    def holders(self) -> list[HolderRecord]:
-        conn, keys = self._conn, self.keys
 
-        def read_owners() -> list[Any]:
-            pipe = conn.redis.pipeline(transaction=False)
-            pipe.zrange(keys.indexes[0], 0, -1)  # every holder, by expiry
-            pipe.zrange(keys.queue[2], 0, -1)  # waiting writers' reservations
-            return list(pipe.execute())
-
-        def read_holds(owners: list[str]) -> list[Any]:
-            pipe = conn.redis.pipeline(transaction=False)
-            for owner in owners:
-                pipe.hgetall(keys.holder(owner))
-            # A hold released since its owner was read left a trace: read as gone.
-            return [
-                [flat.get(field) for field in (b"task_id", b"mode", b"lo", b"hi", b"send", b"call")]
-                if not released(flat)
-                else [None] * 6
-                for flat in map(flatten, pipe.execute())
-            ]
-
-        held, writers = conn.call(read_owners)
-        owners = [text(owner) for owner in held]
-        holds = conn.call(read_holds, owners) if owners else []
-        # Asked by a handle that does not hold (a conflict's reason): only the holds in its
-        # way; a range lock's holders of disjoint ranges, and holds whose mode shares with
-        # its own, are no reason it could not take it, unless they are of its own call
-        # identity (HELD_BY_CALL).
-        blocked = self._owner is None
-        holders = [
-            HolderRecord(
-                owner=owner,
-                task_id=None if task_id is None else text(task_id),
-                send=None if send is None else text(send),
-            )
-            for owner, (task_id, mode, lo, hi, send, call) in zip(owners, holds, strict=True)
-            if not blocked or self._in_the_way(mode, lo, hi) or same_call(self.call, call)
-        ]
-        # A writer waiting for its turn holds new readers back without holding anything yet.
-        holders += [
-            HolderRecord(owner=text(owner), task_id=None, waiting=True) for owner in writers
-        ]
-        return holders
-
-    def _in_the_way(self, mode: bytes | None, lo: bytes | None, hi: bytes | None) -> bool:
-        """Whether a hold of ``mode`` on [lo, hi] (as stored; None: unknown, counted in the
-        way) conflicts with this one: overlapping, and not both shared (read beside read or
-        upgradable; one upgradable at a time)."""
-        if mode is None or lo is None or hi is None:
-            return True
-        if float(lo) > self.hi or float(hi) < self.lo:
-            return False
-        return (text(mode), self.mode) not in _SHARED
-
-    def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
-        return release_holder(
-            self._conn,
-            self._family,
-            self.name,
-            task_id=task_id,
-            pid=pid,
-            host=host,
-            delay=delay,
+def holders_read(
+    owners_read: tuple[Any, ...],
+    owners_of: Callable[[Any], list[str]],
+    queue: bytes,
+    holder_key: Callable[[str], bytes],
+    keep: Callable[[dict[bytes, Any]], bool],
+) -> Steps[list[HolderRecord]]:
+    """The holders of an interval or reader-writer lock: the owners (``owners_of`` the
+    reply to the command ``owners_read``) and the writers waiting in ``queue`` in one round
+    trip, then the holder hashes (``holder_key(owner)``) of those ``keep`` keeps (a hold
+    released since its owner was read left a trace: read as gone, an empty dict). A writer
+    waiting for its turn holds new readers back without holding anything yet."""
+    found, writers = yield Pipeline([owners_read, ("zrange", queue, 0, -1)])
+    owners = owners_of(found)
+    replies = (yield Pipeline([("hgetall", holder_key(o)) for o in owners])) if owners else []
+    holds = [{} if released(flat) else flat for flat in map(flatten, replies)]
+    holders = [
+        HolderRecord(
+            owner=owner,
+            task_id=optional_text(hold.get(b"task_id")),
+            send=optional_text(hold.get(b"send")),
         )
+        for owner, hold in zip(owners, holds, strict=True)
+        if keep(hold)
+    ]
+    return holders + [HolderRecord(owner=text(o), task_id=None, waiting=True) for o in writers]
+
+
+def optional_text(value: Any) -> str | None:
+    """``value`` as text; None stays None."""
+    return None if value is None else text(value)
 
 
 def released(fields: dict[bytes, Any]) -> bool:
@@ -566,52 +569,58 @@ def release_holder(
     It reads the owners, then their holder fields (a round trip each), then runs the release
     script on each match with the fencing token it read: that very hold goes, or nothing (it
     expired or was cleared meanwhile). Only after a crash, so a few round trips are fine."""
-    name = validate.check_name(name)
-    task_id, pid, host, delay_ms = validate.check_holder_process(
-        task_id, pid, host, delay, HOSTNAME
-    )
     conn = connection_of(client)
-    conn.check_layout()
+    return conn.run(holds_released(conn, family, name, task_id, pid, host, delay))
+
+
+def holds_released(
+    conn: ConnectionBase,
+    family: bytes,
+    name: str,
+    task_id: str,
+    pid: int,
+    host: str | None,
+    delay: float,
+) -> Steps[bool]:
+    """:func:`release_holder`'s steps, on a sync or an asyncio connection."""
+    name = validate.check_name(name)
+    process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
     keys = interval_keys(conn.prefix, name, family)
-    redis = conn.redis
-    owners = [raw.decode() for raw in conn.call(redis.zrange, keys.indexes[0], 0, -1)]
-    return release_holds_of(
-        conn,
-        name,
-        owners,
-        keys.holder,
-        lambda owner, token: release_hold(conn, keys, owner, delay_ms, token),
-        (task_id, pid, host),
+    yield CheckLayout()
+    owners = [text(raw) for raw in (yield Command("zrange", keys.indexes[0], 0, -1))]
+    return (
+        yield from release_holds_of(
+            name,
+            owners,
+            keys.holder,
+            lambda owner, token: release_call(conn, keys, owner, process[3], token, clear=True),
+            process,
+        )
     )
 
 
 def release_holds_of(
-    conn: Connection,
     name: str,
     owners: list[str],
     holder_key: Callable[[str], bytes],
-    release: Callable[[str, str], int],
-    process: tuple[str, int, str],
-) -> bool:
+    release: Callable[[str, str], ScriptCall],
+    process: HolderProcess,
+) -> Steps[bool]:
     """Of the holds of ``owners`` (on lock ``name``), release those whose holder hash
-    (``holder_key(owner)``) names the task, pid and host of ``process``, each by
+    (``holder_key(owner)``) names the task, pid and host of ``process``, each by the call
     ``release(owner, fencing token read)``: that very hold goes, or nothing (it expired or
     was cleared meanwhile). True if a hold was released."""
     if not owners:
         return False
-    pipe = conn.redis.pipeline(transaction=False)
-    for owner in owners:
-        pipe.hgetall(holder_key(owner))
-    replies = [
-        [flat.get(field) for field in (b"task_id", b"pid", b"host", b"token", b"state")]
-        for flat in map(flatten, conn.call(pipe.execute))
-    ]
+    fields = (b"task_id", b"pid", b"host", b"token", b"state")
+    replies = yield Pipeline([("hgetall", holder_key(owner)) for owner in owners])
     # The host too: pids are reused across machines (and containers).
-    task_id, pid, host = process
+    task_id, pid, host, _ = process
     wanted = (task_id.encode(), str(pid).encode(), host.encode())
     released = False
     unreplicated: LockNotReplicated | None = None
-    for owner, (held_by, held_in, held_on, token, state) in zip(owners, replies, strict=True):
+    for owner, flat in zip(owners, map(flatten, replies), strict=True):
+        held_by, held_in, held_on, token, state = (flat.get(field) for field in fields)
         # A hold in a release delay was released already: its delay must not start again;
         # nor does a hold released or cleared hold anything.
         if (
@@ -621,7 +630,7 @@ def release_holds_of(
         ):
             continue
         try:
-            code = release(owner, token.decode())
+            code = int((yield release(owner, token.decode())))
         except LockNotReplicated as exc:
             # Released on the master: go on with the other holds, then say so.
             code, unreplicated = int(exc.replies[0]), exc

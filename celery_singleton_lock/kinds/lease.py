@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from ..core import validate
-from ..core.connection import Connection, HasConnection, connection_of
+from ..core.connection import Connection, ConnectionBase, HasConnection, connection_of
 from ..core.handle import HolderRecord, LockHandle, log
 from ..core.handle_ops import HandleOps, on_master, released_unreplicated
 from ..core.handle_state import (
@@ -39,7 +39,7 @@ from ..core.scripts import (
 from ..core.steps import Blpop, Pause, Steps
 from ..core.validate import HolderProcess
 from ..exceptions import LockBackendError, LockError, LockNotReplicated
-from .lease_listing import read_lease_holders
+from .lease_listing import lease_holders_read
 
 #: A fair waiter's registration lasts this long unless refreshed: a waiter that died is
 #: skipped by releases (not handed the lease) at most this long after it died.
@@ -277,6 +277,14 @@ class LeaseOps(HandleOps):
     def _renew_units(self, owner: str, ttl_ms: int, gen: int) -> list[RenewUnit]:
         return [(renew_lease_keys, self.keys.lock, (self.keys.lock, owner, ttl_ms, gen))]
 
+    def _holders(self) -> Steps[list[HolderRecord]]:
+        return lease_holders_read([self.keys.lock])
+
+    def _release_holder(
+        self, task_id: str, pid: int, host: str | None, delay: float
+    ) -> Steps[bool]:
+        return holder_released(self._conn, self.name, task_id, pid, host, delay)
+
     def _hand_over(self, new_owner: str, ttl: float, flat: list[Any]) -> Steps[None]:
         """Pass the held name to ``new_owner`` (a claim) with the holder ``flat`` field, value
         pairs, without freeing it in between; this handle no longer holds it afterwards.
@@ -384,14 +392,6 @@ class Lease(LeaseOps, LockHandle):
         self._free_first = (lock_key, owner, stop_if_taken)
         self.freed_first = None
         return True
-
-    def holders(self) -> list[HolderRecord]:
-        return read_lease_holders(self._conn, [self.keys.lock])
-
-    def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
-        return release_holder(
-            self._conn, self.name, task_id=task_id, pid=pid, host=host, delay=delay
-        )
 
 
 class LeaseTemplate:
@@ -527,13 +527,21 @@ def release_holder(
     supervisor whose child can no longer release. A claim handed over for the task's next
     attempt is never released here. True if released."""
     conn = connection_of(client)
+    return conn.run(holder_released(conn, name, task_id, pid, host, delay))
+
+
+def holder_released(
+    conn: ConnectionBase, name: str, task_id: str, pid: int, host: str | None, delay: float
+) -> Steps[bool]:
+    """:func:`release_holder`'s steps, on a sync or an asyncio connection."""
     keys = conn.keys(name)
     process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
-    conn.check_layout()
-    return release_process_hold(conn, keys, process)
+    return (yield from process_hold_released(conn, keys, process))
 
 
-def release_process_hold(conn: Connection, keys: LockKeys, process: HolderProcess) -> bool:
+def process_hold_released(
+    conn: ConnectionBase, keys: LockKeys, process: HolderProcess
+) -> Steps[bool]:
     """release_holder.lua on the lease of ``keys`` for ``process``: True if released."""
     call = conn.scripts.release_holder_call(keys.lock, *process, keys.channel)
-    return int(conn.call(run, call)) == HolderReply.DONE
+    return int((yield call)) == HolderReply.DONE

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core import validate
-from ..core.connection import Connection, HasConnection, connection_of
+from ..core.connection import Connection, ConnectionBase, HasConnection, connection_of
 from ..core.handle import HolderRecord, LockHandle
 from ..core.handle_ops import HandleOps, released_unreplicated
 from ..core.heartbeat import RenewEntry, RenewUnit
@@ -45,8 +45,8 @@ from ..core.scripts import (
 from ..core.steps import Steps
 from ..exceptions import ConfigurationError, LockNotReplicated
 from . import lease_listing
-from .lease import release_process_hold, renew_lease_keys
-from .lease_listing import lease_keys, read_lease_holders
+from .lease import process_hold_released, renew_lease_keys
+from .lease_listing import lease_holders_read, lease_keys
 
 if TYPE_CHECKING:
     from redis.commands.core import Script
@@ -212,6 +212,14 @@ class MultiLeaseOps(HandleOps):
             )
         return code
 
+    def _holders(self) -> Steps[list[HolderRecord]]:
+        return lease_holders_read([keys.lock for keys in self.keys])
+
+    def _release_holder(
+        self, task_id: str, pid: int, host: str | None, delay: float
+    ) -> Steps[bool]:
+        return holders_released(self._conn, self.names, task_id, pid, host, delay)
+
     @classmethod
     def _renew_script_call(cls, conn: Any, entries: list[RenewEntry]) -> ScriptCall:
         keys: list[bytes] = []
@@ -236,14 +244,6 @@ class MultiLease(MultiLeaseOps, LockHandle):
         checked = check_names(names)
         super().__init__(client, " + ".join(checked), **options)
         self._set_names(checked)
-
-    def holders(self) -> list[HolderRecord]:
-        return read_lease_holders(self._conn, [keys.lock for keys in self.keys])
-
-    def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
-        return release_holder(
-            self._conn, self.names, task_id=task_id, pid=pid, host=host, delay=delay
-        )
 
 
 def list_holders(
@@ -308,16 +308,22 @@ def release_holder(
     """Release (after a release delay of ``delay`` seconds) every one of ``names`` that task
     ``task_id`` in process ``pid`` on ``host`` (default: this machine) holds: for a
     supervisor whose child can no longer release. True if a name was released."""
+    conn = connection_of(client)
+    return conn.run(holders_released(conn, names, task_id, pid, host, delay))
+
+
+def holders_released(
+    conn: ConnectionBase, names: object, task_id: str, pid: int, host: str | None, delay: float
+) -> Steps[bool]:
+    """:func:`release_holder`'s steps, on a sync or an asyncio connection."""
     checked = check_names(names)
     process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
     # Every name, also after one found free: each is a hash of its own.
-    conn = connection_of(client)
-    conn.check_layout()
     freed: list[bool] = []
     unreplicated: LockNotReplicated | None = None
     for name in checked:
         try:
-            freed.append(release_process_hold(conn, conn.keys(name), process))
+            freed.append((yield from process_hold_released(conn, conn.keys(name), process)))
         except LockNotReplicated as exc:
             # Released on the master: go on with the other names, then say so.
             freed.append(int(exc.replies[0]) == HolderReply.DONE)

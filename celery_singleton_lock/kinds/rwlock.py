@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..core import validate
-from ..core.connection import Connection, HasConnection, connection_of
+from ..core.connection import Connection, ConnectionBase, HasConnection, connection_of
 from ..core.handle import HolderRecord, LockHandle
 from ..core.handle_ops import HandleOps, changed_unreplicated, may_have_run, with_reply
 from ..core.heartbeat import RenewEntry
-from ..core.holder import HOSTNAME, ListedHolder, flatten, text
+from ..core.holder import HOSTNAME, ListedHolder, text
 from ..core.keys import name_tag
 from ..core.replication import Replication
 from ..core.replies import ClearReply, IntervalReply, acquire_outcome
@@ -48,7 +48,7 @@ from ..core.scripts import (
     register,
     source_after,
 )
-from ..core.steps import Steps
+from ..core.steps import CheckLayout, Command, Steps
 from ..exceptions import LockError, LockNotHeld, LockNotReplicated
 from . import intervals
 from .intervals import RESERVATION_MS, holder_reply, wait_hint
@@ -300,6 +300,37 @@ class RWLockHold(HandleOps):
             # raised (lost, not replicated); one that was not sent keeps it.
             self._upgraded = self._upgraded if self._mine() else False
 
+    def _holders(self) -> Steps[list[HolderRecord]]:
+        keys = self.keys
+        blocked = self._owner is None
+        # Asked by a handle that does not hold (a conflict's reason): only the holds in its
+        # way; holds whose mode shares with its own are no reason it could not take it,
+        # unless they are of its own call identity (HELD_BY_CALL).
+        return intervals.holders_read(
+            ("hgetall", keys.lock),
+            lock_owners,
+            keys.queue,
+            keys.holder,
+            lambda hold: (
+                bool(hold)
+                and (
+                    not blocked
+                    or self._in_the_way(hold.get(b"mode"))
+                    or intervals.same_call(self.call, hold.get(b"call"))
+                )
+            ),
+        )
+
+    def _in_the_way(self, mode: bytes | None) -> bool:
+        """Whether a hold of ``mode`` (as stored; None: unknown, counted in the way)
+        conflicts with this one: not both shared (read beside read or upgradable)."""
+        return mode is None or (text(mode), self.mode) not in _SHARED
+
+    def _release_holder(
+        self, task_id: str, pid: int, host: str | None, delay: float
+    ) -> Steps[bool]:
+        return holds_released(self._conn, self.name, task_id, pid, host, delay)
+
 
 class RWLockHandle(RWLockHold, LockHandle):
     """One hold of a reader-writer lock: ``kind`` is ``read``, ``upgradable`` or ``write``.
@@ -331,60 +362,6 @@ class RWLockHandle(RWLockHold, LockHandle):
     def downgrade(self) -> None:
         """Go back from writer to upgradable: readers may come in again at once."""
         self._run(self._downgrade())
-
-    def holders(self) -> list[HolderRecord]:
-        conn, keys = self._conn, self.keys
-
-        def read_lock() -> list[Any]:
-            pipe = conn.redis.pipeline(transaction=False)
-            pipe.hgetall(keys.lock)
-            pipe.zrange(keys.queue, 0, -1)  # waiting writers' reservations
-            return list(pipe.execute())
-
-        def read_holds(owners: list[str]) -> list[Any]:
-            pipe = conn.redis.pipeline(transaction=False)
-            for owner in owners:
-                pipe.hgetall(keys.holder(owner))
-            # A hold released since the lock was read left a trace: read as gone.
-            holds = [flatten(fields) for fields in pipe.execute()]
-            return [{} if intervals.released(hold) else hold for hold in holds]
-
-        fields, writers = conn.call(read_lock)
-        owners = lock_owners(fields)
-        holds = conn.call(read_holds, owners) if owners else []
-        # Asked by a handle that does not hold (a conflict's reason): only the holds in its
-        # way; holds whose mode shares with its own are no reason it could not take it,
-        # unless they are of its own call identity (HELD_BY_CALL).
-        blocked = self._owner is None
-        holders = [
-            HolderRecord(
-                owner=owner,
-                task_id=_opt_text(hold.get(b"task_id")),
-                send=_opt_text(hold.get(b"send")),
-            )
-            for owner, hold in zip(owners, holds, strict=True)
-            if hold
-            and (
-                not blocked
-                or self._in_the_way(hold.get(b"mode"))
-                or intervals.same_call(self.call, hold.get(b"call"))
-            )
-        ]
-        # A writer waiting for its turn holds new readers back without holding anything yet.
-        holders += [
-            HolderRecord(owner=text(owner), task_id=None, waiting=True) for owner in writers
-        ]
-        return holders
-
-    def _in_the_way(self, mode: bytes | None) -> bool:
-        """Whether a hold of ``mode`` (as stored; None: unknown, counted in the way)
-        conflicts with this one: not both shared (read beside read or upgradable)."""
-        return mode is None or (text(mode), self.mode) not in _SHARED
-
-    def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
-        return release_holder(
-            self._conn, self.name, task_id=task_id, pid=pid, host=host, delay=delay
-        )
 
 
 H = TypeVar("H")
@@ -425,10 +402,6 @@ class RWLock(RWLockMaker[RWLockHandle]):
 
     def __init__(self, client: Connection | HasConnection, name: str) -> None:
         super().__init__(name, connection_of(client), RWLockHandle)
-
-
-def _opt_text(value: Any) -> str | None:
-    return None if value is None else text(value)
 
 
 def lock_owners(fields: dict[Any, Any]) -> list[str]:
@@ -537,21 +510,27 @@ def release_holder(
     It reads the lock hash, then the holds' hashes (a round trip each), then runs the release
     script on each match with the fencing token it read: that very hold goes, or nothing (it
     expired or was cleared meanwhile). Only after a crash, so a few round trips are fine."""
-    name = validate.check_name(name)
-    task_id, pid, host, delay_ms = validate.check_holder_process(
-        task_id, pid, host, delay, HOSTNAME
-    )
     conn = connection_of(client)
-    conn.check_layout()
+    return conn.run(holds_released(conn, name, task_id, pid, host, delay))
+
+
+def holds_released(
+    conn: ConnectionBase, name: str, task_id: str, pid: int, host: str | None, delay: float
+) -> Steps[bool]:
+    """:func:`release_holder`'s steps, on a sync or an asyncio connection."""
+    name = validate.check_name(name)
+    process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
     keys = rw_keys(conn.prefix, name)
-    owners = lock_owners(conn.call(conn.redis.hgetall, keys.lock))
-    return intervals.release_holds_of(
-        conn,
-        name,
-        owners,
-        keys.holder,
-        lambda owner, token: release_hold(conn, keys, owner, delay_ms, token),
-        (task_id, pid, host),
+    yield CheckLayout()
+    owners = lock_owners((yield Command("hgetall", keys.lock)))
+    return (
+        yield from intervals.release_holds_of(
+            name,
+            owners,
+            keys.holder,
+            lambda owner, token: release_call(conn, keys, owner, process[3], token, clear=True),
+            process,
+        )
     )
 
 
