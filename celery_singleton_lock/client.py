@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from . import admin
 from .core import redis_urls
 from .core.client_base import DEFAULT_SOCKET_TIMEOUT, ClientBase, mask_password
 from .core.connection import Connection
 from .core.handle import HolderRecord
+from .core.options import LeaseOptions, options_after
 from .kinds.lease import Lease, ReleaseResult, release_holder, release_owner
 from .kinds.lease_listing import lease_holders_read
 from .kinds.multi import MultiLease
@@ -43,39 +41,15 @@ class LockClient(ClientBase[Connection, RWLock, RangeLock, Semaphore, MultiLease
     _semaphore_type = Semaphore
     _multi_type = MultiLease
 
-    def lease(
-        self,
-        name: str,
-        *,
-        ttl: float = 30.0,
-        heartbeat: bool = True,
-        max_hold: float | None = None,
-        wait: float = 0.0,
-        owner_info: dict[str, Any] | None = None,
-        on_lost: Callable[[Lease], object] | None = None,
-        fair: bool = False,
-        owner: str | None = None,
-        take_over: str | None = None,
-    ) -> Lease:
+    @options_after(LeaseOptions[Lease])
+    def lease(self, name: str, options: LeaseOptions[Lease]) -> Lease:
         """An exclusive lease on ``name`` (not yet acquired). See :class:`Lease`; ``fair``:
         blocked acquires are handed the lease by releases, oldest first. ``owner``: hold it
         under this owner token instead of a fresh random one per acquisition (a claim for a
         queued message); ``take_over``: an acquire also succeeds when the name is held under
         this owner token, taking that hold over (a claim made for this run, see
         :meth:`Lease.hand_over`)."""
-        return Lease(
-            self.connection,
-            name,
-            ttl=ttl,
-            heartbeat=heartbeat,
-            max_hold=max_hold,
-            wait=wait,
-            owner_info=owner_info,
-            on_lost=on_lost,
-            fair=fair,
-            owner=owner,
-            take_over=take_over,
-        )
+        return Lease.made(self.connection, name, options)
 
     def release_holder(
         self,

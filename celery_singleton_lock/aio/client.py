@@ -3,15 +3,13 @@ async views) that take or inspect the same locks Celery tasks hold."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from ..admin import Listing
 from ..admin.clear import name_cleared
 from ..admin.inspect import listing
 from ..core import redis_urls
 from ..core.client_base import ClientBase
 from ..core.handle import HolderRecord
+from ..core.options import FairOptions, options_after
 from ..kinds.lease import holder_released
 from ..kinds.lease_listing import lease_holders_read
 from .connection import AsyncConnection
@@ -47,31 +45,12 @@ class AsyncLockClient(
     _semaphore_type = AsyncSemaphore
     _multi_type = AsyncMultiLease
 
-    def lease(
-        self,
-        name: str,
-        *,
-        ttl: float = 30.0,
-        heartbeat: bool = True,
-        max_hold: float | None = None,
-        wait: float = 0.0,
-        owner_info: dict[str, Any] | None = None,
-        on_lost: Callable[[AsyncLease], object] | None = None,
-        fair: bool = False,
-    ) -> AsyncLease:
+    @options_after(FairOptions[AsyncLease])
+    def lease(self, name: str, options: FairOptions[AsyncLease]) -> AsyncLease:
         """An exclusive lease on ``name`` (not yet acquired); options as
-        :meth:`LockClient.lease`. ``on_lost`` may be a plain or a coroutine function."""
-        return AsyncLease(
-            self.connection,
-            name,
-            fair=fair,
-            ttl=ttl,
-            heartbeat=heartbeat,
-            max_hold=max_hold,
-            wait=wait,
-            owner_info=owner_info,
-            on_lost=on_lost,
-        )
+        :meth:`LockClient.lease` (but ``owner`` and ``take_over``). ``on_lost`` may be a
+        plain or a coroutine function."""
+        return AsyncLease.made(self.connection, name, options)
 
     async def release_holder(
         self,

@@ -10,14 +10,14 @@ import asyncio
 import inspect
 import logging
 import threading
-from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
 from ..core.handle import HolderRecord
 from ..core.handle_ops import HandleOps
-from ..core.handle_state import NO_LOCK, _Process, check_options
+from ..core.handle_state import NO_LOCK, _Process
 from ..core.holder import holder_fields
+from ..core.options import LockOptions, options_after_two
 from ..core.steps import Steps
 from ..exceptions import LockBackendError, LockLost
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
@@ -55,19 +55,14 @@ class AsyncLockHandle(HandleOps):
     _state_lock = NO_LOCK
     _conn: AsyncConnection
 
+    @options_after_two(LockOptions[Any])
     def __init__(
-        self,
-        client: AsyncConnection | HasAsyncConnection,
-        name: str,
-        *,
-        ttl: float = 30.0,
-        heartbeat: bool = True,
-        max_hold: float | None = None,
-        wait: float = 0.0,
-        owner_info: dict[str, Any] | None = None,
-        on_lost: Callable[[Any], object] | None = None,
+        self, client: AsyncConnection | HasAsyncConnection, name: str, options: LockOptions[Any]
     ) -> None:
-        self._configure(check_options(name, ttl, heartbeat, max_hold, wait, owner_info, on_lost))
+        self._setup(client, name, options)
+
+    def _setup(self, client: Any, name: Any, options: LockOptions[Any]) -> None:
+        self._configure(options.check(name))
         self._conn = async_connection_of(client)
         self._beat: AsyncHeartbeat | None = None
 

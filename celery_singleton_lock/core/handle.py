@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
@@ -16,9 +15,10 @@ from typing import Any, TypeVar
 from ..exceptions import LockBackendError, LockLost
 from .connection import Connection, HasConnection, connection_of
 from .handle_ops import HandleOps
-from .handle_state import Options, _Process, check_options
+from .handle_state import Options, _Process
 from .heartbeat import heartbeat, renewing
 from .holder import holder_fields
+from .options import LockOptions, options_after_two
 from .scripts import ScriptCall
 from .steps import Steps, along
 
@@ -65,20 +65,14 @@ class LockHandle(HandleOps):
 
     _conn: Connection
 
+    @options_after_two(LockOptions[Any])
     def __init__(
-        self,
-        client: Connection | HasConnection,
-        name: str,
-        *,
-        ttl: float = 30.0,
-        heartbeat: bool = True,
-        max_hold: float | None = None,
-        wait: float = 0.0,
-        owner_info: dict[str, Any] | None = None,
-        on_lost: Callable[[Any], object] | None = None,
+        self, client: Connection | HasConnection, name: str, options: LockOptions[Any]
     ) -> None:
-        options = check_options(name, ttl, heartbeat, max_hold, wait, owner_info, on_lost)
-        self._init_checked(options, connection_of(client))
+        self._setup(client, name, options)
+
+    def _setup(self, client: Any, name: Any, options: LockOptions[Any]) -> None:
+        self._init_checked(options.check(name), connection_of(client))
 
     def _init_checked(self, options: Options, conn: Connection) -> None:
         """Set a new handle's options, checked already, and its empty state: ``__init__``,

@@ -16,7 +16,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..exceptions import LockBackendError, LockError, LockNotReplicated
 from .handle_state import HandleState, Outage, retry_in
@@ -26,6 +26,9 @@ from .steps import Batch, Listen, Pause, Steps
 
 if TYPE_CHECKING:
     from .handle import HolderRecord
+    from .options import LockOptions
+
+HO = TypeVar("HO", bound="HandleOps")
 
 
 def released_unreplicated(
@@ -106,6 +109,22 @@ class HandleOps(HandleState, ABC):
     _conn: Any
     #: The pub/sub channels releases of this lock are published on.
     _channels: tuple[bytes, ...]
+
+    # -- making one --------------------------------------------------------------------------
+
+    @abstractmethod
+    def _setup(self, client: Any, name: Any, options: LockOptions[Any]) -> None:
+        """Set a new handle's connection (of ``client``), and its options, checked here
+        with ``name`` (ConfigurationError naming the first bad one), and its empty state:
+        what the constructor does with the options its keywords make."""
+
+    @classmethod
+    def made(cls: type[HO], client: Any, name: Any, options: LockOptions[Any]) -> HO:
+        """A handle of this class made from ``options`` (a client's factory has them made
+        already from its keywords), as the constructor makes it."""
+        handle = cls.__new__(cls)
+        handle._setup(client, name, options)
+        return handle
 
     # -- what a kind provides ----------------------------------------------------------------
 

@@ -20,12 +20,12 @@ from ..core.handle_state import (
     Outage,
     Timing,
     _Process,
-    check_options,
     hint_seconds,
 )
 from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.holder import HOSTNAME, holder_fields, info_fields
 from ..core.keys import LockKeys, encode_name, lock_keys
+from ..core.options import FairOptions, LeaseOptions, LockOptions, options_after_two
 from ..core.redis_urls import is_cluster
 from ..core.replies import AcquireReply, HolderReply, UndoReply, acquire_outcome
 from ..core.scripts import (
@@ -96,6 +96,11 @@ class LeaseOps(HandleOps):
     _attempt: str
     _free_first: tuple[bytes, str, bool] | None
     freed_first: int | None
+
+    def _setup(self, client: Any, name: Any, options: LockOptions[Any]) -> None:
+        super()._setup(client, name, options)  # type: ignore[safe-super]  # the runner's
+        assert isinstance(options, FairOptions), options
+        self._init_lease(*options.lease_extras())
 
     def _init_lease(self, fair: bool, owner: str | None, take_over: str | None) -> None:
         """Set a new lease's own options, checked already, and its empty state."""
@@ -314,28 +319,12 @@ class Lease(LeaseOps, LockHandle):
 
     __slots__ = LEASE_SLOTS
 
+    @options_after_two(LeaseOptions["Lease"])
     def __init__(
-        self,
-        client: Connection | HasConnection,
-        name: str,
-        *,
-        ttl: float = 30.0,
-        heartbeat: bool = True,
-        max_hold: float | None = None,
-        wait: float = 0.0,
-        owner_info: dict[str, Any] | None = None,
-        on_lost: Callable[[Any], object] | None = None,
-        fair: bool = False,
-        owner: str | None = None,
-        take_over: str | None = None,
+        self, client: Connection | HasConnection, name: str, options: LeaseOptions[Lease]
     ) -> None:
         """Options as for :meth:`LockClient.lease`."""
-        options = check_options(name, ttl, heartbeat, max_hold, wait, owner_info, on_lost)
-        fair = validate.check_bool(fair, "fair")
-        owner = None if owner is None else validate.check_owner(owner, "owner")
-        take_over = None if take_over is None else validate.check_owner(take_over, "take_over")
-        self._init_checked(options, connection_of(client))
-        self._init_lease(fair, owner, take_over)
+        self._setup(client, name, options)
 
     @classmethod
     def _from_checked(cls, conn: Connection, options: Options) -> Lease:

@@ -25,6 +25,7 @@ from ..core.handle_ops import HandleOps, released_unreplicated
 from ..core.heartbeat import RenewEntry, RenewUnit
 from ..core.holder import HOSTNAME, ListedHolder, decode
 from ..core.keys import LockKeys, encode_name, lock_keys
+from ..core.options import LockOptions, options_after_two
 from ..core.redis_urls import is_cluster
 from ..core.replication import Replication
 from ..core.replies import AcquireReply, ClearReply, HolderReply, acquire_outcome
@@ -130,6 +131,12 @@ class MultiLeaseOps(HandleOps):
     keys: tuple[LockKeys, ...]
     _ordered: list[str]
     _tokens: dict[str, int]
+
+    def _setup(self, client: Any, name: Any, options: LockOptions[Any]) -> None:
+        # ``name``: the collection of names; the handle is named after them all.
+        checked = check_names(name)
+        super()._setup(client, " + ".join(checked), options)  # type: ignore[safe-super]
+        self._set_names(checked)
 
     def _set_names(self, checked: list[str]) -> None:
         #: The names held, sorted.
@@ -240,10 +247,11 @@ class MultiLease(MultiLeaseOps, LockHandle):
     Lease-like; ``token`` is the largest of the per-name fencing tokens and ``tokens`` maps
     each name to its own."""
 
-    def __init__(self, client: Connection | HasConnection, names: object, **options: Any) -> None:
-        checked = check_names(names)
-        super().__init__(client, " + ".join(checked), **options)
-        self._set_names(checked)
+    @options_after_two(LockOptions["MultiLease"])
+    def __init__(
+        self, client: Connection | HasConnection, names: object, options: LockOptions[MultiLease]
+    ) -> None:
+        self._setup(client, names, options)
 
 
 def list_holders(
