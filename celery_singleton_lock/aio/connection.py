@@ -205,11 +205,16 @@ class AsyncConnection(ConnectionBase):
         return bool(await self.call(self.redis.ping))
 
     async def close(self) -> None:
-        """Stop the waiter listeners and close the connections."""
+        """Stop the waiter listeners and close the connections: the client's, and for a
+        Sentinel master client those to the sentinels it asks for the master (clients of
+        their own, which closing it leaves open)."""
         for notifier in list(self._notifiers.values()):
             await notifier.close()
         self._notifiers.clear()
         await self.redis.aclose()
+        manager = getattr(getattr(self.redis, "connection_pool", None), "sentinel_manager", None)
+        for sentinel in getattr(manager, "sentinels", ()):
+            await sentinel.aclose()
 
 
 async def _scanned(redis: Any, scan: Scan) -> list[bytes]:
