@@ -7,8 +7,8 @@ from .core import redis_urls
 from .core.client_base import DEFAULT_SOCKET_TIMEOUT, ClientBase, mask_password
 from .core.connection import Connection
 from .core.handle import HolderRecord
-from .core.options import LeaseOptions, options_after
-from .kinds.lease import Lease, ReleaseResult, release_holder, release_owner
+from .core.options import LeaseOptions, ProcessOptions, options_after
+from .kinds.lease import Lease, ReleaseResult, holder_released, release_owner
 from .kinds.lease_listing import lease_holders_read
 from .kinds.multi import MultiLease
 from .kinds.rangelock import RangeLock
@@ -51,23 +51,14 @@ class LockClient(ClientBase[Connection, RWLock, RangeLock, Semaphore, MultiLease
         :meth:`Lease.hand_over`)."""
         return Lease.made(self.connection, name, options)
 
-    def release_holder(
-        self,
-        name: str,
-        *,
-        task_id: str,
-        pid: int,
-        host: str | None = None,
-        delay: float = 0.0,
-    ) -> bool:
+    @options_after(ProcessOptions)
+    def release_holder(self, name: str, process: ProcessOptions) -> bool:
         """Release lease ``name`` (after a release delay of ``delay`` seconds) if task
         ``task_id`` running in process ``pid`` on ``host`` (default: this machine) holds it;
         for a supervisor (the Celery worker's main process) whose child can no longer
         release. A claim handed over for the task's next attempt is never released here.
         True if released."""
-        return release_holder(
-            self.connection, name, task_id=task_id, pid=pid, host=host, delay=delay
-        )
+        return self.connection.run(holder_released(self.connection, name, process))
 
     def release_owner(self, name: str, owner: str, *, delay: float = 0.0) -> ReleaseResult:
         """Release lease ``name`` (after a release delay of ``delay`` seconds) if the owner token

@@ -9,7 +9,7 @@ from ..admin.inspect import listing
 from ..core import redis_urls
 from ..core.client_base import ClientBase
 from ..core.handle import HolderRecord
-from ..core.options import FairOptions, options_after
+from ..core.options import FairOptions, ProcessOptions, options_after
 from ..kinds.lease import holder_released
 from ..kinds.lease_listing import lease_holders_read
 from .connection import AsyncConnection
@@ -52,20 +52,12 @@ class AsyncLockClient(
         plain or a coroutine function."""
         return AsyncLease.made(self.connection, name, options)
 
-    async def release_holder(
-        self,
-        name: str,
-        *,
-        task_id: str,
-        pid: int,
-        host: str | None = None,
-        delay: float = 0.0,
-    ) -> bool:
+    @options_after(ProcessOptions)
+    async def release_holder(self, name: str, process: ProcessOptions) -> bool:
         """Release lease ``name`` (after a release delay of ``delay`` seconds) if task ``task_id``
         running in process ``pid`` on ``host`` (default: this machine) holds it, as
         :meth:`LockClient.release_holder`. True if released."""
-        conn = self.connection
-        return await conn.run(holder_released(conn, name, task_id, pid, host, delay))
+        return await self.connection.run(holder_released(self.connection, name, process))
 
     async def holders(self, name: str) -> list[HolderRecord]:
         """Who holds lease ``name`` now, as :meth:`LockClient.holders`."""

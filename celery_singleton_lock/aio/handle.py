@@ -17,7 +17,7 @@ from ..core.handle import HolderRecord
 from ..core.handle_ops import HandleOps
 from ..core.handle_state import NO_LOCK, _Process
 from ..core.holder import holder_fields
-from ..core.options import LockOptions, options_after_two
+from ..core.options import LockOptions, ProcessOptions, options_after_two, options_only
 from ..core.steps import Steps
 from ..exceptions import LockBackendError, LockLost
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
@@ -79,13 +79,12 @@ class AsyncLockHandle(HandleOps):
         """Who holds what this handle locks now, as :meth:`LockHandle.holders`."""
         return await self._run(self._holders())
 
-    async def release_holder(
-        self, *, task_id: str, pid: int, host: str | None = None, delay: float = 0.0
-    ) -> bool:
+    @options_only(ProcessOptions)
+    async def release_holder(self, process: ProcessOptions) -> bool:
         """Release what run ``task_id`` in process ``pid`` on ``host`` (default: this
         machine) holds of this lock, as :meth:`LockHandle.release_holder`; True if
         something was released."""
-        return await self._run(self._release_holder(task_id, pid, host, delay))
+        return await self._run(self._release_holder(process))
 
     # -- acquire / release / extend ----------------------------------------------------------
 

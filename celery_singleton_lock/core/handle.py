@@ -8,39 +8,23 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
 from ..exceptions import LockBackendError, LockLost
 from .connection import Connection, HasConnection, connection_of
 from .handle_ops import HandleOps
+from .handle_ops import HolderRecord as HolderRecord
 from .handle_state import Options, _Process
 from .heartbeat import heartbeat, renewing
 from .holder import holder_fields
-from .options import LockOptions, options_after_two
+from .options import LockOptions, ProcessOptions, options_after_two, options_only
 from .scripts import ScriptCall
 from .steps import Steps, along
 
 log = logging.getLogger("celery_singleton_lock.lease")
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class HolderRecord:
-    """One holder of what a handle locks, as Redis has it (see :meth:`LockHandle.holders`)."""
-
-    #: The holder's owner token (None: a release delay, which no one owns).
-    owner: str | None
-    #: The ``task_id`` of its holder record, if it has one.
-    task_id: str | None
-    #: Server time (ms) at which a release delay ends; None when this is not a release delay.
-    release_delay_until_ms: int | None = None
-    #: A writer waiting for its turn: it holds nothing yet but keeps new readers out.
-    waiting: bool = False
-    #: The ``send`` of its holder record (the task layer's message identity), if it has one.
-    send: str | None = None
 
 
 H = TypeVar("H", bound="LockHandle")
@@ -92,15 +76,14 @@ class LockHandle(HandleOps):
         Raises :class:`LockBackendError` if Redis does not answer."""
         return self._run(self._holders())
 
-    def release_holder(
-        self, *, task_id: str, pid: int, host: str | None = None, delay: float = 0.0
-    ) -> bool:
+    @options_only(ProcessOptions)
+    def release_holder(self, process: ProcessOptions) -> bool:
         """Release what run ``task_id`` in process ``pid`` on ``host`` (default: this
         machine) holds of this lock, after a release delay of ``delay`` seconds, whoever made the
         handle it holds through: for a supervisor (the worker's main process) whose child
         died holding it. A claim handed over to the task's next attempt is left alone. True
         if something was released."""
-        return self._run(self._release_holder(task_id, pid, host, delay))
+        return self._run(self._release_holder(process))
 
     # -- the runner --------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..exceptions import LockBackendError, LockError, LockNotReplicated
@@ -25,10 +26,25 @@ from .scripts import ScriptCall
 from .steps import Batch, Listen, Pause, Steps
 
 if TYPE_CHECKING:
-    from .handle import HolderRecord
-    from .options import LockOptions
+    from .options import LockOptions, ProcessOptions
 
 HO = TypeVar("HO", bound="HandleOps")
+
+
+@dataclass(frozen=True)
+class HolderRecord:
+    """One holder of what a handle locks, as Redis has it (see ``holders()``)."""
+
+    #: The holder's owner token (None: a release delay, which no one owns).
+    owner: str | None
+    #: The ``task_id`` of its holder record, if it has one.
+    task_id: str | None
+    #: Server time (ms) at which a release delay ends; None when this is not a release delay.
+    release_delay_until_ms: int | None = None
+    #: A writer waiting for its turn: it holds nothing yet but keeps new readers out.
+    waiting: bool = False
+    #: The ``send`` of its holder record (the task layer's message identity), if it has one.
+    send: str | None = None
 
 
 def released_unreplicated(
@@ -98,7 +114,7 @@ def nothing() -> Steps[None]:
 class HandleOps(HandleState, ABC):
     """The shared operations of a handle (see the module docstring). A kind provides the
     generators ``_try_acquire(owner, reserve)``, ``_release(owner, delay_ms)``,
-    ``_holders()`` and ``_release_holder(task_id, pid, host, delay)`` (and
+    ``_holders()`` and ``_release_holder(process)`` (and
     ``_abandon(owner)`` if a waiter reserves something), the classmethod
     ``_renew_script_call(conn, entries)`` the heartbeats batch, and ``_channels``."""
 
@@ -146,12 +162,10 @@ class HandleOps(HandleState, ABC):
         """Who holds what this handle locks now (``holders``)."""
 
     @abstractmethod
-    def _release_holder(
-        self, task_id: str, pid: int, host: str | None, delay: float
-    ) -> Steps[bool]:
-        """Release what run ``task_id`` in process ``pid`` on ``host`` (None: this machine)
-        holds of this lock (not through this handle: for a supervisor whose child died
-        holding it); True if released (``release_holder``)."""
+    def _release_holder(self, process: ProcessOptions) -> Steps[bool]:
+        """Release what the run ``process`` names holds of this lock (not through this
+        handle: for a supervisor whose child died holding it); True if released
+        (``release_holder``)."""
 
     @classmethod
     @abstractmethod

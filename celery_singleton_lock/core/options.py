@@ -18,11 +18,13 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, get_origin
 
 from . import validate
 from .handle_state import Options, check_options
+from .holder import HOSTNAME
+from .validate import HolderProcess
 
 H = TypeVar("H")
 P = ParamSpec("P")
@@ -88,6 +90,31 @@ class LeaseOptions(FairOptions[H]):
         return fair, owner, take_over
 
 
+@dataclass(frozen=True, kw_only=True)
+class ProcessOptions:
+    """Whose holds a supervisor releases (every ``release_holder``): run ``task_id`` in
+    process ``pid`` on ``host`` (None: this machine), after a release delay of ``delay``
+    seconds."""
+
+    task_id: str
+    pid: int
+    host: str | None = None
+    delay: float = 0.0
+
+    def check(self) -> HolderProcess:
+        """Checked (ConfigurationError naming the first bad one), the host filled in."""
+        return validate.check_holder_process(
+            self.task_id, self.pid, self.host, self.delay, HOSTNAME
+        )
+
+
+def options_only(
+    make: Callable[P, O],
+) -> Callable[[Callable[[S, O], R]], Callable[Concatenate[S, P], R]]:
+    """:func:`options_after` for a method ``(self, options)``."""
+    return functools.partial(_taking, make)
+
+
 def options_after(
     make: Callable[P, O],
 ) -> Callable[[Callable[[S, A, O], R]], Callable[Concatenate[S, A, P], R]]:
@@ -115,7 +142,10 @@ def _taking(make: Callable[..., Any], method: Callable[..., R]) -> Callable[...,
     fields = dataclasses.fields(get_origin(make) or make)  # type: ignore[arg-type]
     keywords = [
         inspect.Parameter(
-            field.name, inspect.Parameter.KEYWORD_ONLY, default=field.default, annotation=field.type
+            field.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=inspect.Parameter.empty if field.default is MISSING else field.default,
+            annotation=field.type,
         )
         for field in fields
     ]

@@ -38,8 +38,9 @@ from ..core.handle_ops import (
     with_reply,
 )
 from ..core.heartbeat import RenewEntry
-from ..core.holder import HOSTNAME, ListedHolder, decode, flatten, text
+from ..core.holder import ListedHolder, decode, flatten, text
 from ..core.keys import RELEASE_DELAY_STATE, RELEASED_STATE, escape_glob, name_tag
+from ..core.options import ProcessOptions, options_after_two
 from ..core.replication import Replication
 from ..core.replies import ClearReply, HolderReply, IntervalReply, acquire_outcome
 from ..core.scan import Record, read_query
@@ -366,10 +367,8 @@ class IntervalHold(HandleOps):
             return False
         return (text(mode), self.mode) not in _SHARED
 
-    def _release_holder(
-        self, task_id: str, pid: int, host: str | None, delay: float
-    ) -> Steps[bool]:
-        return holds_released(self._conn, self._family, self.name, task_id, pid, host, delay)
+    def _release_holder(self, process: ProcessOptions) -> Steps[bool]:
+        return holds_released(self._conn, self._family, self.name, process)
 
 
 class IntervalHandle(IntervalHold, LockHandle):
@@ -551,40 +550,19 @@ def release_call(
     return scripts(conn).release, keys.all(owner)[:12], args
 
 
-def release_holder(
-    client: Connection | HasConnection,
-    family: bytes,
-    name: str,
-    *,
-    task_id: str,
-    pid: int,
-    host: str | None = None,
-    delay: float = 0.0,
-) -> bool:
-    """Release (after a release delay of ``delay`` seconds) the holds of interval lock ``name``
-    that task ``task_id`` running in process ``pid`` on ``host`` (default: this machine)
-    has; for a supervisor (the Celery worker's main process) whose child can no longer
-    release, and which knows no owner token. True if a hold was released.
+def holds_released(
+    conn: ConnectionBase, family: bytes, name: str, options: ProcessOptions
+) -> Steps[bool]:
+    """Release (after its release delay) the holds of interval lock ``name`` of
+    ``family`` that the run ``options`` names has; for a supervisor (the Celery worker's
+    main process) whose child can no longer release, and which knows no owner token. True
+    if a hold was released; on a sync or an asyncio connection.
 
     It reads the owners, then their holder fields (a round trip each), then runs the release
     script on each match with the fencing token it read: that very hold goes, or nothing (it
     expired or was cleared meanwhile). Only after a crash, so a few round trips are fine."""
-    conn = connection_of(client)
-    return conn.run(holds_released(conn, family, name, task_id, pid, host, delay))
-
-
-def holds_released(
-    conn: ConnectionBase,
-    family: bytes,
-    name: str,
-    task_id: str,
-    pid: int,
-    host: str | None,
-    delay: float,
-) -> Steps[bool]:
-    """:func:`release_holder`'s steps, on a sync or an asyncio connection."""
     name = validate.check_name(name)
-    process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
+    process = options.check()
     keys = interval_keys(conn.prefix, name, family)
     yield CheckLayout()
     owners = [text(raw) for raw in (yield Command("zrange", keys.indexes[0], 0, -1))]
@@ -663,22 +641,19 @@ class IntervalFamilyAdmin:
         token is still ``token``, when given) and wake waiters. True if removed."""
         return clear_holder(client, self.family, name, owner, token)
 
+    @options_after_two(ProcessOptions)
     def release_holder(
-        self,
-        client: Connection | HasConnection,
-        name: str,
-        *,
-        task_id: str,
-        pid: int,
-        host: str | None = None,
-        delay: float = 0.0,
+        self, client: Connection | HasConnection, name: str, process: ProcessOptions
     ) -> bool:
         """Release (after a release delay of ``delay`` seconds) the holds of lock ``name`` that
         task ``task_id`` in process ``pid`` on ``host`` (default: this machine) has: for a
         supervisor whose child can no longer release. True if a hold was released."""
-        return release_holder(
-            client, self.family, name, task_id=task_id, pid=pid, host=host, delay=delay
-        )
+        conn = connection_of(client)
+        return conn.run(self.released(conn, name, process))
+
+    def released(self, conn: ConnectionBase, name: str, process: ProcessOptions) -> Steps[bool]:
+        """:meth:`release_holder`'s steps."""
+        return holds_released(conn, self.family, name, process)
 
     def clear_call(self, conn: ScriptHost, holder: ListedHolder) -> ScriptCall:
         """The clear of one listed hold of this family (the admin's ``clear``)."""

@@ -23,9 +23,16 @@ from ..core.handle_state import (
     hint_seconds,
 )
 from ..core.heartbeat import RenewEntry, RenewUnit
-from ..core.holder import HOSTNAME, holder_fields, info_fields
+from ..core.holder import holder_fields, info_fields
 from ..core.keys import LockKeys, encode_name, lock_keys
-from ..core.options import FairOptions, LeaseOptions, LockOptions, options_after_two
+from ..core.options import (
+    FairOptions,
+    LeaseOptions,
+    LockOptions,
+    ProcessOptions,
+    options_after,
+    options_after_two,
+)
 from ..core.redis_urls import is_cluster
 from ..core.replies import AcquireReply, HolderReply, UndoReply, acquire_outcome
 from ..core.scripts import (
@@ -285,10 +292,8 @@ class LeaseOps(HandleOps):
     def _holders(self) -> Steps[list[HolderRecord]]:
         return lease_holders_read([self.keys.lock])
 
-    def _release_holder(
-        self, task_id: str, pid: int, host: str | None, delay: float
-    ) -> Steps[bool]:
-        return holder_released(self._conn, self.name, task_id, pid, host, delay)
+    def _release_holder(self, process: ProcessOptions) -> Steps[bool]:
+        return holder_released(self._conn, self.name, process)
 
     def _hand_over(self, new_owner: str, ttl: float, flat: list[Any]) -> Steps[None]:
         """Pass the held name to ``new_owner`` (a claim) with the holder ``flat`` field, value
@@ -502,30 +507,20 @@ def renew_lease_keys(conn: Connection, units: list[tuple[bytes, str, int, int]])
     return conn.scripts.renew_call(units)
 
 
-def release_holder(
-    client: Connection | HasConnection,
-    name: str,
-    *,
-    task_id: str,
-    pid: int,
-    host: str | None = None,
-    delay: float = 0.0,
-) -> bool:
+@options_after(ProcessOptions)
+def release_holder(client: Connection | HasConnection, name: str, process: ProcessOptions) -> bool:
     """Release lease ``name`` (after a release delay of ``delay`` seconds) if task ``task_id``
     running in process ``pid`` on ``host`` (default: this machine) holds it; for a
     supervisor whose child can no longer release. A claim handed over for the task's next
     attempt is never released here. True if released."""
     conn = connection_of(client)
-    return conn.run(holder_released(conn, name, task_id, pid, host, delay))
+    return conn.run(holder_released(conn, name, process))
 
 
-def holder_released(
-    conn: ConnectionBase, name: str, task_id: str, pid: int, host: str | None, delay: float
-) -> Steps[bool]:
+def holder_released(conn: ConnectionBase, name: str, process: ProcessOptions) -> Steps[bool]:
     """:func:`release_holder`'s steps, on a sync or an asyncio connection."""
     keys = conn.keys(name)
-    process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
-    return (yield from process_hold_released(conn, keys, process))
+    return (yield from process_hold_released(conn, keys, process.check()))
 
 
 def process_hold_released(

@@ -23,9 +23,9 @@ from ..core.connection import Connection, ConnectionBase, HasConnection, connect
 from ..core.handle import HolderRecord, LockHandle
 from ..core.handle_ops import HandleOps, released_unreplicated
 from ..core.heartbeat import RenewEntry, RenewUnit
-from ..core.holder import HOSTNAME, ListedHolder, decode
+from ..core.holder import ListedHolder, decode
 from ..core.keys import LockKeys, encode_name, lock_keys
-from ..core.options import LockOptions, options_after_two
+from ..core.options import LockOptions, ProcessOptions, options_after, options_after_two
 from ..core.redis_urls import is_cluster
 from ..core.replication import Replication
 from ..core.replies import AcquireReply, ClearReply, HolderReply, acquire_outcome
@@ -222,10 +222,8 @@ class MultiLeaseOps(HandleOps):
     def _holders(self) -> Steps[list[HolderRecord]]:
         return lease_holders_read([keys.lock for keys in self.keys])
 
-    def _release_holder(
-        self, task_id: str, pid: int, host: str | None, delay: float
-    ) -> Steps[bool]:
-        return holders_released(self._conn, self.names, task_id, pid, host, delay)
+    def _release_holder(self, process: ProcessOptions) -> Steps[bool]:
+        return holders_released(self._conn, self.names, process)
 
     @classmethod
     def _renew_script_call(cls, conn: Any, entries: list[RenewEntry]) -> ScriptCall:
@@ -304,34 +302,27 @@ def clear_holder(
     return int(conn.call(script, keys=script_keys, args=args)) == ClearReply.CLEARED
 
 
+@options_after(ProcessOptions)
 def release_holder(
-    client: Connection | HasConnection,
-    names: Iterable[str],
-    *,
-    task_id: str,
-    pid: int,
-    host: str | None = None,
-    delay: float = 0.0,
+    client: Connection | HasConnection, names: Iterable[str], process: ProcessOptions
 ) -> bool:
     """Release (after a release delay of ``delay`` seconds) every one of ``names`` that task
     ``task_id`` in process ``pid`` on ``host`` (default: this machine) holds: for a
     supervisor whose child can no longer release. True if a name was released."""
     conn = connection_of(client)
-    return conn.run(holders_released(conn, names, task_id, pid, host, delay))
+    return conn.run(holders_released(conn, names, process))
 
 
-def holders_released(
-    conn: ConnectionBase, names: object, task_id: str, pid: int, host: str | None, delay: float
-) -> Steps[bool]:
+def holders_released(conn: ConnectionBase, names: object, process: ProcessOptions) -> Steps[bool]:
     """:func:`release_holder`'s steps, on a sync or an asyncio connection."""
     checked = check_names(names)
-    process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
+    holder = process.check()
     # Every name, also after one found free: each is a hash of its own.
     freed: list[bool] = []
     unreplicated: LockNotReplicated | None = None
     for name in checked:
         try:
-            freed.append((yield from process_hold_released(conn, conn.keys(name), process)))
+            freed.append((yield from process_hold_released(conn, conn.keys(name), holder)))
         except LockNotReplicated as exc:
             # Released on the master: go on with the other names, then say so.
             freed.append(int(exc.replies[0]) == HolderReply.DONE)

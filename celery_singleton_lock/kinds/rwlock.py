@@ -32,8 +32,9 @@ from ..core.connection import Connection, ConnectionBase, HasConnection, connect
 from ..core.handle import HolderRecord, LockHandle
 from ..core.handle_ops import HandleOps, changed_unreplicated, may_have_run, with_reply
 from ..core.heartbeat import RenewEntry
-from ..core.holder import HOSTNAME, ListedHolder, text
+from ..core.holder import ListedHolder, text
 from ..core.keys import name_tag
+from ..core.options import ProcessOptions
 from ..core.replication import Replication
 from ..core.replies import ClearReply, IntervalReply, acquire_outcome
 from ..core.scripts import (
@@ -326,10 +327,8 @@ class RWLockHold(HandleOps):
         conflicts with this one: not both shared (read beside read or upgradable)."""
         return mode is None or (text(mode), self.mode) not in _SHARED
 
-    def _release_holder(
-        self, task_id: str, pid: int, host: str | None, delay: float
-    ) -> Steps[bool]:
-        return holds_released(self._conn, self.name, task_id, pid, host, delay)
+    def _release_holder(self, process: ProcessOptions) -> Steps[bool]:
+        return holds_released(self._conn, self.name, process)
 
 
 class RWLockHandle(RWLockHold, LockHandle):
@@ -493,33 +492,16 @@ def clear_hold(
     )
 
 
-def release_holder(
-    client: Connection | HasConnection,
-    name: str,
-    *,
-    task_id: str,
-    pid: int,
-    host: str | None = None,
-    delay: float = 0.0,
-) -> bool:
-    """Release (after a release delay of ``delay`` seconds) the holds of lock ``name`` that
-    task ``task_id`` running in process ``pid`` on ``host`` (default: this machine) has; for
-    a supervisor whose child can no longer release, and which knows no owner token. True if
-    a hold was released.
+def holds_released(conn: ConnectionBase, name: str, options: ProcessOptions) -> Steps[bool]:
+    """Release (after its release delay) the holds of lock ``name`` that the run
+    ``options`` names has; for a supervisor whose child can no longer release, and which
+    knows no owner token. True if a hold was released; on a sync or an asyncio connection.
 
     It reads the lock hash, then the holds' hashes (a round trip each), then runs the release
     script on each match with the fencing token it read: that very hold goes, or nothing (it
     expired or was cleared meanwhile). Only after a crash, so a few round trips are fine."""
-    conn = connection_of(client)
-    return conn.run(holds_released(conn, name, task_id, pid, host, delay))
-
-
-def holds_released(
-    conn: ConnectionBase, name: str, task_id: str, pid: int, host: str | None, delay: float
-) -> Steps[bool]:
-    """:func:`release_holder`'s steps, on a sync or an asyncio connection."""
     name = validate.check_name(name)
-    process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
+    process = options.check()
     keys = rw_keys(conn.prefix, name)
     yield CheckLayout()
     owners = lock_owners((yield Command("hgetall", keys.lock)))
@@ -546,20 +528,8 @@ class RWFamilyAdmin(intervals.IntervalFamilyAdmin):
         token is still ``token``, when given) and wake waiters. True if removed."""
         return clear_hold(client, name, owner, token=token) == ClearReply.CLEARED
 
-    def release_holder(
-        self,
-        client: Connection | HasConnection,
-        name: str,
-        *,
-        task_id: str,
-        pid: int,
-        host: str | None = None,
-        delay: float = 0.0,
-    ) -> bool:
-        """Release (after a release delay of ``delay`` seconds) the holds of lock ``name`` that
-        task ``task_id`` in process ``pid`` on ``host`` (default: this machine) has: for a
-        supervisor whose child can no longer release. True if a hold was released."""
-        return release_holder(client, name, task_id=task_id, pid=pid, host=host, delay=delay)
+    def released(self, conn: ConnectionBase, name: str, process: ProcessOptions) -> Steps[bool]:
+        return holds_released(conn, name, process)
 
     def clear_call(self, conn: ScriptHost, holder: ListedHolder) -> ScriptCall:
         return clear_call(conn, holder)
@@ -569,6 +539,7 @@ class RWFamilyAdmin(intervals.IntervalFamilyAdmin):
 ADMIN = RWFamilyAdmin(FAMILY)
 list_holders = ADMIN.list_holders
 clear_holder = ADMIN.clear_holder
+release_holder = ADMIN.release_holder
 
 
 __all__ = [
