@@ -20,25 +20,12 @@ from typing import Any, Protocol, TypeVar
 import redis
 from redis.exceptions import RedisClusterException
 
+from ..core import steps
 from ..core.connection import ConnectionBase
 from ..core.keys import DEFAULT_PREFIX
 from ..core.layout import layout_call
 from ..core.replication import Replication
 from ..core.scripts import ScriptCall, Scripts
-from ..core.steps import (
-    Batch,
-    Blpop,
-    CheckLayout,
-    Command,
-    Listen,
-    Pause,
-    Pipeline,
-    Scan,
-    Step,
-    Steps,
-    server_ms,
-    server_seconds,
-)
 from ..exceptions import ConfigurationError
 from .notifier import AsyncClusterNotifier, AsyncNotifier, Wakeup, async_notifier
 from .scripts import run_batch, run_script
@@ -106,7 +93,7 @@ class AsyncConnection(ConnectionBase):
         the round trip ends with the WAIT (:func:`.scripts.run_batch`)."""
         return await self.call(run_batch, self.redis, calls, self.replication)
 
-    async def run(self, steps: Steps[T], *, cancellable: bool = False) -> T:
+    async def run(self, operation: steps.Steps[T], *, cancellable: bool = False) -> T:
         """Await an operation's steps (see :mod:`..core.steps`); its result. An error doing
         a step is thrown into the operation, which handles it or lets it go.
 
@@ -127,16 +114,16 @@ class AsyncConnection(ConnectionBase):
         listening: AbstractAsyncContextManager[Wakeup] | None = None
         woken: Wakeup | None = None
         try:
-            step = steps.send(None)
+            step = operation.send(None)
             while True:
                 try:
-                    if isinstance(step, Pause):
+                    if isinstance(step, steps.Pause):
                         if woken is not None:
                             await woken.wait(step.seconds)
                         else:
                             await asyncio.sleep(step.seconds)
                         result = None
-                    elif isinstance(step, Listen):
+                    elif isinstance(step, steps.Listen):
                         assert listening is None, step
                         entering = self.notifier().listening(step.channels)
                         woken = await entering.__aenter__()
@@ -155,9 +142,9 @@ class AsyncConnection(ConnectionBase):
                         exc = cancelled
                     if isinstance(exc, asyncio.CancelledError):
                         watch = False  # the operation has its cancellation: once is enough
-                    step = steps.throw(exc)
+                    step = operation.throw(exc)
                 else:
-                    step = steps.send(result)
+                    step = operation.send(result)
         except StopIteration as done:
             value: T = done.value
             return value
@@ -169,8 +156,8 @@ class AsyncConnection(ConnectionBase):
             if listening is not None:
                 await listening.__aexit__(None, None, None)
 
-    async def do(self, step: Step) -> Any:
-        """One step that is a round trip (not a :class:`Listen` or :class:`Pause`); its
+    async def do(self, step: steps.Step) -> Any:
+        """One step that is a round trip (not a :class:`steps.Listen` or :class:`steps.Pause`); its
         reply. The layout check first where :meth:`needs_layout` says so (the layout script
         is a read: no WAIT)."""
         check = self.needs_layout(step)
@@ -179,26 +166,26 @@ class AsyncConnection(ConnectionBase):
             self.layout_checked_by(await self.call(run_script, self.redis, script, keys, args))
         if type(step) is tuple:
             return await self.script(*step)
-        if isinstance(step, Batch):
+        if isinstance(step, steps.Batch):
             return await self.batch(step.calls)
-        if isinstance(step, Command):
+        if isinstance(step, steps.Command):
             return await self.call(step.of, self.redis)
-        if isinstance(step, Pipeline):
+        if isinstance(step, steps.Pipeline):
             return await self.call(step.run, self.redis)
-        if isinstance(step, Scan):
+        if isinstance(step, steps.Scan):
             return await self.call(_scanned, self.redis, step)
-        if isinstance(step, Blpop):
+        if isinstance(step, steps.Blpop):
             return await self.call(self.redis.blpop, [step.key], step.timeout)
-        assert isinstance(step, CheckLayout), step
+        assert isinstance(step, steps.CheckLayout), step
         return None
 
     async def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""
-        return await self.run(server_seconds())
+        return await self.run(steps.server_seconds())
 
     async def server_ms(self) -> int:
         """The Redis server's clock in ms (the clock every lock time is written with)."""
-        return await self.run(server_ms())
+        return await self.run(steps.server_ms())
 
     async def ping(self) -> bool:
         """True if Redis answers; raises :class:`LockBackendError` if not."""
@@ -217,7 +204,7 @@ class AsyncConnection(ConnectionBase):
             await sentinel.aclose()
 
 
-async def _scanned(redis: Any, scan: Scan) -> list[bytes]:
+async def _scanned(redis: Any, scan: steps.Scan) -> list[bytes]:
     """The keys ``scan`` asks for, read with ``redis.asyncio``."""
     found: list[bytes] = []
     async for key in redis.scan_iter(match=scan.match, count=scan.count):

@@ -18,27 +18,13 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from ..exceptions import ConfigurationError, LockBackendError
-from . import redis_urls, validate
+from . import redis_urls, steps, validate
 from .auth_errors import auth_message, is_auth_error
 from .keys import LockKeys, lock_keys
 from .layout import check_reply, layout_call
 from .notifier import Wakeup, notifier_for
 from .replication import Replication
 from .scripts import Scripts, run_batch
-from .steps import (
-    Batch,
-    Blpop,
-    CheckLayout,
-    Command,
-    Listen,
-    Pause,
-    Pipeline,
-    Scan,
-    Step,
-    Steps,
-    server_ms,
-    server_seconds,
-)
 
 T = TypeVar("T")
 
@@ -94,15 +80,15 @@ class ConnectionBase:
         """ConfigurationError unless ``redis_client`` is the kind of client this takes."""
         raise NotImplementedError
 
-    def needs_layout(self, step: Step) -> CheckLayout | None:
+    def needs_layout(self, step: steps.Step) -> steps.CheckLayout | None:
         """The layout check a runner does before ``step``: before a connection's first
-        script call (with the versions recorded), or a :class:`CheckLayout` step's, until
+        script call (with the versions recorded), or a :class:`steps.CheckLayout` step's, until
         they were found equal on this connection; None: nothing to check."""
         if self.layout_checked:
             return None
-        if isinstance(step, CheckLayout):
+        if isinstance(step, steps.CheckLayout):
             return step
-        return CheckLayout() if type(step) is tuple or isinstance(step, Batch) else None
+        return steps.CheckLayout() if type(step) is tuple or isinstance(step, steps.Batch) else None
 
     def layout_checked_by(self, reply: Any) -> None:
         """Read the reply of the layout script (:func:`.layout.check_reply`)."""
@@ -156,22 +142,22 @@ class Connection(ConnectionBase):
         except (redis.RedisError, RedisClusterException) as exc:
             raise self.backend_error(exc) from exc
 
-    def run(self, steps: Steps[T]) -> T:
+    def run(self, operation: steps.Steps[T]) -> T:
         """Run an operation's steps (see :mod:`.steps`) on this thread; its result. An
         error doing a step is thrown into the operation, which handles it or lets it go."""
         listening: AbstractContextManager[Wakeup] | None = None
         woken: Wakeup | None = None
         try:
-            step = steps.send(None)
+            step = operation.send(None)
             while True:
                 try:
-                    if isinstance(step, Pause):
+                    if isinstance(step, steps.Pause):
                         if woken is not None:
                             woken.wait(step.seconds)
                         else:
                             time.sleep(step.seconds)
                         result = None
-                    elif isinstance(step, Listen):
+                    elif isinstance(step, steps.Listen):
                         assert listening is None, step
                         entering = self.notifier.listening(*step.channels)
                         woken = entering.__enter__()
@@ -179,9 +165,9 @@ class Connection(ConnectionBase):
                     else:
                         result = self.do(step)
                 except BaseException as exc:
-                    step = steps.throw(exc)
+                    step = operation.throw(exc)
                 else:
-                    step = steps.send(result)
+                    step = operation.send(result)
         except StopIteration as done:
             value: T = done.value
             return value
@@ -189,8 +175,8 @@ class Connection(ConnectionBase):
             if listening is not None:
                 listening.__exit__(None, None, None)
 
-    def do(self, step: Step) -> Any:
-        """One step that is a round trip (not a :class:`Listen` or :class:`Pause`); its
+    def do(self, step: steps.Step) -> Any:
+        """One step that is a round trip (not a :class:`steps.Listen` or :class:`steps.Pause`); its
         reply. The layout check first where :meth:`needs_layout` says so."""
         check = self.needs_layout(step)
         if check is not None:
@@ -199,32 +185,32 @@ class Connection(ConnectionBase):
         if type(step) is tuple:
             script, keys, args = step
             return self.call(script, keys=keys, args=args)
-        if isinstance(step, Batch):
+        if isinstance(step, steps.Batch):
             return self.call(run_batch, self.redis, step.calls, self.replication)
-        if isinstance(step, Command):
+        if isinstance(step, steps.Command):
             return self.call(step.of, self.redis)
-        if isinstance(step, Pipeline):
+        if isinstance(step, steps.Pipeline):
             return self.call(step.run, self.redis)
-        if isinstance(step, Scan):
+        if isinstance(step, steps.Scan):
             return self.call(step.keys, self.redis)
-        if isinstance(step, Blpop):
+        if isinstance(step, steps.Blpop):
             return self.call(self.redis.blpop, [step.key], timeout=step.timeout)
-        assert isinstance(step, CheckLayout), step
+        assert isinstance(step, steps.CheckLayout), step
         return None
 
     def check_layout(self, *, record: bool = True) -> None:
         """Record this process's key layout versions under the prefix where none are (not
         without ``record``), and raise :class:`KeyLayoutError` if those recorded differ
         (core/layout.py); nothing once they were found equal on this connection."""
-        self.do(CheckLayout(record=record))
+        self.do(steps.CheckLayout(record=record))
 
     def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""
-        return self.run(server_seconds())
+        return self.run(steps.server_seconds())
 
     def server_ms(self) -> int:
         """The Redis server's clock in ms (the clock every lock time is written with)."""
-        return self.run(server_ms())
+        return self.run(steps.server_ms())
 
     def close(self) -> None:
         """Close the client (its pool too if the client owns it: it was made from a URL),
