@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from . import admin
 from .core import redis_urls
 from .core.client_base import DEFAULT_SOCKET_TIMEOUT, ClientBase, mask_password
 from .core.connection import Connection
 from .core.handle import HolderRecord
-from .kinds.lease import Lease, ReleaseResult, release_holder, release_owner
-from .kinds.lease_listing import read_lease_holders
+from .core.options import LeaseOptions, ProcessOptions, options_after
+from .kinds.lease import Lease, ReleaseResult, holder_released, release_owner
+from .kinds.lease_listing import lease_holders_read
 from .kinds.multi import MultiLease
 from .kinds.rangelock import RangeLock
 from .kinds.rwlock import RWLock
@@ -43,57 +41,24 @@ class LockClient(ClientBase[Connection, RWLock, RangeLock, Semaphore, MultiLease
     _semaphore_type = Semaphore
     _multi_type = MultiLease
 
-    def lease(
-        self,
-        name: str,
-        *,
-        ttl: float = 30.0,
-        heartbeat: bool = True,
-        max_hold: float | None = None,
-        wait: float = 0.0,
-        owner_info: dict[str, Any] | None = None,
-        on_lost: Callable[[Lease], object] | None = None,
-        fair: bool = False,
-        owner: str | None = None,
-        take_over: str | None = None,
-    ) -> Lease:
+    @options_after(LeaseOptions[Lease])
+    def lease(self, name: str, options: LeaseOptions[Lease]) -> Lease:
         """An exclusive lease on ``name`` (not yet acquired). See :class:`Lease`; ``fair``:
         blocked acquires are handed the lease by releases, oldest first. ``owner``: hold it
         under this owner token instead of a fresh random one per acquisition (a claim for a
         queued message); ``take_over``: an acquire also succeeds when the name is held under
         this owner token, taking that hold over (a claim made for this run, see
         :meth:`Lease.hand_over`)."""
-        return Lease(
-            self.connection,
-            name,
-            ttl=ttl,
-            heartbeat=heartbeat,
-            max_hold=max_hold,
-            wait=wait,
-            owner_info=owner_info,
-            on_lost=on_lost,
-            fair=fair,
-            owner=owner,
-            take_over=take_over,
-        )
+        return Lease.made(self.connection, name, options)
 
-    def release_holder(
-        self,
-        name: str,
-        *,
-        task_id: str,
-        pid: int,
-        host: str | None = None,
-        delay: float = 0.0,
-    ) -> bool:
+    @options_after(ProcessOptions)
+    def release_holder(self, name: str, process: ProcessOptions) -> bool:
         """Release lease ``name`` (after a release delay of ``delay`` seconds) if task
         ``task_id`` running in process ``pid`` on ``host`` (default: this machine) holds it;
         for a supervisor (the Celery worker's main process) whose child can no longer
         release. A claim handed over for the task's next attempt is never released here.
         True if released."""
-        return release_holder(
-            self.connection, name, task_id=task_id, pid=pid, host=host, delay=delay
-        )
+        return self.connection.run(holder_released(self.connection, name, process))
 
     def release_owner(self, name: str, owner: str, *, delay: float = 0.0) -> ReleaseResult:
         """Release lease ``name`` (after a release delay of ``delay`` seconds) if the owner token
@@ -104,7 +69,7 @@ class LockClient(ClientBase[Connection, RWLock, RangeLock, Semaphore, MultiLease
     def holders(self, name: str) -> list[HolderRecord]:
         """Who holds lease ``name`` now (a holder, or a release delay), as
         :meth:`Lease.holders`; empty when it is free."""
-        return read_lease_holders(self.connection, [self.connection.keys(name).lock])
+        return self.connection.run(lease_holders_read([self.connection.keys(name).lock]))
 
     def locks(self, pattern: str | None = None) -> admin.Listing:
         """Every lock under this client's prefix whose name matches the glob ``pattern``,

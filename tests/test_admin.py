@@ -22,11 +22,12 @@ import pytest
 from click.testing import CliRunner, Result
 
 from celery_singleton_lock import AsyncLockClient, LockClient, LockError, LockExpired, admin
-from celery_singleton_lock.aio import admin as aio_admin
+from celery_singleton_lock.admin.clear import listed_cleared
 from celery_singleton_lock.cli import commands, output
 from celery_singleton_lock.cli.output import to_json
 from celery_singleton_lock.core import scan
 from celery_singleton_lock.core.heartbeat import heartbeat
+from celery_singleton_lock.core.steps import Steps
 from celery_singleton_lock.kinds.intervals import IntervalHandle
 from celery_singleton_lock.kinds.multi import MultiLease
 from celery_singleton_lock.kinds.rwlock import RWLockHandle
@@ -552,14 +553,14 @@ def test_client_clear_says_when_the_heartbeat_resumed(
     lease = make_handle(lock_client, "lease")
     assert lease.acquire()
     pause_heartbeat(lock_client, lease)
-    list_locks = admin.list_locks
+    listing = admin.inspect.listing
 
-    def list_then_resume(*args: Any, **kwargs: Any) -> list[admin.LockInfo]:
-        infos = list_locks(*args, **kwargs)
+    def list_then_resume(*args: Any, **kwargs: Any) -> Steps[admin.Listing]:
+        infos = yield from listing(*args, **kwargs)
         lease.extend()  # the holder wakes up between the read and the clear
         return infos
 
-    monkeypatch.setattr(admin.inspect, "list_locks", list_then_resume)
+    monkeypatch.setattr(admin.inspect, "listing", list_then_resume)
     with pytest.raises(LockError, match="heartbeat resumed"):
         lock_client.clear("cool")
     assert_still_held(lock_client, lease)
@@ -585,12 +586,16 @@ def test_async_stale_clear_leaves_a_lock_whose_heartbeat_resumed(
         handle.extend()
         heartbeat().remove(handle)
 
-    list_locks = aio_admin.list_locks
+    listing = admin.inspect.listing
 
-    async def list_then_resume(*args: Any, **kwargs: Any) -> list[admin.LockInfo]:
-        infos = await list_locks(*args, **kwargs)
+    def list_then_resume(*args: Any, **kwargs: Any) -> Steps[admin.Listing]:
+        infos = yield from listing(*args, **kwargs)
         resume()  # the holder wakes up between the read and the clear
         return infos
+
+    def clear_listed(client: AsyncLockClient, info: admin.LockInfo, force: bool = False) -> Any:
+        """The admin's clear of a listed holder, its steps run on the asyncio connection."""
+        return client.connection.run(listed_cleared(client.connection, info, force))
 
     async def admin_session() -> tuple[list[str], list[int], list[int]]:
         client = AsyncLockClient.from_url(lock_redis_url, prefix=lock_prefix)
@@ -598,12 +603,12 @@ def test_async_stale_clear_leaves_a_lock_whose_heartbeat_resumed(
             listed = await client.locks("cool*")
             states = [info.state for info in listed]
             resume()
-            resumed = [await aio_admin.clear_listed(client, info) for info in listed]
+            resumed = [await clear_listed(client, info) for info in listed]
             pause_heartbeat(lock_client, handle)
-            monkeypatch.setattr(aio_admin, "list_locks", list_then_resume)
+            monkeypatch.setattr(admin.inspect, "listing", list_then_resume)
             with pytest.raises(LockError, match="heartbeat resumed"):
                 await client.clear(listed[0].name)
-            forced = [await aio_admin.clear_listed(client, i, force=True) for i in listed]
+            forced = [await clear_listed(client, i, force=True) for i in listed]
             return states, resumed, forced
         finally:
             await client.close()

@@ -3,6 +3,7 @@ since it was listed is left alone; and releasing what a dead task held, for a su
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..core import validate
@@ -11,6 +12,7 @@ from ..core.holder import ListedHolder
 from ..core.patterns import escape
 from ..core.replies import Reply
 from ..core.scripts import ScriptCall, ScriptHost
+from ..core.steps import Steps
 from ..exceptions import ConfigurationError, LockError
 from ..kinds.registry import LEASES, family_of
 from . import inspect
@@ -42,12 +44,15 @@ def clear_listed(
     holder (its fencing token) and, unless ``force``, that a holder listed stale is still
     stale: not renewed since it was listed. CLEARED, GONE, TAKEN or RESUMED."""
     conn = connection_of(client)
+    return conn.run(listed_cleared(conn, info, force))
+
+
+def listed_cleared(conn: ScriptHost, info: LockInfo, force: bool) -> Steps[Reply]:
+    """:func:`clear_listed`'s steps, for both clients."""
     call = clear_call(conn, info, force)
     if call is None:
         return GONE
-    conn.check_layout()
-    script, keys, args = call
-    return Reply(int(conn.call(script, keys=keys, args=args)))
+    return Reply(int((yield call)))
 
 
 def clear_call(conn: ScriptHost, info: LockInfo, force: bool) -> ScriptCall | None:
@@ -80,12 +85,20 @@ def clear(
     clear is left alone too, and :class:`LockError` says so (after the other holders were
     cleared).
     """
+    conn = connection_of(client)
+    return conn.run(name_cleared(conn, name, token, force))
+
+
+def name_cleared(conn: ScriptHost, name: str, token: int | None, force: bool) -> Steps[bool]:
+    """:func:`clear`'s steps, for both clients."""
     name = validate.check_name(name)
     token = validate.check_optional_token(token)
     force = validate.check_bool(force, "force")
-    conn = connection_of(client)
-    infos = to_clear(inspect.list_locks(conn, escape(name)), name, token, force)
-    return cleared(name, [clear_listed(conn, info, force=force) for info in infos])
+    infos = to_clear((yield from inspect.listing(conn.prefix, escape(name))), name, token, force)
+    codes = []
+    for info in infos:
+        codes.append((yield from listed_cleared(conn, info, force)))
+    return cleared(name, codes)
 
 
 def to_clear(infos: list[LockInfo], name: str, token: int | None, force: bool) -> list[LockInfo]:
@@ -101,7 +114,7 @@ def to_clear(infos: list[LockInfo], name: str, token: int | None, force: bool) -
     return infos
 
 
-def cleared(name: str, codes: list[int]) -> bool:
+def cleared(name: str, codes: Sequence[int]) -> bool:
     """What :func:`clear` of lock ``name`` returns for the clear ``codes`` of its holders;
     :class:`LockError` if one was left alone because its heartbeat resumed."""
     if RESUMED in codes:

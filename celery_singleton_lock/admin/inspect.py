@@ -24,13 +24,14 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
-from ..core import validate
+from ..core import steps, validate
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.holder import OWN_INFO_FIELDS, ListedHolder
 from ..core.keys import RELEASE_DELAY_STATE
 from ..core.patterns import escape, literal_name
 from ..core.renewal import TICKS_PER_TTL
-from ..core.scan import BATCH, Read, read_query
+from ..core.scan import BATCH, Read, query_read
+from ..core.steps import CheckLayout, Steps
 from ..kinds.lease import CLAIM_OWNER_PREFIX
 from ..kinds.registry import FAMILIES, LEASES, KindFamily
 
@@ -38,7 +39,7 @@ __all__ = [
     "BATCH", "CLAIMED", "CLAIM_OWNER_PREFIX", "HEARTBEAT_FRESH", "HEARTBEAT_STOPPED", "KINDS",
     "LEASES", "LIVE", "MISSED_TICKS", "NO_EVIDENCE", "QUEUED", "RELEASED_WITH_DELAY",
     "RELEASE_DELAY", "STALE", "STATES", "TICKS_PER_TTL", "Check", "Listing", "LockInfo", "Lister",
-    "escape", "heartbeat_stopped", "list_locks", "listed", "listers",
+    "escape", "heartbeat_stopped", "list_locks", "listed", "listers", "listing",
     "literal_name", "lock_info", "server_ms", "skipped_note",
 ]  # fmt: skip
 
@@ -187,18 +188,24 @@ def list_locks(
     ``state`` comes from the heartbeat, then from each of ``checks`` in turn for the locks
     still undecided.
     """
-    pattern = validate.check_pattern(pattern)
     conn = connection_of(client)
-    conn.check_layout(record=False)
-    now_ms = server_ms(conn)
+    return conn.run(listing(conn.prefix, pattern, checks))
+
+
+def listing(prefix: str, pattern: str | None, checks: Sequence[Check] = ()) -> Steps[Listing]:
+    """:func:`list_locks`'s steps (for both clients) under ``prefix``: the key layout is
+    read (not recorded), then the server's clock, then each keyspace once."""
+    pattern = validate.check_pattern(pattern)
+    yield CheckLayout(record=False)
+    now_ms = yield from steps.server_ms()
     read: dict[str, Read] = {}  # keyspace -> what was read there: each is read once
     holders: list[ListedHolder] = []
     for family in listers():
         if family.keyspace not in read:
-            read[family.keyspace] = read_query(conn, family.keys(conn.prefix, pattern))
+            read[family.keyspace] = yield from query_read(family.keys(prefix, pattern))
         holders += family.holders(read[family.keyspace].records, pattern)
     skipped = sum(found.skipped for found in read.values())
-    return listed(lock_infos(holders, now_ms, pattern, checks), skipped, conn.prefix)
+    return listed(lock_infos(holders, now_ms, pattern, checks), skipped, prefix)
 
 
 def lock_infos(

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from ..core.connection import Connection, HasConnection, connection_of
 from ..core.scan import BATCH
+from ..core.steps import Pipeline, Scan, Steps
 from ..kinds import rangelock, rwlock, semaphore
 
 #: Keys an empty listing reads at most while looking for other prefixes.
@@ -39,40 +40,24 @@ def find_prefixes(source: Connection | HasConnection, *, max_keys: int = MAX_KEY
     """The prefixes under which this package's holder hashes are, among the first
     ``max_keys`` keys a SCAN returns (``found`` includes the client's own prefix only if
     keys are there, such as holds a listing does not show)."""
-    conn = connection_of(source)
-    redis = conn.redis
-    candidates, scanned = conn.call(lambda: _scan(redis, max_keys))
-    if not candidates:
-        return Prefixes([], scanned, scanned >= max_keys)
-    keys = list(candidates)
-    # The layout's names could be another program's strings or lists: only hashes count.
-    types = conn.call(lambda: _types(redis, keys))
-    tally = Counter(candidates[key] for key, kind in zip(keys, types, strict=True) if kind)
-    found = sorted(tally.items(), key=lambda item: (-item[1], item[0]))
-    return Prefixes(found, scanned, scanned >= max_keys)
+    return connection_of(source).run(prefixes_found(max_keys))
 
 
-def _scan(redis: Any, max_keys: int) -> tuple[dict[bytes, str], int]:
-    """The keys with a holder key's shape among the first ``max_keys`` SCAN returns (with
-    their prefix), and how many keys it read."""
-    candidates: dict[bytes, str] = {}
-    scanned = 0
-    for key in redis.scan_iter(count=BATCH):
-        scanned += 1
+def prefixes_found(max_keys: int) -> Steps[Prefixes]:
+    """:func:`find_prefixes`'s steps."""
+    scanned_keys = yield Scan(None, BATCH, max_keys)
+    scanned = len(scanned_keys)
+    candidates: dict[bytes, str] = {}  # each key with a holder key's shape: its prefix
+    for key in scanned_keys:
         shape = _HOLDER_KEY.fullmatch(key)
         if shape is not None:
             candidates[key] = shape.group(1).decode(errors="replace")
-        if scanned >= max_keys:
-            break
-    return candidates, scanned
-
-
-def _types(redis: Any, keys: list[bytes]) -> list[bool]:
-    """Whether each of ``keys`` is a hash (one pipeline round trip per ``BATCH`` keys)."""
-    hashes: list[bool] = []
+    keys = list(candidates)
+    # The layout's names could be another program's strings or lists: only hashes count.
+    types: list[Any] = []
     for start in range(0, len(keys), BATCH):
-        pipe = redis.pipeline(transaction=False)
-        for key in keys[start : start + BATCH]:
-            pipe.type(key)
-        hashes.extend(kind in (b"hash", "hash") for kind in pipe.execute())
-    return hashes
+        types += yield Pipeline([("type", key) for key in keys[start : start + BATCH]])
+    hashes = [key for key, kind in zip(keys, types, strict=True) if kind in (b"hash", "hash")]
+    tally = Counter(candidates[key] for key in hashes)
+    found = sorted(tally.items(), key=lambda item: (-item[1], item[0]))
+    return Prefixes(found, scanned, scanned >= max_keys)

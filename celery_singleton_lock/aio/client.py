@@ -3,15 +3,15 @@ async views) that take or inspect the same locks Celery tasks hold."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from ..admin import Listing
-from ..core import redis_urls, validate
+from ..admin.clear import name_cleared
+from ..admin.inspect import listing
+from ..core import redis_urls
 from ..core.client_base import ClientBase
-from ..core.holder import HOSTNAME
-from ..core.replies import Reply
-from . import admin
+from ..core.handle import HolderRecord
+from ..core.options import FairOptions, ProcessOptions, options_after
+from ..kinds.lease import holder_released
+from ..kinds.lease_listing import lease_holders_read
 from .connection import AsyncConnection
 from .lease import AsyncLease
 from .multi import AsyncMultiLease
@@ -45,62 +45,35 @@ class AsyncLockClient(
     _semaphore_type = AsyncSemaphore
     _multi_type = AsyncMultiLease
 
-    def lease(
-        self,
-        name: str,
-        *,
-        ttl: float = 30.0,
-        heartbeat: bool = True,
-        max_hold: float | None = None,
-        wait: float = 0.0,
-        owner_info: dict[str, Any] | None = None,
-        on_lost: Callable[[AsyncLease], object] | None = None,
-        fair: bool = False,
-    ) -> AsyncLease:
+    @options_after(FairOptions[AsyncLease])
+    def lease(self, name: str, options: FairOptions[AsyncLease]) -> AsyncLease:
         """An exclusive lease on ``name`` (not yet acquired); options as
-        :meth:`LockClient.lease`. ``on_lost`` may be a plain or a coroutine function."""
-        return AsyncLease(
-            self.connection,
-            name,
-            fair=fair,
-            ttl=ttl,
-            heartbeat=heartbeat,
-            max_hold=max_hold,
-            wait=wait,
-            owner_info=owner_info,
-            on_lost=on_lost,
-        )
+        :meth:`LockClient.lease` (but ``owner`` and ``take_over``). ``on_lost`` may be a
+        plain or a coroutine function."""
+        return AsyncLease.made(self.connection, name, options)
 
-    async def release_holder(
-        self,
-        name: str,
-        *,
-        task_id: str,
-        pid: int,
-        host: str | None = None,
-        delay: float = 0.0,
-    ) -> bool:
+    @options_after(ProcessOptions)
+    async def release_holder(self, name: str, process: ProcessOptions) -> bool:
         """Release lease ``name`` (after a release delay of ``delay`` seconds) if task ``task_id``
         running in process ``pid`` on ``host`` (default: this machine) holds it, as
         :meth:`LockClient.release_holder`. True if released."""
-        conn = self.connection
-        keys = conn.keys(name)
-        process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
-        call = conn.scripts.release_holder_call(keys.lock, *process)
-        await conn.check_layout()
-        return int(await conn.script(*call)) == Reply.DONE
+        return await self.connection.run(holder_released(self.connection, name, process))
+
+    async def holders(self, name: str) -> list[HolderRecord]:
+        """Who holds lease ``name`` now, as :meth:`LockClient.holders`."""
+        return await self.connection.run(lease_holders_read([self.connection.keys(name).lock]))
 
     async def locks(self, pattern: str | None = None) -> Listing:
         """Every lock under this client's prefix whose name matches the glob ``pattern``,
         with its holder and whether it is live, stale or in a release delay (docs/admin.md);
         its ``skipped`` counts the keys of another type passed by."""
-        return await admin.list_locks(self.connection, pattern)
+        return await self.connection.run(listing(self.prefix, pattern))
 
     async def clear(self, name: str, *, token: int | None = None, force: bool = False) -> bool:
         """Clear lock ``name`` (only its holder with fencing ``token``, if given): atomic and
         holder-checked. A live lock is cleared only with ``force``, else :class:`LockError`.
         True if something was cleared."""
-        return await admin.clear(self.connection, name, token=token, force=force)
+        return await self.connection.run(name_cleared(self.connection, name, token, force))
 
     async def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""

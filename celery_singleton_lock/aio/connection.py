@@ -14,18 +14,20 @@ import asyncio
 import inspect
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar
 
 import redis
 from redis.exceptions import RedisClusterException
 
-from ..core.connection import ConnectionBase, clock_ms, clock_seconds
+from ..core import steps
+from ..core.connection import ConnectionBase
 from ..core.keys import DEFAULT_PREFIX
-from ..core.layout import check_reply, layout_call
+from ..core.layout import layout_call
 from ..core.replication import Replication
 from ..core.scripts import ScriptCall, Scripts
 from ..exceptions import ConfigurationError
-from .notifier import AsyncClusterNotifier, AsyncNotifier, async_notifier
+from .notifier import AsyncClusterNotifier, AsyncNotifier, Wakeup, async_notifier
 from .scripts import run_batch, run_script
 
 T = TypeVar("T")
@@ -91,35 +93,125 @@ class AsyncConnection(ConnectionBase):
         the round trip ends with the WAIT (:func:`.scripts.run_batch`)."""
         return await self.call(run_batch, self.redis, calls, self.replication)
 
-    async def check_layout(self, *, record: bool = True) -> None:
-        """Record this process's key layout versions under the prefix where none are (not
-        without ``record``: a listing's read), and raise :class:`KeyLayoutError` if those
-        recorded differ (core/layout.py); nothing once they were found equal on this
-        connection."""
-        if self.layout_checked:
-            return
-        script, keys, args = layout_call(self, record=record)
-        reply = await self.call(run_script, self.redis, script, keys, args)
-        self.layout_checked = check_reply(reply, self.prefix, self.url)
+    async def run(self, operation: steps.Steps[T], *, cancellable: bool = False) -> T:
+        """Await an operation's steps (see :mod:`..core.steps`); its result. An error doing
+        a step is thrown into the operation, which handles it or lets it go.
+
+        ``cancellable`` (an acquire): redis-py can lose a cancellation that lands while a
+        command is under way (the call returns its reply, or runs into the socket's timeout,
+        instead). One asked for during the operation is thrown into it after the round trip,
+        in place of the round trip's error if it had one (unless one reached it already: one
+        is enough), where the acquire undoes what its attempts did; an error the operation
+        then ends with is raised as the cancellation the caller asked for. The count of
+        cancellations asked for is Python 3.11's; before it, none is noticed."""
+        cancelling = getattr(asyncio.current_task(), "cancelling", None) if cancellable else None
+        asked = cancelling() if cancelling is not None else 0
+
+        def cancel_asked() -> bool:  # since the operation began
+            return cancelling is not None and cancelling() > asked
+
+        watch = cancelling is not None
+        listening: AbstractAsyncContextManager[Wakeup] | None = None
+        woken: Wakeup | None = None
+        try:
+            step = operation.send(None)
+            while True:
+                try:
+                    if isinstance(step, steps.Pause):
+                        if woken is not None:
+                            await woken.wait(step.seconds)
+                        else:
+                            await asyncio.sleep(step.seconds)
+                        result = None
+                    elif isinstance(step, steps.Listen):
+                        assert listening is None, step
+                        entering = self.notifier().listening(step.channels)
+                        woken = await entering.__aenter__()
+                        listening, result = entering, None
+                    else:
+                        result = await self.do(step)
+                    if watch and cancel_asked():
+                        raise asyncio.CancelledError
+                except BaseException as exc:
+                    if watch and cancel_asked() and not isinstance(exc, asyncio.CancelledError):
+                        # The step's error came after a cancellation redis-py lost: the
+                        # operation is thrown the cancellation now, and not again in the
+                        # middle of the undo this starts.
+                        cancelled = asyncio.CancelledError()
+                        cancelled.__cause__ = exc
+                        exc = cancelled
+                    if isinstance(exc, asyncio.CancelledError):
+                        watch = False  # the operation has its cancellation: once is enough
+                    step = operation.throw(exc)
+                else:
+                    step = operation.send(result)
+        except StopIteration as done:
+            value: T = done.value
+            return value
+        except BaseException as exc:
+            if cancel_asked() and not isinstance(exc, asyncio.CancelledError):
+                raise asyncio.CancelledError from exc
+            raise
+        finally:
+            if listening is not None:
+                await listening.__aexit__(None, None, None)
+
+    async def do(self, step: steps.Step) -> Any:
+        """One step that is a round trip (not a :class:`steps.Listen` or :class:`steps.Pause`); its
+        reply. The layout check first where :meth:`needs_layout` says so (the layout script
+        is a read: no WAIT)."""
+        check = self.needs_layout(step)
+        if check is not None:
+            script, keys, args = layout_call(self, record=check.record)
+            self.layout_checked_by(await self.call(run_script, self.redis, script, keys, args))
+        if type(step) is tuple:
+            return await self.script(*step)
+        if isinstance(step, steps.Batch):
+            return await self.batch(step.calls)
+        if isinstance(step, steps.Command):
+            return await self.call(step.of, self.redis)
+        if isinstance(step, steps.Pipeline):
+            return await self.call(step.run, self.redis)
+        if isinstance(step, steps.Scan):
+            return await self.call(_scanned, self.redis, step)
+        if isinstance(step, steps.Blpop):
+            return await self.call(self.redis.blpop, [step.key], step.timeout)
+        assert isinstance(step, steps.CheckLayout), step
+        return None
 
     async def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""
-        return clock_seconds(await self.call(self.redis.time))
+        return await self.run(steps.server_seconds())
 
     async def server_ms(self) -> int:
         """The Redis server's clock in ms (the clock every lock time is written with)."""
-        return clock_ms(await self.call(self.redis.time))
+        return await self.run(steps.server_ms())
 
     async def ping(self) -> bool:
         """True if Redis answers; raises :class:`LockBackendError` if not."""
         return bool(await self.call(self.redis.ping))
 
     async def close(self) -> None:
-        """Stop the waiter listeners and close the connections."""
+        """Stop the waiter listeners and close the connections: the client's, and for a
+        Sentinel master client those to the sentinels it asks for the master (clients of
+        their own, which closing it leaves open)."""
         for notifier in list(self._notifiers.values()):
             await notifier.close()
         self._notifiers.clear()
         await self.redis.aclose()
+        manager = getattr(getattr(self.redis, "connection_pool", None), "sentinel_manager", None)
+        for sentinel in getattr(manager, "sentinels", ()):
+            await sentinel.aclose()
+
+
+async def _scanned(redis: Any, scan: steps.Scan) -> list[bytes]:
+    """The keys ``scan`` asks for, read with ``redis.asyncio``."""
+    found: list[bytes] = []
+    async for key in redis.scan_iter(match=scan.match, count=scan.count):
+        found.append(key)
+        if scan.limit is not None and len(found) >= scan.limit:
+            break
+    return found
 
 
 class HasAsyncConnection(Protocol):

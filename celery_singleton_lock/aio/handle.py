@@ -10,19 +10,18 @@ import asyncio
 import inspect
 import logging
 import threading
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, TypeVar
 
+from ..core.handle import HolderRecord
 from ..core.handle_ops import HandleOps
-from ..core.handle_state import NO_LOCK, _Process, check_options
+from ..core.handle_state import NO_LOCK, _Process
 from ..core.holder import holder_fields
-from ..core.steps import Batch, Blpop, Listen, Pause, Steps
+from ..core.options import LockOptions, ProcessOptions, options_after_two, options_only
+from ..core.steps import Steps
 from ..exceptions import LockBackendError, LockLost
 from .connection import AsyncConnection, HasAsyncConnection, async_connection_of
 from .heartbeat import AsyncHeartbeat, heartbeat
-from .notifier import Wakeup
 
 log = logging.getLogger("celery_singleton_lock.lease")
 
@@ -56,94 +55,36 @@ class AsyncLockHandle(HandleOps):
     _state_lock = NO_LOCK
     _conn: AsyncConnection
 
+    @options_after_two(LockOptions[Any])
     def __init__(
-        self,
-        client: AsyncConnection | HasAsyncConnection,
-        name: str,
-        *,
-        ttl: float = 30.0,
-        heartbeat: bool = True,
-        max_hold: float | None = None,
-        wait: float = 0.0,
-        owner_info: dict[str, Any] | None = None,
-        on_lost: Callable[[Any], object] | None = None,
+        self, client: AsyncConnection | HasAsyncConnection, name: str, options: LockOptions[Any]
     ) -> None:
-        self._configure(check_options(name, ttl, heartbeat, max_hold, wait, owner_info, on_lost))
+        self._setup(client, name, options)
+
+    def _setup(self, client: Any, name: Any, options: LockOptions[Any]) -> None:
+        self._configure(options.check(name))
         self._conn = async_connection_of(client)
         self._beat: AsyncHeartbeat | None = None
 
     # -- the runner --------------------------------------------------------------------------
 
     async def _run(self, steps: Steps[T], *, cancellable: bool = False) -> T:
-        """Await an operation's steps (see :mod:`..core.steps`); its result. An error doing
-        a step is thrown into the operation, which handles it or lets it go.
+        """Await an operation's steps (:meth:`.connection.AsyncConnection.run`, where
+        ``cancellable`` is described)."""
+        return await self._conn.run(steps, cancellable=cancellable)
 
-        ``cancellable`` (an acquire): redis-py can lose a cancellation that lands while a
-        command is under way (the call returns its reply, or runs into the socket's timeout,
-        instead). One asked for during the operation is thrown into it after the round trip,
-        in place of the round trip's error if it had one (unless one reached it already: one
-        is enough), where the acquire undoes what its attempts did; an error the operation
-        then ends with is raised as the cancellation the caller asked for. The count of
-        cancellations asked for is Python 3.11's; before it, none is noticed."""
-        conn = self._conn
-        cancelling = getattr(asyncio.current_task(), "cancelling", None) if cancellable else None
-        asked = cancelling() if cancelling is not None else 0
+    # -- who holds it -----------------------------------------------------------------------
 
-        def cancel_asked() -> bool:  # since the operation began
-            return cancelling is not None and cancelling() > asked
+    async def holders(self) -> list[HolderRecord]:
+        """Who holds what this handle locks now, as :meth:`LockHandle.holders`."""
+        return await self._run(self._holders())
 
-        watch = cancelling is not None
-        listening: AbstractAsyncContextManager[Wakeup] | None = None
-        woken: Wakeup | None = None
-        try:
-            step = steps.send(None)
-            while True:
-                try:
-                    if not conn.layout_checked and (type(step) is tuple or isinstance(step, Batch)):
-                        await conn.check_layout()
-                    if type(step) is tuple:
-                        script, keys, args = step
-                        result = await conn.script(script, keys, args)
-                    elif isinstance(step, Batch):
-                        result = await conn.batch(step.calls)
-                    elif isinstance(step, Pause):
-                        if woken is not None:
-                            await woken.wait(step.seconds)
-                        else:
-                            await asyncio.sleep(step.seconds)
-                        result = None
-                    elif isinstance(step, Blpop):
-                        result = await conn.call(conn.redis.blpop, [step.key], step.timeout)
-                    else:
-                        assert isinstance(step, Listen) and listening is None, step
-                        entering = conn.notifier().listening(step.channels)
-                        woken = await entering.__aenter__()
-                        listening, result = entering, None
-                    if watch and cancel_asked():
-                        raise asyncio.CancelledError
-                except BaseException as exc:
-                    if watch and cancel_asked() and not isinstance(exc, asyncio.CancelledError):
-                        # The step's error came after a cancellation redis-py lost: the
-                        # operation is thrown the cancellation now, and not again in the
-                        # middle of the undo this starts.
-                        cancelled = asyncio.CancelledError()
-                        cancelled.__cause__ = exc
-                        exc = cancelled
-                    if isinstance(exc, asyncio.CancelledError):
-                        watch = False  # the operation has its cancellation: once is enough
-                    step = steps.throw(exc)
-                else:
-                    step = steps.send(result)
-        except StopIteration as done:
-            value: T = done.value
-            return value
-        except BaseException as exc:
-            if cancel_asked() and not isinstance(exc, asyncio.CancelledError):
-                raise asyncio.CancelledError from exc
-            raise
-        finally:
-            if listening is not None:
-                await listening.__aexit__(None, None, None)
+    @options_only(ProcessOptions)
+    async def release_holder(self, process: ProcessOptions) -> bool:
+        """Release what run ``task_id`` in process ``pid`` on ``host`` (default: this
+        machine) holds of this lock, as :meth:`LockHandle.release_holder`; True if
+        something was released."""
+        return await self._run(self._release_holder(process))
 
     # -- acquire / release / extend ----------------------------------------------------------
 

@@ -4,10 +4,7 @@ SingletonTask runs of the same name) awaited by the asyncio runner."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-from ..core import validate
+from ..core.options import FairOptions, options_after_two
 from ..kinds.lease import LEASE_SLOTS, LeaseOps
 from .connection import AsyncConnection, HasAsyncConnection
 from .handle import AsyncLockHandle
@@ -18,31 +15,14 @@ class AsyncLease(LeaseOps, AsyncLockHandle):
 
     __slots__ = LEASE_SLOTS
 
+    @options_after_two(FairOptions["AsyncLease"])
     def __init__(
         self,
         client: AsyncConnection | HasAsyncConnection,
         name: str,
-        *,
-        ttl: float = 30.0,
-        heartbeat: bool = True,
-        max_hold: float | None = None,
-        wait: float = 0.0,
-        owner_info: dict[str, Any] | None = None,
-        on_lost: Callable[[Any], object] | None = None,
-        fair: bool = False,
+        options: FairOptions[AsyncLease],
     ) -> None:
         """Options as for :meth:`AsyncLockClient.lease`: ``fair``, a blocked acquire queues
-        and a release hands the lease straight to the oldest live waiter (sync or async)."""
-        super().__init__(
-            client,
-            name,
-            ttl=ttl,
-            heartbeat=heartbeat,
-            max_hold=max_hold,
-            wait=wait,
-            owner_info=owner_info,
-            on_lost=on_lost,
-        )
-        fair = validate.check_bool(fair, "fair")
-        # No owner or take_over options: the async lease holds under a fresh owner token.
-        self._init_lease(fair, None, None)
+        and a release hands the lease straight to the oldest live waiter (sync or async).
+        No ``owner`` or ``take_over``: the async lease holds under a fresh owner token."""
+        self._setup(client, name, options)

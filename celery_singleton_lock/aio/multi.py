@@ -4,9 +4,8 @@ script, so no deadlock) awaited by the asyncio runner."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..kinds.multi import MultiLeaseOps, check_names
+from ..core.options import LockOptions, options_after_two
+from ..kinds.multi import MultiLeaseOps
 from .connection import AsyncConnection, HasAsyncConnection
 from .handle import AsyncLockHandle
 
@@ -16,9 +15,11 @@ class AsyncMultiLease(MultiLeaseOps, AsyncLockHandle):
     one round trip, released together. ``token`` is the largest of the per-name fencing
     tokens and ``tokens`` maps each name to its own."""
 
+    @options_after_two(LockOptions["AsyncMultiLease"])
     def __init__(
-        self, client: AsyncConnection | HasAsyncConnection, names: object, **options: Any
+        self,
+        client: AsyncConnection | HasAsyncConnection,
+        names: object,
+        options: LockOptions[AsyncMultiLease],
     ) -> None:
-        checked = check_names(names)
-        super().__init__(client, " + ".join(checked), **options)
-        self._set_names(checked)
+        self._setup(client, names, options)

@@ -14,7 +14,9 @@ from redis.exceptions import RedisClusterException
 from ..exceptions import ConfigurationError, LockBackendError
 from . import validate
 from .connection import ConnectionBase
+from .handle_ops import HandleOps
 from .keys import DEFAULT_PREFIX
+from .options import LockOptions, options_after
 from .replication import Replication, check_replication
 
 #: Seconds a Redis call made through ``from_url`` may take (connect or reply).
@@ -25,7 +27,7 @@ ConnT = TypeVar("ConnT", bound=ConnectionBase)
 RWLockT = TypeVar("RWLockT")
 RangeLockT = TypeVar("RangeLockT")
 SemaphoreT = TypeVar("SemaphoreT")
-MultiT = TypeVar("MultiT")
+MultiT = TypeVar("MultiT", bound=HandleOps)
 ClientT = TypeVar("ClientT", bound="ClientBase[Any, Any, Any, Any, Any]")
 
 
@@ -42,7 +44,7 @@ class ClientBase(Generic[ConnT, RWLockT, RangeLockT, SemaphoreT, MultiT]):
     _rwlock_type: Callable[[ConnT, str], RWLockT]
     _range_lock_type: Callable[[ConnT, str], RangeLockT]
     _semaphore_type: Callable[[ConnT, str, int], SemaphoreT]
-    _multi_type: Callable[..., MultiT]
+    _multi_type: type[MultiT]
 
     def __init__(
         self,
@@ -109,29 +111,12 @@ class ClientBase(Generic[ConnT, RWLockT, RangeLockT, SemaphoreT, MultiT]):
         See :class:`Semaphore`."""
         return self._semaphore_type(self.connection, name, limit)
 
-    def multi(
-        self,
-        names: Iterable[str],
-        *,
-        ttl: float = 30.0,
-        heartbeat: bool = True,
-        max_hold: float | None = None,
-        wait: float = 0.0,
-        owner_info: dict[str, Any] | None = None,
-        on_lost: Callable[[MultiT], object] | None = None,
-    ) -> MultiT:
+    @options_after(LockOptions[Any])
+    def multi(self, names: Iterable[str], options: LockOptions[Any]) -> MultiT:
         """Exclusive leases on all of ``names``, taken all or nothing (not yet acquired);
-        each conflicts with a plain :meth:`lease` on that name. See :class:`MultiLease`."""
-        return self._multi_type(
-            self.connection,
-            names,
-            ttl=ttl,
-            heartbeat=heartbeat,
-            max_hold=max_hold,
-            wait=wait,
-            owner_info=owner_info,
-            on_lost=on_lost,
-        )
+        each conflicts with a plain :meth:`lease` on that name. Options as for
+        :meth:`lease` (but ``fair``). See :class:`MultiLease`."""
+        return self._multi_type.made(self.connection, names, options)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url} prefix={self.prefix!r}>"

@@ -9,20 +9,22 @@ reads its ``connection``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
 import redis
 from redis.exceptions import RedisClusterException
 
 from ..exceptions import ConfigurationError, LockBackendError
-from . import redis_urls, validate
+from . import redis_urls, steps, validate
 from .auth_errors import auth_message, is_auth_error
 from .keys import LockKeys, lock_keys
 from .layout import check_reply, layout_call
-from .notifier import notifier_for
+from .notifier import Wakeup, notifier_for
 from .replication import Replication
-from .scripts import Scripts
+from .scripts import Scripts, run_batch
 
 T = TypeVar("T")
 
@@ -61,6 +63,11 @@ class ConnectionBase:
         #: (core/layout.py): the runners check them before a connection's first script call.
         self.layout_checked = False
 
+    #: The scripts the handles build their calls with.
+    scripts: Scripts
+    #: How many replicas a lock's writes wait for (None: none), see :mod:`.replication`.
+    replication: Replication | None
+
     def backend_error(self, exc: BaseException) -> LockBackendError:
         """The :class:`LockBackendError` for a Redis failure: one that names the server; a
         refused login says where the password goes instead of Redis's protocol words."""
@@ -73,6 +80,20 @@ class ConnectionBase:
         """ConfigurationError unless ``redis_client`` is the kind of client this takes."""
         raise NotImplementedError
 
+    def needs_layout(self, step: steps.Step) -> steps.CheckLayout | None:
+        """The layout check a runner does before ``step``: before a connection's first
+        script call (with the versions recorded), or a :class:`steps.CheckLayout` step's, until
+        they were found equal on this connection; None: nothing to check."""
+        if self.layout_checked:
+            return None
+        if isinstance(step, steps.CheckLayout):
+            return step
+        return steps.CheckLayout() if type(step) is tuple or isinstance(step, steps.Batch) else None
+
+    def layout_checked_by(self, reply: Any) -> None:
+        """Read the reply of the layout script (:func:`.layout.check_reply`)."""
+        self.layout_checked = check_reply(reply, self.prefix, self.url)
+
     def keys(self, name: str) -> LockKeys:
         """The Redis keys of lock ``name`` (checked) under this prefix."""
         return lock_keys(self.prefix, validate.check_name(name))
@@ -81,24 +102,12 @@ class ConnectionBase:
         return f"<{type(self).__name__} {self.url} prefix={self.prefix!r}>"
 
 
-def clock_seconds(reply: Any) -> float:
-    """The server's clock, in seconds since the epoch, from the reply to TIME."""
-    seconds, micros = reply
-    return int(seconds) + int(micros) / 1_000_000
-
-
-def clock_ms(reply: Any) -> int:
-    """The server's clock in ms (the clock every lock time is written with), from the reply
-    to TIME."""
-    seconds, micros = reply
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
 class Connection(ConnectionBase):
-    """A redis-py client, the key ``prefix`` of every lock on it, and what the handles need
-    from it: ``keys(name)``, ``call(fn, ...)``, the ``scripts``, the ``notifier`` and the
-    server's clock. ``replication``: how many replicas a lease's writes wait for (None:
-    none), see :mod:`.replication`."""
+    """A redis-py client, the key ``prefix`` of every lock on it, and what the handles and
+    the admin need from it: ``keys(name)``, ``call(fn, ...)``, the ``scripts``, the
+    ``notifier``, and :meth:`run`, the sync runner of their steps (core/steps.py).
+    ``replication``: how many replicas a lease's writes wait for (None: none), see
+    :mod:`.replication`."""
 
     def __init__(
         self, redis_client: Any, prefix: str, replication: Replication | None = None
@@ -133,24 +142,75 @@ class Connection(ConnectionBase):
         except (redis.RedisError, RedisClusterException) as exc:
             raise self.backend_error(exc) from exc
 
+    def run(self, operation: steps.Steps[T]) -> T:
+        """Run an operation's steps (see :mod:`.steps`) on this thread; its result. An
+        error doing a step is thrown into the operation, which handles it or lets it go."""
+        listening: AbstractContextManager[Wakeup] | None = None
+        woken: Wakeup | None = None
+        try:
+            step = operation.send(None)
+            while True:
+                try:
+                    if isinstance(step, steps.Pause):
+                        if woken is not None:
+                            woken.wait(step.seconds)
+                        else:
+                            time.sleep(step.seconds)
+                        result = None
+                    elif isinstance(step, steps.Listen):
+                        assert listening is None, step
+                        entering = self.notifier.listening(*step.channels)
+                        woken = entering.__enter__()
+                        listening, result = entering, None
+                    else:
+                        result = self.do(step)
+                except BaseException as exc:
+                    step = operation.throw(exc)
+                else:
+                    step = operation.send(result)
+        except StopIteration as done:
+            value: T = done.value
+            return value
+        finally:
+            if listening is not None:
+                listening.__exit__(None, None, None)
+
+    def do(self, step: steps.Step) -> Any:
+        """One step that is a round trip (not a :class:`steps.Listen` or :class:`steps.Pause`); its
+        reply. The layout check first where :meth:`needs_layout` says so."""
+        check = self.needs_layout(step)
+        if check is not None:
+            script, keys, args = layout_call(self, record=check.record)
+            self.layout_checked_by(self.call(script, keys=keys, args=args))
+        if type(step) is tuple:
+            script, keys, args = step
+            return self.call(script, keys=keys, args=args)
+        if isinstance(step, steps.Batch):
+            return self.call(run_batch, self.redis, step.calls, self.replication)
+        if isinstance(step, steps.Command):
+            return self.call(step.of, self.redis)
+        if isinstance(step, steps.Pipeline):
+            return self.call(step.run, self.redis)
+        if isinstance(step, steps.Scan):
+            return self.call(step.keys, self.redis)
+        if isinstance(step, steps.Blpop):
+            return self.call(self.redis.blpop, [step.key], timeout=step.timeout)
+        assert isinstance(step, steps.CheckLayout), step
+        return None
+
     def check_layout(self, *, record: bool = True) -> None:
         """Record this process's key layout versions under the prefix where none are (not
-        without ``record``: a listing's read), and raise :class:`KeyLayoutError` if those
-        recorded differ (core/layout.py); nothing once they were found equal on this
-        connection."""
-        if self.layout_checked:
-            return
-        script, keys, args = layout_call(self, record=record)
-        reply = self.call(script, keys=keys, args=args)
-        self.layout_checked = check_reply(reply, self.prefix, self.url)
+        without ``record``), and raise :class:`KeyLayoutError` if those recorded differ
+        (core/layout.py); nothing once they were found equal on this connection."""
+        self.do(steps.CheckLayout(record=record))
 
     def server_time(self) -> float:
         """The Redis server's clock, in seconds since the epoch."""
-        return clock_seconds(self.call(self.redis.time))
+        return self.run(steps.server_seconds())
 
     def server_ms(self) -> int:
         """The Redis server's clock in ms (the clock every lock time is written with)."""
-        return clock_ms(self.call(self.redis.time))
+        return self.run(steps.server_ms())
 
     def close(self) -> None:
         """Close the client (its pool too if the client owns it: it was made from a URL),

@@ -1,51 +1,30 @@
 """The thread-based lock handle: the sync runner of :class:`.handle_ops.HandleOps` (see there
 for how a lock kind is built). It runs the steps with threads (script calls through
 :meth:`.connection.Connection.call`, with the replicas' WAIT where the client has one), the
-waits and the heartbeat; a sync kind adds ``holders`` and ``_release_holder(task_id, pid,
-host, delay)``.
+waits and the heartbeat.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from abc import abstractmethod
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
 from ..exceptions import LockBackendError, LockLost
 from .connection import Connection, HasConnection, connection_of
 from .handle_ops import HandleOps
-from .handle_state import Options, _Process, check_options
+from .handle_ops import HolderRecord as HolderRecord
+from .handle_state import Options, _Process
 from .heartbeat import heartbeat, renewing
 from .holder import holder_fields
-from .notifier import Wakeup
-from .scripts import ScriptCall, run_batch
-from .steps import Batch, Blpop, Listen, Pause, Steps, along
+from .options import LockOptions, ProcessOptions, options_after_two, options_only
+from .scripts import ScriptCall
+from .steps import Steps, along
 
 log = logging.getLogger("celery_singleton_lock.lease")
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class HolderRecord:
-    """One holder of what a handle locks, as Redis has it (see :meth:`LockHandle.holders`)."""
-
-    #: The holder's owner token (None: a release delay, which no one owns).
-    owner: str | None
-    #: The ``task_id`` of its holder record, if it has one.
-    task_id: str | None
-    #: Server time (ms) at which a release delay ends; None when this is not a release delay.
-    release_delay_until_ms: int | None = None
-    #: A writer waiting for its turn: it holds nothing yet but keeps new readers out.
-    waiting: bool = False
-    #: The ``send`` of its holder record (the task layer's message identity), if it has one.
-    send: str | None = None
 
 
 H = TypeVar("H", bound="LockHandle")
@@ -70,20 +49,14 @@ class LockHandle(HandleOps):
 
     _conn: Connection
 
+    @options_after_two(LockOptions[Any])
     def __init__(
-        self,
-        client: Connection | HasConnection,
-        name: str,
-        *,
-        ttl: float = 30.0,
-        heartbeat: bool = True,
-        max_hold: float | None = None,
-        wait: float = 0.0,
-        owner_info: dict[str, Any] | None = None,
-        on_lost: Callable[[Any], object] | None = None,
+        self, client: Connection | HasConnection, name: str, options: LockOptions[Any]
     ) -> None:
-        options = check_options(name, ttl, heartbeat, max_hold, wait, owner_info, on_lost)
-        self._init_checked(options, connection_of(client))
+        self._setup(client, name, options)
+
+    def _setup(self, client: Any, name: Any, options: LockOptions[Any]) -> None:
+        self._init_checked(options.check(name), connection_of(client))
 
     def _init_checked(self, options: Options, conn: Connection) -> None:
         """Set a new handle's options, checked already, and its empty state: ``__init__``,
@@ -94,73 +67,29 @@ class LockHandle(HandleOps):
         # (named, pid, thread ident) -> the holder fields of _describe_holder.
         self._holder_cache: dict[tuple[bool, int, int], list[Any]] = {}
 
-    # -- what a sync kind adds ---------------------------------------------------------------
+    # -- who holds it -----------------------------------------------------------------------
 
-    @abstractmethod
-    def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
-        """Release what run ``task_id`` in process ``pid`` on ``host`` (None: this machine)
-        holds of this lock (not through this handle: for a supervisor whose child died
-        holding it); True if released."""
-
-    @abstractmethod
     def holders(self) -> list[HolderRecord]:
         """Who holds what this handle locks now (every name of a multi-key lock, every hold
         of a reader-writer or range lock, a release delay), in no set order; empty when it is
         free. A read of a round trip or two, for the conflict path (who is in the way).
         Raises :class:`LockBackendError` if Redis does not answer."""
+        return self._run(self._holders())
 
-    def release_holder(
-        self, *, task_id: str, pid: int, host: str | None = None, delay: float = 0.0
-    ) -> bool:
+    @options_only(ProcessOptions)
+    def release_holder(self, process: ProcessOptions) -> bool:
         """Release what run ``task_id`` in process ``pid`` on ``host`` (default: this
         machine) holds of this lock, after a release delay of ``delay`` seconds, whoever made the
         handle it holds through: for a supervisor (the worker's main process) whose child
         died holding it. A claim handed over to the task's next attempt is left alone. True
         if something was released."""
-        return self._release_holder(task_id, pid, host, delay)
+        return self._run(self._release_holder(process))
 
     # -- the runner --------------------------------------------------------------------------
 
     def _run(self, steps: Steps[T]) -> T:
-        """Run an operation's steps (see :mod:`.steps`) on this thread; its result. An
-        error doing a step is thrown into the operation, which handles it or lets it go."""
-        conn = self._conn
-        listening: AbstractContextManager[Wakeup] | None = None
-        woken: Wakeup | None = None
-        try:
-            step = steps.send(None)
-            while True:
-                try:
-                    if not conn.layout_checked and (type(step) is tuple or isinstance(step, Batch)):
-                        conn.check_layout()
-                    if type(step) is tuple:
-                        script, keys, args = step
-                        result = conn.call(script, keys=keys, args=args)
-                    elif isinstance(step, Batch):
-                        result = conn.call(run_batch, conn.redis, step.calls, conn.replication)
-                    elif isinstance(step, Pause):
-                        if woken is not None:
-                            woken.wait(step.seconds)
-                        else:
-                            time.sleep(step.seconds)
-                        result = None
-                    elif isinstance(step, Blpop):
-                        result = conn.call(conn.redis.blpop, [step.key], timeout=step.timeout)
-                    else:
-                        assert isinstance(step, Listen) and listening is None, step
-                        entering = conn.notifier.listening(*step.channels)
-                        woken = entering.__enter__()
-                        listening, result = entering, None
-                except BaseException as exc:
-                    step = steps.throw(exc)
-                else:
-                    step = steps.send(result)
-        except StopIteration as done:
-            value: T = done.value
-            return value
-        finally:
-            if listening is not None:
-                listening.__exit__(None, None, None)
+        """Run an operation's steps on this thread (:meth:`.connection.Connection.run`)."""
+        return self._conn.run(steps)
 
     # -- acquire / release / extend ----------------------------------------------------------
 

@@ -16,13 +16,35 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import suppress
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..exceptions import LockBackendError, LockError, LockNotReplicated
 from .handle_state import HandleState, Outage, retry_in
 from .heartbeat import RenewEntry, RenewUnit, renew_calls
 from .scripts import ScriptCall
 from .steps import Batch, Listen, Pause, Steps
+
+if TYPE_CHECKING:
+    from .options import LockOptions, ProcessOptions
+
+HO = TypeVar("HO", bound="HandleOps")
+
+
+@dataclass(frozen=True)
+class HolderRecord:
+    """One holder of what a handle locks, as Redis has it (see ``holders()``)."""
+
+    #: The holder's owner token (None: a release delay, which no one owns).
+    owner: str | None
+    #: The ``task_id`` of its holder record, if it has one.
+    task_id: str | None
+    #: Server time (ms) at which a release delay ends; None when this is not a release delay.
+    release_delay_until_ms: int | None = None
+    #: A writer waiting for its turn: it holds nothing yet but keeps new readers out.
+    waiting: bool = False
+    #: The ``send`` of its holder record (the task layer's message identity), if it has one.
+    send: str | None = None
 
 
 def released_unreplicated(
@@ -91,7 +113,8 @@ def nothing() -> Steps[None]:
 
 class HandleOps(HandleState, ABC):
     """The shared operations of a handle (see the module docstring). A kind provides the
-    generators ``_try_acquire(owner, reserve)`` and ``_release(owner, delay_ms)`` (and
+    generators ``_try_acquire(owner, reserve)``, ``_release(owner, delay_ms)``,
+    ``_holders()`` and ``_release_holder(process)`` (and
     ``_abandon(owner)`` if a waiter reserves something), the classmethod
     ``_renew_script_call(conn, entries)`` the heartbeats batch, and ``_channels``."""
 
@@ -102,6 +125,22 @@ class HandleOps(HandleState, ABC):
     _conn: Any
     #: The pub/sub channels releases of this lock are published on.
     _channels: tuple[bytes, ...]
+
+    # -- making one --------------------------------------------------------------------------
+
+    @abstractmethod
+    def _setup(self, client: Any, name: Any, options: LockOptions[Any]) -> None:
+        """Set a new handle's connection (of ``client``), and its options, checked here
+        with ``name`` (ConfigurationError naming the first bad one), and its empty state:
+        what the constructor does with the options its keywords make."""
+
+    @classmethod
+    def made(cls: type[HO], client: Any, name: Any, options: LockOptions[Any]) -> HO:
+        """A handle of this class made from ``options`` (a client's factory has them made
+        already from its keywords), as the constructor makes it."""
+        handle = cls.__new__(cls)
+        handle._setup(client, name, options)
+        return handle
 
     # -- what a kind provides ----------------------------------------------------------------
 
@@ -117,6 +156,16 @@ class HandleOps(HandleState, ABC):
     @abstractmethod
     def _release(self, owner: str, delay_ms: int) -> Steps[int]:
         """One release round trip: a ``Reply`` (DONE, GONE or TAKEN)."""
+
+    @abstractmethod
+    def _holders(self) -> Steps[list[HolderRecord]]:
+        """Who holds what this handle locks now (``holders``)."""
+
+    @abstractmethod
+    def _release_holder(self, process: ProcessOptions) -> Steps[bool]:
+        """Release what the run ``process`` names holds of this lock (not through this
+        handle: for a supervisor whose child died holding it); True if released
+        (``release_holder``)."""
 
     @classmethod
     @abstractmethod

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from redis.exceptions import ResponseError
 
 from .holder import flatten
+from .steps import Pipeline, Scan, Steps
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -22,17 +23,16 @@ if TYPE_CHECKING:
 #: Keys asked for per SCAN page, and read per pipeline round trip.
 BATCH = 500
 
-#: One key as read by :func:`read_hashes`: its fields and its PTTL (ms; < 0: no expiry).
+#: One key as read by :func:`hashes_read`: its fields and its PTTL (ms; < 0: no expiry).
 Record = tuple[dict[bytes, Any], int]
 
 #: The keys a listing reads: exactly these keys, or every key matching this SCAN glob.
 KeyQuery = list[bytes] | bytes
 
 
-def scan(conn: Connection, match: bytes) -> list[bytes]:
+def scanned(match: bytes) -> Steps[list[bytes]]:
     """Every key matching the glob ``match``, each once (SCAN may return a key twice)."""
-    redis = conn.redis
-    found = conn.call(lambda: list(redis.scan_iter(match=match, count=BATCH)))
+    found = yield Scan(match, BATCH)
     return list(dict.fromkeys(found))
 
 
@@ -46,39 +46,31 @@ class Read(NamedTuple):
 
 
 def read_query(conn: Connection, query: KeyQuery) -> Read:
-    """:func:`read_hashes` of the keys ``query`` names: its list, or the keys a SCAN of its
+    """:func:`query_read` on a sync connection."""
+    return conn.run(query_read(query))
+
+
+def query_read(query: KeyQuery) -> Steps[Read]:
+    """:func:`hashes_read` of the keys ``query`` names: its list, or the keys a SCAN of its
     glob finds."""
-    return read_hashes(conn, query if isinstance(query, list) else scan(conn, query))
+    keys = query if isinstance(query, list) else (yield from scanned(query))
+    return (yield from hashes_read(keys))
 
 
-def read_hashes(conn: Connection, keys: list[bytes]) -> Read:
+def hashes_read(keys: list[bytes]) -> Steps[Read]:
     """HGETALL and PTTL of each of ``keys``, ``BATCH`` keys per pipeline round trip, in
-    order, as :func:`records_of` reads them."""
+    order, as :func:`records_of` reads them (an error reply kept in its place rather than
+    raised, so one key of another type does not fail the page)."""
     read = Read([])
     for start in range(0, len(keys), BATCH):
-        pipe = reading(conn.redis, keys[start : start + BATCH])
-        read = joined(read, conn.call(lambda pipe=pipe: records_of(executed(pipe))))
+        page = keys[start : start + BATCH]
+        commands = [command for key in page for command in (("hgetall", key), ("pttl", key))]
+        read = joined(read, records_of((yield Pipeline(commands, keep_errors=True))))
     return read
 
 
-def reading(redis: Any, keys: list[bytes]) -> Any:
-    """A pipeline of ``redis`` (sync or asyncio) reading the HGETALL and PTTL of ``keys``."""
-    pipe = redis.pipeline(transaction=False)
-    for key in keys:
-        pipe.hgetall(key)
-        pipe.pttl(key)
-    return pipe
-
-
-def executed(pipe: Any) -> Any:
-    """The replies of a :func:`reading` pipeline (sync: a list; asyncio: its awaitable), an
-    error reply kept in its place rather than raised, so one key of another type does not
-    fail the page: :func:`records_of` tells that error from the others."""
-    return pipe.execute(raise_on_error=False)
-
-
 def records_of(replies: list[Any]) -> Read:
-    """The records in the replies of a :func:`reading` pipeline, the keys gone left out,
+    """The records in the replies of a :func:`hashes_read` pipeline, the keys gone left out,
     each hash with its packed holder fields unpacked (:func:`.holder.flatten`), so readers
     see the fields of every layout alike. A key of another type than a hash (its HGETALL
     answered WRONGTYPE) is left out and counted; any other error reply is raised."""

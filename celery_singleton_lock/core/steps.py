@@ -11,12 +11,23 @@ attempts, withdrawing a wait, riding out an outage) is written once. The sync ru
 - :class:`Batch`: run script calls in one round trip; their replies;
 - :class:`Listen`: subscribe to release channels until the operation ends;
 - :class:`Pause`: sleep, woken early by a release while listening;
-- :class:`Blpop`: block on a list (a fair waiter's hand-off); BLPOP's reply.
+- :class:`Blpop`: block on a list (a fair waiter's hand-off); BLPOP's reply;
+- :class:`Command`: one Redis command (TIME, HGETALL...); its reply as redis-py parses it;
+- :class:`Pipeline`: commands in one round trip (no transaction); their replies;
+- :class:`Scan`: the keys a SCAN walks (a listing's);
+- :class:`CheckLayout`: check the key layout versions under the prefix (core/layout.py),
+  recording them only with ``record``; the runner does it before a connection's first
+  script call anyway.
+
+The runners are the connections' (``Connection.run``, ``AsyncConnection.run``): the handles'
+operations and the admin's (listing, clearing, releasing a dead task's hold, the server's
+clock) are written once as steps, for both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
+from itertools import islice
 from typing import Any, TypeVar
 
 from ..exceptions import LockNotReplicated
@@ -62,10 +73,91 @@ class Blpop:
         self.timeout = timeout
 
 
-Step = ScriptCall | Batch | Listen | Pause | Blpop
+class Command:
+    """One Redis command: the redis-py client's method ``method`` (``"time"``,
+    ``"hgetall"``...) called with ``args``; its reply."""
+
+    __slots__ = ("method", "args")
+
+    def __init__(self, method: str, *args: Any) -> None:
+        self.method = method
+        self.args = args
+
+    def of(self, redis: Any) -> Any:
+        """The call on ``redis`` (sync: the reply; asyncio: its awaitable), or on a
+        pipeline (queued)."""
+        return getattr(redis, self.method)(*self.args)
+
+
+class Pipeline:
+    """``commands`` (each a :class:`Command`'s method and arguments) in one round trip, no
+    transaction; the replies in order. With ``keep_errors`` an error reply is kept in its
+    place rather than raised (a listing's read of a key of another type, see core/scan.py)."""
+
+    __slots__ = ("commands", "keep_errors")
+
+    def __init__(self, commands: Sequence[tuple[Any, ...]], *, keep_errors: bool = False) -> None:
+        self.commands = commands
+        self.keep_errors = keep_errors
+
+    def run(self, redis: Any) -> Any:
+        """Send it on ``redis`` (sync: the replies; asyncio: their awaitable)."""
+        pipe = redis.pipeline(transaction=False)
+        for method, *args in self.commands:
+            Command(method, *args).of(pipe)
+        return pipe.execute(raise_on_error=not self.keep_errors)
+
+
+class Scan:
+    """The keys matching the glob ``match`` (None: every key), ``count`` asked per SCAN
+    page, in the order SCAN walks them (a key may come twice), at most ``limit`` of them
+    (None: all). On a Redis Cluster client, every primary's."""
+
+    __slots__ = ("match", "count", "limit")
+
+    def __init__(self, match: bytes | None, count: int, limit: int | None = None) -> None:
+        self.match = match
+        self.count = count
+        self.limit = limit
+
+    def keys(self, redis: Any) -> list[bytes]:
+        """The keys, read with a sync ``redis`` (the asyncio connection iterates itself)."""
+        return list(islice(redis.scan_iter(match=self.match, count=self.count), self.limit))
+
+
+class CheckLayout:
+    """Check the key layout versions under the connection's prefix (core/layout.py) if they
+    were not found equal yet, recording this process's where none are only with
+    ``record`` (a listing only reads)."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, *, record: bool = True) -> None:
+        self.record = record
+
+
+Step = ScriptCall | Batch | Listen | Pause | Blpop | Command | Pipeline | Scan | CheckLayout
 
 #: An operation: yields steps, is sent each one's result, returns a ``T``.
 Steps = Generator[Step, Any, T]
+
+
+def server_clock() -> Steps[tuple[int, int]]:
+    """The server's clock: TIME's (seconds, microseconds)."""
+    seconds, micros = yield Command("time")
+    return int(seconds), int(micros)
+
+
+def server_ms() -> Steps[int]:
+    """The server's clock in ms (the clock every lock time is written with)."""
+    seconds, micros = yield from server_clock()
+    return seconds * 1000 + micros // 1000
+
+
+def server_seconds() -> Steps[float]:
+    """The server's clock, in seconds since the epoch."""
+    seconds, micros = yield from server_clock()
+    return seconds + micros / 1_000_000
 
 
 def along(

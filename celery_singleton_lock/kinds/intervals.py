@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..core import validate
-from ..core.connection import Connection, HasConnection, connection_of
+from ..core.connection import Connection, ConnectionBase, HasConnection, connection_of
 from ..core.handle import HolderRecord, LockHandle
 from ..core.handle_ops import (
     HandleOps,
@@ -38,8 +38,9 @@ from ..core.handle_ops import (
     with_reply,
 )
 from ..core.heartbeat import RenewEntry
-from ..core.holder import HOSTNAME, ListedHolder, decode, flatten, text
+from ..core.holder import ListedHolder, decode, flatten, text
 from ..core.keys import RELEASE_DELAY_STATE, RELEASED_STATE, escape_glob, name_tag
+from ..core.options import ProcessOptions, options_after_two
 from ..core.replication import Replication
 from ..core.replies import Reply, acquire_outcome
 from ..core.scan import Record, read_query
@@ -55,7 +56,7 @@ from ..core.scripts import (
     register,
     source_after,
 )
-from ..core.steps import Steps
+from ..core.steps import CheckLayout, Command, Pipeline, Steps
 from ..core.validate import HolderProcess
 from ..exceptions import ConfigurationError, LockError, LockNotHeld, LockNotReplicated
 
@@ -337,6 +338,38 @@ class IntervalOps(HandleOps):
             )
         return low, high
 
+    def _holders(self) -> Steps[list[HolderRecord]]:
+        keys = self.keys
+        blocked = self._owner is None
+        # Asked by a handle that does not hold (a conflict's reason): only the holds in its
+        # way; a range lock's holders of disjoint ranges, and holds whose mode shares with
+        # its own, are no reason it could not take it, unless they are of its own call
+        # identity (HELD_BY_CALL).
+        return holders_read(
+            ("zrange", keys.indexes[0], 0, -1),  # every holder, by expiry
+            lambda held: [text(owner) for owner in held],
+            keys.queue[2],
+            keys.holder,
+            lambda hold: (
+                not blocked
+                or self._in_the_way(hold.get(b"mode"), hold.get(b"lo"), hold.get(b"hi"))
+                or same_call(self.call, hold.get(b"call"))
+            ),
+        )
+
+    def _in_the_way(self, mode: bytes | None, lo: bytes | None, hi: bytes | None) -> bool:
+        """Whether a hold of ``mode`` on [lo, hi] (as stored; None: unknown, counted in the
+        way) conflicts with this one: overlapping, and not both shared (read beside read or
+        upgradable; one upgradable at a time)."""
+        if mode is None or lo is None or hi is None:
+            return True
+        if float(lo) > self.hi or float(hi) < self.lo:
+            return False
+        return (text(mode), self.mode) not in _SHARED
+
+    def _release_holder(self, process: ProcessOptions) -> Steps[bool]:
+        return holds_released(self._conn, self._family, self.name, process)
+
 
 class IntervalHandle(IntervalOps, LockHandle):
     """A hold on [lo, hi] of an interval lock, in one mode ('r', 'u' or 'w')."""
@@ -356,70 +389,38 @@ class IntervalHandle(IntervalOps, LockHandle):
         super().__init__(client, name, **options)
         self._set_interval(self._conn.prefix, mode, lo, hi, parent, call)
 
-    def holders(self) -> list[HolderRecord]:
-        conn, keys = self._conn, self.keys
 
-        def read_owners() -> list[Any]:
-            pipe = conn.redis.pipeline(transaction=False)
-            pipe.zrange(keys.indexes[0], 0, -1)  # every holder, by expiry
-            pipe.zrange(keys.queue[2], 0, -1)  # waiting writers' reservations
-            return list(pipe.execute())
-
-        def read_holds(owners: list[str]) -> list[Any]:
-            pipe = conn.redis.pipeline(transaction=False)
-            for owner in owners:
-                pipe.hgetall(keys.holder(owner))
-            # A hold released since its owner was read left a trace: read as gone.
-            return [
-                [flat.get(field) for field in (b"task_id", b"mode", b"lo", b"hi", b"send", b"call")]
-                if not released(flat)
-                else [None] * 6
-                for flat in map(flatten, pipe.execute())
-            ]
-
-        held, writers = conn.call(read_owners)
-        owners = [text(owner) for owner in held]
-        holds = conn.call(read_holds, owners) if owners else []
-        # Asked by a handle that does not hold (a conflict's reason): only the holds in its
-        # way; a range lock's holders of disjoint ranges, and holds whose mode shares with
-        # its own, are no reason it could not take it, unless they are of its own call
-        # identity (HELD_BY_CALL).
-        blocked = self._owner is None
-        holders = [
-            HolderRecord(
-                owner=owner,
-                task_id=None if task_id is None else text(task_id),
-                send=None if send is None else text(send),
-            )
-            for owner, (task_id, mode, lo, hi, send, call) in zip(owners, holds, strict=True)
-            if not blocked or self._in_the_way(mode, lo, hi) or same_call(self.call, call)
-        ]
-        # A writer waiting for its turn holds new readers back without holding anything yet.
-        holders += [
-            HolderRecord(owner=text(owner), task_id=None, waiting=True) for owner in writers
-        ]
-        return holders
-
-    def _in_the_way(self, mode: bytes | None, lo: bytes | None, hi: bytes | None) -> bool:
-        """Whether a hold of ``mode`` on [lo, hi] (as stored; None: unknown, counted in the
-        way) conflicts with this one: overlapping, and not both shared (read beside read or
-        upgradable; one upgradable at a time)."""
-        if mode is None or lo is None or hi is None:
-            return True
-        if float(lo) > self.hi or float(hi) < self.lo:
-            return False
-        return (text(mode), self.mode) not in _SHARED
-
-    def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
-        return release_holder(
-            self._conn,
-            self._family,
-            self.name,
-            task_id=task_id,
-            pid=pid,
-            host=host,
-            delay=delay,
+def holders_read(
+    owners_read: tuple[Any, ...],
+    owners_of: Callable[[Any], list[str]],
+    queue: bytes,
+    holder_key: Callable[[str], bytes],
+    keep: Callable[[dict[bytes, Any]], bool],
+) -> Steps[list[HolderRecord]]:
+    """The holders of an interval or reader-writer lock: the owners (``owners_of`` the
+    reply to the command ``owners_read``) and the writers waiting in ``queue`` in one round
+    trip, then the holder hashes (``holder_key(owner)``) of those ``keep`` keeps (a hold
+    released since its owner was read left a trace: read as gone, an empty dict). A writer
+    waiting for its turn holds new readers back without holding anything yet."""
+    found, writers = yield Pipeline([owners_read, ("zrange", queue, 0, -1)])
+    owners = owners_of(found)
+    replies = (yield Pipeline([("hgetall", holder_key(o)) for o in owners])) if owners else []
+    holds = [{} if released(flat) else flat for flat in map(flatten, replies)]
+    holders = [
+        HolderRecord(
+            owner=owner,
+            task_id=optional_text(hold.get(b"task_id")),
+            send=optional_text(hold.get(b"send")),
         )
+        for owner, hold in zip(owners, holds, strict=True)
+        if keep(hold)
+    ]
+    return holders + [HolderRecord(owner=text(o), task_id=None, waiting=True) for o in writers]
+
+
+def optional_text(value: Any) -> str | None:
+    """``value`` as text; None stays None."""
+    return None if value is None else text(value)
 
 
 def released(fields: dict[bytes, Any]) -> bool:
@@ -549,71 +550,59 @@ def release_call(
     return scripts(conn).release, keys.all(owner)[:12], args
 
 
-def release_holder(
-    client: Connection | HasConnection,
-    family: bytes,
-    name: str,
-    *,
-    task_id: str,
-    pid: int,
-    host: str | None = None,
-    delay: float = 0.0,
-) -> bool:
-    """Release (after a release delay of ``delay`` seconds) the holds of interval lock ``name``
-    that task ``task_id`` running in process ``pid`` on ``host`` (default: this machine)
-    has; for a supervisor (the Celery worker's main process) whose child can no longer
-    release, and which knows no owner token. True if a hold was released.
+def holds_released(
+    conn: ConnectionBase, family: bytes, name: str, options: ProcessOptions
+) -> Steps[bool]:
+    """Release (after its release delay) the holds of interval lock ``name`` of
+    ``family`` that the run ``options`` names has; for a supervisor (the Celery worker's
+    main process) whose child can no longer release, and which knows no owner token. True
+    if a hold was released; on a sync or an asyncio connection.
 
     It reads the owners, then their holder fields (a round trip each), then runs the release
     script on each match with the fencing token it read: that very hold goes, or nothing (it
     expired or was cleared meanwhile). Only after a crash, so a few round trips are fine."""
     name = validate.check_name(name)
-    process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
-    delay_ms = process.delay_ms
-    conn = connection_of(client)
-    conn.check_layout()
+    process = options.check()
     keys = interval_keys(conn.prefix, name, family)
-    redis = conn.redis
-    owners = [raw.decode() for raw in conn.call(redis.zrange, keys.indexes[0], 0, -1)]
-    return release_holds_of(
-        conn,
-        name,
-        owners,
-        keys.holder,
-        lambda owner, token: release_hold(conn, keys, owner, delay_ms, token),
-        process,
+    yield CheckLayout()
+    owners = [text(raw) for raw in (yield Command("zrange", keys.indexes[0], 0, -1))]
+    return (
+        yield from release_holds_of(
+            name,
+            owners,
+            keys.holder,
+            lambda owner, token: release_call(
+                conn, keys, owner, process.delay_ms, token, clear=True
+            ),
+            process,
+        )
     )
 
 
 def release_holds_of(
-    conn: Connection,
     name: str,
     owners: list[str],
     holder_key: Callable[[str], bytes],
-    release: Callable[[str, str], int],
+    release: Callable[[str, str], ScriptCall],
     process: HolderProcess,
-) -> bool:
+) -> Steps[bool]:
     """Of the holds of ``owners`` (on lock ``name``), release those whose holder hash
     (``holder_key(owner)``) names the task, pid and host of ``process`` (and a process mark
-    that begins with its ``proc``, when the hash has one), each by ``release(owner, fencing
-    token read)``: that very hold goes, or nothing (it expired or was cleared meanwhile).
-    True if a hold was released."""
+    that begins with its ``proc``, when the hash has one), each by the call ``release(owner,
+    fencing token read)``: that very hold goes, or nothing (it expired or was cleared
+    meanwhile). True if a hold was released."""
     if not owners:
         return False
-    pipe = conn.redis.pipeline(transaction=False)
-    for owner in owners:
-        pipe.hgetall(holder_key(owner))
-    replies = [
-        [flat.get(field) for field in (b"task_id", b"pid", b"host", b"token", b"state", b"proc")]
-        for flat in map(flatten, conn.call(pipe.execute))
-    ]
+    fields = (b"task_id", b"pid", b"host", b"token", b"state", b"proc")
+    replies = yield Pipeline([("hgetall", holder_key(owner)) for owner in owners])
     # The host and the place its process mark names too: pids are reused across machines
     # and containers.
     wanted = (process.task_id.encode(), str(process.pid).encode(), process.host.encode())
     place = process.proc.encode()
     released = False
     unreplicated: LockNotReplicated | None = None
-    for owner, (held_by, held_in, held_on, token, state, proc) in zip(owners, replies, strict=True):
+    for owner, flat in zip(owners, map(flatten, replies), strict=True):
+        held_by, held_in, held_on, token, state, proc = (flat.get(field) for field in fields)
         # A hold in a release delay was released already: its delay must not start again;
         # nor does a hold released or cleared hold anything.
         if (
@@ -624,7 +613,7 @@ def release_holds_of(
         ):
             continue
         try:
-            code = release(owner, token.decode())
+            code = int((yield release(owner, token.decode())))
         except LockNotReplicated as exc:
             # Released on the master: go on with the other holds, then say so.
             code, unreplicated = int(exc.replies[0]), exc
@@ -657,22 +646,19 @@ class IntervalFamilyAdmin:
         token is still ``token``, when given) and wake waiters. True if removed."""
         return clear_holder(client, self.family, name, owner, token)
 
+    @options_after_two(ProcessOptions)
     def release_holder(
-        self,
-        client: Connection | HasConnection,
-        name: str,
-        *,
-        task_id: str,
-        pid: int,
-        host: str | None = None,
-        delay: float = 0.0,
+        self, client: Connection | HasConnection, name: str, process: ProcessOptions
     ) -> bool:
         """Release (after a release delay of ``delay`` seconds) the holds of lock ``name`` that
         task ``task_id`` in process ``pid`` on ``host`` (default: this machine) has: for a
         supervisor whose child can no longer release. True if a hold was released."""
-        return release_holder(
-            client, self.family, name, task_id=task_id, pid=pid, host=host, delay=delay
-        )
+        conn = connection_of(client)
+        return conn.run(self.released(conn, name, process))
+
+    def released(self, conn: ConnectionBase, name: str, process: ProcessOptions) -> Steps[bool]:
+        """:meth:`release_holder`'s steps."""
+        return holds_released(conn, self.family, name, process)
 
     def clear_call(self, conn: ScriptHost, holder: ListedHolder) -> ScriptCall:
         """The clear of one listed hold of this family (the admin's ``clear``)."""

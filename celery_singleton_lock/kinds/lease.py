@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from ..core import validate
-from ..core.connection import Connection, HasConnection, connection_of
+from ..core.connection import Connection, ConnectionBase, HasConnection, connection_of
 from ..core.handle import HolderRecord, LockHandle, log
 from ..core.handle_ops import HandleOps, on_master, released_unreplicated
 from ..core.handle_state import (
@@ -20,12 +20,19 @@ from ..core.handle_state import (
     Outage,
     Timing,
     _Process,
-    check_options,
     hint_seconds,
 )
 from ..core.heartbeat import RenewEntry, RenewUnit
-from ..core.holder import HOSTNAME, holder_fields, info_fields
+from ..core.holder import holder_fields, info_fields
 from ..core.keys import LockKeys, encode_name, lock_keys
+from ..core.options import (
+    FairOptions,
+    LeaseOptions,
+    LockOptions,
+    ProcessOptions,
+    options_after,
+    options_after_two,
+)
 from ..core.redis_urls import is_cluster
 from ..core.replies import Reply, acquire_outcome
 from ..core.scripts import (
@@ -39,7 +46,7 @@ from ..core.scripts import (
 from ..core.steps import Blpop, Pause, Steps
 from ..core.validate import HolderProcess
 from ..exceptions import LockBackendError, LockError, LockNotReplicated
-from .lease_listing import read_lease_holders
+from .lease_listing import lease_holders_read
 
 #: A fair waiter's registration lasts this long unless refreshed: a waiter that died is
 #: skipped by releases (not handed the lease) at most this long after it died.
@@ -96,6 +103,11 @@ class LeaseOps(HandleOps):
     _attempt: str
     _free_first: tuple[bytes, str, bool] | None
     freed_first: int | None
+
+    def _setup(self, client: Any, name: Any, options: LockOptions[Any]) -> None:
+        super()._setup(client, name, options)  # type: ignore[safe-super]  # the runner's
+        assert isinstance(options, FairOptions), options
+        self._init_lease(*options.lease_extras())
 
     def _init_lease(self, fair: bool, owner: str | None, take_over: str | None) -> None:
         """Set a new lease's own options, checked already, and its empty state."""
@@ -277,6 +289,12 @@ class LeaseOps(HandleOps):
     def _renew_units(self, owner: str, ttl_ms: int, gen: int) -> list[RenewUnit]:
         return [(renew_lease_keys, self.keys.lock, (self.keys.lock, owner, ttl_ms, gen))]
 
+    def _holders(self) -> Steps[list[HolderRecord]]:
+        return lease_holders_read([self.keys.lock])
+
+    def _release_holder(self, process: ProcessOptions) -> Steps[bool]:
+        return holder_released(self._conn, self.name, process)
+
     def _hand_over(self, new_owner: str, ttl: float, flat: list[Any]) -> Steps[None]:
         """Pass the held name to ``new_owner`` (a claim) with the holder ``flat`` field, value
         pairs, without freeing it in between; this handle no longer holds it afterwards.
@@ -306,28 +324,12 @@ class Lease(LeaseOps, LockHandle):
 
     __slots__ = LEASE_SLOTS
 
+    @options_after_two(LeaseOptions["Lease"])
     def __init__(
-        self,
-        client: Connection | HasConnection,
-        name: str,
-        *,
-        ttl: float = 30.0,
-        heartbeat: bool = True,
-        max_hold: float | None = None,
-        wait: float = 0.0,
-        owner_info: dict[str, Any] | None = None,
-        on_lost: Callable[[Any], object] | None = None,
-        fair: bool = False,
-        owner: str | None = None,
-        take_over: str | None = None,
+        self, client: Connection | HasConnection, name: str, options: LeaseOptions[Lease]
     ) -> None:
         """Options as for :meth:`LockClient.lease`."""
-        options = check_options(name, ttl, heartbeat, max_hold, wait, owner_info, on_lost)
-        fair = validate.check_bool(fair, "fair")
-        owner = None if owner is None else validate.check_owner(owner, "owner")
-        take_over = None if take_over is None else validate.check_owner(take_over, "take_over")
-        self._init_checked(options, connection_of(client))
-        self._init_lease(fair, owner, take_over)
+        self._setup(client, name, options)
 
     @classmethod
     def _from_checked(cls, conn: Connection, options: Options) -> Lease:
@@ -384,14 +386,6 @@ class Lease(LeaseOps, LockHandle):
         self._free_first = (lock_key, owner, stop_if_taken)
         self.freed_first = None
         return True
-
-    def holders(self) -> list[HolderRecord]:
-        return read_lease_holders(self._conn, [self.keys.lock])
-
-    def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
-        return release_holder(
-            self._conn, self.name, task_id=task_id, pid=pid, host=host, delay=delay
-        )
 
 
 class LeaseMaker:
@@ -513,28 +507,26 @@ def renew_lease_keys(conn: Connection, units: list[tuple[bytes, str, int, int]])
     return conn.scripts.renew_call(units)
 
 
-def release_holder(
-    client: Connection | HasConnection,
-    name: str,
-    *,
-    task_id: str,
-    pid: int,
-    host: str | None = None,
-    delay: float = 0.0,
-) -> bool:
+@options_after(ProcessOptions)
+def release_holder(client: Connection | HasConnection, name: str, process: ProcessOptions) -> bool:
     """Release lease ``name`` (after a release delay of ``delay`` seconds) if task ``task_id``
     running in process ``pid`` on ``host`` (default: this machine) holds it; for a
     supervisor whose child can no longer release. A claim handed over for the task's next
     attempt is never released here. True if released."""
     conn = connection_of(client)
+    return conn.run(holder_released(conn, name, process))
+
+
+def holder_released(conn: ConnectionBase, name: str, process: ProcessOptions) -> Steps[bool]:
+    """:func:`release_holder`'s steps, on a sync or an asyncio connection."""
     keys = conn.keys(name)
-    process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
-    conn.check_layout()
-    return release_process_hold(conn, keys, process)
+    return (yield from process_hold_released(conn, keys, process.check()))
 
 
-def release_process_hold(conn: Connection, keys: LockKeys, process: HolderProcess) -> bool:
+def process_hold_released(
+    conn: ConnectionBase, keys: LockKeys, process: HolderProcess
+) -> Steps[bool]:
     """release.lua, as a supervisor's, on the lease of ``keys`` for ``process``: True if
     released."""
     call = conn.scripts.release_holder_call(keys.lock, *process)
-    return int(conn.call(run, call)) == Reply.DONE
+    return int((yield call)) == Reply.DONE

@@ -11,16 +11,17 @@ from ..core.handle import HolderRecord
 from ..core.holder import ListedHolder, decode, text
 from ..core.keys import RELEASE_DELAY_STATE, lock_keys, lock_pattern
 from ..core.patterns import literal_name
-from ..core.scan import KeyQuery, Record, read_hashes, read_query
+from ..core.scan import KeyQuery, Record, hashes_read, read_query
 from ..core.scripts import ScriptCall, ScriptHost
+from ..core.steps import Steps, server_ms
 
 
-def read_lease_holders(conn: Connection, keys: list[bytes]) -> list[HolderRecord]:
+def lease_holders_read(keys: list[bytes]) -> Steps[list[HolderRecord]]:
     """The holders of lease keys ``keys`` (a lease's, or each name of a multi-key lock):
-    one pipelined read (:func:`read_hashes`), and a TIME only when a release delay needs its
+    one pipelined read (:func:`hashes_read`), and a TIME only when a release delay needs its
     end on the server clock (a Cluster pipeline refuses TIME)."""
     found: list[tuple[str | None, str | None, int | None, str | None]] = []
-    for fields, pttl in read_hashes(conn, keys).records:
+    for fields, pttl in (yield from hashes_read(keys)).records:
         owner, task_id, state, send = (
             fields.get(field) for field in (b"owner", b"task_id", b"state", b"send")
         )
@@ -35,7 +36,8 @@ def read_lease_holders(conn: Connection, keys: list[bytes]) -> list[HolderRecord
                 None if send is None else text(send),
             )
         )
-    now_ms = conn.server_ms() if any(left is not None for _, _, left, _ in found) else 0
+    delays = any(left is not None for _, _, left, _ in found)
+    now_ms = (yield from server_ms()) if delays else 0
     holders: list[HolderRecord] = []
     for owner, task_id, left, send in found:
         until = None if left is None else now_ms + left

@@ -19,12 +19,13 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core import validate
-from ..core.connection import Connection, HasConnection, connection_of
+from ..core.connection import Connection, ConnectionBase, HasConnection, connection_of
 from ..core.handle import HolderRecord, LockHandle
 from ..core.handle_ops import HandleOps, released_unreplicated
 from ..core.heartbeat import RenewEntry, RenewUnit
-from ..core.holder import HOSTNAME, ListedHolder, decode
+from ..core.holder import ListedHolder, decode
 from ..core.keys import LockKeys, encode_name, lock_keys
+from ..core.options import LockOptions, ProcessOptions, options_after, options_after_two
 from ..core.redis_urls import is_cluster
 from ..core.replication import Replication
 from ..core.replies import Reply, acquire_outcome
@@ -46,8 +47,8 @@ from ..core.scripts import (
 from ..core.steps import Steps
 from ..exceptions import ConfigurationError, LockNotReplicated
 from . import lease_listing
-from .lease import release_process_hold, renew_lease_keys
-from .lease_listing import lease_keys, read_lease_holders
+from .lease import process_hold_released, renew_lease_keys
+from .lease_listing import lease_holders_read, lease_keys
 
 if TYPE_CHECKING:
     from redis.commands.core import Script
@@ -134,6 +135,12 @@ class MultiLeaseOps(HandleOps):
     _ordered: list[str]
     _tokens: dict[str, int]
 
+    def _setup(self, client: Any, name: Any, options: LockOptions[Any]) -> None:
+        # ``name``: the collection of names; the handle is named after them all.
+        checked = check_names(name)
+        super()._setup(client, " + ".join(checked), options)  # type: ignore[safe-super]
+        self._set_names(checked)
+
     def _set_names(self, checked: list[str]) -> None:
         #: The names held, sorted.
         self.names = tuple(checked)
@@ -215,6 +222,12 @@ class MultiLeaseOps(HandleOps):
             )
         return code
 
+    def _holders(self) -> Steps[list[HolderRecord]]:
+        return lease_holders_read([keys.lock for keys in self.keys])
+
+    def _release_holder(self, process: ProcessOptions) -> Steps[bool]:
+        return holders_released(self._conn, self.names, process)
+
     @classmethod
     def _renew_script_call(cls, conn: Any, entries: list[RenewEntry]) -> ScriptCall:
         keys: list[bytes] = []
@@ -235,18 +248,11 @@ class MultiLease(MultiLeaseOps, LockHandle):
     Lease-like; ``token`` is the largest of the per-name fencing tokens and ``tokens`` maps
     each name to its own."""
 
-    def __init__(self, client: Connection | HasConnection, names: object, **options: Any) -> None:
-        checked = check_names(names)
-        super().__init__(client, " + ".join(checked), **options)
-        self._set_names(checked)
-
-    def holders(self) -> list[HolderRecord]:
-        return read_lease_holders(self._conn, [keys.lock for keys in self.keys])
-
-    def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
-        return release_holder(
-            self._conn, self.names, task_id=task_id, pid=pid, host=host, delay=delay
-        )
+    @options_after_two(LockOptions["MultiLease"])
+    def __init__(
+        self, client: Connection | HasConnection, names: object, options: LockOptions[MultiLease]
+    ) -> None:
+        self._setup(client, names, options)
 
 
 def list_holders(
@@ -299,28 +305,27 @@ def clear_holder(
     return int(conn.call(script, keys=script_keys, args=args)) == Reply.DONE
 
 
+@options_after(ProcessOptions)
 def release_holder(
-    client: Connection | HasConnection,
-    names: Iterable[str],
-    *,
-    task_id: str,
-    pid: int,
-    host: str | None = None,
-    delay: float = 0.0,
+    client: Connection | HasConnection, names: Iterable[str], process: ProcessOptions
 ) -> bool:
     """Release (after a release delay of ``delay`` seconds) every one of ``names`` that task
     ``task_id`` in process ``pid`` on ``host`` (default: this machine) holds: for a
     supervisor whose child can no longer release. True if a name was released."""
-    checked = check_names(names)
-    process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
-    # Every name, also after one found free: each is a hash of its own.
     conn = connection_of(client)
-    conn.check_layout()
+    return conn.run(holders_released(conn, names, process))
+
+
+def holders_released(conn: ConnectionBase, names: object, process: ProcessOptions) -> Steps[bool]:
+    """:func:`release_holder`'s steps, on a sync or an asyncio connection."""
+    checked = check_names(names)
+    holder = process.check()
+    # Every name, also after one found free: each is a hash of its own.
     freed: list[bool] = []
     unreplicated: LockNotReplicated | None = None
     for name in checked:
         try:
-            freed.append(release_process_hold(conn, conn.keys(name), process))
+            freed.append((yield from process_hold_released(conn, conn.keys(name), holder)))
         except LockNotReplicated as exc:
             # Released on the master: go on with the other names, then say so.
             freed.append(int(exc.replies[0]) == Reply.DONE)

@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..core import validate
-from ..core.connection import Connection, HasConnection, connection_of
+from ..core.connection import Connection, ConnectionBase, HasConnection, connection_of
 from ..core.handle import HolderRecord, LockHandle
 from ..core.handle_ops import HandleOps, changed_unreplicated, may_have_run, with_reply
 from ..core.heartbeat import RenewEntry
-from ..core.holder import HOSTNAME, ListedHolder, flatten, text
+from ..core.holder import ListedHolder, text
 from ..core.keys import name_tag
+from ..core.options import ProcessOptions
 from ..core.replication import Replication
 from ..core.replies import Reply, acquire_outcome
 from ..core.scripts import (
@@ -48,7 +49,7 @@ from ..core.scripts import (
     register,
     source_after,
 )
-from ..core.steps import Steps
+from ..core.steps import CheckLayout, Command, Steps
 from ..exceptions import LockError, LockNotHeld, LockNotReplicated
 from . import intervals
 from .intervals import RESERVATION_MS, holder_reply, wait_hint
@@ -300,6 +301,35 @@ class RWLockOps(HandleOps):
             # raised (lost, not replicated); one that was not sent keeps it.
             self._upgraded = self._upgraded if self._mine() else False
 
+    def _holders(self) -> Steps[list[HolderRecord]]:
+        keys = self.keys
+        blocked = self._owner is None
+        # Asked by a handle that does not hold (a conflict's reason): only the holds in its
+        # way; holds whose mode shares with its own are no reason it could not take it,
+        # unless they are of its own call identity (HELD_BY_CALL).
+        return intervals.holders_read(
+            ("hgetall", keys.lock),
+            lock_owners,
+            keys.queue,
+            keys.holder,
+            lambda hold: (
+                bool(hold)
+                and (
+                    not blocked
+                    or self._in_the_way(hold.get(b"mode"))
+                    or intervals.same_call(self.call, hold.get(b"call"))
+                )
+            ),
+        )
+
+    def _in_the_way(self, mode: bytes | None) -> bool:
+        """Whether a hold of ``mode`` (as stored; None: unknown, counted in the way)
+        conflicts with this one: not both shared (read beside read or upgradable)."""
+        return mode is None or (text(mode), self.mode) not in _SHARED
+
+    def _release_holder(self, process: ProcessOptions) -> Steps[bool]:
+        return holds_released(self._conn, self.name, process)
+
 
 class RWLockHandle(RWLockOps, LockHandle):
     """One hold of a reader-writer lock: ``kind`` is ``read``, ``upgradable`` or ``write``.
@@ -331,60 +361,6 @@ class RWLockHandle(RWLockOps, LockHandle):
     def downgrade(self) -> None:
         """Go back from writer to upgradable: readers may come in again at once."""
         self._run(self._downgrade())
-
-    def holders(self) -> list[HolderRecord]:
-        conn, keys = self._conn, self.keys
-
-        def read_lock() -> list[Any]:
-            pipe = conn.redis.pipeline(transaction=False)
-            pipe.hgetall(keys.lock)
-            pipe.zrange(keys.queue, 0, -1)  # waiting writers' reservations
-            return list(pipe.execute())
-
-        def read_holds(owners: list[str]) -> list[Any]:
-            pipe = conn.redis.pipeline(transaction=False)
-            for owner in owners:
-                pipe.hgetall(keys.holder(owner))
-            # A hold released since the lock was read left a trace: read as gone.
-            holds = [flatten(fields) for fields in pipe.execute()]
-            return [{} if intervals.released(hold) else hold for hold in holds]
-
-        fields, writers = conn.call(read_lock)
-        owners = lock_owners(fields)
-        holds = conn.call(read_holds, owners) if owners else []
-        # Asked by a handle that does not hold (a conflict's reason): only the holds in its
-        # way; holds whose mode shares with its own are no reason it could not take it,
-        # unless they are of its own call identity (HELD_BY_CALL).
-        blocked = self._owner is None
-        holders = [
-            HolderRecord(
-                owner=owner,
-                task_id=_opt_text(hold.get(b"task_id")),
-                send=_opt_text(hold.get(b"send")),
-            )
-            for owner, hold in zip(owners, holds, strict=True)
-            if hold
-            and (
-                not blocked
-                or self._in_the_way(hold.get(b"mode"))
-                or intervals.same_call(self.call, hold.get(b"call"))
-            )
-        ]
-        # A writer waiting for its turn holds new readers back without holding anything yet.
-        holders += [
-            HolderRecord(owner=text(owner), task_id=None, waiting=True) for owner in writers
-        ]
-        return holders
-
-    def _in_the_way(self, mode: bytes | None) -> bool:
-        """Whether a hold of ``mode`` (as stored; None: unknown, counted in the way)
-        conflicts with this one: not both shared (read beside read or upgradable)."""
-        return mode is None or (text(mode), self.mode) not in _SHARED
-
-    def _release_holder(self, task_id: str, pid: int, host: str | None, delay: float) -> bool:
-        return release_holder(
-            self._conn, self.name, task_id=task_id, pid=pid, host=host, delay=delay
-        )
 
 
 H = TypeVar("H")
@@ -425,10 +401,6 @@ class RWLock(RWLockMaker[RWLockHandle]):
 
     def __init__(self, client: Connection | HasConnection, name: str) -> None:
         super().__init__(name, connection_of(client), RWLockHandle)
-
-
-def _opt_text(value: Any) -> str | None:
-    return None if value is None else text(value)
 
 
 def lock_owners(fields: dict[Any, Any]) -> list[str]:
@@ -520,37 +492,29 @@ def clear_hold(
     )
 
 
-def release_holder(
-    client: Connection | HasConnection,
-    name: str,
-    *,
-    task_id: str,
-    pid: int,
-    host: str | None = None,
-    delay: float = 0.0,
-) -> bool:
-    """Release (after a release delay of ``delay`` seconds) the holds of lock ``name`` that
-    task ``task_id`` running in process ``pid`` on ``host`` (default: this machine) has; for
-    a supervisor whose child can no longer release, and which knows no owner token. True if
-    a hold was released.
+def holds_released(conn: ConnectionBase, name: str, options: ProcessOptions) -> Steps[bool]:
+    """Release (after its release delay) the holds of lock ``name`` that the run
+    ``options`` names has; for a supervisor whose child can no longer release, and which
+    knows no owner token. True if a hold was released; on a sync or an asyncio connection.
 
     It reads the lock hash, then the holds' hashes (a round trip each), then runs the release
     script on each match with the fencing token it read: that very hold goes, or nothing (it
     expired or was cleared meanwhile). Only after a crash, so a few round trips are fine."""
     name = validate.check_name(name)
-    process = validate.check_holder_process(task_id, pid, host, delay, HOSTNAME)
-    delay_ms = process.delay_ms
-    conn = connection_of(client)
-    conn.check_layout()
+    process = options.check()
     keys = rw_keys(conn.prefix, name)
-    owners = lock_owners(conn.call(conn.redis.hgetall, keys.lock))
-    return intervals.release_holds_of(
-        conn,
-        name,
-        owners,
-        keys.holder,
-        lambda owner, token: release_hold(conn, keys, owner, delay_ms, token),
-        process,
+    yield CheckLayout()
+    owners = lock_owners((yield Command("hgetall", keys.lock)))
+    return (
+        yield from intervals.release_holds_of(
+            name,
+            owners,
+            keys.holder,
+            lambda owner, token: release_call(
+                conn, keys, owner, process.delay_ms, token, clear=True
+            ),
+            process,
+        )
     )
 
 
@@ -566,20 +530,8 @@ class RWFamilyAdmin(intervals.IntervalFamilyAdmin):
         token is still ``token``, when given) and wake waiters. True if removed."""
         return clear_hold(client, name, owner, token=token) == Reply.DONE
 
-    def release_holder(
-        self,
-        client: Connection | HasConnection,
-        name: str,
-        *,
-        task_id: str,
-        pid: int,
-        host: str | None = None,
-        delay: float = 0.0,
-    ) -> bool:
-        """Release (after a release delay of ``delay`` seconds) the holds of lock ``name`` that
-        task ``task_id`` in process ``pid`` on ``host`` (default: this machine) has: for a
-        supervisor whose child can no longer release. True if a hold was released."""
-        return release_holder(client, name, task_id=task_id, pid=pid, host=host, delay=delay)
+    def released(self, conn: ConnectionBase, name: str, process: ProcessOptions) -> Steps[bool]:
+        return holds_released(conn, name, process)
 
     def clear_call(self, conn: ScriptHost, holder: ListedHolder) -> ScriptCall:
         return clear_call(conn, holder)
@@ -589,6 +541,7 @@ class RWFamilyAdmin(intervals.IntervalFamilyAdmin):
 ADMIN = RWFamilyAdmin(FAMILY)
 list_holders = ADMIN.list_holders
 clear_holder = ADMIN.clear_holder
+release_holder = ADMIN.release_holder
 
 
 __all__ = [
