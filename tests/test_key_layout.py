@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from celery_singleton_lock import AsyncLockClient, KeyLayoutError, LockClient
-from celery_singleton_lock.core.layout import LAYOUTS, layout_key
+from celery_singleton_lock.core.layout import LAYOUTS, RECHECK_S, layout_key
 
 #: A first operation on each family's keys, through ``client``; True if it took the lock.
 TAKE: dict[str, Callable[[LockClient], bool]] = {
@@ -50,10 +50,64 @@ def test_the_first_lock_operation_records_the_versions_once(lock_client: LockCli
     assert recorded(lock_client) == {}
     assert lock_client.lease("n", ttl=5).acquire()
     assert recorded(lock_client) == {kind: str(version) for kind, version in LAYOUTS.items()}
-    assert lock_client.redis.pttl(layout_key(lock_client.prefix)) == -1  # it never expires
-    # Checked once per connection: a later acquire does not read them again.
+    # Like every key, the record expires: 30 days after the last check that recorded.
+    assert (
+        29 * 86_400_000 < lock_client.redis.pttl(layout_key(lock_client.prefix)) <= 30 * 86_400_000
+    )
+    # Checked once per connection and day: a later acquire does not read them again.
     lock_client.redis.hset(layout_key(lock_client.prefix), "lease", 99)
     assert lock_client.lease("m", ttl=5).acquire()
+
+
+def test_a_connection_checks_again_a_day_later_and_keeps_the_record_alive(
+    lock_client: LockClient,
+) -> None:
+    """A long-lived process (a worker running for weeks) checks the versions again on its
+    first lock operation a day after the last check: that refreshes the record's 30 days,
+    and finds a prefix another release took over meanwhile."""
+    key = layout_key(lock_client.prefix)
+    assert lock_client.lease("n", ttl=5).acquire()
+    lock_client.redis.pexpire(key, 60_000)  # as if most of its 30 days had passed
+    assert lock_client.lease("m", ttl=5).acquire()
+    assert lock_client.redis.pttl(key) <= 60_000  # not the day yet: not read again
+    connection = lock_client.connection
+    assert connection.layout_checked_at is not None
+    connection.layout_checked_at -= RECHECK_S  # a day later
+    assert lock_client.lease("o", ttl=5).acquire()
+    assert lock_client.redis.pttl(key) > 29 * 86_400_000
+    lock_client.redis.hset(key, "lease", 99)
+    connection.layout_checked_at -= RECHECK_S
+    with pytest.raises(KeyLayoutError, match="version 99"):
+        lock_client.lease("p", ttl=5).acquire()
+
+
+@pytest.mark.parametrize("first", ["wait mark", "done mark"])
+def test_the_task_layers_own_marks_check_the_layout_as_a_first_operation(
+    lock_redis_url: str, lock_prefix: str, first: str
+) -> None:
+    """A wait mark's claim and a done mark's record can be a connection's first write under
+    a prefix: they check the versions first, as a lock operation does."""
+    from celery_singleton_lock.celery import done_marks, waiting_marks
+
+    seeded = redis.Redis.from_url(lock_redis_url)
+    seeded.hset(layout_key(lock_prefix), "task_marks", LAYOUTS["task_marks"] + 1)
+    client = LockClient.from_url(lock_redis_url, prefix=lock_prefix)
+    connection = client.connection
+    try:
+        with pytest.raises(KeyLayoutError, match="task_marks"):
+            if first == "wait mark":
+                key = done_marks.key_beside(connection, client.lease("n"), "waiting", "t-1", 0)
+                waiting_marks.claim(
+                    connection, key, wait=5.0, node=None, requeues=0, max_countdown=None
+                )
+            else:
+                mark = done_marks.DoneMark.of(connection, client.lease("n"), "t-1", 0, 30.0)
+                done_marks.read_ended(connection, mark)
+        assert seeded.keys(f"{lock_prefix}*") == [layout_key(lock_prefix)]
+    finally:
+        client.close()
+        seeded.delete(layout_key(lock_prefix))
+        seeded.close()
 
 
 @pytest.mark.parametrize("kind", sorted(LAYOUTS))

@@ -32,7 +32,6 @@ from celery_singleton_lock import LockClient, SingletonTask, lock_released
 from celery_singleton_lock.celery.worker import SingletonLockStep, install, release_all_held
 from celery_singleton_lock.core.holder import flatten
 from celery_singleton_lock.core.keys import lock_keys
-from celery_singleton_lock.core.layout import layout_key
 
 TIMEOUT = 30.0
 
@@ -258,11 +257,10 @@ class PoolWorkers(WorkerPrograms):
         return int(seconds) * 1000 + int(micros) // 1000
 
     def without_expiry(self) -> list[bytes]:
-        """Keys under the lock prefix that would stay forever, but its key layout record
-        (core/layout.py), the one key meant to stay."""
+        """Keys under the lock prefix that would stay forever: none, the key layout record
+        (core/layout.py) included."""
         keys = self.redis.scan_iter(match=self.prefix.replace("*", r"\*") + "*", count=1000)
-        forever = layout_key(self.prefix)
-        return [key for key in keys if key != forever and self.redis.pttl(key) == -1]
+        return [key for key in keys if self.redis.pttl(key) == -1]
 
     def wait_renewed_while_held(self, key: str, task_id: str, after_ms: int) -> None:
         """Until the heartbeat of run ``task_id`` has renewed its lock of ``key`` after

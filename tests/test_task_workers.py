@@ -36,7 +36,6 @@ from celery_singleton_lock.celery.testing import TaskLocks
 from celery_singleton_lock.core.handle import LockHandle
 from celery_singleton_lock.core.holder import flatten
 from celery_singleton_lock.core.keys import lock_keys
-from celery_singleton_lock.core.layout import layout_key
 from celery_singleton_lock.kinds import rangelock, rwlock, semaphore
 from celery_singleton_lock.kinds.intervals import interval_keys
 
@@ -135,9 +134,8 @@ class Cluster(WorkerPrograms):
         return list(self.redis.scan_iter(match=escaped + b"*", count=1000))
 
     def without_expiry(self, keys: list[bytes]) -> list[tuple[bytes, int]]:
-        """Those of ``keys`` that would stay forever (PTTL -1) or are gone already (-2), but
-        the prefix's key layout record (core/layout.py), the one key meant to stay."""
-        keys = [key for key in keys if key != layout_key(self.prefix)]
+        """Those of ``keys`` that would stay forever (PTTL -1) or are gone already (-2): none,
+        the prefix's key layout record (core/layout.py) included."""
         return [(key, ttl) for key in keys if (ttl := self.redis.pttl(key)) <= 0]
 
 

@@ -194,17 +194,15 @@ def release(connection: Connection, handle: LockHandle, delay: float, mark: Done
 def record(connection: Connection, mark: DoneMark) -> None:
     """Write ``mark`` in a round trip of its own (no lock to free with it). A failure is only
     logged: without the mark a later copy may run again, as it did before marks."""
-    script, keys, args = mark.set_call(connection)
     try:
-        connection.call(script, keys=keys, args=args)
+        connection.do(mark.set_call(connection))
     except LockBackendError as exc:
         log.warning("could not write the done mark %r: %s", mark.key, exc)
 
 
 def read_ended(connection: Connection, mark: DoneMark) -> int:
     """The highest attempt of ``mark``'s task id that ended (:data:`NONE_ENDED` if none)."""
-    script, keys, args = mark.get_call(connection)
-    return int(connection.call(script, keys=keys, args=args))
+    return int(connection.do(mark.get_call(connection)))
 
 
 def key_beside(connection: Connection, handle: LockHandle, kind: str, *parts: str | int) -> bytes:

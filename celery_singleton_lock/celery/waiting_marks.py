@@ -140,7 +140,7 @@ def claim(
     value = f"{node or ''}|{os.getpid()}|{HOSTNAME}|{uuid.uuid4().hex}|{proc}"
     ttl_ms = int((min(wait, MARK_LONGEST_WAIT_S) + MARK_MARGIN_S) * 1000)
     marks = scripts(connection)
-    claimed, *found_pttl = connection.call(marks.claim, keys=[key], args=[value, ttl_ms])
+    claimed, *found_pttl = connection.do((marks.claim, [key], [value, ttl_ms]))
     found, pttl = found_pttl or (None, 0)
     if claimed or found == value.encode():
         # The second answer is a claim sent again (redis-py's retry after a lost reply)
@@ -150,7 +150,7 @@ def claim(
     dead = own_holds.left_by_dead_process(
         waiting.worker, waiting.host, waiting.pid, waiting.proc, node=node
     )
-    if dead and connection.call(marks.replace, keys=[key], args=[found, value, ttl_ms]):
+    if dead and connection.do((marks.replace, [key], [found, value, ttl_ms])):
         log.warning("took over the wait mark %r of a dead delivery (pid %s)", key, waiting.pid)
         return Mark(key, value)
     remaining = pttl / 1000 if isinstance(pttl, int) and pttl > 0 else 0.0
@@ -161,6 +161,6 @@ def remove(connection: Connection, mark: Mark) -> None:
     """Delete ``mark`` if it is still this delivery's. A failure is only logged: the mark
     expires by itself."""
     try:
-        connection.call(scripts(connection).replace, keys=[mark.key], args=[mark.value, "", 0])
+        connection.do((scripts(connection).replace, [mark.key], [mark.value, "", 0]))
     except LockBackendError as exc:
         log.warning("could not remove the wait mark %r (it expires by itself): %s", mark.key, exc)

@@ -21,7 +21,7 @@ from ..exceptions import ConfigurationError, LockBackendError
 from . import redis_urls, steps, validate
 from .auth_errors import auth_message, is_auth_error
 from .keys import LockKeys, lock_keys
-from .layout import check_reply, layout_call
+from .layout import RECHECK_S, check_reply, layout_call
 from .notifier import Wakeup, notifier_for
 from .replication import Replication
 from .scripts import Scripts, run_batch
@@ -59,9 +59,11 @@ class ConnectionBase:
         #: What a configuration error calls the URL: the argument, or the setting it came
         #: from (a Celery app's ``singleton_lock_url``), so the message names what to fix.
         self.url_argument = "url"
-        #: Whether the key layout versions under the prefix were found to be this process's
-        #: (core/layout.py): the runners check them before a connection's first script call.
-        self.layout_checked = False
+        #: When (``time.monotonic()``) the key layout versions under the prefix were last
+        #: found to be this process's (core/layout.py), None not yet: the runners check them
+        #: before a connection's first script call, and again once :data:`.layout.RECHECK_S`
+        #: passed (which keeps the record alive).
+        self.layout_checked_at: float | None = None
 
     #: The scripts the handles build their calls with.
     scripts: Scripts
@@ -83,8 +85,10 @@ class ConnectionBase:
     def needs_layout(self, step: steps.Step) -> steps.CheckLayout | None:
         """The layout check a runner does before ``step``: before a connection's first
         script call (with the versions recorded), or a :class:`steps.CheckLayout` step's, until
-        they were found equal on this connection; None: nothing to check."""
-        if self.layout_checked:
+        they were found equal on this connection, and again a day after; None: nothing to
+        check."""
+        checked = self.layout_checked_at
+        if checked is not None and time.monotonic() - checked < RECHECK_S:
             return None
         if isinstance(step, steps.CheckLayout):
             return step
@@ -92,7 +96,8 @@ class ConnectionBase:
 
     def layout_checked_by(self, reply: Any) -> None:
         """Read the reply of the layout script (:func:`.layout.check_reply`)."""
-        self.layout_checked = check_reply(reply, self.prefix, self.url)
+        complete = check_reply(reply, self.prefix, self.url)
+        self.layout_checked_at = time.monotonic() if complete else None
 
     def keys(self, name: str) -> LockKeys:
         """The Redis keys of lock ``name`` (checked) under this prefix."""

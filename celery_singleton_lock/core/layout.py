@@ -3,13 +3,18 @@ package lays out differently, rather than misreading or overlooking the holds th
 
 Every family of keys the package writes has a layout version (:data:`LAYOUTS`). They are
 recorded once per prefix, in the hash ``P layout`` (outside every lock's hash tag, so no
-listing's pattern matches it; it never expires), by the first process that uses the prefix.
-A connection reads them on its first lock operation (a handle's first script call, or an
-admin call: a clear, ``release_owner``, ``release_holder``; a listing only reads them), in
-the script that records them (lua/layout.lua): one round trip per connection, none per
-acquire. If a version recorded for a family it writes is not its own, the operation raises
-:class:`KeyLayoutError` naming both, and so does every later one on that connection, until
-one finds them equal.
+listing's pattern matches it), by the first process that uses the prefix. A connection reads
+them on its first lock operation (a handle's first script call, or an admin call: a clear,
+``release_owner``, ``release_holder``; a listing only reads them), and again a day later
+(:data:`RECHECK_S`), in the script that records them (lua/layout.lua): one round trip per
+connection and day, none per acquire. If a version recorded for a family it writes is not
+its own, the operation raises :class:`KeyLayoutError` naming both, and so does every later one
+on that connection, until one finds them equal.
+
+Like every key of the package, the record expires: each recording check sets its life to
+:data:`LAYOUT_TTL_S` (30 days) from then. A prefix some process takes a lock under at least
+once every 29 days keeps its record; one unused for a month loses it with its locks, and
+the next process records its own versions afresh.
 
 A release that changes a family's layout raises its version here, so its processes and those
 of the release before it refuse each other's prefix instead of sharing its locks.
@@ -43,6 +48,13 @@ LAYOUTS: dict[str, int] = {
 
 #: What the layout hash is called after the prefix.
 LAYOUT_KEY = b"layout"
+#: How long the layout hash lives after the last check that recorded: a prefix used at
+#: least once in that time keeps it.
+LAYOUT_TTL_S = 30 * 86_400
+#: A connection checks the versions again (and so refreshes the record's life) on its first
+#: lock operation this long after its last check: well inside :data:`LAYOUT_TTL_S`, and
+#: one round trip a day.
+RECHECK_S = 86_400.0
 
 #: The script's arguments: each family and its version.
 _ARGS = tuple(item for kind, version in LAYOUTS.items() for item in (kind, version))
@@ -66,7 +78,9 @@ def layout_call(conn: Any, *, record: bool = True) -> ScriptCall:
     recorded yet (only reads, without ``record``: a listing writes nothing), and replies what
     is recorded there (:func:`check_reply` reads it)."""
     script: Script = bound_to(conn, LayoutScript).record
-    return script, (layout_key(conn.prefix),), _ARGS if record else ()
+    if not record:
+        return script, (layout_key(conn.prefix),), ("",)
+    return script, (layout_key(conn.prefix),), (LAYOUT_TTL_S * 1000, *_ARGS)
 
 
 def check_reply(reply: Any, prefix: str, url: str) -> bool:
