@@ -2,7 +2,7 @@
 and answered late by it for as long as asked, then the history of every call checked
 (support/chaos.py and support/history.py say how).
 
-    .venv/bin/python tests/chaos.py --seconds 300       # a soak; tests/test_chaos.py runs ~60 s
+    .venv/bin/python tests/chaos.py --seconds 300   # a soak; tests/tasks/test_chaos.py: ~60 s
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Generative history check across the feature matrix, on demand (support/scenarios.py says
-what a scenario is and what the check fails; tests/test_scenarios.py is the suite's short run).
+what a scenario is and what the check fails; tests/tasks/test_scenarios.py is the suite's
+short run).
 
     .venv/bin/python tests/scenarios.py --seed 7                 # every scenario of seed 7
     .venv/bin/python tests/scenarios.py --seed 7 --only 12       # replay scenario #12

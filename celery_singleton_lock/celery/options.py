@@ -285,7 +285,8 @@ def check_task_options(task_name: str, attrs: dict[str, Any]) -> None:
 @dataclass(frozen=True)
 class TaskLockOptions:
     """The resolved lock options of one task: a field per entry of :data:`OPTIONS`, in its
-    order (typed here for the type checker; tests/test_task_config.py checks the two agree)."""
+    order (typed here for the type checker; tests/tasks/test_task_config.py checks the two
+    agree)."""
 
     max_hold: float
     lease: float

@@ -8,7 +8,7 @@ observed so far (None: not observed yet). :func:`decide` looks at a snapshot and
 observes its own outcome (``TAKE_OVER``, ``WAIT``), or how the delivery ends (``RUN`` and the
 rest). The task (task.py) runs that loop: it makes the observation or the step, records it in
 the snapshot, and asks again, until the answer ends the delivery. No rule lives in the loop,
-and no I/O here: every row of the table is tested without Redis (tests/test_run_model.py), and
+and no I/O here: every row of the table is tested without Redis (tests/tasks/test_run_model.py), and
 the table is written once more, for users, in docs/run-semantics.md.
 
 The order of the rules is the order of the table: a lock Redis that did not answer first,

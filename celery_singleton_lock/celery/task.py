@@ -156,7 +156,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     #: Whether the ``__call__`` after SingletonTask's in the class's method order is Celery's
     #: own ``Task.__call__`` (set per class, :func:`_plain_call_after`): only then may a run
     #: the worker's tracer started call ``run`` directly. Not annotated: the annotations are
-    #: the options' (tests/test_task_config.py).
+    #: the options' (tests/tasks/test_task_config.py).
     _plain_call_after = True
 
     #: The error of an option declared by ``@app.task`` that can never work, raised by

@@ -1,3 +1,3 @@
 """The lock core's bottom floor: Redis keys, argument validation, Redis URLs -> clients, the
 release notifier and the Lua scripts. It imports nothing of Celery, the admin view or the
-CLI (tests/test_layers.py checks)."""
+CLI (tests/project/test_layers.py checks)."""

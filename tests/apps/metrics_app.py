@@ -1,5 +1,5 @@
 """``worker_app`` with the Prometheus recipe of docs/monitoring.md, for
-``tests/test_prometheus.py``'s prefork worker: the metrics are registered where the worker
+``tests/tasks/test_prometheus.py``'s prefork worker: the metrics are registered where the worker
 imports its app, before the pool forks, and prometheus_client runs in multiprocess mode
 (``PROMETHEUS_MULTIPROC_DIR`` set by the test)."""
 

@@ -1,9 +1,10 @@
 """An app whose tasks are not SingletonTasks, locked by name through the setting
-``singleton_lock_tasks`` (read from ``CSL_NAMED_TASKS``, JSON), for ``tests/test_named_tasks.py``
-to run in real ``celery worker`` processes; its result backend is ``CSL_RESULT_BACKEND`` when
-set (one without native chords runs Celery's ``celery.chord_unlock``). Its tasks record what
-they do (recording.py); a base class's ``__call__`` wrapper records whether the run's lock is
-held while it runs, as is and combined with SingletonTask in both orders."""
+``singleton_lock_tasks`` (read from ``CSL_NAMED_TASKS``, JSON), for
+``tests/tasks/test_named_tasks.py`` to run in real ``celery worker`` processes; its result
+backend is ``CSL_RESULT_BACKEND`` when set (one without native chords runs Celery's
+``celery.chord_unlock``). Its tasks record what they do (recording.py); a base class's
+``__call__`` wrapper records whether the run's lock is held while it runs, as is and combined
+with SingletonTask in both orders."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Celery app that ``tests/test_pools.py`` runs in ``celery worker -P <pool>`` processes.
+"""The Celery app that ``tests/tasks/test_pools.py`` runs in ``celery worker -P <pool>`` processes.
 
 Configured from the environment like ``worker_app.py`` (see ``recording.py``). Every lock
 name is ``pool:<key>``, on a 2 s lease under a one-hour cap, so a lock that is not renewed is

@@ -1,4 +1,5 @@
-"""The Celery app that ``tests/test_task_workers.py`` runs in real ``celery worker`` processes.
+"""The Celery app that ``tests/tasks/test_task_workers.py`` runs in real ``celery worker``
+processes.
 
 ``celery -A worker_app worker`` reads its configuration from the environment the test sets
 (see ``recording.py``). The test process builds a twin of the app with :func:`make_app` to

@@ -1,5 +1,5 @@
 """Chaos history check with real ``celery worker`` processes (the library; the soak driver is
-tests/chaos.py, the suite's short run tests/test_chaos.py).
+tests/chaos.py, the suite's short run tests/tasks/test_chaos.py).
 
 Several prefork workers run many calls of the ``fault.chaos`` and ``fault.chaos_skip`` tasks
 (tests/apps/fault_app.py) on a few keys while this driver SIGKILLs pool children and whole

@@ -3,8 +3,8 @@ replicas), a master + replica + sentinel, a TLS server and an ACL server. Real
 ``redis-server`` processes on loopback and free ports, killed when the fixture ends; every
 wait polls the servers' own state against a deadline.
 
-Imported by tests/test_cluster.py, tests/test_cluster_failover.py, tests/test_sentinel.py and
-tests/test_acl_tls.py, which declare fixtures on top of these classes.
+Imported by tests/topologies/test_cluster.py, test_cluster_failover.py, test_sentinel.py and
+test_acl_tls.py, which declare fixtures on top of these classes.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Generative history check across the feature matrix (the CLI is tests/scenarios.py, the
-suite's short run tests/test_scenarios.py).
+suite's short run tests/tasks/test_scenarios.py).
 
 A **scenario** combines one value of each dimension (:data:`DIMENSIONS`):
 

@@ -1,7 +1,7 @@
 """ScriptBatch (core/scripts.py) without I/O: what a pipeline of script calls carries (the
 WAITs of a replicated batch, on a Cluster each call and WAIT sent to its node by name), which
 scripts it reloads after NOSCRIPT, and what its replies come to. Sent for real by the sync and
-the asyncio run_batch (tests/test_replicated.py, tests/test_cluster.py)."""
+the asyncio run_batch (tests/topologies/test_replicated.py, tests/topologies/test_cluster.py)."""
 
 from __future__ import annotations
 

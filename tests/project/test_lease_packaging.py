@@ -14,7 +14,7 @@ import pytest
 import celery_singleton_lock
 from celery_singleton_lock.core.scripts import SCRIPT_NAMES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 LUA_DIR = ROOT / "celery_singleton_lock" / "lua"
 
 

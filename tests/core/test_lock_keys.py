@@ -2,7 +2,7 @@
 leading "#", not valid UTF-8) is tagged by its SHA-256, which must never change: the keys
 of every lock held or claimed before an upgrade are found by it. Values a user or broker
 supplies (task ids) go into keys escaped, and no escaped value makes a key that a listing's
-pattern matches (tests/test_key_escaping.py runs them on a real worker). A lease, a
+pattern matches (tests/tasks/test_key_escaping.py runs them on a real worker). A lease, a
 reader-writer lock and a range lock of one name are separate locks sharing one fencing
 counter."""
 

@@ -25,7 +25,7 @@ from celery_singleton_lock import DuplicateTask, LockClient, LockError, LockTime
 
 WorkerFactory = Callable[..., AbstractContextManager[Any]]
 
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "migration.md"
+PAGE = Path(__file__).resolve().parent.parent.parent / "docs" / "migration.md"
 BLOCK = re.compile(r"<!-- migration: ([\w-]+) -->\n```python\n(.*?)```", re.S)
 
 

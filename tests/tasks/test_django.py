@@ -22,7 +22,7 @@ from support.waiting import wait_for
 
 from celery_singleton_lock import LockClient
 
-PROJECT = Path(__file__).resolve().parent / "django_project"
+PROJECT = Path(__file__).resolve().parent.parent / "django_project"
 TIMEOUT = 60.0
 REPORT = "reports.tasks.nightly_report"
 

@@ -1,6 +1,6 @@
 """Fair leases on the asyncio client.
 
-``fair=True`` behaves as the sync client's (tests/test_lease_fair.py drives the scripts'
+``fair=True`` behaves as the sync client's (tests/core/test_lease_fair.py drives the scripts'
 interleavings): a blocked acquire queues and a release hands it the lease. What is the async
 client's own is tested here: sync and async waiters in one queue, a waiter cancelled while
 queued, and one cancelled after a release handed it the lease but before its task saw it.

@@ -20,7 +20,7 @@ from pathlib import Path
 import celery_singleton_lock
 
 PACKAGE = Path(celery_singleton_lock.__file__).resolve().parent
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parent.parent
 NAME = "celery_singleton_lock"
 
 #: (file under tests/, private name): the package's internals a test still drives, because
@@ -32,17 +32,17 @@ STILL_REACHED: dict[tuple[str, str], str] = {
     ("support/attempts.py", "_run"): "a handle's step runner",
     ("support/attempts.py", "_try_acquire"): "one acquire attempt as a given owner",
     ("support/attempts.py", "_change"): "one interval change",
-    ("test_interval_wakeups.py", "_try_acquire"): "counting a blocked waiter's attempts",
+    ("kinds/test_interval_wakeups.py", "_try_acquire"): "counting a blocked waiter's attempts",
     # The step runners (core/steps.py) are the contract between the core and the kinds.
-    ("test_step_runners.py", "_run"): "the sync and asyncio runners of a handle's steps",
+    ("core/test_step_runners.py", "_run"): "the sync and asyncio runners of a handle's steps",
     # The unsubscriber's step driven by hand, to order it against a waiter coming back.
-    ("test_notifier.py", "_lock"): "the notifier's lock, taken to swap its queue",
-    ("test_notifier.py", "_ensure_threads"): "the listener threads started first",
-    ("test_notifier.py", "_left"): "the queue of channels left, swapped",
-    ("test_notifier.py", "_unsubscribe"): "the unsubscriber's step",
+    ("core/test_notifier.py", "_lock"): "the notifier's lock, taken to swap its queue",
+    ("core/test_notifier.py", "_ensure_threads"): "the listener threads started first",
+    ("core/test_notifier.py", "_left"): "the queue of channels left, swapped",
+    ("core/test_notifier.py", "_unsubscribe"): "the unsubscriber's step",
     # The default key's fast path, whose whole contract is naming as the general path does.
-    ("test_task_keys_fast.py", "_plain_names"): "the fast path switched off in a twin",
-    ("test_task_keys_fast.py", "_default_name_of_scalars"): "the str/int shortcut itself",
+    ("tasks/test_task_keys_fast.py", "_plain_names"): "the fast path switched off in a twin",
+    ("tasks/test_task_keys_fast.py", "_default_name_of_scalars"): "the str/int shortcut itself",
 }
 
 ALLOWED = STILL_REACHED

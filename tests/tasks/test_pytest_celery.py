@@ -128,7 +128,7 @@ def test_task_locks_refuses_to_lock_in_a_broker_redis(task_locks: TaskLocks) -> 
         task_locks.is_held(job)
 
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "tasks.md"
+DOCS = Path(__file__).resolve().parent.parent.parent / "docs" / "tasks.md"
 
 
 def documented_recipe() -> tuple[str, str]:

@@ -28,7 +28,7 @@ from celery_singleton_lock.cli import commands, output
 from celery_singleton_lock.core.heartbeat import heartbeat
 from celery_singleton_lock.embedded import RedisServer
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parent.parent
 CELERY = Path(sys.executable).with_name("celery")
 
 

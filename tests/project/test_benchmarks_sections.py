@@ -29,7 +29,7 @@ TINY = [
 RW_ROWS = ["lease", "read", "write", "range read"]
 
 
-# In the "process-heavy" xdist group with the chaos run (see tests/test_chaos.py).
+# In the "process-heavy" xdist group with the chaos run (see tests/tasks/test_chaos.py).
 @pytest.mark.xdist_group("process-heavy")
 @pytest.mark.timeout(300)
 def test_every_section_runs_every_row(lock_redis_url: str) -> None:

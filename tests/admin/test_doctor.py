@@ -39,7 +39,7 @@ from celery_singleton_lock.cli import commands
 from celery_singleton_lock.embedded import RedisServer
 from celery_singleton_lock.kinds.lease import CLAIM_OWNER_PREFIX
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parent.parent
 CELERY = Path(sys.executable).with_name("celery")
 
 

@@ -14,7 +14,7 @@ from benchmarks.context import Context
 COUNT = 12
 
 
-# In the "process-heavy" xdist group with the chaos run (see tests/test_chaos.py).
+# In the "process-heavy" xdist group with the chaos run (see tests/tasks/test_chaos.py).
 @pytest.mark.xdist_group("process-heavy")
 def test_an_uncontended_run_makes_at_most_two_lock_round_trips(lock_redis_url: str) -> None:
     ctx = Context(

@@ -39,7 +39,7 @@ from celery_singleton_lock.core.keys import lock_keys
 from celery_singleton_lock.kinds import rangelock, rwlock, semaphore
 from celery_singleton_lock.kinds.intervals import interval_keys
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parent.parent
 TIMEOUT = 30.0
 
 

@@ -22,7 +22,7 @@ from celery_singleton_lock.celery.prometheus import (
 )
 from celery_singleton_lock.embedded import RedisServer
 
-GRAFANA = Path(__file__).resolve().parent.parent / "docs" / "grafana"
+GRAFANA = Path(__file__).resolve().parent.parent.parent / "docs" / "grafana"
 
 
 @pytest.fixture
