@@ -101,16 +101,18 @@ class AsyncConnection(ConnectionBase):
         command is under way (the call returns its reply, or runs into the socket's timeout,
         instead). One asked for during the operation is thrown into it after the round trip,
         in place of the round trip's error if it had one (unless one reached it already: one
-        is enough), where the acquire undoes what its attempts did; an error the operation
-        then ends with is raised as the cancellation the caller asked for. The count of
-        cancellations asked for is Python 3.11's; before it, none is noticed."""
-        cancelling = getattr(asyncio.current_task(), "cancelling", None) if cancellable else None
+        is enough), where the acquire undoes what its attempts did. Any operation that ends
+        with an error after a cancellation was asked for (a release, a change whose round trip
+        then ran into the socket's timeout) raises it as the cancellation the caller asked
+        for, the error its cause. The count of cancellations asked for is Python 3.11's;
+        before it, none is noticed."""
+        cancelling = getattr(asyncio.current_task(), "cancelling", None)
         asked = cancelling() if cancelling is not None else 0
 
         def cancel_asked() -> bool:  # since the operation began
             return cancelling is not None and cancelling() > asked
 
-        watch = cancelling is not None
+        watch = cancellable and cancelling is not None
         listening: AbstractAsyncContextManager[Wakeup] | None = None
         woken: Wakeup | None = None
         try:
