@@ -122,6 +122,12 @@ class Snapshot:
     waited: bool = False
     copy_waiting: own_holds.Verdict | None = None
 
+    @property
+    def attempt_ended(self) -> bool:
+        """The done mark read with the last acquire says this attempt of this send (or a
+        later one) ended already; never for a new send, whatever of its task id ended."""
+        return self.ended >= self.attempt and not self.new_send
+
 
 def decide(s: Snapshot) -> Action:
     """The next action of the run that knows ``s``."""
@@ -140,7 +146,7 @@ def decide(s: Snapshot) -> Action:
         if ended is not None:
             return ended
     if s.acquired:
-        if s.ended >= s.attempt and not s.new_send:
+        if s.attempt_ended:
             return Action(RUN, f"runs again: attempt {s.ended} of this task id ended, but no "
                           "outcome of it was stored (its worker stopped in between)")  # fmt: skip
         return Action(RUN)
@@ -167,12 +173,12 @@ def decide(s: Snapshot) -> Action:
 
 
 def _ended(s: Snapshot) -> Action | None:
-    """The done mark (done_marks.py): an attempt of this send at or past this one ended (for
-    a new send with no send id, none of its own did: it runs). The delivery is a copy of a call
-    that ended: dropped, giving back what it took, unless the
-    call's outcome is missing (its worker stopped between release and storing it): then it is
-    re-queued once, and runs if the outcome is still missing when it comes back."""
-    if s.ended < s.attempt or s.new_send:
+    """The done mark (done_marks.py): an attempt of this send at or past this one ended
+    (:attr:`Snapshot.attempt_ended`). The delivery is a copy of a call that ended: dropped,
+    giving back what it took, unless the call's outcome is missing (its worker stopped between
+    release and storing it): then it is re-queued once, and runs if the outcome is still
+    missing when it comes back."""
+    if not s.attempt_ended:
         return None
     if s.outcome_missing is None:
         return Action(READ_OUTCOME)

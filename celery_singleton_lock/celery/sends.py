@@ -91,8 +91,8 @@ def marks_redeliveries(app: Any) -> bool:
 
 
 def unmarked_is_new(request: Any, marks: bool) -> bool:
-    """Whether the message of ``request``, which carries no send id, is a new send of its
-    task id: its broker marks redeliveries (``marks``, :func:`marks_redeliveries`) and
+    """Whether the message of ``request`` is a new send of its task id though it carries no
+    send id: its broker marks redeliveries (``marks``, :func:`marks_redeliveries`) and
     neither the broker nor this package marked this one as delivered again."""
     return (
         marks and send_of(request) == NO_SEND and not redelivered(request) and not requeued(request)
